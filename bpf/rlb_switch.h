@@ -1,0 +1,139 @@
+/* RLB switch data plane: the one definition of every map key, value and constant.
+ * Python reads struct layouts from bcc and constants/enums by parsing this file,
+ * so nothing here is copied by hand anywhere else. */
+#ifndef RLB_SWITCH_H
+#define RLB_SWITCH_H
+
+#define RLB_MAX_ROUTES      65536
+#define RLB_MAX_NEXTHOPS    4096    /* id 0 is "none" */
+#define RLB_MAX_GROUPS      1024    /* id 0 is "none" */
+#define RLB_MAX_MEMBERS     64      /* next hops per group */
+#define RLB_SLOTS           4096    /* weighted slot table per group, power of two */
+#define RLB_MAX_PORTS       256     /* devmap slots */
+#define RLB_MAX_NEIGHBORS   16384   /* directly connected hosts */
+#define RLB_FLOWLETS        65536   /* DLB flowlet table, power of two */
+#define RLB_LOAD_BANDS      8       /* port quality bands 0 (idle) .. 7 (full) */
+
+/* Per-route forwarding mode. */
+enum rlb_mode {
+    RLB_MODE_NONE      = 0,
+    RLB_MODE_PINNED    = 1,  /* BGP-DPF: primary next hop, DLB over backup group when it is down */
+    RLB_MODE_WEIGHTED  = 2,  /* slot table built in user space (minimal disruption) */
+    RLB_MODE_DLB       = 3,  /* flowlet switching on port quality */
+    RLB_MODE_CONNECTED = 4,  /* last hop: neighbour MAC from the neighbours map */
+    RLB_MODE_LOCAL     = 5,  /* addressed to this router: hand to the kernel */
+};
+
+/* Why a packet was forwarded or handed to the kernel, plus load-balancing events.
+ * Indexes of the per-CPU reasons counter array. */
+enum rlb_reason {
+    RLB_R_FORWARDED = 0,
+    RLB_R_PASS_NOT_IPV6,
+    RLB_R_PASS_MALFORMED,
+    RLB_R_PASS_LINK_LOCAL,
+    RLB_R_PASS_MULTICAST,
+    RLB_R_PASS_CONTROL,       /* ND/RA/redirect, BGP, hop-by-hop options */
+    RLB_R_PASS_HOP_LIMIT,     /* kernel sends ICMPv6 time exceeded */
+    RLB_R_PASS_NO_ROUTE,
+    RLB_R_PASS_LOCAL,
+    RLB_R_PASS_NEIGH_MISS,    /* kernel resolves the neighbour */
+    RLB_R_PASS_NO_NEXTHOP,    /* every member down or unresolved */
+    RLB_R_PASS_NO_PORT,       /* egress port not registered */
+    RLB_R_EV_FAILOVER,        /* pinned primary down: went to backup group */
+    RLB_R_EV_WEIGHTED_FALLBACK, /* weighted slot's member down: DLB among live members */
+    RLB_R_EV_DLB_ASSIGN,      /* new flowlet assigned */
+    RLB_R_EV_DLB_REASSIGN,    /* existing flow moved to another member */
+    RLB_R_MAX,
+};
+
+/* Next-hop flags */
+#define RLB_NH_VALID     1
+#define RLB_NH_RESOLVED  2   /* dmac is known */
+#define RLB_NH_STATIC    4   /* dmac given by the operator, not from the neighbour table */
+
+struct rlb_lpm_key {
+    u32 prefixlen;
+    u8  addr[16];
+};
+
+struct rlb_route {
+    u32 mode;      /* enum rlb_mode */
+    u32 nexthop;   /* PINNED: primary next hop id */
+    u32 group;     /* PINNED: backup group; WEIGHTED, DLB: the group */
+    u32 ifindex;   /* CONNECTED: egress port */
+};
+
+struct rlb_nexthop {
+    u32 ifindex;
+    u32 flags;       /* RLB_NH_* */
+    u8  dmac[6];
+    u8  smac[6];
+    u8  gateway[16]; /* user space only: the neighbour whose MAC is dmac */
+};
+
+struct rlb_group {
+    u32 n_members;
+    u32 generation;  /* bumped by user space on every rebuild */
+    u32 member_nh[RLB_MAX_MEMBERS];
+    u32 weight[RLB_MAX_MEMBERS];
+    u8  slot[RLB_SLOTS];   /* index into member_nh */
+};
+
+/* Written by user space only. */
+struct rlb_port {
+    u32 up;          /* carrier and admin up */
+    u32 tx_slot;     /* key in the devmap and the per-port arrays */
+    u32 band_bytes;  /* decayed tx bytes per quality band (from link speed) */
+    u32 flags;
+    u8  mac[6];
+    u8  pad[2];
+};
+
+/* Written by the data path only. */
+struct rlb_port_load {
+    u64 last_ns;
+    u64 recent_bytes;  /* halves every load_halflife_ns */
+};
+
+struct rlb_port_stats {
+    u64 rx_packets;
+    u64 rx_bytes;
+    u64 tx_packets;
+    u64 tx_bytes;
+};
+
+struct rlb_counter {
+    u64 packets;
+    u64 bytes;
+};
+
+struct rlb_flowlet {
+    u64 last_ns;
+    u32 hash;
+    u32 group;
+    u32 generation;
+    u32 member;
+    u32 nexthop;
+    u32 pad;
+};
+
+struct rlb_in6 {
+    u8 addr[16];
+};
+
+struct rlb_neighbor {
+    u32 ifindex;
+    u8  dmac[6];
+    u8  pad[2];
+};
+
+struct rlb_config {
+    u64 flowlet_timeout_ns;   /* default 256 us */
+    u64 load_halflife_ns;     /* port-load decay, default 100 us */
+    u32 hash_seed;
+    u32 roce_port;            /* UDP port whose BTH dest QP enters the hash, default 4791 */
+    u32 default_band_bytes;   /* used when a port has none */
+    u32 flags;
+};
+
+#endif

@@ -1,0 +1,102 @@
+"""Pinned BPF maps, opened by path: the agents, the CLI and the tests all use this one class."""
+from __future__ import annotations
+
+import ctypes as ct
+from pathlib import Path
+from typing import Iterator
+
+from . import libbpf
+from .libbpf import BPF_ANY, PERCPU_MAP_TYPES, check, lib
+
+
+class PinnedMap:
+    """A map under /sys/fs/bpf with the key/leaf ctypes that bcc derived from bpf/ headers."""
+
+    def __init__(self, path: Path, key_type, leaf_type):
+        self.path = Path(path)
+        self.fd = libbpf.obj_get(str(path))
+        info = libbpf.map_info(self.fd)
+        self.map_type, self.max_entries = info.type, info.max_entries
+        self.key_type, self.leaf_type = key_type, leaf_type
+        self.percpu = info.type in PERCPU_MAP_TYPES
+        if ct.sizeof(key_type) != info.key_size or ct.sizeof(leaf_type) != info.value_size:
+            raise ValueError(f"{path}: pinned map layout ({info.key_size}/{info.value_size} bytes) "
+                             f"differs from this version's ({ct.sizeof(key_type)}/"
+                             f"{ct.sizeof(leaf_type)}); detach and attach again")
+        self._stride = (ct.sizeof(leaf_type) + 7) & ~7
+        self._ncpu = libbpf.possible_cpus() if self.percpu else 1
+
+    def close(self):
+        import os
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def key(self, key):
+        if isinstance(key, int):
+            return self.key_type(key)
+        return key
+
+    def _valbuf(self):
+        return ct.create_string_buffer(self._stride * self._ncpu)
+
+    def get(self, key):
+        """The leaf (summed over CPUs for per-CPU maps is get_percpu's job) or None."""
+        k = self.key(key)
+        buf = self._valbuf()
+        if lib.bpf_map_lookup_elem(self.fd, ct.byref(k), buf) < 0:
+            return None
+        return self.leaf_type.from_buffer_copy(buf.raw[:ct.sizeof(self.leaf_type)])
+
+    def get_percpu(self, key) -> list:
+        k = self.key(key)
+        buf = self._valbuf()
+        if lib.bpf_map_lookup_elem(self.fd, ct.byref(k), buf) < 0:
+            return []
+        size = ct.sizeof(self.leaf_type)
+        return [self.leaf_type.from_buffer_copy(buf.raw[i * self._stride:i * self._stride + size])
+                for i in range(self._ncpu)]
+
+    def set(self, key, leaf, flags: int = BPF_ANY):
+        k = self.key(key)
+        if self.percpu:
+            buf = self._valbuf()
+            for i in range(self._ncpu):
+                ct.memmove(ct.addressof(buf) + i * self._stride, ct.byref(leaf),
+                           ct.sizeof(leaf))
+            ret = lib.bpf_map_update_elem(self.fd, ct.byref(k), buf, flags)
+        else:
+            ret = lib.bpf_map_update_elem(self.fd, ct.byref(k), ct.byref(leaf), flags)
+        check(ret, f"update {self.path.name}")
+
+    def delete(self, key) -> bool:
+        return lib.bpf_map_delete_elem(self.fd, ct.byref(self.key(key))) == 0
+
+    def keys(self) -> Iterator:
+        prev, nxt = None, self.key_type()
+        while True:
+            ret = lib.bpf_map_get_next_key(self.fd, None if prev is None else ct.byref(prev),
+                                           ct.byref(nxt))
+            if ret < 0:
+                return
+            yield self.key_type.from_buffer_copy(nxt)
+            prev = self.key_type.from_buffer_copy(nxt)
+
+    def items(self) -> Iterator:
+        for k in self.keys():
+            v = self.get(k)
+            if v is not None:
+                yield k, v
+
+    def clear(self):
+        for k in list(self.keys()):
+            self.delete(k)
+
+    def zero(self, key):
+        self.set(key, self.leaf_type())

@@ -1,0 +1,550 @@
+"""The switch data-plane API: attach the XDP program, program routes, report state.
+
+All state lives in pinned maps under /sys/fs/bpf/rlb/<instance>/switch, so any process (the
+CLI, the agent, a restarted agent) can pick it up, and forwarding never depends on a process
+being alive. Changes are make-before-break: a new group is written under a fresh id, the route
+is switched to it in one map update, and only then is the old group freed."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import logging
+import os
+import random
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from rlbcommon import bpfprog
+from rlbcommon.cheader import constants, enum_names
+from rlbcommon.paths import RUN_DIR, pin_dir
+
+from .model import NextHop, Route, RouteError
+from .slots import build_slots
+
+log = logging.getLogger(__name__)
+
+SOURCE, HEADER = "rlb_switch.c", "rlb_switch.h"
+C = constants(HEADER)
+MODE_IDS = {"pinned": C["RLB_MODE_PINNED"], "weighted": C["RLB_MODE_WEIGHTED"],
+            "dlb": C["RLB_MODE_DLB"], "connected": C["RLB_MODE_CONNECTED"],
+            "local": C["RLB_MODE_LOCAL"]}
+MODE_NAMES = {v: k for k, v in MODE_IDS.items()}
+REASONS = enum_names(HEADER, "RLB_R_")
+NH_VALID, NH_RESOLVED, NH_STATIC = C["RLB_NH_VALID"], C["RLB_NH_RESOLVED"], C["RLB_NH_STATIC"]
+
+XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE = 1 << 1, 1 << 2
+IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
+# Neighbour states whose MAC can be used: REACHABLE STALE DELAY PROBE NOARP PERMANENT
+NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80
+
+DEFAULTS = {"flowlet_timeout_ns": 256_000, "load_halflife_ns": 100_000, "roce_port": 4791}
+DEFAULT_SPEED_MBPS = 10_000
+
+
+class DataplaneError(RuntimeError):
+    """An operation the data plane cannot do; the message is for the operator."""
+
+
+def mac_bytes(mac: str) -> bytes:
+    return bytes(int(x, 16) for x in mac.split(":"))
+
+
+def mac_str(b) -> str:
+    return ":".join(f"{x:02x}" for x in bytes(b))
+
+
+def band_bytes(speed_mbps: int, halflife_ns: int) -> int:
+    """Bytes of decayed load per quality band: a port at full rate settles near
+    rate * halflife / ln 2 bytes, which is split into the bands."""
+    full = speed_mbps * 1e6 / 8 * halflife_ns * 1e-9 / 0.6931
+    return max(1, int(full / C["RLB_LOAD_BANDS"]))
+
+
+@dataclass
+class PortInfo:
+    ifname: str
+    ifindex: int
+    up: bool
+    tx_slot: int
+    mac: str
+
+
+class SwitchDataplane:
+    def __init__(self, instance: str | None = None):
+        self.instance = instance or "default"
+        self.pins = pin_dir("switch", self.instance)
+        self.bpf = None
+        self.prog_fd = None
+        self._maps = None
+        self._ipr = None
+
+    # ---- plumbing -------------------------------------------------------------------
+    @property
+    def ipr(self) -> IPRoute:
+        if self._ipr is None:
+            self._ipr = IPRoute()
+        return self._ipr
+
+    @property
+    def maps(self):
+        if self._maps is None:
+            if not (self.pins / "routes").exists():
+                raise DataplaneError(f"no switch data plane at {self.pins}: run 'rlbswitch attach IFACE' first")
+            self._maps = bpfprog.open_maps(SOURCE, self.pins)
+        return self._maps
+
+    def exists(self) -> bool:
+        return (self.pins / "routes").exists()
+
+    @contextlib.contextmanager
+    def locked(self):
+        """Serialise read-modify-write of the maps between the CLI and the agent."""
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        with open(RUN_DIR / f"{self.instance}-switch.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def load(self):
+        """Compile and load the program; its maps are created or adopted from the pins."""
+        if self.prog_fd is not None:
+            return self.prog_fd
+        self.bpf = bpfprog.compile_program(SOURCE, self.pins)
+        self.prog_fd = self.bpf.load_func(b"rlb_switch", self.bpf.XDP).fd
+        self._fn = self.bpf.funcs[b"rlb_switch"]
+        self._maps = None
+        self._init_config()
+        return self.prog_fd
+
+    def close(self):
+        if self._ipr is not None:
+            self._ipr.close()
+            self._ipr = None
+        for m in (self._maps or {}).values():
+            m.close()
+        self._maps = None
+        if self.bpf is not None:
+            self.bpf.cleanup()   # closes fds only: the XDP attachment and the pins stay
+            self.bpf = None
+            self.prog_fd = None
+
+    def _init_config(self):
+        cfg_map = self.maps["config"]
+        cfg = cfg_map.get(0)
+        if cfg.flowlet_timeout_ns == 0:   # first load: defaults and a random seed
+            cfg.flowlet_timeout_ns = DEFAULTS["flowlet_timeout_ns"]
+            cfg.load_halflife_ns = DEFAULTS["load_halflife_ns"]
+            cfg.roce_port = DEFAULTS["roce_port"]
+            cfg.hash_seed = random.getrandbits(32)
+            cfg.default_band_bytes = band_bytes(DEFAULT_SPEED_MBPS, cfg.load_halflife_ns)
+            cfg_map.set(0, cfg)
+            log.info("initialised config: seed %#x, flowlet timeout %d us", cfg.hash_seed,
+                     cfg.flowlet_timeout_ns // 1000)
+
+    def config(self) -> dict:
+        cfg = self.maps["config"].get(0)
+        return {f: getattr(cfg, f) for f, _ in cfg._fields_}
+
+    def set_config(self, **values):
+        with self.locked():
+            cfg = self.maps["config"].get(0)
+            for k, v in values.items():
+                if v is None:
+                    continue
+                if not hasattr(cfg, k):
+                    raise DataplaneError(f"unknown setting {k}")
+                setattr(cfg, k, int(v))
+            self.maps["config"].set(0, cfg)
+
+    # ---- ports ----------------------------------------------------------------------
+    def ifindex(self, ifname: str) -> int:
+        idx = self.ipr.link_lookup(ifname=ifname)
+        if not idx:
+            raise DataplaneError(f"no interface {ifname!r} here")
+        return idx[0]
+
+    def ifname(self, ifindex: int) -> str:
+        links = self.ipr.get_links(ifindex)
+        return links[0].get_attr("IFLA_IFNAME") if links else f"if{ifindex}"
+
+    def _speed_mbps(self, ifname: str) -> int:
+        try:
+            out = subprocess.run(["ethtool", ifname], capture_output=True, text=True).stdout
+        except FileNotFoundError:
+            return DEFAULT_SPEED_MBPS
+        for line in out.splitlines():
+            line = line.strip()
+            if line.startswith("Speed:") and line.endswith("Mb/s"):
+                return int(line[6:-4])
+        return DEFAULT_SPEED_MBPS
+
+    def attach(self, ifname: str, generic: bool = False):
+        """Attach the XDP program to a port (replacing any older version atomically)."""
+        from bcc import BPF
+        self.load()
+        ifindex = self.ifindex(ifname)
+        flags = XDP_FLAGS_SKB_MODE if generic else XDP_FLAGS_DRV_MODE
+        try:
+            BPF.attach_xdp(ifname, self._fn, flags)
+        except Exception as e:
+            if generic:
+                raise DataplaneError(f"attaching XDP to {ifname} failed: {e}") from e
+            raise DataplaneError(f"native XDP on {ifname} failed ({e}); the driver may not "
+                                 f"support it: retry with --generic (slower, a fallback)") from e
+        if generic:
+            log.warning("%s: generic (skb) XDP: correct but slow; use a driver with native XDP", ifname)
+        self.register_port(ifindex)
+        log.info("attached to %s (ifindex %d, %s)", ifname, ifindex, "generic" if generic else "native")
+
+    def register_port(self, ifindex: int):
+        """Make a port usable as ingress and egress: port state, devmap slot, counters."""
+        with self.locked():
+            ports = self.maps["ports"]
+            port = ports.get(ifindex)
+            if port is None:
+                used = {p.tx_slot for _, p in ports.items()}
+                free = [s for s in range(C["RLB_MAX_PORTS"]) if s not in used]
+                if not free:
+                    raise DataplaneError("all port slots are in use")
+                port = ports.leaf_type()
+                port.tx_slot = free[0]
+                self.maps["port_stats"].zero(port.tx_slot)
+                self.maps["port_load"].zero(port.tx_slot)
+            link = self.ipr.get_links(ifindex)[0]
+            ifname = link.get_attr("IFLA_IFNAME")
+            port.up = int(self._link_up(link))
+            port.mac[:] = mac_bytes(link.get_attr("IFLA_ADDRESS"))
+            port.band_bytes = band_bytes(self._speed_mbps(ifname), self.config()["load_halflife_ns"])
+            self.maps["tx_ports"].set(port.tx_slot, self.maps["tx_ports"].leaf_type(ifindex))
+            ports.set(ifindex, port)
+
+    @staticmethod
+    def _link_up(link) -> bool:
+        flags = link["flags"]
+        return bool(flags & IFF_UP) and bool(flags & IFF_LOWER_UP)
+
+    def set_port_up(self, ifindex: int, up: bool) -> bool:
+        """Liveness from netlink; returns True when the state changed."""
+        ports = self.maps["ports"]
+        port = ports.get(ifindex)
+        if port is None or bool(port.up) == up:
+            return False
+        port.up = int(up)
+        ports.set(ifindex, port)
+        return True
+
+    def ports(self) -> list[PortInfo]:
+        out = []
+        for k, p in self.maps["ports"].items():
+            out.append(PortInfo(self.ifname(k.value), k.value, bool(p.up), p.tx_slot, mac_str(p.mac)))
+        return sorted(out, key=lambda p: p.tx_slot)
+
+    def detach(self, ifname: str):
+        from bcc import BPF
+        ifindex = self.ifindex(ifname)
+        for mode in (XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE):
+            with contextlib.suppress(Exception):
+                BPF.remove_xdp(ifname, mode)
+        with self.locked():
+            port = self.maps["ports"].get(ifindex)
+            if port is not None:
+                self.maps["tx_ports"].delete(port.tx_slot)
+                self.maps["ports"].delete(ifindex)
+        log.info("detached from %s", ifname)
+
+    def destroy(self):
+        """Detach from every port and remove all pinned state."""
+        if self.exists():
+            for p in self.ports():
+                with contextlib.suppress(DataplaneError):
+                    self.detach(p.ifname)
+        self.close()
+        shutil.rmtree(self.pins, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.pins.parent.rmdir()
+
+    # ---- next hops ------------------------------------------------------------------
+    def _lookup_neighbour(self, ifindex: int, gateway: str) -> str | None:
+        for n in self.ipr.get_neighbours(family=socket.AF_INET6, ifindex=ifindex):
+            if n.get_attr("NDA_DST") == gateway and n["state"] & NUD_USABLE and n.get_attr("NDA_LLADDR"):
+                return n.get_attr("NDA_LLADDR")
+        return None
+
+    def _solicit(self, ifname: str, gateway: str):
+        """Make the kernel resolve a neighbour: send it one datagram (discard port)."""
+        with contextlib.suppress(OSError), socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            scope = socket.if_nametoindex(ifname) if ipaddress.IPv6Address(gateway).is_link_local else 0
+            s.sendto(b"", (gateway, 9, 0, scope))
+
+    def _ensure_nexthop(self, spec: NextHop) -> int:
+        nhs = self.maps["nexthops"]
+        ifindex = self.ifindex(spec.ifname)
+        port = self.maps["ports"].get(ifindex)
+        if port is None:
+            raise DataplaneError(f"{spec.ifname} is not attached: run 'rlbswitch attach {spec.ifname}'")
+        gw = ipaddress.IPv6Address(spec.gateway).packed if spec.gateway else bytes(16)
+        free = None
+        for i in range(1, C["RLB_MAX_NEXTHOPS"]):
+            nh = nhs.get(i)
+            if not nh.flags & NH_VALID:
+                free = free or i
+                continue
+            if nh.ifindex == ifindex and bytes(nh.gateway) == gw and \
+                    (spec.gateway or mac_str(nh.dmac) == spec.mac):
+                return i
+        if free is None:
+            raise DataplaneError("next-hop table full")
+        nh = nhs.leaf_type()
+        nh.ifindex, nh.flags = ifindex, NH_VALID
+        nh.gateway[:] = gw
+        nh.smac[:] = bytes(port.mac)
+        if spec.mac:
+            nh.dmac[:] = mac_bytes(spec.mac)
+            nh.flags |= NH_RESOLVED | NH_STATIC
+        else:
+            mac = self._lookup_neighbour(ifindex, spec.gateway)
+            if mac:
+                nh.dmac[:] = mac_bytes(mac)
+                nh.flags |= NH_RESOLVED
+            else:
+                self._solicit(spec.ifname, spec.gateway)
+                log.info("next hop %s unresolved: asked the kernel to resolve it", spec)
+        self.maps["nh_stats"].zero(free)
+        nhs.set(free, nh)
+        return free
+
+    def update_neighbour(self, ifindex: int, address: str, mac: str | None) -> int:
+        """Neighbour table change: fix next hops and connected hosts. Returns entries changed."""
+        changed = 0
+        gw = ipaddress.IPv6Address(address).packed
+        nhs = self.maps["nexthops"]
+        for i in range(1, C["RLB_MAX_NEXTHOPS"]):
+            nh = nhs.get(i)
+            if not nh.flags & NH_VALID or nh.flags & NH_STATIC:
+                continue
+            if nh.ifindex != ifindex or bytes(nh.gateway) != gw:
+                continue
+            if mac:
+                nh.dmac[:] = mac_bytes(mac)
+                nh.flags |= NH_RESOLVED
+            else:
+                nh.flags &= ~NH_RESOLVED
+            nhs.set(i, nh)
+            changed += 1
+        neigh = self.maps["neighbors"]
+        key = neigh.key_type()
+        key.addr[:] = gw
+        if mac and self._connected_port(address) == ifindex:
+            val = neigh.leaf_type()
+            val.ifindex = ifindex
+            val.dmac[:] = mac_bytes(mac)
+            neigh.set(key, val)
+            changed += 1
+        elif not mac and neigh.delete(key):
+            changed += 1
+        return changed
+
+    def _connected_port(self, address: str) -> int | None:
+        rt = self.maps["routes"].get(self._lpm_key(ipaddress.IPv6Network(f"{address}/128")))
+        if rt is not None and rt.mode == MODE_IDS["connected"]:
+            return rt.ifindex
+        return None
+
+    def sync_neighbours(self) -> int:
+        """Full resync from the kernel's neighbour table (agent start-up)."""
+        changed = 0
+        for n in self.ipr.get_neighbours(family=socket.AF_INET6):
+            dst = n.get_attr("NDA_DST")
+            if not dst or ipaddress.IPv6Address(dst).is_multicast:
+                continue
+            usable = n["state"] & NUD_USABLE and n.get_attr("NDA_LLADDR")
+            changed += self.update_neighbour(n["ifindex"], dst, n.get_attr("NDA_LLADDR") if usable else None)
+        return changed
+
+    # ---- groups ---------------------------------------------------------------------
+    def _alloc_group(self, exclude: set[int]) -> int:
+        groups = self.maps["groups"]
+        used = {r.group for _, r in self.maps["routes"].items()} | exclude
+        for gid in range(1, C["RLB_MAX_GROUPS"]):
+            if gid not in used and groups.get(gid).n_members == 0:
+                return gid
+        raise DataplaneError("group table full")
+
+    def _write_group(self, members: list[int], weights: list[int], previous_gid: int,
+                     exclude: set[int]) -> int:
+        if len(members) > C["RLB_MAX_MEMBERS"]:
+            raise RouteError(f"at most {C['RLB_MAX_MEMBERS']} next hops per route")
+        groups = self.maps["groups"]
+        prev_table = None
+        old = groups.get(previous_gid) if previous_gid else None
+        if old is not None and old.n_members:
+            prev_table = [old.member_nh[s] for s in old.slot]
+        table = build_slots(members, weights, C["RLB_SLOTS"], prev_table)
+        gid = self._alloc_group(exclude)
+        g = groups.leaf_type()
+        g.n_members = len(members)
+        g.generation = (old.generation + 1) if old is not None else 1
+        for i, (m, w) in enumerate(zip(members, weights)):
+            g.member_nh[i], g.weight[i] = m, w
+        g.slot[:] = bytes(table)
+        groups.set(gid, g)
+        return gid
+
+    # ---- routes ---------------------------------------------------------------------
+    def _lpm_key(self, prefix: ipaddress.IPv6Network):
+        k = self.maps["routes"].key_type()
+        k.prefixlen = prefix.prefixlen
+        k.addr[:] = prefix.network_address.packed
+        return k
+
+    def add_route(self, route: Route):
+        """Install or replace a route, make-before-break."""
+        with self.locked():
+            routes = self.maps["routes"]
+            key = self._lpm_key(route.prefix)
+            old = routes.get(key)
+            new = routes.leaf_type()
+            new.mode = MODE_IDS["weighted" if route.mode == "ecmp" else route.mode]
+            prev_gid = old.group if old is not None else 0
+            if route.mode == "connected":
+                new.ifindex = self.ifindex(route.dev)
+                if self.maps["ports"].get(new.ifindex) is None:
+                    raise DataplaneError(f"{route.dev} is not attached")
+            elif route.mode == "pinned":
+                new.nexthop = self._ensure_nexthop(route.nexthops[0])
+                if route.backups:
+                    ids = [self._ensure_nexthop(b) for b in route.backups]
+                    new.group = self._write_group(ids, [b.weight for b in route.backups], prev_gid, {prev_gid})
+            elif route.mode != "local":
+                ids = [self._ensure_nexthop(h) for h in route.nexthops]
+                new.group = self._write_group(ids, [h.weight for h in route.nexthops], prev_gid, {prev_gid})
+            routes.set(key, new)             # the switch-over: one atomic map update
+            if prev_gid and prev_gid != new.group:
+                self.maps["groups"].zero(prev_gid)
+            self._gc_nexthops()
+        if route.mode == "connected":
+            self.sync_neighbours()
+        log.info("route %s %s", route.prefix, self._describe(route))
+
+    @staticmethod
+    def _describe(route: Route) -> str:
+        if route.mode == "connected":
+            return f"connected dev {route.dev}"
+        via = " ".join(str(h) for h in route.nexthops)
+        bk = f" backup {' '.join(str(b) for b in route.backups)}" if route.backups else ""
+        return f"{route.mode} via {via}{bk}".rstrip()
+
+    def del_route(self, prefix) -> bool:
+        prefix = ipaddress.IPv6Network(prefix)
+        with self.locked():
+            key = self._lpm_key(prefix)
+            old = self.maps["routes"].get(key)
+            if old is None:
+                return False
+            self.maps["routes"].delete(key)
+            if old.group:
+                self.maps["groups"].zero(old.group)
+            self._gc_nexthops()
+        log.info("route %s removed", prefix)
+        return True
+
+    def _gc_nexthops(self):
+        used = set()
+        for _, r in self.maps["routes"].items():
+            used.add(r.nexthop)
+            if r.group:
+                g = self.maps["groups"].get(r.group)
+                used.update(g.member_nh[:g.n_members])
+        nhs = self.maps["nexthops"]
+        for i in range(1, C["RLB_MAX_NEXTHOPS"]):
+            nh = nhs.get(i)
+            if nh.flags & NH_VALID and i not in used:
+                nhs.zero(i)
+
+    def _nexthop_spec(self, nh_id: int, weight: int = 1) -> NextHop:
+        nh = self.maps["nexthops"].get(nh_id)
+        ifname = self.ifname(nh.ifindex)
+        if nh.flags & NH_STATIC:
+            return NextHop(ifname, mac=mac_str(nh.dmac), weight=weight)
+        return NextHop(ifname, gateway=str(ipaddress.IPv6Address(bytes(nh.gateway))), weight=weight)
+
+    def routes(self) -> list[dict]:
+        """Programmed routes with their next hops' ids and state, for show and the agent."""
+        out = []
+        for k, r in self.maps["routes"].items():
+            prefix = ipaddress.IPv6Network((bytes(k.addr), k.prefixlen))
+            mode = MODE_NAMES.get(r.mode, f"mode{r.mode}")
+            entry = {"prefix": str(prefix), "mode": mode}
+            if mode == "connected":
+                entry["dev"] = self.ifname(r.ifindex)
+            if r.nexthop:
+                entry["nexthop"] = self._nh_state(r.nexthop)
+            if r.group:
+                g = self.maps["groups"].get(r.group)
+                slots = list(g.slot)
+                members = []
+                for i in range(g.n_members):
+                    st = self._nh_state(g.member_nh[i], g.weight[i])
+                    st["slots"] = slots.count(i)
+                    members.append(st)
+                entry["backups" if mode == "pinned" else "members"] = members
+                entry["group"] = r.group
+            out.append(entry)
+        return sorted(out, key=lambda e: ipaddress.IPv6Network(e["prefix"]))
+
+    def _nh_state(self, nh_id: int, weight: int | None = None) -> dict:
+        nh = self.maps["nexthops"].get(nh_id)
+        port = self.maps["ports"].get(nh.ifindex)
+        d = {"id": nh_id, "via": str(self._nexthop_spec(nh_id)), "mac": mac_str(nh.dmac),
+             "resolved": bool(nh.flags & NH_RESOLVED), "port_up": bool(port and port.up)}
+        if weight is not None:
+            d["weight"] = weight
+        return d
+
+    def route_spec(self, prefix) -> Route | None:
+        """The Route object that would reproduce what is programmed for prefix."""
+        prefix = str(ipaddress.IPv6Network(prefix))
+        for e in self.routes():
+            if e["prefix"] != prefix:
+                continue
+            if e["mode"] == "connected":
+                return Route(prefix, "connected", dev=e["dev"])
+            if e["mode"] == "local":
+                return Route(prefix, "local")
+            via = [NextHop.parse(e["nexthop"]["via"])] if "nexthop" in e else []
+            members = [NextHop.parse(f"{m['via']}={m['weight']}") for m in e.get("members", [])]
+            backups = [NextHop.parse(f"{m['via']}={m['weight']}") for m in e.get("backups", [])]
+            return Route(prefix, e["mode"], via or members, backups)
+        return None
+
+    # ---- counters -------------------------------------------------------------------
+    def stats(self) -> dict:
+        def percpu_sum(m, key, fields):
+            rows = m.get_percpu(key)
+            return {f: sum(getattr(r, f) for r in rows) for f in fields}
+
+        ports = []
+        for p in self.ports():
+            s = percpu_sum(self.maps["port_stats"], p.tx_slot,
+                           ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes"))
+            ports.append({"interface": p.ifname, "ifindex": p.ifindex, "up": p.up, **s})
+        nexthops = []
+        nhs = self.maps["nexthops"]
+        for i in range(1, C["RLB_MAX_NEXTHOPS"]):
+            if nhs.get(i).flags & NH_VALID:
+                s = percpu_sum(self.maps["nh_stats"], i, ("packets", "bytes"))
+                nexthops.append({**self._nh_state(i), **s})
+        reasons = {}
+        for rid, name in REASONS.items():
+            if name == "max":
+                continue
+            reasons[name] = sum(r.value for r in self.maps["reasons"].get_percpu(rid))
+        return {"ports": ports, "nexthops": nexthops, "reasons": reasons}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs everything RLB needs on a fresh Debian 12 machine (run as root). Idempotent:
+# each step checks first, so `make demo` / `make test` can call it every time cheaply.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${RLB_VENV:-.venv}
+APT_PKGS=(python3-bpfcc python3-venv linux-headers-amd64 bird2 ethtool iproute2 libbpf1 kmod)
+
+log() { echo "[bootstrap] $*"; }
+
+[ "$(id -u)" = 0 ] || { echo "bootstrap: must run as root (XDP, TC and network namespaces need it)" >&2; exit 1; }
+
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing apt packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# bcc compiles against the running kernel's headers. Debian has none for this kernel, so fall
+# back to Debian's packaged headers (the BPF UAPI we use is stable across these versions).
+mod=/lib/modules/$(uname -r)
+if [ ! -e "$mod/build" ]; then
+  hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -1)
+  common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -1)
+  [ -n "$hdr" ] && [ -n "$common" ] || { echo "bootstrap: no kernel headers under /usr/src" >&2; exit 1; }
+  log "linking $mod/build -> $hdr and source -> $common"
+  mkdir -p "$mod"
+  ln -sfn "$hdr" "$mod/build"
+  ln -sfn "$common" "$mod/source"
+fi
+
+# Pinned maps live in bpffs; agents enter namespaces with setns() so they all share this one.
+if ! mount | grep -q ' /sys/fs/bpf type bpf'; then
+  log "mounting bpffs at /sys/fs/bpf"
+  mkdir -p /sys/fs/bpf
+  mount -t bpf bpf /sys/fs/bpf
+fi
+
+# bcc is Debian's and imports only from the system python: the venv must see system site-packages.
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating venv $VENV"
+  /usr/bin/python3 -m venv --system-site-packages "$VENV"
+fi
+stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -e "$stamp" ]; then
+  log "installing the package and its dependencies into $VENV"
+  "$VENV/bin/pip" install -q --upgrade pip >/dev/null
+  "$VENV/bin/pip" install -q -e '.[test]'
+  rm -f "$VENV"/.installed-*; touch "$stamp"
+fi
+"$VENV/bin/python" -c 'import bcc, pyroute2, typer, prometheus_client' \
+  || { echo "bootstrap: dependency check failed" >&2; exit 1; }
+log "ready"
