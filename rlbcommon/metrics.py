@@ -1,0 +1,29 @@
+"""Prometheus helpers: a registry per agent, served on loopback unless told otherwise."""
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import CollectorRegistry
+
+log = logging.getLogger(__name__)
+
+__all__ = ["serve", "counter", "gauge"]
+
+
+def serve(collector, port: int, addr: str = "127.0.0.1") -> CollectorRegistry:
+    """Expose one custom collector (read at scrape time) on http://addr:port/metrics."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+    start_http_server(port, addr=addr, registry=registry)
+    log.info("metrics on http://%s:%d/metrics", addr if ":" not in addr else f"[{addr}]", port)
+    return registry
+
+
+def counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=labels)
+
+
+def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)

@@ -1,0 +1,84 @@
+"""Building blocks of namespace labs: namespaces, veth links with XDP-friendly offloads,
+kernel interface counters (the ground truth every lab result is read from)."""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+
+from rlbcommon.netns import run
+
+log = logging.getLogger(__name__)
+
+
+def sh(*cmd: str, check: bool = True) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if check and res.returncode:
+        raise RuntimeError(f"{' '.join(cmd)}: {res.stderr.strip()}")
+    return res.stdout
+
+
+def add_ns(name: str):
+    if name in list_ns():
+        del_ns(name)
+    sh("ip", "netns", "add", name)
+    run(name, "ip", "link", "set", "lo", "up")
+
+
+def list_ns() -> list[str]:
+    return [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.strip()]
+
+
+def del_ns(name: str):
+    # Processes first (agents, bird), then the namespace; veths die with it.
+    pids = sh("ip", "netns", "pids", name, check=False).split()
+    for pid in pids:
+        subprocess.run(["kill", "-9", pid], capture_output=True)
+    sh("ip", "netns", "del", name, check=False)
+
+
+def link(ns_a: str, if_a: str, ns_b: str, if_b: str, mac_a: str | None = None,
+         mac_b: str | None = None):
+    """A veth between two namespaces, up, with the offloads XDP redirect needs:
+    GRO on (a veth peer without XDP only takes redirected frames with GRO on) and tx
+    checksum offload off (else redirected frames carry partial checksums and die).
+    GRO must be switched on while the device is up: only then does the kernel mark the
+    peer as a redirect target (else redirects fail with EOPNOTSUPP)."""
+    tmp_a, tmp_b = f"t{abs(hash((ns_a, if_a))) % 10**9}", f"t{abs(hash((ns_b, if_b))) % 10**9}"
+    sh("ip", "link", "add", tmp_a, "type", "veth", "peer", "name", tmp_b)
+    for tmp, ns, name, mac in ((tmp_a, ns_a, if_a, mac_a), (tmp_b, ns_b, if_b, mac_b)):
+        sh("ip", "link", "set", tmp, "netns", ns)
+        run(ns, "ip", "link", "set", tmp, "name", name)
+        if mac:
+            run(ns, "ip", "link", "set", name, "address", mac)
+        run(ns, "ip", "link", "set", name, "up")
+    for ns, name in ((ns_a, if_a), (ns_b, if_b)):
+        run(ns, "ethtool", "-K", name, "gro", "on", "tx", "off")
+
+
+def counters(ns: str, ifname: str) -> dict:
+    """Kernel interface counters (ip -s link), not ours."""
+    data = json.loads(run(ns, "ip", "-s", "-j", "link", "show", ifname))[0]["stats64"]
+    return {"rx_packets": data["rx"]["packets"], "rx_bytes": data["rx"]["bytes"],
+            "tx_packets": data["tx"]["packets"], "tx_bytes": data["tx"]["bytes"]}
+
+
+def link_local(ns: str, ifname: str, timeout: float = 5.0) -> str:
+    """The interface's link-local address once DAD has finished."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        out = json.loads(run(ns, "ip", "-6", "-j", "addr", "show", "dev", ifname, "scope", "link"))
+        for a in out[0].get("addr_info", []) if out else []:
+            if not a.get("tentative"):
+                return a["local"]
+        time.sleep(0.05)
+    raise TimeoutError(f"{ns}:{ifname} has no usable link-local address")
+
+
+def mac(ns: str, ifname: str) -> str:
+    return json.loads(run(ns, "ip", "-j", "link", "show", ifname))[0]["address"]
+
+
+def sysctl(ns: str, key: str, value: str):
+    run(ns, "sysctl", "-qw", f"{key}={value}")

@@ -1,0 +1,222 @@
+"""rlbswitch: the XDP switch data plane of RLB, from the command line.
+
+State lives in pinned BPF maps, so every command works on what is programmed now, and
+forwarding goes on whether or not any rlbswitch process is running."""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from typing import List, Optional
+
+import typer
+
+from rlbcommon import netns
+from rlbcommon.bpfprog import BpfSetupError
+
+from .dataplane import DataplaneError, SwitchDataplane
+from .model import MODES, NextHop, Route, RouteError
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
+route_app = typer.Typer(help="Install, remove and show routes.", no_args_is_help=True)
+app.add_typer(route_app, name="route")
+
+log = logging.getLogger("rlbswitch")
+
+
+class Ctx:
+    netns: Optional[str] = None
+    instance: Optional[str] = None
+
+    def dataplane(self) -> SwitchDataplane:
+        return SwitchDataplane(self.instance or self.netns)
+
+
+ctx = Ctx()
+
+
+@app.callback()
+def main_options(
+    netns_name: Optional[str] = typer.Option(None, "--netns", "-n", metavar="NAME",
+        help="Work inside this network namespace (entered with setns, so pinned maps stay shared)."),
+    instance: Optional[str] = typer.Option(None, help="Name of this switch's pinned state "
+        "(default: the namespace name, else 'default')."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+):
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    ctx.netns, ctx.instance = netns_name, instance
+    if netns.private_mount_ns() and not netns_name:
+        log.warning("running in a private mount namespace (ip netns exec?): pinned maps may "
+                    "not outlive this process; use --netns NAME instead")
+    netns.enter(netns_name)
+
+
+@app.command()
+def attach(
+    interfaces: List[str] = typer.Argument(..., help="Ports to forward on."),
+    generic: bool = typer.Option(False, help="Generic (skb) XDP for drivers without native XDP: slow."),
+):
+    """Load the XDP program on ports (native XDP; replaces an older version atomically)."""
+    dp = ctx.dataplane()
+    for ifname in interfaces:
+        dp.attach(ifname, generic=generic)
+    typer.echo(f"attached to {', '.join(interfaces)}; state pinned at {dp.pins}")
+
+
+@app.command()
+def detach(
+    interfaces: Optional[List[str]] = typer.Argument(None, help="Ports to detach."),
+    all_: bool = typer.Option(False, "--all", help="Detach every port and delete all pinned state."),
+):
+    """Remove the XDP program from ports (with --all: everything, routes included)."""
+    dp = ctx.dataplane()
+    if all_:
+        dp.destroy()
+        typer.echo("detached from all ports; pinned state removed")
+        return
+    if not interfaces:
+        raise RouteError("name the ports to detach, or use --all")
+    for ifname in interfaces:
+        dp.detach(ifname)
+    typer.echo(f"detached from {', '.join(interfaces)}")
+
+
+@route_app.command("add")
+def route_add(
+    prefix: str = typer.Argument(..., help="IPv6 prefix, e.g. fc00:1:1:1::/64"),
+    mode: str = typer.Option(..., "--mode", "-m", help=f"One of: {', '.join(MODES)}."),
+    via: Optional[List[str]] = typer.Option(None, "--via", help="Next hop: ADDR%IFACE or IFACE@MAC, "
+        "with =WEIGHT for weighted. Pinned: the primary. Repeat for groups."),
+    backup: Optional[List[str]] = typer.Option(None, "--backup", help="Pinned: a backup next hop "
+        "(DLB over the backups when the primary's port is down). Repeat."),
+    dev: Optional[str] = typer.Option(None, help="Connected: the port the hosts are on."),
+):
+    """Install or replace a route (make-before-break).
+
+    Examples:\n
+      rlbswitch route add fc00:2:1:1::/64 -m pinned --via fe80::1%eth1 --backup fe80::2%eth2\n
+      rlbswitch route add fc00:2::/32 -m weighted --via fe80::1%eth1=3 --via fe80::2%eth2=1\n
+      rlbswitch route add fc00:2::/32 -m dlb --via fe80::1%eth1 --via fe80::2%eth2
+    """
+    route = Route(prefix, mode, [NextHop.parse(v) for v in via or []],
+                  [NextHop.parse(b) for b in backup or []], dev)
+    dp = ctx.dataplane()
+    dp.add_route(route)
+    typer.echo(f"{route.prefix}: {dp._describe(route)}")
+
+
+@route_app.command("del")
+def route_del(prefix: str = typer.Argument(..., help="The route's prefix, exactly.")):
+    """Remove a route."""
+    if not ctx.dataplane().del_route(prefix):
+        raise RouteError(f"no route {prefix}")
+    typer.echo(f"removed {prefix}")
+
+
+@route_app.command("show")
+def route_show(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Show programmed routes: mode, pinned next hop, backups, weights and slot shares."""
+    routes = ctx.dataplane().routes()
+    if as_json:
+        typer.echo(json.dumps(routes, indent=2))
+        return
+
+    def hop(h):
+        state = "" if h["resolved"] and h["port_up"] else \
+            " (port down)" if not h["port_up"] else " (unresolved)"
+        w = f" weight {h['weight']} slots {h['slots']}" if "slots" in h else ""
+        return f"{h['via']}{w}{state}"
+
+    for r in routes:
+        line = f"{r['prefix']:<28} {r['mode']:<9}"
+        if r["mode"] == "connected":
+            line += f" dev {r['dev']}"
+        if "nexthop" in r:
+            line += f" via {hop(r['nexthop'])}"
+        typer.echo(line)
+        for h in r.get("members", []):
+            typer.echo(f"{'':38} member {hop(h)}")
+        for h in r.get("backups", []):
+            typer.echo(f"{'':38} backup {hop(h)}")
+
+
+@app.command()
+def stats(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Per-port, per-next-hop and per-reason counters (summed over CPUs)."""
+    s = ctx.dataplane().stats()
+    if as_json:
+        typer.echo(json.dumps(s, indent=2))
+        return
+    typer.echo(f"{'port':<12}{'state':<7}{'rx_pkts':>12}{'rx_bytes':>15}{'tx_pkts':>12}{'tx_bytes':>15}")
+    for p in s["ports"]:
+        typer.echo(f"{p['interface']:<12}{'up' if p['up'] else 'down':<7}{p['rx_packets']:>12}"
+                   f"{p['rx_bytes']:>15}{p['tx_packets']:>12}{p['tx_bytes']:>15}")
+    typer.echo(f"\n{'next hop':<36}{'mac':<19}{'packets':>12}{'bytes':>15}")
+    for nh in s["nexthops"]:
+        typer.echo(f"{nh['via']:<36}{nh['mac']:<19}{nh['packets']:>12}{nh['bytes']:>15}")
+    typer.echo("\nreasons and events")
+    for k, v in s["reasons"].items():
+        if v:
+            typer.echo(f"  {k:<24}{v:>12}")
+
+
+@app.command("config")
+def config_cmd(
+    flowlet_timeout_us: Optional[int] = typer.Option(None, min=1, help="DLB flowlet timeout (default 256)."),
+    hash_seed: Optional[int] = typer.Option(None, min=0, max=2**32 - 1, help="Flow hash seed."),
+    load_halflife_us: Optional[int] = typer.Option(None, min=1, help="Port-load decay half-life (default 100)."),
+    roce_port: Optional[int] = typer.Option(None, min=1, max=65535, help="UDP port whose BTH QP is hashed."),
+):
+    """Show or change data-plane settings."""
+    dp = ctx.dataplane()
+    dp.set_config(flowlet_timeout_ns=None if flowlet_timeout_us is None else flowlet_timeout_us * 1000,
+                  hash_seed=hash_seed, roce_port=roce_port,
+                  load_halflife_ns=None if load_halflife_us is None else load_halflife_us * 1000)
+    typer.echo(json.dumps(dp.config(), indent=2))
+
+
+@app.command()
+def run(
+    interfaces: Optional[List[str]] = typer.Argument(None, help="Ports to attach first (optional)."),
+    generic: bool = typer.Option(False, help="Generic XDP for the ports given here."),
+    metrics_port: int = typer.Option(9471, help="Prometheus port (0: no metrics)."),
+    metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics bind to."),
+):
+    """Run the switch agent in the foreground: adopt the pinned state, attach ports, follow
+    link liveness, neighbours and addresses from netlink, and serve metrics."""
+    from .metrics import SwitchCollector
+    from .watcher import Watcher
+    from rlbcommon.metrics import serve
+
+    dp = ctx.dataplane()
+    adopted = dp.exists()
+    for ifname in interfaces or []:
+        dp.attach(ifname, generic=generic)
+    if adopted:
+        n = len(dp.routes())
+        log.info("adopted pinned state at %s: %d routes, %d ports", dp.pins, n, len(dp.ports()))
+    elif not interfaces:
+        raise DataplaneError("nothing to run: no pinned state and no interfaces given")
+    if metrics_port:
+        serve(SwitchCollector(dp, ctx.instance or ctx.netns or "default"), metrics_port, metrics_addr)
+    w = Watcher(dp)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        w.run()
+    except KeyboardInterrupt:
+        pass
+    log.info("agent stopping; forwarding continues from the pinned maps")
+
+
+def main():
+    try:
+        app()
+    except (DataplaneError, RouteError, BpfSetupError, FileNotFoundError) as e:
+        typer.echo(f"rlbswitch: error: {e}", err=True)
+        sys.exit(2)
+    except PermissionError as e:
+        typer.echo(f"rlbswitch: error: {e} (run as root)", err=True)
+        sys.exit(2)

@@ -1,0 +1,91 @@
+"""Netlink follower: port liveness, neighbour MACs and connected/local routes, in milliseconds.
+
+It keeps no state of its own: each event is applied to the pinned maps, so a restarted
+watcher resynchronises from the kernel and carries on."""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+import time
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR, RTMGRP_LINK, RTMGRP_NEIGH
+
+from .dataplane import NUD_USABLE, SwitchDataplane
+from .model import Route
+
+log = logging.getLogger(__name__)
+
+
+class Watcher:
+    def __init__(self, dp: SwitchDataplane):
+        self.dp = dp
+        self.stop = threading.Event()
+        self.events = 0
+
+    def resync(self):
+        """Bring the maps in line with the kernel: links, addresses, neighbours."""
+        for p in self.dp.ports():
+            links = self.dp.ipr.get_links(p.ifindex)
+            if links and self.dp.set_port_up(p.ifindex, self.dp._link_up(links[0])):
+                log.info("port %s is %s", p.ifname, "up" if self.dp._link_up(links[0]) else "down")
+        self.sync_addresses()
+        self.dp.sync_neighbours()
+
+    def sync_addresses(self):
+        """A global address on an attached port means: its prefix is connected there and the
+        address itself is local (the kernel answers it)."""
+        ports = {p.ifindex: p.ifname for p in self.dp.ports()}
+        want: dict[str, Route] = {}
+        for a in self.dp.ipr.get_addr(family=socket.AF_INET6):
+            if a["index"] not in ports:
+                continue
+            addr = ipaddress.IPv6Address(a.get_attr("IFA_ADDRESS"))
+            if addr.is_link_local or addr.is_multicast:
+                continue
+            net = ipaddress.IPv6Network(f"{addr}/{a['prefixlen']}", strict=False)
+            want[str(addr) + "/128"] = Route(f"{addr}/128", "local")
+            if net.prefixlen < 128:
+                want[str(net)] = Route(net, "connected", dev=ports[a["index"]])
+        have = {e["prefix"]: e for e in self.dp.routes() if e["mode"] in ("connected", "local")}
+        for prefix, route in want.items():
+            e = have.get(prefix)
+            if e is None or e["mode"] != route.mode or e.get("dev") != route.dev:
+                if e is None and any(x["prefix"] == prefix for x in self.dp.routes()):
+                    continue  # an operator route of another mode owns this prefix
+                self.dp.add_route(route)
+        for prefix in set(have) - set(want):
+            self.dp.del_route(prefix)
+
+    def handle(self, msg):
+        event = msg["event"]
+        if event in ("RTM_NEWLINK", "RTM_DELLINK"):
+            up = event == "RTM_NEWLINK" and self.dp._link_up(msg)
+            if self.dp.set_port_up(msg["index"], up):
+                log.info("port %s is %s", msg.get_attr("IFLA_IFNAME"), "up" if up else "down")
+        elif event in ("RTM_NEWNEIGH", "RTM_DELNEIGH"):
+            dst = msg.get_attr("NDA_DST")
+            if not dst or msg["family"] != socket.AF_INET6:
+                return
+            mac = msg.get_attr("NDA_LLADDR")
+            usable = event == "RTM_NEWNEIGH" and msg["state"] & NUD_USABLE and mac
+            if self.dp.update_neighbour(msg["ifindex"], dst, mac if usable else None):
+                log.debug("neighbour %s on %d: %s", dst, msg["ifindex"], mac if usable else "gone")
+        elif event in ("RTM_NEWADDR", "RTM_DELADDR"):
+            self.sync_addresses()
+
+    def run(self):
+        """Follow netlink until stop is set."""
+        with IPRoute() as mon:
+            mon.bind(groups=RTMGRP_LINK | RTMGRP_NEIGH | RTMGRP_IPV6_IFADDR)
+            self.resync()
+            log.info("following links, neighbours and addresses")
+            while not self.stop.is_set():
+                for msg in mon.get():
+                    self.events += 1
+                    try:
+                        self.handle(msg)
+                    except Exception:  # one bad event must not stop liveness tracking
+                        log.exception("handling %s", msg.get("event"))
