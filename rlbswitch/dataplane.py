@@ -193,7 +193,7 @@ class SwitchDataplane:
         ifindex = self.ifindex(ifname)
         flags = XDP_FLAGS_SKB_MODE if generic else XDP_FLAGS_DRV_MODE
         try:
-            BPF.attach_xdp(ifname, self._fn, flags)
+            BPF.attach_xdp(ifname.encode(), self._fn, flags)
         except Exception as e:
             if generic:
                 raise DataplaneError(f"attaching XDP to {ifname} failed: {e}") from e
@@ -252,7 +252,7 @@ class SwitchDataplane:
         ifindex = self.ifindex(ifname)
         for mode in (XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE):
             with contextlib.suppress(Exception):
-                BPF.remove_xdp(ifname, mode)
+                BPF.remove_xdp(ifname.encode(), mode)
         with self.locked():
             port = self.maps["ports"].get(ifindex)
             if port is not None:

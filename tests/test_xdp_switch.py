@@ -1,0 +1,355 @@
+"""The XDP switch program under BPF_PROG_TEST_RUN: verdicts, rewritten bytes, splits, failover."""
+from __future__ import annotations
+
+import random
+import struct
+import time
+
+import pytest
+
+from rlbcommon import packets as P
+from rlbcommon.testrun import XDP_PASS, XDP_REDIRECT
+from rlbswitch.model import NextHop, Route
+
+from .conftest import roce
+
+SW_MAC = None  # the smac every forwarded frame must carry is the egress port's own MAC
+
+
+def port_mac(xdp, k):
+    return next(p.mac for p in xdp.dp.ports() if p.ifindex == xdp.ifindex[k])
+
+
+def route(xdp, prefix, mode, nhs, backups=()):
+    xdp.dp.add_route(Route(prefix, mode, [NextHop.parse(n) for n in nhs],
+                           [NextHop.parse(b) for b in backups]))
+
+
+def flows(n, seed=1):
+    """n random RoCEv2 flows (addresses, source port, QP) as frames, built by patching bytes."""
+    rnd = random.Random(seed)
+    base = bytearray(roce())
+    out = []
+    for _ in range(n):
+        f = bytearray(base)
+        f[34:38] = rnd.getrandbits(32).to_bytes(4, "big")   # source address, low bits
+        f[50:54] = rnd.getrandbits(32).to_bytes(4, "big")   # destination address, low bits
+        f[54:56] = rnd.randrange(1024, 65536).to_bytes(2, "big")
+        f[67:70] = rnd.getrandbits(24).to_bytes(3, "big")
+        out.append(bytes(f))
+    return out
+
+
+def members(xdp, frames):
+    out = []
+    for f in frames:
+        verdict, data = xdp.run(f)
+        assert verdict == XDP_REDIRECT
+        out.append(xdp.member_of(P.parse(data).dmac))
+    return out
+
+
+# ---- each mode forwards with the right MACs and hop limit ----------------------------
+
+def test_pinned_forwards_to_primary_with_macs_and_hop_limit(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "pinned", [xdp.nh(2)], [xdp.nh(0), xdp.nh(1)])
+    frame = roce(hop_limit=64)
+    verdict, out = xdp.run(frame)
+    assert verdict == XDP_REDIRECT
+    p = P.parse(out)
+    assert p.dmac == "02:00:00:00:01:02"
+    assert p.smac == port_mac(xdp, 2)
+    assert p.hop_limit == 63
+    # nothing but the MACs and the hop limit changed
+    assert out[12:21] == frame[12:21] and out[22:] == frame[22:]
+
+
+def test_weighted_and_dlb_rewrite_the_same_way(fresh):
+    xdp = fresh
+    for mode in ("weighted", "dlb", "ecmp"):
+        route(xdp, "fc00:2::/64", mode, [xdp.nh(1), xdp.nh(3)])
+        verdict, out = xdp.run(roce(hop_limit=2))
+        p = P.parse(out)
+        assert verdict == XDP_REDIRECT, mode
+        k = xdp.member_of(p.dmac)
+        assert k in (1, 3) and p.smac == port_mac(xdp, k) and p.hop_limit == 1
+
+
+def test_connected_host_forwarded_with_neighbour_mac_and_miss_goes_to_kernel(fresh):
+    xdp = fresh
+    xdp.dp.add_route(Route("fc00:9::/64", "connected", dev="p1"))
+    verdict, out = xdp.run(roce(dst="fc00:9::77"))
+    assert verdict == XDP_PASS and out[:12] == roce(dst="fc00:9::77")[:12]
+    before = xdp.reasons()["pass_neigh_miss"]
+    xdp.run(roce(dst="fc00:9::77"))
+    assert xdp.reasons()["pass_neigh_miss"] == before + 1
+    # the agent mirrors the kernel's neighbour table; do what it does on RTM_NEWNEIGH
+    xdp.dp.update_neighbour(xdp.ifindex[1], "fc00:9::77", "02:00:00:00:09:77")
+    verdict, out = xdp.run(roce(dst="fc00:9::77"))
+    p = P.parse(out)
+    assert verdict == XDP_REDIRECT and p.dmac == "02:00:00:00:09:77" and p.smac == port_mac(xdp, 1)
+    xdp.dp.update_neighbour(xdp.ifindex[1], "fc00:9::77", None)
+    assert xdp.run(roce(dst="fc00:9::77"))[0] == XDP_PASS
+
+
+def test_longest_prefix_wins(fresh):
+    xdp = fresh
+    route(xdp, "fc00::/16", "pinned", [xdp.nh(0)])
+    route(xdp, "fc00:2::/64", "pinned", [xdp.nh(1)])
+    route(xdp, "fc00:2::5/128", "pinned", [xdp.nh(2)])
+    assert xdp.member_of(P.parse(xdp.run(roce(dst="fc00:3::1"))[1]).dmac) == 0
+    assert xdp.member_of(P.parse(xdp.run(roce(dst="fc00:2::1"))[1]).dmac) == 1
+    assert xdp.member_of(P.parse(xdp.run(roce(dst="fc00:2::5"))[1]).dmac) == 2
+
+
+# ---- weighted: shares and minimal disruption ------------------------------------------
+
+def test_weighted_split_over_100k_flows_within_half_a_point(fresh):
+    xdp = fresh
+    weights = [4, 2, 1, 1]
+    route(xdp, "fc00:2::/64", "weighted", [xdp.nh(k, w) for k, w in enumerate(weights)])
+    got = members(xdp, flows(100_000))
+    for k, w in enumerate(weights):
+        share = got.count(k) / len(got)
+        assert abs(share - w / sum(weights)) < 0.005, (k, share)
+
+
+def test_member_removal_moves_at_most_one_nth_plus_one_percent(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "ecmp", [xdp.nh(k) for k in range(4)])
+    frames = flows(20_000, seed=2)
+    before = members(xdp, frames)
+    route(xdp, "fc00:2::/64", "ecmp", [xdp.nh(k) for k in (0, 1, 3)])
+    after = members(xdp, frames)
+    moved = sum(a != b for a, b in zip(before, after)) / len(frames)
+    assert moved <= 1 / 4 + 0.01
+    assert all(a == 2 for a, b in zip(before, after) if a != b)  # only member 2's flows moved
+    assert 2 not in after
+
+
+def test_weighted_member_down_falls_back_to_live_members(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "ecmp", [xdp.nh(k) for k in range(4)])
+    frames = flows(2000, seed=3)
+    before = members(xdp, frames)
+    xdp.port_up(1, False)
+    ev = xdp.reasons()["ev_weighted_fallback"]
+    after = members(xdp, frames)
+    assert 1 not in after
+    assert all(a == b for a, b in zip(before, after) if a != 1)  # others keep their member
+    assert xdp.reasons()["ev_weighted_fallback"] - ev == before.count(1)
+
+
+# ---- pinned: failover to the backup group ----------------------------------------------
+
+def test_pinned_fails_over_to_backups_by_dlb_and_returns(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "pinned", [xdp.nh(3)], [xdp.nh(0), xdp.nh(1), xdp.nh(2)])
+    frames = flows(300, seed=4)
+    assert set(members(xdp, frames)) == {3}
+    failovers = xdp.reasons()["ev_failover"]
+    xdp.port_up(3, False)                      # what the agent does on carrier loss
+    during = members(xdp, frames)
+    assert 3 not in during
+    assert set(during) == {0, 1, 2}           # spread over every backup
+    assert xdp.reasons()["ev_failover"] - failovers == len(frames)
+    xdp.port_up(3, True)
+    assert set(members(xdp, frames)) == {3}   # pinning returns with the port
+
+
+def test_pinned_unresolved_primary_is_never_used(fresh):
+    xdp = fresh
+    xdp.dp.add_route(Route("fc00:2::/64", "pinned", [NextHop("p2", gateway="fe80::99")],
+                           [NextHop.parse(xdp.nh(0))]))
+    assert set(members(xdp, flows(50))) == {0}
+
+
+def test_no_live_next_hop_goes_to_kernel(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "pinned", [xdp.nh(3)], [xdp.nh(0)])
+    xdp.port_up(3, False)
+    xdp.port_up(0, False)
+    before = xdp.reasons()["pass_no_nexthop"]
+    frame = roce()
+    verdict, out = xdp.run(frame)
+    assert verdict == XDP_PASS and out == frame
+    assert xdp.reasons()["pass_no_nexthop"] == before + 1
+
+
+# ---- dlb: flowlets ---------------------------------------------------------------------
+
+def test_dlb_sticks_within_timeout_and_moves_after_a_gap(fresh):
+    xdp = fresh
+    maps = xdp.dp.maps
+    for k in range(4):   # tiny quality bands so a few packets make a port "busy"
+        port = maps["ports"].get(xdp.ifindex[k])
+        port.band_bytes = 200
+        maps["ports"].set(xdp.ifindex[k], port)
+    # load decays slowly (1 s half-life) so the gap below only ends the flowlet
+    xdp.dp.set_config(flowlet_timeout_ns=20_000_000, load_halflife_ns=1_000_000_000)
+    route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(4)])
+    frame = flows(1, seed=5)[0]
+    ev0 = xdp.reasons()
+    first = members(xdp, [frame] * 10)
+    assert len(set(first)) == 1            # within the timeout: one member, though it got busy
+    time.sleep(0.05)                       # gap > flowlet timeout
+    second = members(xdp, [frame])[0]
+    assert second != first[0]              # re-selected to a less loaded port
+    ev1 = xdp.reasons()
+    assert ev1["ev_dlb_assign"] - ev0["ev_dlb_assign"] == 1
+    assert ev1["ev_dlb_reassign"] - ev0["ev_dlb_reassign"] == 1
+    xdp.dp.set_config(flowlet_timeout_ns=256_000, load_halflife_ns=100_000)
+    for k in range(4):
+        port = maps["ports"].get(xdp.ifindex[k])
+        port.band_bytes = 0
+        maps["ports"].set(xdp.ifindex[k], port)
+
+
+def test_dlb_moves_a_flow_off_a_dead_member_at_once(fresh):
+    xdp = fresh
+    xdp.dp.set_config(flowlet_timeout_ns=10_000_000_000)
+    route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(4)])
+    frame = flows(1, seed=6)[0]
+    k = members(xdp, [frame])[0]
+    xdp.port_up(k, False)
+    nxt = members(xdp, [frame] * 5)
+    assert k not in nxt and len(set(nxt)) == 1
+    xdp.dp.set_config(flowlet_timeout_ns=256_000)
+
+
+def test_dlb_spreads_idle_flows_evenly(fresh):
+    xdp = fresh
+    xdp.dp.set_config(flowlet_timeout_ns=1)   # every packet is a new flowlet on idle ports
+    route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(4)])
+    got = members(xdp, flows(8000, seed=7))
+    for k in range(4):
+        assert abs(got.count(k) / len(got) - 0.25) < 0.05
+    xdp.dp.set_config(flowlet_timeout_ns=256_000)
+
+
+# ---- QP-aware hashing ------------------------------------------------------------------
+
+def test_qps_with_identical_five_tuple_spread_by_bth_qp(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "ecmp", [xdp.nh(k) for k in range(4)])
+    qps = [roce(sport=50000, qp=q) for q in range(1, 401)]
+    got = members(xdp, qps)
+    for k in range(4):
+        assert abs(got.count(k) / 400 - 0.25) < 0.07
+    # the first 4 QPs of the same 5-tuple do not all share one link
+    assert len(set(members(xdp, qps[:4]))) >= 2
+    # to another UDP port the BTH is not looked at: same 5-tuple, same member
+    other = [roce(sport=50000, qp=q, dport=5000) for q in range(1, 101)]
+    assert len(set(members(xdp, other))) == 1
+
+
+def test_hash_seed_changes_the_mapping(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "ecmp", [xdp.nh(k) for k in range(4)])
+    frames = flows(500, seed=8)
+    a = members(xdp, frames)
+    xdp.dp.set_config(hash_seed=0xABCDEF)
+    b = members(xdp, frames)
+    xdp.dp.set_config(hash_seed=0x5EED1234)
+    assert sum(x != y for x, y in zip(a, b)) > 250   # about 3/4 should move
+
+
+# ---- what goes to the kernel -----------------------------------------------------------
+
+SRC, DST = "fc00:1::1", "fc00:2::1"
+
+
+def ipv4_frame():
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28, 0, 0, 64, 17, 0, bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2]))
+    return P.ether("02:00:00:00:00:01", "02:00:00:00:00:02", P.ETH_P_IP, ip + bytes(8))
+
+
+PASS_CASES = {
+    "not_ipv6": (ipv4_frame(), "pass_not_ipv6"),
+    "link_local_dst": (P.roce_frame(SRC, "fe80::1", 1000, 1), "pass_link_local"),
+    "link_local_src": (P.roce_frame("fe80::1", DST, 1000, 1), "pass_link_local"),
+    "multicast": (P.roce_frame(SRC, "ff02::1", 1000, 1), "pass_multicast"),
+    "hop_limit_1": (P.roce_frame(SRC, DST, 1000, 1, hop_limit=1), "pass_hop_limit"),
+    "hop_limit_0": (P.roce_frame(SRC, DST, 1000, 1, hop_limit=0), "pass_hop_limit"),
+    "no_route": (P.roce_frame(SRC, "fd00::1", 1000, 1), "pass_no_route"),
+    "neighbour_solicit": (P.ipv6_frame(SRC, DST, P.PROTO_ICMPV6, P.icmp6(SRC, DST, 135, body=bytes(20)), hop_limit=255), "pass_control"),
+    "neighbour_advert": (P.ipv6_frame(SRC, DST, P.PROTO_ICMPV6, P.icmp6(SRC, DST, 136, body=bytes(20)), hop_limit=255), "pass_control"),
+    "router_advert": (P.ipv6_frame(SRC, DST, P.PROTO_ICMPV6, P.icmp6(SRC, DST, 134, body=bytes(12)), hop_limit=255), "pass_control"),
+    "bgp_to": (P.ipv6_frame(SRC, DST, P.PROTO_TCP, P.tcp6(SRC, DST, 40000, 179)), "pass_control"),
+    "bgp_from": (P.ipv6_frame(SRC, DST, P.PROTO_TCP, P.tcp6(SRC, DST, 179, 40000)), "pass_control"),
+    "hop_by_hop": (P.ipv6_frame(SRC, DST, 0, bytes(16)), "pass_control"),
+    "local": (P.roce_frame(SRC, "fc00:2::aa", 1000, 1), "pass_local"),
+    "truncated_ipv6": (P.roce_frame(SRC, DST, 1000, 1)[:40], "pass_malformed"),
+    "truncated_udp": (P.roce_frame(SRC, DST, 1000, 1)[:58], "pass_malformed"),
+    # the kernel's test run refuses frames shorter than an Ethernet header (so does any NIC)
+    "ethernet_only": (P.roce_frame(SRC, DST, 1000, 1)[:14], "pass_malformed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PASS_CASES))
+def test_control_and_exceptions_go_to_the_kernel_untouched(fresh, case):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "ecmp", [xdp.nh(k) for k in range(4)])
+    xdp.dp.add_route(Route("fc00:2::aa/128", "local"))
+    frame, reason = PASS_CASES[case]
+    before = xdp.reasons()[reason]
+    verdict, out = xdp.run(frame)
+    assert verdict == XDP_PASS
+    assert out == frame
+    assert xdp.reasons()[reason] == before + 1
+
+
+def test_icmp_echo_and_tcp_are_forwarded(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "pinned", [xdp.nh(1)])
+    echo = P.ipv6_frame(SRC, DST, P.PROTO_ICMPV6, P.icmp6(SRC, DST, 128))
+    tcp = P.ipv6_frame(SRC, DST, P.PROTO_TCP, P.tcp6(SRC, DST, 40000, 80))
+    for f in (echo, tcp):
+        verdict, out = xdp.run(f)
+        assert verdict == XDP_REDIRECT and P.parse(out).dmac == "02:00:00:00:01:01"
+
+
+# ---- fuzz ------------------------------------------------------------------------------
+
+def test_fuzzed_and_truncated_packets_never_redirected_wrongly(fresh):
+    """10k mutated frames: whatever is redirected must be a well-formed IPv6 packet to a
+    routed, non-link-local unicast destination, with a hop limit that was > 1 and is now one
+    less, and MACs of the member the route allows; everything else must be passed unchanged."""
+    import ipaddress
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "ecmp", [xdp.nh(k) for k in range(4)])
+    routed = ipaddress.IPv6Network("fc00:2::/64")
+    rnd = random.Random(2024)
+    templates = [roce(), roce(hop_limit=2),
+                 P.ipv6_frame(SRC, DST, P.PROTO_ICMPV6, P.icmp6(SRC, DST, 128)),
+                 P.ipv6_frame(SRC, DST, P.PROTO_TCP, P.tcp6(SRC, DST, 1, 2)), ipv4_frame()]
+    redirected = passed = 0
+    for i in range(10_000):
+        f = bytearray(rnd.choice(templates))
+        for _ in range(rnd.randint(0, 6)):
+            pos = rnd.randrange(len(f))
+            f[pos] = rnd.getrandbits(8) if rnd.random() < 0.7 else f[pos] ^ (1 << rnd.randrange(8))
+        if rnd.random() < 0.3:
+            f = f[:rnd.randrange(0, len(f) + 1)]
+        if rnd.random() < 0.1:
+            f = bytearray(rnd.getrandbits(8) for _ in range(rnd.randrange(0, 120)))
+        frame = bytes(f)
+        if len(frame) < 14:   # below an Ethernet header: test run (and any NIC) refuses it
+            continue
+        verdict, out = xdp.run(frame)
+        if verdict == XDP_REDIRECT:
+            redirected += 1
+            assert len(frame) >= 54 and frame[12:14] == b"\x86\xdd" and frame[14] >> 4 == 6
+            dst = ipaddress.IPv6Address(frame[38:54])
+            src = ipaddress.IPv6Address(frame[22:38])
+            assert dst in routed and not src.is_link_local
+            assert frame[21] > 1 and out[21] == frame[21] - 1
+            k = xdp.member_of(P.parse(out).dmac)
+            assert out[:6] == bytes.fromhex(f"02000000010{k}") and k in range(4)
+            assert out[12:21] == frame[12:21] and out[22:] == frame[22:]
+        else:
+            assert verdict == XDP_PASS
+            assert out == frame
+            passed += 1
+    assert redirected > 1000 and passed > 1000   # both paths were really exercised
