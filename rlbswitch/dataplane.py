@@ -292,9 +292,10 @@ class SwitchDataplane:
             raise DataplaneError(f"{spec.ifname} is not attached: run 'rlbswitch attach {spec.ifname}'")
         gw = ipaddress.IPv6Address(spec.gateway).packed if spec.gateway else bytes(16)
         free = None
-        for i in range(1, C["RLB_MAX_NEXTHOPS"]):
-            nh = nhs.get(i)
-            if not nh.flags & NH_VALID:
+        for i, nh in enumerate(nhs.array_values()):
+            if i == 0:
+                continue
+            if nh is None or not nh.flags & NH_VALID:
                 free = free or i
                 continue
             if nh.ifindex == ifindex and bytes(nh.gateway) == gw and \
@@ -326,9 +327,8 @@ class SwitchDataplane:
         changed = 0
         gw = ipaddress.IPv6Address(address).packed
         nhs = self.maps["nexthops"]
-        for i in range(1, C["RLB_MAX_NEXTHOPS"]):
-            nh = nhs.get(i)
-            if not nh.flags & NH_VALID or nh.flags & NH_STATIC:
+        for i, nh in enumerate(nhs.array_values()):
+            if i == 0 or nh is None or not nh.flags & NH_VALID or nh.flags & NH_STATIC:
                 continue
             if nh.ifindex != ifindex or bytes(nh.gateway) != gw:
                 continue
@@ -371,10 +371,9 @@ class SwitchDataplane:
 
     # ---- groups ---------------------------------------------------------------------
     def _alloc_group(self, exclude: set[int]) -> int:
-        groups = self.maps["groups"]
         used = {r.group for _, r in self.maps["routes"].items()} | exclude
-        for gid in range(1, C["RLB_MAX_GROUPS"]):
-            if gid not in used and groups.get(gid).n_members == 0:
+        for gid, g in enumerate(self.maps["groups"].array_values()):
+            if gid and gid not in used and (g is None or g.n_members == 0):
                 return gid
         raise DataplaneError("group table full")
 
@@ -464,9 +463,8 @@ class SwitchDataplane:
                 g = self.maps["groups"].get(r.group)
                 used.update(g.member_nh[:g.n_members])
         nhs = self.maps["nexthops"]
-        for i in range(1, C["RLB_MAX_NEXTHOPS"]):
-            nh = nhs.get(i)
-            if nh.flags & NH_VALID and i not in used:
+        for i, nh in enumerate(nhs.array_values()):
+            if i and nh is not None and nh.flags & NH_VALID and i not in used:
                 nhs.zero(i)
 
     def _nexthop_spec(self, nh_id: int, weight: int = 1) -> NextHop:
@@ -537,9 +535,8 @@ class SwitchDataplane:
                            ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes"))
             ports.append({"interface": p.ifname, "ifindex": p.ifindex, "up": p.up, **s})
         nexthops = []
-        nhs = self.maps["nexthops"]
-        for i in range(1, C["RLB_MAX_NEXTHOPS"]):
-            if nhs.get(i).flags & NH_VALID:
+        for i, nh in enumerate(self.maps["nexthops"].array_values()):
+            if i and nh is not None and nh.flags & NH_VALID:
                 s = percpu_sum(self.maps["nh_stats"], i, ("packets", "bytes"))
                 nexthops.append({**self._nh_state(i), **s})
         reasons = {}

@@ -1,14 +1,15 @@
 """Netlink follower: port liveness, neighbour MACs and connected/local routes, in milliseconds.
 
-It keeps no state of its own: each event is applied to the pinned maps, so a restarted
-watcher resynchronises from the kernel and carries on."""
+Liveness has its own netlink socket and thread: on a carrier loss the kernel first flushes
+the port's neighbours, and a link event must not wait behind that work. The watcher keeps
+no state of its own; each event is applied to the pinned maps, so a restarted watcher
+resynchronises from the kernel and carries on."""
 from __future__ import annotations
 
 import ipaddress
 import logging
 import socket
 import threading
-import time
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR, RTMGRP_LINK, RTMGRP_NEIGH
@@ -46,26 +47,28 @@ class Watcher:
             if addr.is_link_local or addr.is_multicast:
                 continue
             net = ipaddress.IPv6Network(f"{addr}/{a['prefixlen']}", strict=False)
-            want[str(addr) + "/128"] = Route(f"{addr}/128", "local")
+            want[f"{addr}/128"] = Route(f"{addr}/128", "local")
             if net.prefixlen < 128:
                 want[str(net)] = Route(net, "connected", dev=ports[a["index"]])
-        have = {e["prefix"]: e for e in self.dp.routes() if e["mode"] in ("connected", "local")}
+        routes = {e["prefix"]: e for e in self.dp.routes()}
         for prefix, route in want.items():
-            e = have.get(prefix)
+            e = routes.get(prefix)
+            if e is not None and e["mode"] not in ("connected", "local"):
+                continue  # an operator route of another mode owns this prefix
             if e is None or e["mode"] != route.mode or e.get("dev") != route.dev:
-                if e is None and any(x["prefix"] == prefix for x in self.dp.routes()):
-                    continue  # an operator route of another mode owns this prefix
                 self.dp.add_route(route)
-        for prefix in set(have) - set(want):
-            self.dp.del_route(prefix)
+        for prefix, e in routes.items():
+            if e["mode"] in ("connected", "local") and prefix not in want:
+                self.dp.del_route(prefix)
 
-    def handle(self, msg):
+    def on_link(self, msg):
+        up = msg["event"] == "RTM_NEWLINK" and self.dp._link_up(msg)
+        if self.dp.set_port_up(msg["index"], up):
+            log.info("port %s is %s", msg.get_attr("IFLA_IFNAME"), "up" if up else "down")
+
+    def on_other(self, msg):
         event = msg["event"]
-        if event in ("RTM_NEWLINK", "RTM_DELLINK"):
-            up = event == "RTM_NEWLINK" and self.dp._link_up(msg)
-            if self.dp.set_port_up(msg["index"], up):
-                log.info("port %s is %s", msg.get_attr("IFLA_IFNAME"), "up" if up else "down")
-        elif event in ("RTM_NEWNEIGH", "RTM_DELNEIGH"):
+        if event in ("RTM_NEWNEIGH", "RTM_DELNEIGH"):
             dst = msg.get_attr("NDA_DST")
             if not dst or msg["family"] != socket.AF_INET6:
                 return
@@ -76,16 +79,31 @@ class Watcher:
         elif event in ("RTM_NEWADDR", "RTM_DELADDR"):
             self.sync_addresses()
 
-    def run(self):
-        """Follow netlink until stop is set."""
+    def _follow(self, groups: int, handler, ready: threading.Event):
         with IPRoute() as mon:
-            mon.bind(groups=RTMGRP_LINK | RTMGRP_NEIGH | RTMGRP_IPV6_IFADDR)
-            self.resync()
-            log.info("following links, neighbours and addresses")
+            mon.bind(groups=groups)
+            ready.set()
             while not self.stop.is_set():
                 for msg in mon.get():
                     self.events += 1
                     try:
-                        self.handle(msg)
-                    except Exception:  # one bad event must not stop liveness tracking
+                        handler(msg)
+                    except Exception:  # one bad event must not stop the watcher
                         log.exception("handling %s", msg.get("event"))
+
+    def run(self):
+        """Follow netlink until stop is set (liveness in a thread of its own)."""
+        ready = threading.Event()
+        links = threading.Thread(target=self._follow, args=(RTMGRP_LINK, self.on_link, ready),
+                                 name="liveness", daemon=True)
+        links.start()
+        ready.wait()
+        bound = threading.Event()
+        rest = threading.Thread(target=self._follow, name="neighbours",
+                                args=(RTMGRP_NEIGH | RTMGRP_IPV6_IFADDR, self.on_other, bound), daemon=True)
+        rest.start()
+        bound.wait()
+        self.resync()   # after binding, so nothing that changes meanwhile is missed
+        log.info("following links, neighbours and addresses")
+        while not self.stop.is_set() and links.is_alive() and rest.is_alive():
+            self.stop.wait(0.5)

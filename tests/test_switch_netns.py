@@ -1,0 +1,153 @@
+"""Real traffic through the attached XDP switch, judged by kernel interface counters."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from rlblab import topo
+from rlblab.switchlab import SwitchLab
+from rlblab.traffic import Flow
+
+pytestmark = pytest.mark.netns
+
+NOISE = 8  # ND/MLD packets the kernel may send on a link during a measurement
+
+
+@pytest.fixture(scope="module")
+def lab():
+    lab = SwitchLab("rlbn", 4)
+    try:
+        lab.up()
+        lab.cli("config", "--hash-seed", "7")   # deterministic tie-breaks between runs
+        yield lab
+    finally:
+        lab.down()
+    assert not [ns for ns in topo.list_ns() if ns.startswith("rlbn-")]
+
+
+def program_pinned(lab):
+    """Prefix k pinned to link k, the other links as its DLB backups (BGP-DPF)."""
+    for k in lab.uplinks():
+        args = ["route", "add", f"fc00:2:0:{k}::/64", "-m", "pinned", "--via", lab.nexthop(k)]
+        for b in lab.uplinks():
+            if b != k:
+                args += ["--backup", lab.nexthop(b)]
+        lab.cli(*args)
+    lab.wait_resolved()
+
+
+def pinned_flows(lab, sport_base=50000):
+    return [Flow("fc00:1::1", f"fc00:2:0:{k}::1", sport_base + k, 100 + k) for k in lab.uplinks()]
+
+
+def clear(lab):
+    for r in json.loads(lab.cli("route", "show", "--json")):
+        lab.cli("route", "del", r["prefix"])
+
+
+def test_weighted_split_on_the_wire(lab):
+    clear(lab)
+    weights = {1: 4, 2: 2, 3: 1, 4: 1}
+    args = ["route", "add", "fc00:2::/64", "-m", "weighted"]
+    for k, w in weights.items():
+        args += ["--via", lab.nexthop(k, w)]
+    lab.cli(*args)
+    lab.wait_resolved()
+    import random
+    rnd = random.Random(11)
+    flows = [Flow("fc00:1::1", f"fc00:2::{rnd.getrandbits(16):x}", rnd.randrange(1024, 65535),
+                  rnd.getrandbits(24)) for _ in range(2000)]
+    sent, got = lab.measure(flows, 5)
+    total = sum(got.values())
+    assert sent <= total <= sent + 4 * NOISE
+    for k, w in weights.items():
+        assert abs(got[k] / total - w / 8) < 0.04, got
+
+
+def test_pinned_puts_each_prefix_on_its_link(lab):
+    clear(lab)
+    program_pinned(lab)
+    sent, got = lab.measure(pinned_flows(lab), 500)
+    for k in lab.uplinks():
+        assert 500 <= got[k] <= 500 + NOISE, got
+
+
+def test_link_down_moves_pinned_traffic_to_backups_with_measured_loss(lab):
+    from rlbcommon.netns import run
+    clear(lab)
+    program_pinned(lab)
+    # one QP on each of prefixes 1-3, twelve QPs on prefix 4 (whose link will fail)
+    flows = [Flow("fc00:1::1", f"fc00:2:0:{k}::1", 50000 + k, 100 + k) for k in (1, 2, 3)]
+    flows += [Flow("fc00:1::1", f"fc00:2:0:4::1", 52000 + q, 1000 + q) for q in range(12)]
+    rate, seconds = 6000, 1.5
+    rounds = int(rate * seconds / len(flows))
+    result = {}
+
+    def sender():
+        result["sent"] = lab.send(flows, rounds, rate_pps=rate, burst=len(flows))
+
+    before = lab.link_packets()
+    t = threading.Thread(target=sender)
+    t.start()
+    try:
+        time.sleep(seconds / 3)
+        run(lab.dst, "ip", "link", "set", "sw4", "down")   # carrier loss on the switch's up4
+        t.join()
+        time.sleep(0.2)
+        after = lab.link_packets()
+        got = {k: after[k] - before[k] for k in lab.uplinks()}
+        lost = result["sent"] - sum(got.values())
+        print(f"\nlink down during {result['sent']} packets: per link {got}, lost {lost} "
+              f"({lost / rate * 1000:.1f} ms of traffic)")
+        p4 = 12 * rounds
+        # prefix 4 ran on link 4 for about a third of the time, then spread over the backups
+        assert 0.2 * p4 < got[4] < 0.6 * p4
+        per_qp_after = 0.5 * rounds                 # a prefix-4 QP's packets after the failure
+        for k in (1, 2, 3):
+            assert got[k] > rounds + per_qp_after, got   # own QP plus at least one of prefix 4
+        assert 0 <= lost <= rate * 0.01              # at most ~10 ms worth of packets
+        with lab.dataplane() as dp:
+            assert dp.stats()["reasons"]["ev_failover"] > 0
+    finally:
+        t.join()
+        run(lab.dst, "ip", "link", "set", "sw4", "up")
+    deadline = time.time() + 5
+    while time.time() < deadline:             # port back up: pinning returns
+        with lab.dataplane() as dp:
+            if all(p.up for p in dp.ports()):
+                break
+        time.sleep(0.05)
+    lab.wait_resolved()
+    sent, got = lab.measure(flows, 50)
+    assert 12 * 50 <= got[4] <= 12 * 50 + NOISE, got
+
+
+def test_agent_restart_keeps_forwarding_and_adopts_state(lab):
+    clear(lab)
+    program_pinned(lab)
+    routes_before = json.loads(lab.cli("route", "show", "--json"))
+    flows = pinned_flows(lab, 51000)
+    result = {}
+
+    def sender():
+        result["sent"] = lab.send(flows, 1500, rate_pps=3000, burst=4)
+
+    before = lab.link_packets()
+    t = threading.Thread(target=sender)
+    t.start()
+    time.sleep(0.5)
+    lab.kill_agent()                          # SIGKILL: no cleanup at all
+    time.sleep(0.5)
+    mid = lab.link_packets()
+    assert all(mid[k] - before[k] > 100 for k in lab.uplinks())   # forwarding went on
+    lab.start_agent()                         # a new process adopts the pins
+    t.join()
+    time.sleep(0.2)
+    after = lab.link_packets()
+    got = {k: after[k] - before[k] for k in lab.uplinks()}
+    assert all(1500 <= got[k] <= 1500 + NOISE for k in lab.uplinks()), got   # nothing lost
+    assert json.loads(lab.cli("route", "show", "--json")) == routes_before
+    assert "adopted pinned state" in lab.log_path.read_text()
