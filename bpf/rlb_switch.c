@@ -196,15 +196,10 @@ static __always_inline u32 weighted_select(u32 gid, struct pkt *pk)
     return g->member_nh[member & (RLB_MAX_MEMBERS - 1)];
 }
 
-static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth, struct ipv6hdr *ip6,
-                                   u32 ifindex, const u8 *dmac, const u8 *smac, u32 nh_id,
-                                   struct pkt *pk)
+/* Rewrite and redirect through an egress port already known to be registered and up. */
+static __always_inline int forward(struct ethhdr *eth, struct ipv6hdr *ip6, struct rlb_port *port,
+                                   const u8 *dmac, const u8 *smac, u32 nh_id, struct pkt *pk)
 {
-    struct rlb_port *port = ports.lookup(&ifindex);
-    if (!port)
-        return pass(RLB_R_PASS_NO_PORT);
-    if (!port->up)
-        return pass(RLB_R_PASS_NO_NEXTHOP);
     __builtin_memcpy(eth->h_dest, dmac, ETH_ALEN);
     __builtin_memcpy(eth->h_source, smac, ETH_ALEN);
     ip6->hop_limit--;
@@ -225,16 +220,6 @@ static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth, struc
     port_add_load(port, pk);
     count(RLB_R_FORWARDED);
     return tx_ports.redirect_map(slot, 0);
-}
-
-static __always_inline int forward_nh(struct xdp_md *ctx, struct ethhdr *eth, struct ipv6hdr *ip6,
-                                      u32 id, struct pkt *pk)
-{
-    struct rlb_port *port;
-    struct rlb_nexthop *nh = usable_nh(id, &port);
-    if (!nh)
-        return pass(RLB_R_PASS_NO_NEXTHOP);
-    return forward(ctx, eth, ip6, nh->ifindex, nh->dmac, nh->smac, id, pk);
 }
 
 int rlb_switch(struct xdp_md *ctx)
@@ -329,7 +314,8 @@ int rlb_switch(struct xdp_md *ctx)
     pk.now = bpf_ktime_get_ns();
 
     u32 nh = 0, dlb_group = 0;
-    struct rlb_port *port;
+    struct rlb_port *port = 0;
+    struct rlb_nexthop *nhp = 0;
     switch (rt->mode) {
     case RLB_MODE_LOCAL:
         return pass(RLB_R_PASS_LOCAL);
@@ -343,24 +329,26 @@ int rlb_switch(struct xdp_md *ctx)
         port = ports.lookup(&ifindex);
         if (!port)
             return pass(RLB_R_PASS_NO_PORT);
+        if (!port->up)
+            return pass(RLB_R_PASS_NO_NEXTHOP);
         u8 dmac[6], smac[6];
         __builtin_memcpy(dmac, n->dmac, 6);
         __builtin_memcpy(smac, port->mac, 6);
-        return forward(ctx, eth, ip6, ifindex, dmac, smac, 0, &pk);
+        return forward(eth, ip6, port, dmac, smac, 0, &pk);
     }
     case RLB_MODE_PINNED:
         nh = rt->nexthop;
-        if (!usable_nh(nh, &port)) {
+        nhp = usable_nh(nh, &port);
+        if (!nhp) {
             count(RLB_R_EV_FAILOVER);  /* no wait for BGP: DLB over the backups */
-            nh = 0;
             dlb_group = rt->group;
         }
         break;
     case RLB_MODE_WEIGHTED:
         nh = weighted_select(rt->group, &pk);
-        if (!usable_nh(nh, &port)) {
+        nhp = usable_nh(nh, &port);
+        if (!nhp) {
             count(RLB_R_EV_WEIGHTED_FALLBACK);
-            nh = 0;
             dlb_group = rt->group;
         }
         break;
@@ -370,9 +358,11 @@ int rlb_switch(struct xdp_md *ctx)
     default:
         return pass(RLB_R_PASS_NO_ROUTE);
     }
-    if (dlb_group)
+    if (dlb_group) {
         nh = group_dlb(dlb_group, &pk);
-    if (!nh)
+        nhp = usable_nh(nh, &port);
+    }
+    if (!nhp || !port)
         return pass(RLB_R_PASS_NO_NEXTHOP);
-    return forward_nh(ctx, eth, ip6, nh, &pk);
+    return forward(eth, ip6, port, nhp->dmac, nhp->smac, nh, &pk);
 }

@@ -27,8 +27,8 @@ SRC_MAC = "02:00:00:00:aa:01"
 
 
 class SwitchLab:
-    def __init__(self, name: str = "rlbd", links: int = 4):
-        self.name, self.n = name, links
+    def __init__(self, name: str = "rlbd", links: int = 4, speed_mbps: int | None = None):
+        self.name, self.n, self.speed = name, links, speed_mbps
         self.src, self.sw, self.dst = f"{name}-src", f"{name}-sw", f"{name}-dst"
         self.agent: subprocess.Popen | None = None
         self.log_path = Path(f"/tmp/{name}-agent.log")
@@ -56,7 +56,7 @@ class SwitchLab:
         """Start `rlbswitch run` (attaching every port) and wait until it follows netlink."""
         ports = ["h1"] + [f"up{k}" for k in self.uplinks()]
         cmd = [sys.executable, "-m", "rlbswitch", "--netns", self.sw, "run", *ports,
-               "--metrics-port", "9471"]
+               "--metrics-port", "9471"] + (["--speed-mbps", str(self.speed)] if self.speed else [])
         start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "a") as log_file:
             self.agent = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)

@@ -1,7 +1,6 @@
-"""rlbswitch: the XDP switch data plane of RLB, from the command line.
+"""rlbswitch: the XDP switch data plane of RLB.
 
-State lives in pinned BPF maps, so every command works on what is programmed now, and
-forwarding goes on whether or not any rlbswitch process is running."""
+State lives in pinned BPF maps: every command works on what is programmed now, and forwarding goes on whether or not any rlbswitch process is running."""
 from __future__ import annotations
 
 import json
@@ -58,11 +57,13 @@ def main_options(
 def attach(
     interfaces: List[str] = typer.Argument(..., help="Ports to forward on."),
     generic: bool = typer.Option(False, help="Generic (skb) XDP for drivers without native XDP: slow."),
+    speed_mbps: Optional[int] = typer.Option(None, min=1, help="Port capacity for DLB quality "
+        "bands when the driver reports none or a wrong one (veth says 10000)."),
 ):
     """Load the XDP program on ports (native XDP; replaces an older version atomically)."""
     dp = ctx.dataplane()
     for ifname in interfaces:
-        dp.attach(ifname, generic=generic)
+        dp.attach(ifname, generic=generic, speed_mbps=speed_mbps)
     typer.echo(f"attached to {', '.join(interfaces)}; state pinned at {dp.pins}")
 
 
@@ -182,11 +183,15 @@ def config_cmd(
 def run(
     interfaces: Optional[List[str]] = typer.Argument(None, help="Ports to attach first (optional)."),
     generic: bool = typer.Option(False, help="Generic XDP for the ports given here."),
+    speed_mbps: Optional[int] = typer.Option(None, min=1, help="Capacity of the ports given here "
+        "(for DLB quality bands) when the driver reports none or a wrong one."),
     metrics_port: int = typer.Option(9471, help="Prometheus port (0: no metrics)."),
     metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics bind to."),
 ):
-    """Run the switch agent in the foreground: adopt the pinned state, attach ports, follow
-    link liveness, neighbours and addresses from netlink, and serve metrics."""
+    """Run the switch agent in the foreground (systemd-friendly).
+
+    Adopts the pinned state, attaches the ports given, follows link liveness, neighbours and
+    addresses from netlink, and serves Prometheus metrics."""
     from .metrics import SwitchCollector
     from .watcher import Watcher
     from rlbcommon.metrics import serve
@@ -194,7 +199,7 @@ def run(
     dp = ctx.dataplane()
     adopted = dp.exists()
     for ifname in interfaces or []:
-        dp.attach(ifname, generic=generic)
+        dp.attach(ifname, generic=generic, speed_mbps=speed_mbps)
     if adopted:
         n = len(dp.routes())
         log.info("adopted pinned state at %s: %d routes, %d ports", dp.pins, n, len(dp.ports()))

@@ -186,7 +186,7 @@ class SwitchDataplane:
                 return int(line[6:-4])
         return DEFAULT_SPEED_MBPS
 
-    def attach(self, ifname: str, generic: bool = False):
+    def attach(self, ifname: str, generic: bool = False, speed_mbps: int | None = None):
         """Attach the XDP program to a port (replacing any older version atomically)."""
         from bcc import BPF
         self.load()
@@ -201,11 +201,13 @@ class SwitchDataplane:
                                  f"support it: retry with --generic (slower, a fallback)") from e
         if generic:
             log.warning("%s: generic (skb) XDP: correct but slow; use a driver with native XDP", ifname)
-        self.register_port(ifindex)
+        self.register_port(ifindex, speed_mbps)
         log.info("attached to %s (ifindex %d, %s)", ifname, ifindex, "generic" if generic else "native")
 
-    def register_port(self, ifindex: int):
-        """Make a port usable as ingress and egress: port state, devmap slot, counters."""
+    def register_port(self, ifindex: int, speed_mbps: int | None = None):
+        """Make a port usable as ingress and egress: port state, devmap slot, counters.
+        speed_mbps overrides what ethtool reports (veths claim 10 Gb/s whatever they carry);
+        it sizes the port's DLB quality bands. Without it a re-registration keeps the bands."""
         with self.locked():
             ports = self.maps["ports"]
             port = ports.get(ifindex)
@@ -222,7 +224,10 @@ class SwitchDataplane:
             ifname = link.get_attr("IFLA_IFNAME")
             port.up = int(self._link_up(link))
             port.mac[:] = mac_bytes(link.get_attr("IFLA_ADDRESS"))
-            port.band_bytes = band_bytes(self._speed_mbps(ifname), self.config()["load_halflife_ns"])
+            if speed_mbps or not port.band_bytes:
+                speed = speed_mbps or self._speed_mbps(ifname)
+                port.band_bytes = band_bytes(speed, self.config()["load_halflife_ns"])
+                port.flags = speed  # remembered so status can show it
             self.maps["tx_ports"].set(port.tx_slot, self.maps["tx_ports"].leaf_type(ifindex))
             ports.set(ifindex, port)
 

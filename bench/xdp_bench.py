@@ -1,0 +1,102 @@
+"""ns per packet of the switch program against two references, in one run, side by side.
+
+    empty            an XDP program that returns XDP_PASS (the test-run floor)
+    parse+redirect   parse Ethernet/IPv6, rewrite MACs, hop limit, devmap redirect
+    our modes        pinned, weighted, dlb, pinned failover, connected, pass (no route)
+
+Measured with BPF_PROG_TEST_RUN, kernel-timed. Test-run repeats work on one buffer, so a
+forwarder's hop-limit decrement accumulates: frames start at hop limit 255 and each run has
+250 repeats, so every measured packet takes the forwarding path. Median over many runs.
+Numbers are for comparison on one machine, not absolute line-rate claims."""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rlbcommon import netns  # noqa: E402
+from rlbcommon import packets as P  # noqa: E402
+from rlbcommon.testrun import XDP_PASS, XDP_REDIRECT, test_run  # noqa: E402
+from rlbswitch.dataplane import SwitchDataplane  # noqa: E402
+from rlbswitch.model import NextHop, Route  # noqa: E402
+
+
+def ns_per_packet(fd: int, frame: bytes, repeat: int, rounds: int, expect: int, name: str) -> float:
+    samples = []
+    for _ in range(rounds):
+        r = test_run(fd, frame, repeat=repeat)
+        if r.retval != expect:
+            raise SystemExit(f"{name}: unexpected verdict {r.retval} (wanted {expect}): the setup is wrong")
+        samples.append(r.duration_ns)
+    return statistics.median(samples)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=250, help="packets per kernel test run (max 253)")
+    ap.add_argument("--rounds", type=int, default=2000, help="test runs per case (median taken)")
+    args = ap.parse_args()
+    if not 1 <= args.repeat <= 253:
+        ap.error("--repeat must be 1..253 (the hop limit would run out and change the path)")
+
+    from bcc import BPF
+    ns = f"rlbbench-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        with netns.inside(ns):
+            for k in range(4):
+                subprocess.run(["ip", "link", "add", f"p{k}", "type", "veth", "peer", "name", f"q{k}"], check=True)
+                for dev in (f"p{k}", f"q{k}"):   # both ends up, or the port has no carrier
+                    subprocess.run(["ip", "link", "set", dev, "up"], check=True)
+            ref = BPF(src_file=str(Path(__file__).with_name("baseline.c")).encode())
+            empty = ref.load_func(b"xdp_empty", BPF.XDP).fd
+            base = ref.load_func(b"xdp_parse_redirect", BPF.XDP).fd
+            dp = SwitchDataplane(ns)
+            ref[b"bench_tx"][ctypes.c_int(0)] = ctypes.c_int(dp.ifindex("p0"))
+            dp.load()
+            for k in range(4):
+                dp.register_port(dp.ifindex(f"p{k}"))
+            nh = [NextHop.parse(f"p{k}@02:00:00:00:01:0{k}") for k in range(4)]
+            dp.add_route(Route("fc00:2:0:1::/64", "pinned", [nh[0]], nh[1:]))
+            dp.add_route(Route("fc00:2:0:2::/64", "weighted", [NextHop(h.ifname, mac=h.mac, weight=k + 1)
+                                                                for k, h in enumerate(nh)]))
+            dp.add_route(Route("fc00:2:0:3::/64", "dlb", nh))
+            dp.add_route(Route("fc00:2:0:4::/64", "pinned", [NextHop.parse("p3@02:00:00:00:01:03")], nh[:3]))
+            dp.add_route(Route("fc00:9::/64", "connected", dev="p1"))
+            dp.update_neighbour(dp.ifindex("p1"), "fc00:9::5", "02:00:00:00:09:05")
+            dp.set_port_up(dp.ifindex("p3"), False)   # makes fc00:2:0:4::/64 fail over
+
+            frame = lambda dst: P.roce_frame("fc00:1::1", dst, 49152, 77, payload_len=1024, hop_limit=255)
+            cases = [
+                ("empty XDP", empty, frame("fc00:2:0:1::1"), XDP_PASS),
+                ("parse+redirect baseline", base, frame("fc00:2:0:1::1"), XDP_REDIRECT),
+                ("rlb pinned", dp.prog_fd, frame("fc00:2:0:1::1"), XDP_REDIRECT),
+                ("rlb weighted (4 members)", dp.prog_fd, frame("fc00:2:0:2::1"), XDP_REDIRECT),
+                ("rlb dlb (flowlet hit)", dp.prog_fd, frame("fc00:2:0:3::1"), XDP_REDIRECT),
+                ("rlb pinned, primary down", dp.prog_fd, frame("fc00:2:0:4::1"), XDP_REDIRECT),
+                ("rlb connected host", dp.prog_fd, frame("fc00:9::5"), XDP_REDIRECT),
+                ("rlb no route (to kernel)", dp.prog_fd, frame("fd00::1"), XDP_PASS),
+            ]
+            results = [(name, ns_per_packet(fd, f, args.repeat, args.rounds, exp, name))
+                       for name, fd, f, exp in cases]
+            dp.destroy()
+    finally:
+        subprocess.run(["ip", "netns", "del", ns])
+
+    empty_ns, base_ns = results[0][1], results[1][1]
+    print(f"BPF_PROG_TEST_RUN, {args.rounds} runs x {args.repeat} packets per case (median of runs), "
+          f"1024-byte RoCEv2 payload")
+    print(f"{'case':<28}{'ns/pkt':>8}{'x empty':>9}{'x baseline':>12}")
+    for name, v in results:
+        print(f"{name:<28}{v:>8.1f}{v / empty_ns:>9.2f}{v / base_ns:>12.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
