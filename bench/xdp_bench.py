@@ -25,6 +25,7 @@ from rlbcommon import packets as P  # noqa: E402
 from rlbcommon.testrun import XDP_PASS, XDP_REDIRECT, test_run  # noqa: E402
 from rlbswitch.dataplane import SwitchDataplane  # noqa: E402
 from rlbswitch.model import NextHop, Route  # noqa: E402
+from rlblab import topo  # noqa: E402
 
 
 def ns_per_packet(fd: int, frame: bytes, repeat: int, rounds: int, expect: int, name: str) -> float:
@@ -50,10 +51,7 @@ def main() -> int:
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         with netns.inside(ns):
-            for k in range(4):
-                subprocess.run(["ip", "link", "add", f"p{k}", "type", "veth", "peer", "name", f"q{k}"], check=True)
-                for dev in (f"p{k}", f"q{k}"):   # both ends up, or the port has no carrier
-                    subprocess.run(["ip", "link", "set", dev, "up"], check=True)
+            topo.veth_ports(4)
             ref = BPF(src_file=str(Path(__file__).with_name("baseline.c")).encode())
             empty = ref.load_func(b"xdp_empty", BPF.XDP).fd
             base = ref.load_func(b"xdp_parse_redirect", BPF.XDP).fd

@@ -57,6 +57,15 @@ def link(ns_a: str, if_a: str, ns_b: str, if_b: str, mac_a: str | None = None,
         run(ns, "ethtool", "-K", name, "gro", "on", "tx", "off")
 
 
+def veth_ports(n: int, prefix: str = "p", peer: str = "q"):
+    """n veth pairs p0/q0 .. in the current namespace, both ends up (so the p side has
+    carrier): ports for BPF test runs, where no packet actually leaves."""
+    for k in range(n):
+        sh("ip", "link", "add", f"{prefix}{k}", "type", "veth", "peer", "name", f"{peer}{k}")
+        for dev in (f"{prefix}{k}", f"{peer}{k}"):
+            sh("ip", "link", "set", dev, "up")
+
+
 def counters(ns: str, ifname: str) -> dict:
     """Kernel interface counters (ip -s link), not ours."""
     data = json.loads(run(ns, "ip", "-s", "-j", "link", "show", ifname))[0]["stats64"]

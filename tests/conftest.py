@@ -11,6 +11,7 @@ from rlbcommon import netns
 from rlbcommon import packets as P
 from rlbcommon.testrun import test_run
 from rlbswitch.dataplane import SwitchDataplane
+from rlblab import topo
 
 if os.geteuid() != 0:
     pytest.exit("the RLB test suite needs root (BPF programs, network namespaces)", returncode=2)
@@ -60,10 +61,7 @@ def xdp():
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         with netns.inside(ns):
-            for k in range(4):
-                subprocess.run(["ip", "link", "add", f"p{k}", "type", "veth", "peer", "name", f"q{k}"], check=True)
-                for dev in (f"p{k}", f"q{k}"):
-                    subprocess.run(["ip", "link", "set", dev, "up"], check=True)
+            topo.veth_ports(4)
             h = XdpHarness(ns)
             try:
                 yield h
