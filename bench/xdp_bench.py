@@ -53,47 +53,58 @@ def main() -> int:
         with netns.inside(ns):
             topo.veth_ports(4)
             ref = BPF(src_file=str(Path(__file__).with_name("baseline.c")).encode())
-            empty = ref.load_func(b"xdp_empty", BPF.XDP).fd
-            base = ref.load_func(b"xdp_parse_redirect", BPF.XDP).fd
             dp = SwitchDataplane(ns)
-            ref[b"bench_tx"][ctypes.c_int(0)] = ctypes.c_int(dp.ifindex("p0"))
-            dp.load()
-            for k in range(4):
-                dp.register_port(dp.ifindex(f"p{k}"))
-            nh = [NextHop.parse(f"p{k}@02:00:00:00:01:0{k}") for k in range(4)]
-            dp.add_route(Route("fc00:2:0:1::/64", "pinned", [nh[0]], nh[1:]))
-            dp.add_route(Route("fc00:2:0:2::/64", "weighted", [NextHop(h.ifname, mac=h.mac, weight=k + 1)
-                                                                for k, h in enumerate(nh)]))
-            dp.add_route(Route("fc00:2:0:3::/64", "dlb", nh))
-            dp.add_route(Route("fc00:2:0:4::/64", "pinned", [NextHop.parse("p3@02:00:00:00:01:03")], nh[:3]))
-            dp.add_route(Route("fc00:9::/64", "connected", dev="p1"))
-            dp.update_neighbour(dp.ifindex("p1"), "fc00:9::5", "02:00:00:00:09:05")
-            dp.set_port_up(dp.ifindex("p3"), False)   # makes fc00:2:0:4::/64 fail over
-
-            frame = lambda dst: P.roce_frame("fc00:1::1", dst, 49152, 77, payload_len=1024, hop_limit=255)
-            cases = [
-                ("empty XDP", empty, frame("fc00:2:0:1::1"), XDP_PASS),
-                ("parse+redirect baseline", base, frame("fc00:2:0:1::1"), XDP_REDIRECT),
-                ("rlb pinned", dp.prog_fd, frame("fc00:2:0:1::1"), XDP_REDIRECT),
-                ("rlb weighted (4 members)", dp.prog_fd, frame("fc00:2:0:2::1"), XDP_REDIRECT),
-                ("rlb dlb (flowlet hit)", dp.prog_fd, frame("fc00:2:0:3::1"), XDP_REDIRECT),
-                ("rlb pinned, primary down", dp.prog_fd, frame("fc00:2:0:4::1"), XDP_REDIRECT),
-                ("rlb connected host", dp.prog_fd, frame("fc00:9::5"), XDP_REDIRECT),
-                ("rlb no route (to kernel)", dp.prog_fd, frame("fd00::1"), XDP_PASS),
-            ]
-            results = [(name, ns_per_packet(fd, f, args.repeat, args.rounds, exp, name))
-                       for name, fd, f, exp in cases]
-            dp.destroy()
+            try:
+                results = run_cases(args, ref, dp)
+            finally:
+                dp.destroy()
     finally:
         subprocess.run(["ip", "netns", "del", ns])
+    report(args, results)
+    return 0
 
+
+def run_cases(args, ref, dp) -> list[tuple[str, float]]:
+    """Set up one route per mode and time each case."""
+    from bcc import BPF
+    empty = ref.load_func(b"xdp_empty", BPF.XDP).fd
+    base = ref.load_func(b"xdp_parse_redirect", BPF.XDP).fd
+    ref[b"bench_tx"][ctypes.c_int(0)] = ctypes.c_int(dp.ifindex("p0"))
+    dp.load()
+    for k in range(4):
+        dp.register_port(dp.ifindex(f"p{k}"))
+    nh = [NextHop.parse(f"p{k}@02:00:00:00:01:0{k}") for k in range(4)]
+    dp.add_route(Route("fc00:2:0:1::/64", "pinned", [nh[0]], nh[1:]))
+    dp.add_route(Route("fc00:2:0:2::/64", "weighted", [NextHop(h.ifname, mac=h.mac, weight=k + 1)
+                                                        for k, h in enumerate(nh)]))
+    dp.add_route(Route("fc00:2:0:3::/64", "dlb", nh))
+    dp.add_route(Route("fc00:2:0:4::/64", "pinned", [NextHop.parse("p3@02:00:00:00:01:03")], nh[:3]))
+    dp.add_route(Route("fc00:9::/64", "connected", dev="p1"))
+    dp.update_neighbour(dp.ifindex("p1"), "fc00:9::5", "02:00:00:00:09:05")
+    dp.set_port_up(dp.ifindex("p3"), False)   # makes fc00:2:0:4::/64 fail over
+
+    frame = lambda dst: P.roce_frame("fc00:1::1", dst, 49152, 77, payload_len=1024, hop_limit=255)
+    cases = [
+        ("empty XDP", empty, frame("fc00:2:0:1::1"), XDP_PASS),
+        ("parse+redirect baseline", base, frame("fc00:2:0:1::1"), XDP_REDIRECT),
+        ("rlb pinned", dp.prog_fd, frame("fc00:2:0:1::1"), XDP_REDIRECT),
+        ("rlb weighted (4 members)", dp.prog_fd, frame("fc00:2:0:2::1"), XDP_REDIRECT),
+        ("rlb dlb (flowlet hit)", dp.prog_fd, frame("fc00:2:0:3::1"), XDP_REDIRECT),
+        ("rlb pinned, primary down", dp.prog_fd, frame("fc00:2:0:4::1"), XDP_REDIRECT),
+        ("rlb connected host", dp.prog_fd, frame("fc00:9::5"), XDP_REDIRECT),
+        ("rlb no route (to kernel)", dp.prog_fd, frame("fd00::1"), XDP_PASS),
+    ]
+    return [(name, ns_per_packet(fd, f, args.repeat, args.rounds, exp, name))
+            for name, fd, f, exp in cases]
+
+
+def report(args, results):
     empty_ns, base_ns = results[0][1], results[1][1]
     print(f"BPF_PROG_TEST_RUN, {args.rounds} runs x {args.repeat} packets per case (median of runs), "
           f"1024-byte RoCEv2 payload")
     print(f"{'case':<28}{'ns/pkt':>8}{'x empty':>9}{'x baseline':>12}")
     for name, v in results:
         print(f"{name:<28}{v:>8.1f}{v / empty_ns:>9.2f}{v / base_ns:>12.2f}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -62,6 +62,8 @@ def attach(
 ):
     """Load the XDP program on ports (native XDP; replaces an older version atomically)."""
     dp = ctx.dataplane()
+    for ifname in interfaces:   # all must exist before anything is loaded
+        dp.ifindex(ifname)
     for ifname in interfaces:
         dp.attach(ifname, generic=generic, speed_mbps=speed_mbps)
     typer.echo(f"attached to {', '.join(interfaces)}; state pinned at {dp.pins}")
@@ -198,6 +200,8 @@ def run(
 
     dp = ctx.dataplane()
     adopted = dp.exists()
+    for ifname in interfaces or []:   # all must exist before anything is loaded
+        dp.ifindex(ifname)
     for ifname in interfaces or []:
         dp.attach(ifname, generic=generic, speed_mbps=speed_mbps)
     if adopted:

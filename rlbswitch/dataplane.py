@@ -189,8 +189,8 @@ class SwitchDataplane:
     def attach(self, ifname: str, generic: bool = False, speed_mbps: int | None = None):
         """Attach the XDP program to a port (replacing any older version atomically)."""
         from bcc import BPF
+        ifindex = self.ifindex(ifname)   # before anything is loaded or pinned
         self.load()
-        ifindex = self.ifindex(ifname)
         flags = XDP_FLAGS_SKB_MODE if generic else XDP_FLAGS_DRV_MODE
         try:
             BPF.attach_xdp(ifname.encode(), self._fn, flags)
