@@ -1,0 +1,364 @@
+/* RLB host: TC programs that put each RoCEv2 QP on its own fabric path by rewriting addresses.
+ *
+ * egress:  base -> path addresses. The source becomes this host's address on the QP's path,
+ *          the destination the peer's address on the same path (same interface ID, path field
+ *          changed). A QP keeps its path in a connection-tracking table; new or expired QPs get
+ *          one by weighted least-active assignment, or per packet for spray destinations.
+ * ingress: path -> base addresses, byte for byte except hop limit (RoCE's ICRC covers the
+ *          addresses, so the stack must see what the sender's stack built), and the path is
+ *          remembered so this side answers a peer-initiated QP on the same path.
+ * Compiled by bcc with -DRLB_PIN_DIR="..." so both programs and every agent share the maps. */
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ipv6.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/udp.h>
+#include <uapi/linux/pkt_cls.h>
+#include "rlb_host.h"
+
+#define PIN(name) RLB_PIN_DIR "/" #name
+#define IP6_OFF    ETH_HLEN
+#define SADDR_OFF  (ETH_HLEN + 8)
+#define DADDR_OFF  (ETH_HLEN + 24)
+#define UDP_OFF    (ETH_HLEN + 40)
+#define UCSUM_OFF  (UDP_OFF + 6)
+
+BPF_TABLE_PINNED("array", u32, struct rlbh_config, config, 1, PIN(config));
+BPF_TABLE_PINNED("array", u32, struct rlbh_path, paths, RLBH_MAX_PATHS, PIN(paths));
+BPF_TABLE_PINNED7("lpm_trie", struct rlbh_lpm_key, struct rlbh_weights, weights, RLBH_MAX_WEIGHTS,
+                  PIN(weights), BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("array", u32, u32, active, RLBH_MAX_WEIGHTS * RLBH_MAX_PATHS, PIN(active));
+BPF_TABLE_PINNED("lru_hash", struct rlbh_ct_key, struct rlbh_ct, conntrack, RLBH_CT_ENTRIES,
+                 PIN(conntrack));
+BPF_TABLE_PINNED("lru_hash", struct rlbh_rev_key, struct rlbh_rev, reverse, RLBH_REV_ENTRIES,
+                 PIN(reverse));
+BPF_TABLE_PINNED("percpu_array", u32, struct rlbh_path_stats, path_stats, RLBH_MAX_PATHS,
+                 PIN(path_stats));
+BPF_TABLE_PINNED("percpu_array", u32, u64, reasons, RLBH_R_MAX, PIN(reasons));
+
+struct parsed {
+    u8  saddr[16] __attribute__((aligned(8)));
+    u8  daddr[16] __attribute__((aligned(8)));
+    u16 sport;
+    u16 dport;
+    u32 qp;
+    u32 len;
+};
+
+static __always_inline int pass(u32 reason)
+{
+    u64 *c = reasons.lookup(&reason);
+    if (c)
+        *c += 1;
+    return TC_ACT_OK;
+}
+
+static __always_inline void count(u32 reason)
+{
+    pass(reason);
+}
+
+static __always_inline int same16(const u8 *a, const u8 *b)
+{
+    return *(u64 *)a == *(u64 *)b && *(u64 *)(a + 8) == *(u64 *)(b + 8);
+}
+
+/* The path field (hextet) of an address, done on two 64-bit words in registers: byte
+ * stores at a variable stack index get merged by clang into pointer arithmetic (an OR on
+ * the frame pointer) that the verifier refuses. Addresses are 8-byte aligned. */
+static __always_inline u32 field_value(const u8 *addr, u32 field)
+{
+    const u64 *w = (const u64 *)addr;
+    u64 word = field < 4 ? w[0] : w[1];
+    u16 raw = word >> ((field & 3) * 16);   /* little-endian load: network order inside */
+    return ntohs(raw);
+}
+
+static __always_inline void set_field(u8 *addr, u32 field, u32 value)
+{
+    u64 *w = (u64 *)addr;
+    u32 shift = (field & 3) * 16;
+    u64 mask = ~(0xffffULL << shift);
+    u64 v = (u64)htons((u16)value) << shift;
+    if (field < 4)
+        w[0] = (w[0] & mask) | v;
+    else
+        w[1] = (w[1] & mask) | v;
+}
+
+static __always_inline int is_roce_port(struct rlbh_config *cfg, u16 port)
+{
+#pragma unroll
+    for (int i = 0; i < RLBH_ROCE_PORTS; i++)
+        if (cfg->roce_ports[i] && cfg->roce_ports[i] == port)
+            return 1;
+    return 0;
+}
+
+/* Parse Ethernet/IPv6/UDP(/BTH); returns a reason >= 0 to pass, or -1 when it is RoCE. */
+static __always_inline int parse(struct __sk_buff *skb, struct rlbh_config *cfg, struct parsed *p)
+{
+    void *data = (void *)(long)skb->data;
+    void *data_end = (void *)(long)skb->data_end;
+    struct ethhdr *eth = data;
+    if ((void *)(eth + 1) > data_end)
+        return RLBH_R_PASS_MALFORMED;
+    if (eth->h_proto != htons(ETH_P_IPV6))
+        return RLBH_R_PASS_NOT_IPV6;
+    struct ipv6hdr *ip6 = (void *)(eth + 1);
+    if ((void *)(ip6 + 1) > data_end || ip6->version != 6)
+        return RLBH_R_PASS_MALFORMED;
+    if (ip6->nexthdr == IPPROTO_FRAGMENT)
+        return RLBH_R_PASS_FRAGMENT;
+    if (ip6->nexthdr != IPPROTO_UDP)
+        return RLBH_R_PASS_NOT_ROCE;
+    struct udphdr *uh = (void *)(ip6 + 1);
+    if ((void *)(uh + 1) > data_end)
+        return RLBH_R_PASS_MALFORMED;
+    if (!is_roce_port(cfg, ntohs(uh->dest)))
+        return RLBH_R_PASS_NOT_ROCE;
+    u8 *bth = (void *)(uh + 1);
+    if ((void *)(bth + 12) > data_end)
+        return RLBH_R_PASS_MALFORMED;
+    __builtin_memcpy(p->saddr, ip6->saddr.in6_u.u6_addr8, 16);
+    __builtin_memcpy(p->daddr, ip6->daddr.in6_u.u6_addr8, 16);
+    p->sport = ntohs(uh->source);
+    p->dport = ntohs(uh->dest);
+    p->qp = ((u32)bth[5] << 16) | ((u32)bth[6] << 8) | bth[7];
+    p->len = skb->len;
+    return -1;
+}
+
+/* Replace a 16-byte address and fix the UDP checksum (pseudo header). A zero UDP checksum
+ * stays zero (BPF_F_MARK_MANGLED_0 leaves it alone), a computed zero becomes 0xffff. */
+static __always_inline int store_addr(struct __sk_buff *skb, u32 off, u8 *old, u8 *new)
+{
+    s64 diff = bpf_csum_diff((__be32 *)old, 16, (__be32 *)new, 16, 0);
+    if (bpf_skb_store_bytes(skb, off, new, 16, 0))
+        return -1;
+    return bpf_l4_csum_replace(skb, UCSUM_OFF, 0, diff, BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0);
+}
+
+static __always_inline u32 eff_weight(struct rlbh_weights *w, u32 i)
+{
+    struct rlbh_path *p = paths.lookup(&i);
+    if (!p || !p->valid)
+        return 0;
+    return w->weight[i & (RLBH_MAX_PATHS - 1)];
+}
+
+/* Weighted least-active: the path minimising (active + 1) / weight; ties to the lower index. */
+static __always_inline u32 least_active(struct rlbh_weights *w)
+{
+    u32 best = RLBH_MAX_PATHS;
+    u64 best_a = 0, best_w = 1;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
+        u32 wt = eff_weight(w, i);
+        if (!wt)
+            continue;
+        u32 idx = w->id * RLBH_MAX_PATHS + i;
+        u32 *a = active.lookup(&idx);
+        u64 act = a ? *a : 0;
+        if (best == RLBH_MAX_PATHS || (act + 1) * best_w < (best_a + 1) * wt) {
+            best = i;
+            best_a = act;
+            best_w = wt;
+        }
+    }
+    return best;
+}
+
+/* Per-packet weighted choice for destinations that tolerate reordering. */
+static __always_inline u32 spray(struct rlbh_weights *w)
+{
+    u32 total = 0;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < RLBH_MAX_PATHS; i++)
+        total += eff_weight(w, i);
+    if (!total)
+        return RLBH_MAX_PATHS;
+    u32 r = bpf_get_prandom_u32() % total;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
+        u32 wt = eff_weight(w, i);
+        if (r < wt)
+            return i;
+        r -= wt;
+    }
+    return RLBH_MAX_PATHS;
+}
+
+static __always_inline void active_add(u32 wid, u32 path, int delta)
+{
+    u32 idx = wid * RLBH_MAX_PATHS + (path & (RLBH_MAX_PATHS - 1));
+    u32 *a = active.lookup(&idx);
+    if (!a)
+        return;
+    if (delta > 0)
+        __sync_fetch_and_add(a, 1);
+    else if (*a)
+        __sync_fetch_and_add(a, -1);
+}
+
+static __always_inline u32 choose_path(struct parsed *p, struct rlbh_weights *w,
+                                       struct rlbh_config *cfg)
+{
+    if (w->flags & RLBH_W_SPRAY) {
+        count(RLBH_R_EV_SPRAY);
+        return spray(w);
+    }
+    u64 now = bpf_ktime_get_ns();
+    struct rlbh_ct_key key = {};
+    __builtin_memcpy(key.peer, p->daddr, 16);
+    key.sport = p->sport;
+    key.qp = p->qp;
+    struct rlbh_ct *ct = conntrack.lookup(&key);
+    if (ct && ct->wid == w->id && ct->path < RLBH_MAX_PATHS && eff_weight(w, ct->path)) {
+        if (now - ct->last_ns < cfg->expiry_ns) {
+            ct->last_ns = now;
+            return ct->path;
+        }
+        count(RLBH_R_EV_EXPIRED);
+    }
+    if (ct)
+        active_add(ct->wid, ct->path, -1);
+
+    u32 path = RLBH_MAX_PATHS;
+    struct rlbh_rev_key rkey = {};
+    __builtin_memcpy(rkey.peer, p->daddr, 16);
+    rkey.sport = p->sport;
+    struct rlbh_rev *rev = reverse.lookup(&rkey);
+    if (rev && now - rev->last_ns < cfg->expiry_ns && rev->path < RLBH_MAX_PATHS &&
+        eff_weight(w, rev->path)) {
+        path = rev->path;  /* the peer started this QP on that path: answer on it */
+        count(RLBH_R_EV_FOLLOW_REVERSE);
+    } else {
+        path = least_active(w);
+    }
+    if (path >= RLBH_MAX_PATHS) {
+        if (ct)
+            conntrack.delete(&key);
+        return path;
+    }
+    struct rlbh_ct entry = {.last_ns = now, .created_ns = now, .path = path, .wid = w->id};
+    conntrack.update(&key, &entry);
+    active_add(w->id, path, 1);
+    count(RLBH_R_EV_ASSIGN);
+    return path;
+}
+
+int rlb_host_egress(struct __sk_buff *skb)
+{
+    u32 zero = 0;
+    struct rlbh_config *cfg = config.lookup(&zero);
+    if (!cfg)
+        return TC_ACT_OK;
+    struct parsed p = {};
+    int r = parse(skb, cfg, &p);
+    if (r >= 0)
+        return pass(r);
+
+    u32 base_idx = cfg->base;
+    struct rlbh_path *base = paths.lookup(&base_idx);
+    if (!base || !base->valid)
+        return pass(RLBH_R_PASS_NO_PATH);
+    if (!same16(p.saddr, base->addr)) {
+        /* an application (or NCCL plugin) that picked a path address itself is left alone */
+#pragma unroll
+        for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
+            u32 k = i;
+            struct rlbh_path *pp = paths.lookup(&k);
+            if (pp && pp->valid && same16(p.saddr, pp->addr))
+                return pass(RLBH_R_PASS_APP_CHOSE);
+        }
+        return pass(RLBH_R_PASS_NOT_BASE);
+    }
+    if (field_value(p.daddr, cfg->field) != base->value)
+        return pass(RLBH_R_PASS_APP_CHOSE);  /* addressed to one of the peer's path addresses */
+
+    struct rlbh_lpm_key wkey = {.prefixlen = 128};
+    __builtin_memcpy(wkey.addr, p.daddr, 16);
+    struct rlbh_weights *w = weights.lookup(&wkey);
+    if (!w)
+        return pass(RLBH_R_PASS_NO_PATH);
+    u32 path = choose_path(&p, w, cfg);
+    if (path >= RLBH_MAX_PATHS)
+        return pass(RLBH_R_PASS_NO_PATH);
+    struct rlbh_path *pp = paths.lookup(&path);
+    if (!pp || !pp->valid)
+        return pass(RLBH_R_PASS_NO_PATH);
+
+    struct rlbh_path_stats *st = path_stats.lookup(&path);
+    if (st) {
+        st->tx_packets++;
+        st->tx_bytes += p.len;
+    }
+    if (path == base_idx)
+        return pass(RLBH_R_ON_BASE_PATH);
+
+    u8 new_src[16] __attribute__((aligned(8)));
+    u8 new_dst[16] __attribute__((aligned(8)));
+    __builtin_memcpy(new_src, pp->addr, 16);
+    __builtin_memcpy(new_dst, p.daddr, 16);
+    set_field(new_dst, cfg->field, pp->value);
+    if (store_addr(skb, SADDR_OFF, p.saddr, new_src) || store_addr(skb, DADDR_OFF, p.daddr, new_dst))
+        return pass(RLBH_R_PASS_MALFORMED);
+    return pass(RLBH_R_REWRITTEN);
+}
+
+int rlb_host_ingress(struct __sk_buff *skb)
+{
+    u32 zero = 0;
+    struct rlbh_config *cfg = config.lookup(&zero);
+    if (!cfg)
+        return TC_ACT_OK;
+    struct parsed p = {};
+    int r = parse(skb, cfg, &p);
+    if (r >= 0)
+        return pass(r);
+
+    u32 base_idx = cfg->base;
+    struct rlbh_path *base = paths.lookup(&base_idx);
+    if (!base || !base->valid)
+        return pass(RLBH_R_PASS_NOT_PATH_ADDR);
+    u32 path = RLBH_MAX_PATHS, value = 0;
+#pragma unroll
+    for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
+        u32 k = i;
+        struct rlbh_path *pp = paths.lookup(&k);
+        if (pp && pp->valid && same16(p.daddr, pp->addr)) {
+            path = i;
+            value = pp->value;
+        }
+    }
+    if (path >= RLBH_MAX_PATHS)
+        return pass(RLBH_R_PASS_NOT_PATH_ADDR);
+    struct rlbh_path_stats *st = path_stats.lookup(&path);
+    if (st) {
+        st->rx_packets++;
+        st->rx_bytes += p.len;
+    }
+
+    u8 new_src[16] __attribute__((aligned(8)));
+    u8 new_dst[16] __attribute__((aligned(8)));
+    __builtin_memcpy(new_src, p.saddr, 16);
+    __builtin_memcpy(new_dst, base->addr, 16);
+    int src_on_path = field_value(p.saddr, cfg->field) == value;
+    if (src_on_path)
+        set_field(new_src, cfg->field, base->value);
+    /* remember the peer's choice so our answers on this QP take the same path */
+    struct rlbh_rev_key rkey = {};
+    __builtin_memcpy(rkey.peer, new_src, 16);
+    rkey.sport = p.sport;
+    struct rlbh_rev rev = {.last_ns = bpf_ktime_get_ns(), .path = path};
+    reverse.update(&rkey, &rev);
+
+    if (path == base_idx)
+        return TC_ACT_OK;  /* already base addresses */
+    if (store_addr(skb, DADDR_OFF, p.daddr, new_dst))
+        return pass(RLBH_R_PASS_MALFORMED);
+    if (src_on_path && store_addr(skb, SADDR_OFF, p.saddr, new_src))
+        return pass(RLBH_R_PASS_MALFORMED);
+    return pass(RLBH_R_RESTORED);
+}

@@ -1,0 +1,94 @@
+/* RLB host data plane: the one definition of every map key, value and constant.
+ * A host has one global address per fabric path (one SLAAC /64 each); the paths differ in one
+ * hextet of the prefix (the path field). The application uses the base path's address; egress
+ * moves each QP to its path's addresses, ingress restores the base addresses. */
+#ifndef RLB_HOST_H
+#define RLB_HOST_H
+
+#define RLBH_MAX_PATHS      16
+#define RLBH_MAX_WEIGHTS    256     /* weight entries (destination prefixes) */
+#define RLBH_CT_ENTRIES     65536   /* connection tracking (QPs) */
+#define RLBH_REV_ENTRIES    65536   /* paths learnt on ingress */
+#define RLBH_ROCE_PORTS     4
+
+#define RLBH_W_SPRAY        1       /* destination tolerates reordering: per-packet choice */
+
+enum rlbh_reason {
+    RLBH_R_REWRITTEN = 0,         /* egress: moved to a path's addresses */
+    RLBH_R_ON_BASE_PATH,          /* egress: assigned the base path, nothing to rewrite */
+    RLBH_R_RESTORED,              /* ingress: path addresses restored to base */
+    RLBH_R_PASS_NOT_IPV6,
+    RLBH_R_PASS_MALFORMED,
+    RLBH_R_PASS_FRAGMENT,
+    RLBH_R_PASS_NOT_ROCE,         /* not UDP to a RoCE port */
+    RLBH_R_PASS_APP_CHOSE,        /* already on a non-base path address: left alone */
+    RLBH_R_PASS_NOT_BASE,         /* source or destination outside the address plan */
+    RLBH_R_PASS_NO_PATH,          /* no path with a positive weight */
+    RLBH_R_PASS_NOT_PATH_ADDR,    /* ingress: not addressed to one of our path addresses */
+    RLBH_R_EV_ASSIGN,             /* a QP got a path */
+    RLBH_R_EV_EXPIRED,            /* ... because its entry had expired */
+    RLBH_R_EV_FOLLOW_REVERSE,     /* ... the one its peer uses towards us */
+    RLBH_R_EV_SPRAY,              /* per-packet choice */
+    RLBH_R_MAX,
+};
+
+struct rlbh_config {
+    u64 expiry_ns;                /* idle QP entries are re-assigned (default 1 s) */
+    u32 field;                    /* hextet index 0..7 of the path field */
+    u32 base;                     /* path index whose address the applications use */
+    u32 flags;
+    u16 roce_ports[RLBH_ROCE_PORTS]; /* 0 = unused; default 4791 */
+    u16 pad[2];
+};
+
+struct rlbh_path {
+    u32 valid;
+    u32 value;                    /* the path field's value, e.g. 3 in fc00:1:1:3::/64 */
+    u8  addr[16];                 /* this host's address on the path */
+};
+
+struct rlbh_lpm_key {
+    u32 prefixlen;
+    u8  addr[16];
+};
+
+struct rlbh_weights {
+    u32 id;                       /* index into the active-QP counters */
+    u32 flags;                    /* RLBH_W_* */
+    u32 weight[RLBH_MAX_PATHS];   /* 0 = do not use; relative values */
+};
+
+struct rlbh_ct_key {
+    u8  peer[16];                 /* the peer's base address */
+    u16 sport;                    /* UDP source port */
+    u16 pad;
+    u32 qp;                       /* BTH destination QP */
+};
+
+struct rlbh_ct {
+    u64 last_ns;
+    u64 created_ns;
+    u32 path;
+    u32 wid;                      /* weight entry the path was counted under */
+};
+
+struct rlbh_rev_key {
+    u8  peer[16];
+    u16 sport;
+    u16 pad;
+};
+
+struct rlbh_rev {
+    u64 last_ns;
+    u32 path;
+    u32 pad;
+};
+
+struct rlbh_path_stats {
+    u64 tx_packets;
+    u64 tx_bytes;
+    u64 rx_packets;
+    u64 rx_bytes;
+};
+
+#endif
