@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rlbcommon import netns  # noqa: E402
 from rlbcommon import packets as P  # noqa: E402
-from rlbcommon.testrun import XDP_PASS, XDP_REDIRECT, test_run  # noqa: E402
+from rlbcommon.testrun import XDP_PASS, XDP_REDIRECT, prog_test_run  # noqa: E402
 from rlbswitch.dataplane import SwitchDataplane  # noqa: E402
 from rlbswitch.model import NextHop, Route  # noqa: E402
 from rlblab import topo  # noqa: E402
@@ -31,7 +31,7 @@ from rlblab import topo  # noqa: E402
 def ns_per_packet(fd: int, frame: bytes, repeat: int, rounds: int, expect: int, name: str) -> float:
     samples = []
     for _ in range(rounds):
-        r = test_run(fd, frame, repeat=repeat)
+        r = prog_test_run(fd, frame, repeat=repeat)
         if r.retval != expect:
             raise SystemExit(f"{name}: unexpected verdict {r.retval} (wanted {expect}): the setup is wrong")
         samples.append(r.duration_ns)

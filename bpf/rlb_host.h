@@ -29,6 +29,7 @@ enum rlbh_reason {
     RLBH_R_EV_EXPIRED,            /* ... because its entry had expired */
     RLBH_R_EV_FOLLOW_REVERSE,     /* ... the one its peer uses towards us */
     RLBH_R_EV_SPRAY,              /* per-packet choice */
+    RLBH_R_EV_RELEASED,           /* QPs the agent moved to match new weights (user space) */
     RLBH_R_MAX,
 };
 

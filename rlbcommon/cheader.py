@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .paths import BPF_DIR
 
-_DEFINE = re.compile(r"^#define\s+(RLB_\w+)\s+(\d+|0x[0-9a-fA-F]+)\b", re.M)
+_DEFINE = re.compile(r"^#define\s+(RLBH?_\w+)\s+(\d+|0x[0-9a-fA-F]+)\b", re.M)
 _ENUM = re.compile(r"enum\s+(\w+)\s*\{(.*?)\};", re.S)
 
 

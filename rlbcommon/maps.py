@@ -75,6 +75,14 @@ class PinnedMap:
             ret = lib.bpf_map_update_elem(self.fd, ct.byref(k), ct.byref(leaf), flags)
         check(ret, f"update {self.path.name}")
 
+    def set_percpu(self, key, rows: list):
+        """Write one value per CPU (per-CPU maps)."""
+        k = self.key(key)
+        buf = self._valbuf()
+        for i, leaf in enumerate(rows[:self._ncpu]):
+            ct.memmove(ct.addressof(buf) + i * self._stride, ct.byref(leaf), ct.sizeof(leaf))
+        check(lib.bpf_map_update_elem(self.fd, ct.byref(k), buf, BPF_ANY), f"update {self.path.name}")
+
     def delete(self, key) -> bool:
         return lib.bpf_map_delete_elem(self.fd, ct.byref(self.key(key))) == 0
 

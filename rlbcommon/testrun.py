@@ -18,7 +18,7 @@ class RunResult:
     duration_ns: int  # mean per repeat, as the kernel measures it
 
 
-def test_run(prog_fd: int, packet: bytes, repeat: int = 1, ctx: bytes | None = None,
+def prog_test_run(prog_fd: int, packet: bytes, repeat: int = 1, ctx: bytes | None = None,
              headroom: int = 256) -> RunResult:
     """Feed one packet to the program; returns its verdict and the packet as it left."""
     inbuf = ct.create_string_buffer(bytes(packet), len(packet))

@@ -9,20 +9,9 @@ from __future__ import annotations
 
 from typing import Hashable, Sequence
 
+from rlbcommon.weights import apportion
 
-def apportion(weights: Sequence[int], total: int) -> list[int]:
-    """Split total slots by weight, largest remainder first (ties to the lower index)."""
-    if any(w < 0 for w in weights):
-        raise ValueError("weights must not be negative")
-    wsum = sum(weights)
-    if wsum == 0:
-        raise ValueError("at least one member needs a positive weight")
-    exact = [w * total / wsum for w in weights]
-    counts = [int(x) for x in exact]
-    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in order[: total - sum(counts)]:
-        counts[i] += 1
-    return counts
+__all__ = ["apportion", "build_slots", "moved_fraction"]
 
 
 def build_slots(members: Sequence[Hashable], weights: Sequence[int], nslots: int,

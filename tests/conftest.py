@@ -9,7 +9,7 @@ import pytest
 
 from rlbcommon import netns
 from rlbcommon import packets as P
-from rlbcommon.testrun import test_run
+from rlbcommon.testrun import prog_test_run
 from rlbswitch.dataplane import SwitchDataplane
 from rlblab import topo
 
@@ -41,7 +41,7 @@ class XdpHarness:
         return int(mac.split(":")[-1])
 
     def run(self, frame: bytes):
-        r = test_run(self.dp.prog_fd, frame)
+        r = prog_test_run(self.dp.prog_fd, frame)
         return r.retval, r.data
 
     def reasons(self) -> dict:

@@ -1,0 +1,444 @@
+"""The host data-plane API: TC programs on one interface, paths from its addresses, weights,
+and the connection-tracking table's releases and reinstatements.
+
+State lives in pinned maps under /sys/fs/bpf/rlb/<instance>/host; a restarted agent reloads the
+programs against the same maps and replaces the TC filters in place, so QPs keep their paths."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import ipaddress
+import logging
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from rlbcommon import addrplan, bpfprog
+from rlbcommon.cheader import constants, enum_names
+from rlbcommon.paths import RUN_DIR, pin_dir
+from rlbcommon.weights import apportion
+
+log = logging.getLogger(__name__)
+
+SOURCE, HEADER = "rlb_host.c", "rlb_host.h"
+C = constants(HEADER)
+REASONS = enum_names(HEADER, "RLBH_R_")
+MAX_PATHS = C["RLBH_MAX_PATHS"]
+SPRAY = C["RLBH_W_SPRAY"]
+TC_EGRESS, TC_INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
+TC_PRIO, TC_HANDLE = 0xC0DE, 0x1
+IFA_F_TENTATIVE, IFA_F_DADFAILED = 0x40, 0x08
+DEFAULT_EXPIRY_MS = 200
+DEFAULT_ROCE_PORT = 4791
+WEIGHT_SCALE = 1000   # weights are stored as integers: 0.5 -> 500
+
+
+class HostError(RuntimeError):
+    """An operation the host data plane cannot do; the message is for the operator."""
+
+
+@dataclass
+class Path_:
+    index: int
+    value: int
+    address: str
+    valid: bool
+
+
+class HostDataplane:
+    def __init__(self, instance: str | None = None):
+        self.instance = instance or "default"
+        self.pins = pin_dir("host", self.instance)
+        self.bpf = None
+        self.fns = {}
+        self._maps = None
+        self._ipr = None
+
+    # ---- plumbing -------------------------------------------------------------------
+    @property
+    def ipr(self) -> IPRoute:
+        if self._ipr is None:
+            self._ipr = IPRoute()
+        return self._ipr
+
+    @property
+    def maps(self):
+        if self._maps is None:
+            if not (self.pins / "paths").exists():
+                raise HostError(f"no host data plane at {self.pins}: run 'rlbhost attach IFACE' first")
+            self._maps = bpfprog.open_maps(SOURCE, self.pins)
+        return self._maps
+
+    def exists(self) -> bool:
+        return (self.pins / "paths").exists()
+
+    @contextlib.contextmanager
+    def locked(self):
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        with open(RUN_DIR / f"{self.instance}-host.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def load(self):
+        if self.bpf is None:
+            self.bpf = bpfprog.compile_program(SOURCE, self.pins)
+            for name in ("rlb_host_egress", "rlb_host_ingress"):
+                self.fns[name] = self.bpf.load_func(name.encode(), self.bpf.SCHED_CLS)
+            self._maps = None
+            self._init_config()
+        return self.fns
+
+    def prog_fd(self, direction: str) -> int:
+        return self.load()[f"rlb_host_{direction}"].fd
+
+    def close(self):
+        if self._ipr is not None:
+            self._ipr.close()
+            self._ipr = None
+        for m in (self._maps or {}).values():
+            m.close()
+        self._maps = None
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None
+            self.fns = {}
+
+    def _init_config(self):
+        cfg = self.maps["config"].get(0)
+        if cfg.expiry_ns == 0:
+            cfg.expiry_ns = DEFAULT_EXPIRY_MS * 1_000_000
+            cfg.field = 3
+            cfg.roce_ports[0] = DEFAULT_ROCE_PORT
+            self.maps["config"].set(0, cfg)
+
+    def config(self) -> dict:
+        cfg = self.maps["config"].get(0)
+        return {"expiry_ms": cfg.expiry_ns / 1e6, "path_field": cfg.field, "base_index": cfg.base,
+                "roce_ports": [p for p in cfg.roce_ports if p]}
+
+    def set_config(self, expiry_ms: float | None = None, roce_ports: list[int] | None = None):
+        with self.locked():
+            cfg = self.maps["config"].get(0)
+            if expiry_ms is not None:
+                if expiry_ms <= 0:
+                    raise HostError("expiry must be positive")
+                cfg.expiry_ns = int(expiry_ms * 1_000_000)
+            if roce_ports is not None:
+                if not 1 <= len(roce_ports) <= C["RLBH_ROCE_PORTS"]:
+                    raise HostError(f"give 1 to {C['RLBH_ROCE_PORTS']} RoCE ports")
+                for i in range(C["RLBH_ROCE_PORTS"]):
+                    cfg.roce_ports[i] = roce_ports[i] if i < len(roce_ports) else 0
+            self.maps["config"].set(0, cfg)
+
+    # ---- interface ------------------------------------------------------------------
+    def ifindex(self, ifname: str) -> int:
+        idx = self.ipr.link_lookup(ifname=ifname)
+        if not idx:
+            raise HostError(f"no interface {ifname!r} here")
+        return idx[0]
+
+    def attach(self, ifname: str, path_field: int | None = None, base_value: int | None = None):
+        """TC programs on clsact egress and ingress (replaced in place if already there)."""
+        idx = self.ifindex(ifname)
+        fns = self.load()
+        with contextlib.suppress(Exception):   # EEXIST: clsact is shared with others
+            self.ipr.tc("add", "clsact", idx)
+        for name, parent in (("rlb_host_egress", TC_EGRESS), ("rlb_host_ingress", TC_INGRESS)):
+            fn = fns[name]
+            self.ipr.tc("replace-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, fd=fn.fd,
+                        name=fn.name, parent=parent, classid=1, direct_action=True)
+        self.sync_paths(ifname, path_field, base_value)
+        log.info("attached to %s (TC egress and ingress)", ifname)
+
+    def detach(self, ifname: str | None):
+        if ifname:
+            with contextlib.suppress(HostError):
+                idx = self.ifindex(ifname)
+                for parent in (TC_EGRESS, TC_INGRESS):
+                    with contextlib.suppress(Exception):
+                        self.ipr.tc("del-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, parent=parent)
+        self.close()
+        shutil.rmtree(self.pins, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.pins.parent.rmdir()
+        log.info("detached%s; pinned state removed", f" from {ifname}" if ifname else "")
+
+    def global_addresses(self, ifname: str) -> list[ipaddress.IPv6Interface]:
+        """Usable global addresses (DAD finished) of an interface."""
+        out = []
+        for a in self.ipr.get_addr(family=socket.AF_INET6, index=self.ifindex(ifname)):
+            flags = a.get_attr("IFA_FLAGS") or a["flags"]
+            addr = ipaddress.IPv6Address(a.get_attr("IFA_ADDRESS"))
+            if addr.is_link_local or addr.is_multicast or flags & (IFA_F_TENTATIVE | IFA_F_DADFAILED):
+                continue
+            out.append(ipaddress.IPv6Interface(f"{addr}/{a['prefixlen']}"))
+        return out
+
+    def sync_paths(self, ifname: str, path_field: int | None = None, base_value: int | None = None) -> bool:
+        """Paths from the interface's /64s; returns True when the set changed."""
+        addrs = [a for a in self.global_addresses(ifname) if a.network.prefixlen == 64]
+        cfg = self.maps["config"].get(0)
+        field = path_field if path_field is not None else addrplan.detect_field(a.network for a in addrs)
+        if field is None:
+            field = cfg.field
+        by_value: dict[int, str] = {}
+        for a in sorted(addrs, key=lambda a: a.ip):
+            by_value.setdefault(addrplan.field_value(a.ip, field), str(a.ip))
+        if len(by_value) > MAX_PATHS:
+            raise HostError(f"{len(by_value)} paths on {ifname}; at most {MAX_PATHS}")
+        return self.set_paths(by_value, field, base_value)
+
+    def set_paths(self, by_value: dict[int, str], field: int, base_value: int | None = None) -> bool:
+        """Program paths {path field value: our address}. Indexes stay stable across changes
+        (a QP's entry names an index); a vanished path is invalidated and its QPs released."""
+        with self.locked():
+            pm = self.maps["paths"]
+            current = {i: p for i, p in enumerate(pm.array_values()) if p is not None}
+            index_of = {p.value: i for i, p in current.items()}
+            changed = False
+            free = [i for i in range(MAX_PATHS) if i not in current]
+            for value, addr in sorted(by_value.items()):
+                i = index_of.get(value)
+                if i is None:
+                    if not free:
+                        raise HostError("path table full")
+                    i = free.pop(0)
+                    index_of[value] = i
+                p = current.get(i) or pm.leaf_type()
+                new = (1, value, ipaddress.IPv6Address(addr).packed)
+                if (p.valid, p.value, bytes(p.addr)) != new:
+                    p.valid, p.value = 1, value
+                    p.addr[:] = new[2]
+                    pm.set(i, p)
+                    changed = True
+                    log.info("path %d: %s (field value %d)", i, addr, value)
+            for value, i in index_of.items():
+                if value not in by_value and current.get(i) is not None and current[i].valid:
+                    p = current[i]
+                    p.valid = 0
+                    pm.set(i, p)
+                    changed = True
+                    log.info("path %d (field value %d) is gone", i, value)
+            cfg = self.maps["config"].get(0)
+            values = sorted(by_value)
+            if values:
+                base = base_value if base_value is not None else (
+                    current[cfg.base].value if cfg.base in current and current[cfg.base].valid
+                    and current[cfg.base].value in by_value else values[0])
+                if base not in index_of or base not in by_value:
+                    raise HostError(f"base path {base} is not among the paths {values}")
+                if cfg.base != index_of[base] or cfg.field != field:
+                    cfg.base, cfg.field = index_of[base], field
+                    self.maps["config"].set(0, cfg)
+                    changed = True
+            if self.maps["weights"].get(self._wkey("::/0")) is None:
+                self._set_weights_locked("::/0", {}, False)
+        if changed:
+            self.rebalance()
+        return changed
+
+    def paths(self) -> list[Path_]:
+        out = []
+        for i, p in enumerate(self.maps["paths"].array_values()):
+            if p is not None:
+                out.append(Path_(i, p.value, str(ipaddress.IPv6Address(bytes(p.addr))), bool(p.valid)))
+        return out
+
+    # ---- weights --------------------------------------------------------------------
+    def _wkey(self, prefix: str):
+        net = ipaddress.IPv6Network(prefix)
+        k = self.maps["weights"].key_type()
+        k.prefixlen = net.prefixlen
+        k.addr[:] = net.network_address.packed
+        return k
+
+    def set_weights(self, weights: dict[int, float], prefix: str = "::/0", spray: bool = False):
+        """Weights per path (by path field value; unnamed paths keep weight 1 at creation,
+        0 means unusable) for destinations in prefix; then release or reinstate QPs."""
+        try:
+            ipaddress.IPv6Network(prefix)
+        except ValueError as e:
+            raise HostError(f"prefix: {e}") from None
+        with self.locked():
+            self._set_weights_locked(prefix, weights, spray)
+        self.rebalance()
+
+    def _set_weights_locked(self, prefix: str, weights: dict[int, float], spray: bool):
+        wm = self.maps["weights"]
+        key = self._wkey(prefix)
+        entry = wm.get(key)
+        paths = {p.value: p.index for p in self.paths()}
+        unknown = set(weights) - set(paths)
+        if unknown:
+            raise HostError(f"no path with field value {sorted(unknown)}; paths are {sorted(paths)}")
+        if any(w < 0 for w in weights.values()):
+            raise HostError("weights must not be negative")
+        if entry is None:
+            used = {v.id for _, v in wm.items()}
+            free = [i for i in range(C["RLBH_MAX_WEIGHTS"]) if i not in used]
+            if not free:
+                raise HostError("weight table full")
+            entry = wm.leaf_type()
+            entry.id = free[0]
+            for i in range(MAX_PATHS):
+                entry.weight[i] = WEIGHT_SCALE
+        for value, w in weights.items():
+            entry.weight[paths[value]] = int(round(w * WEIGHT_SCALE))
+        entry.flags = SPRAY if spray else 0
+        wm.set(key, entry)
+        log.info("weights for %s: %s%s", prefix,
+                 {v: entry.weight[i] / WEIGHT_SCALE for v, i in sorted(paths.items())},
+                 " (spray)" if spray else "")
+
+    def del_weights(self, prefix: str) -> bool:
+        if ipaddress.IPv6Network(prefix).prefixlen == 0:
+            raise HostError("the default weights (::/0) cannot be removed; set them instead")
+        with self.locked():
+            ok = self.maps["weights"].delete(self._wkey(prefix))
+        self.rebalance()
+        return ok
+
+    def weights(self) -> list[dict]:
+        paths = self.paths()
+        out = []
+        for k, v in self.maps["weights"].items():
+            net = ipaddress.IPv6Network((bytes(k.addr), k.prefixlen))
+            out.append({"prefix": str(net), "id": v.id, "spray": bool(v.flags & SPRAY),
+                        "weights": {p.value: v.weight[p.index] / WEIGHT_SCALE for p in paths if p.valid}})
+        return sorted(out, key=lambda e: ipaddress.IPv6Network(e["prefix"]))
+
+    # ---- connection tracking --------------------------------------------------------
+    def _effective(self, entry) -> list[int]:
+        valid = {p.index for p in self.paths() if p.valid}
+        return [entry.weight[i] if i in valid else 0 for i in range(MAX_PATHS)]
+
+    def rebalance(self, now_ns: int | None = None) -> int:
+        """Move the fewest QPs so each weight entry's live QPs match its weights (largest
+        remainder); QPs on paths within their quota never move. Also drops idle entries and
+        rewrites the active counters from the table. Returns the number of QPs moved."""
+        now = now_ns or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        moved = 0
+        with self.locked():
+            ct = self.maps["conntrack"]
+            expiry = self.maps["config"].get(0).expiry_ns
+            entries = {v.id: (v, self._effective(v)) for _, v in self.maps["weights"].items()}
+            live: dict[int, list] = {wid: [] for wid in entries}
+            for k, v in list(ct.items()):
+                if now - v.last_ns >= expiry or v.wid not in entries:
+                    ct.delete(k)          # idle: re-assigned on its next packet anyway
+                    continue
+                live[v.wid].append((k, v))
+            for wid, (entry, eff) in entries.items():
+                flows = live[wid]
+                if entry.flags & SPRAY or not flows or not any(eff):
+                    continue
+                target = apportion(eff, len(flows))
+                on = {i: [f for f in flows if f[1].path == i] for i in range(MAX_PATHS)}
+                # surplus: the newest QPs of over-quota (or unusable) paths go first
+                surplus = []
+                for i in range(MAX_PATHS):
+                    extra = len(on[i]) - target[i]
+                    if extra > 0:
+                        surplus += sorted(on[i], key=lambda f: f[1].created_ns)[-extra:]
+                for i in range(MAX_PATHS):
+                    for _ in range(max(0, target[i] - len(on[i]))):
+                        k, v = surplus.pop()
+                        v.path = i
+                        ct.set(k, v)
+                        moved += 1
+            self._recount(ct, now, expiry)
+            if moved:
+                self._count_event("ev_released", moved)
+        if moved:
+            log.info("released %d QPs to match the weights", moved)
+        return moved
+
+    def _recount(self, ct, now: int, expiry: int):
+        counts: dict[tuple[int, int], int] = {}
+        for _, v in ct.items():
+            if now - v.last_ns < expiry:
+                counts[(v.wid, v.path)] = counts.get((v.wid, v.path), 0) + 1
+        act = self.maps["active"]
+        for wid, _ in ((v.id, v) for _, v in self.maps["weights"].items()):
+            for i in range(MAX_PATHS):
+                idx = wid * MAX_PATHS + i
+                val = counts.get((wid, i), 0)
+                if act.get(idx).value != val:
+                    act.set(idx, act.leaf_type(val))
+
+    def _count_event(self, name: str, n: int):
+        """Events user space causes go to CPU 0's slot of the per-CPU reasons counter."""
+        rid = {v: k for k, v in REASONS.items()}[name]
+        m = self.maps["reasons"]
+        rows = m.get_percpu(rid)
+        rows[0] = m.leaf_type(rows[0].value + n)
+        m.set_percpu(rid, rows)
+
+    def qps(self) -> list[dict]:
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        expiry = self.maps["config"].get(0).expiry_ns
+        out = []
+        for k, v in self.maps["conntrack"].items():
+            out.append({"peer": str(ipaddress.IPv6Address(bytes(k.peer))), "sport": k.sport, "qp": k.qp,
+                        "path": v.path, "idle_ms": (now - v.last_ns) / 1e6,
+                        "active": now - v.last_ns < expiry})
+        return out
+
+    # ---- reporting ------------------------------------------------------------------
+    def stats(self) -> dict:
+        rows = {}
+        for p in self.paths():
+            per_cpu = self.maps["path_stats"].get_percpu(p.index)
+            rows[p.index] = {f: sum(getattr(r, f) for r in per_cpu)
+                             for f in ("tx_packets", "tx_bytes", "rx_packets", "rx_bytes")}
+        reasons = {name: sum(r.value for r in self.maps["reasons"].get_percpu(rid))
+                   for rid, name in REASONS.items() if name != "max"}
+        return {"paths": rows, "reasons": reasons}
+
+    def status(self) -> dict:
+        qps = self.qps()
+        stats = self.stats()
+        default = next((w for w in self.weights() if w["prefix"] == "::/0"), {"weights": {}})
+        paths = []
+        for p in self.paths():
+            paths.append({"index": p.index, "path": p.value, "address": p.address, "valid": p.valid,
+                          "weight": default["weights"].get(p.value, 0.0),
+                          "active_qps": sum(1 for q in qps if q["active"] and q["path"] == p.index),
+                          **stats["paths"][p.index]})
+        return {"config": self.config(), "paths": paths, "weights": self.weights(),
+                "reasons": stats["reasons"]}
+
+    def paths_with_gids(self) -> list[dict]:
+        """Path index, address and, where an RDMA device has it, its RoCE v2 GID index: what an
+        application or NCCL plugin needs to put QPs on paths itself (hardware RoCE NICs build
+        packets without the kernel, so TC never sees their traffic)."""
+        gids = rdma_gid_indexes()
+        return [{"index": p.index, "path": p.value, "address": p.address, "valid": p.valid,
+                 "gids": gids.get(p.address, [])} for p in self.paths()]
+
+
+def rdma_gid_indexes(sysfs: str = "/sys/class/infiniband") -> dict[str, list[dict]]:
+    """{IPv6 address: [{device, port, gid_index}]} for RoCE v2 GIDs in sysfs."""
+    out: dict[str, list[dict]] = {}
+    for gid_file in glob.glob(f"{sysfs}/*/ports/*/gids/*"):
+        parts = Path(gid_file).parts
+        dev, port, idx = parts[-5], parts[-3], parts[-1]
+        try:
+            gid = Path(gid_file).read_text().strip()
+            gtype = Path(gid_file.replace("/gids/", "/gid_attrs/types/")).read_text().strip()
+        except OSError:
+            continue
+        if "v2" not in gtype.lower() or gid.startswith("0000:0000:0000:0000"):
+            continue
+        addr = str(ipaddress.IPv6Address(gid))
+        out.setdefault(addr, []).append({"device": dev, "port": int(port), "gid_index": int(idx)})
+    return out
