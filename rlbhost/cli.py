@@ -1,7 +1,200 @@
-"""rlbhost: per-QP path selection on GPU hosts (issue 3; not built yet)."""
+"""rlbhost: puts each RoCEv2 QP of this host on its own fabric path by address rewrite.
+
+Needs one global address per fabric path on the interface (SLAAC from the leaf's RAs). Works for traffic the kernel builds (Soft-RoCE, UDP): hardware RoCE NICs build packets without the kernel, so TC never sees them; there, use 'rlbhost paths --json' to pick a GID per QP."""
+from __future__ import annotations
+
+import json
+import logging
+import signal
 import sys
+from typing import List, Optional
+
+import typer
+
+from rlbcommon import netns
+from rlbcommon.bpfprog import BpfSetupError
+
+from .dataplane import HostDataplane, HostError
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
+weights_app = typer.Typer(help="Per-path weights (optionally per destination prefix).",
+                          no_args_is_help=True)
+app.add_typer(weights_app, name="weights")
+log = logging.getLogger("rlbhost")
+
+
+class Ctx:
+    netns: Optional[str] = None
+    instance: Optional[str] = None
+
+    def dataplane(self) -> HostDataplane:
+        return HostDataplane(self.instance or self.netns)
+
+
+ctx = Ctx()
+
+
+@app.callback()
+def main_options(
+    netns_name: Optional[str] = typer.Option(None, "--netns", "-n", metavar="NAME",
+        help="Work inside this network namespace (entered with setns, so pinned maps stay shared)."),
+    instance: Optional[str] = typer.Option(None, help="Name of this host's pinned state "
+        "(default: the namespace name, else 'default')."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+):
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    ctx.netns, ctx.instance = netns_name, instance
+    netns.enter(netns_name)
+
+
+@app.command()
+def attach(
+    interface: str = typer.Argument(..., help="The fabric interface, e.g. eth0."),
+    path_field: Optional[int] = typer.Option(None, min=0, max=3, help="Hextet (0-3) that numbers "
+        "the paths in the /64 prefixes; detected when there are two or more."),
+    base_path: Optional[int] = typer.Option(None, help="Path whose address applications use "
+        "(default: the lowest)."),
+    expiry_ms: Optional[float] = typer.Option(None, help="Idle QP entries are re-assigned after "
+        "this (default 200 ms: between collective bursts)."),
+    roce_port: Optional[List[int]] = typer.Option(None, help="UDP destination ports to handle "
+        "(default 4791). Repeat for several."),
+    metrics_port: int = typer.Option(9472, help="Prometheus port (0: none)."),
+    metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics bind to."),
+    once: bool = typer.Option(False, help="Attach and exit instead of running the agent."),
+):
+    """Attach to an interface and run the host agent in the foreground (systemd-friendly).
+
+    Attaching again is harmless: the programs are replaced in place and QPs keep their paths."""
+    dp = ctx.dataplane()
+    dp.ifindex(interface)   # before anything is loaded
+    dp.attach(interface, path_field, base_path)
+    if expiry_ms is not None or roce_port:
+        dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
+    paths = [p for p in dp.paths() if p.valid]
+    typer.echo(f"attached to {interface}: {len(paths)} paths "
+               f"({', '.join(f'{p.value}:{p.address}' for p in paths)})")
+    if once:
+        return
+    from rlbcommon.metrics import serve
+    from .agent import HostAgent
+    from .metrics import HostCollector
+    if metrics_port:
+        serve(HostCollector(dp, ctx.instance or ctx.netns or "default"), metrics_port, metrics_addr)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        HostAgent(dp, interface, path_field, base_path).run()
+    except KeyboardInterrupt:
+        pass
+    log.info("agent stopping; the programs and QP table stay in place")
+
+
+@app.command()
+def detach(interface: Optional[str] = typer.Argument(None, help="The interface attached to.")):
+    """Remove the TC programs and all pinned state."""
+    ctx.dataplane().detach(interface)
+    typer.echo("detached; pinned state removed")
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Paths, addresses, weights, active QPs per path and counters."""
+    s = ctx.dataplane().status()
+    if as_json:
+        typer.echo(json.dumps(s, indent=2))
+        return
+    c = s["config"]
+    typer.echo(f"path field: hextet {c['path_field']}, expiry {c['expiry_ms']:g} ms, "
+               f"RoCE ports {c['roce_ports']}")
+    typer.echo(f"{'path':<6}{'address':<42}{'weight':>8}{'QPs':>6}{'tx_pkts':>10}{'rx_pkts':>10}")
+    for p in s["paths"]:
+        base = " (base)" if p["index"] == c["base_index"] else ""
+        state = "" if p["valid"] else " (gone)"
+        typer.echo(f"{p['path']:<6}{p['address'] + base + state:<42}{p['weight']:>8g}"
+                   f"{p['active_qps']:>6}{p['tx_packets']:>10}{p['rx_packets']:>10}")
+    for w in s["weights"]:
+        if w["prefix"] != "::/0" or w["spray"]:
+            typer.echo(f"weights {w['prefix']}: {w['weights']}{' spray' if w['spray'] else ''}")
+    typer.echo("counters: " + ", ".join(f"{k} {v}" for k, v in s["reasons"].items() if v))
+
+
+@app.command()
+def paths(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Path index, address and RoCE GID index (where an RDMA device has one) per path."""
+    rows = ctx.dataplane().paths_with_gids()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        gids = ", ".join(f"{g['device']}/{g['port']} gid {g['gid_index']}" for g in r["gids"]) or "no RDMA GID"
+        typer.echo(f"path {r['path']:<4} {r['address']:<40} {gids}")
+
+
+@app.command("config")
+def config_cmd(
+    expiry_ms: Optional[float] = typer.Option(None, help="Idle QP entries are re-assigned after this."),
+    roce_port: Optional[List[int]] = typer.Option(None, help="UDP destination ports to handle. Repeat."),
+):
+    """Show or change settings."""
+    dp = ctx.dataplane()
+    if expiry_ms is not None or roce_port:
+        dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
+    typer.echo(json.dumps(dp.config(), indent=2))
+
+
+def parse_weights(items: List[str]) -> dict[int, float]:
+    out = {}
+    for item in items:
+        path, sep, w = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(path)] = float(w)
+        except ValueError:
+            raise HostError(f"weight {item!r}: use PATH=WEIGHT, e.g. 3=0.5") from None
+    return out
+
+
+@weights_app.command("set")
+def weights_set(
+    weights: List[str] = typer.Argument(..., help="PATH=WEIGHT pairs (path field values), e.g. 1=1 4=0.5; 0 = unusable."),
+    prefix: str = typer.Option("::/0", help="Destinations these weights apply to."),
+    spray: bool = typer.Option(False, help="Destinations tolerate reordering: choose per packet."),
+):
+    """Set weights; QPs are released from degraded paths (the fewest needed) or reinstated."""
+    dp = ctx.dataplane()
+    before = dp.stats()["reasons"]["ev_released"]
+    dp.set_weights(parse_weights(weights), prefix, spray)
+    moved = dp.stats()["reasons"]["ev_released"] - before
+    typer.echo(f"weights for {prefix} set; {moved} QPs moved")
+
+
+@weights_app.command("del")
+def weights_del(prefix: str = typer.Argument(..., help="The prefix given to 'weights set'.")):
+    """Remove per-destination weights (the default ::/0 stays)."""
+    if not ctx.dataplane().del_weights(prefix):
+        raise HostError(f"no weights for {prefix}")
+    typer.echo(f"removed weights for {prefix}")
+
+
+@weights_app.command("show")
+def weights_show(as_json: bool = typer.Option(False, "--json")):
+    """Weights per destination prefix."""
+    w = ctx.dataplane().weights()
+    typer.echo(json.dumps(w, indent=2) if as_json else
+               "\n".join(f"{e['prefix']:<24} {e['weights']}{' spray' if e['spray'] else ''}" for e in w))
 
 
 def main():
-    print("rlbhost: not implemented yet (see issue 3)", file=sys.stderr)
-    sys.exit(2)
+    try:
+        app()
+    except (HostError, BpfSetupError, FileNotFoundError) as e:
+        typer.echo(f"rlbhost: error: {e}", err=True)
+        sys.exit(2)
+    except ValueError as e:   # address plan errors (e.g. prefixes differing in two hextets)
+        typer.echo(f"rlbhost: error: {e}", err=True)
+        sys.exit(2)
+    except PermissionError as e:
+        typer.echo(f"rlbhost: error: {e} (run as root)", err=True)
+        sys.exit(2)

@@ -220,14 +220,14 @@ class HostDataplane:
                     p.addr[:] = new[2]
                     pm.set(i, p)
                     changed = True
-                    log.info("path %d: %s (field value %d)", i, addr, value)
+                    log.info("path %d: %s (index %d)", value, addr, i)
             for value, i in index_of.items():
                 if value not in by_value and current.get(i) is not None and current[i].valid:
                     p = current[i]
                     p.valid = 0
                     pm.set(i, p)
                     changed = True
-                    log.info("path %d (field value %d) is gone", i, value)
+                    log.info("path %d (index %d) is gone", value, i)
             cfg = self.maps["config"].get(0)
             values = sorted(by_value)
             if values:

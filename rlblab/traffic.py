@@ -44,3 +44,103 @@ def send(sock: socket.socket, flows: list[Flow], packets_per_flow: int, dmac: st
             if ahead > 0:
                 time.sleep(ahead)
     return sent
+
+
+class QpSender:
+    """RoCEv2-like traffic from kernel UDP sockets, one per QP, as an application (or Soft-RoCE)
+    would send it: source bound to one base address, destination port 4791, a BTH per datagram.
+    Unlike raw frames these cross the host's own stack and TC egress."""
+
+    def __init__(self, ns: str | None, src: str, dst: str, n_qps: int, port: int = 4791,
+                 base_sport: int = 49152, seed: int = 0):
+        import random
+        from rlbcommon.packets import bth
+        rnd = random.Random(seed)
+        self.dst, self.port, self.socks, self.qps = dst, port, [], []
+        self._bth = bth
+        with netns.inside(ns):
+            for i in range(n_qps):
+                s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+                s.bind((src, base_sport + i))
+                self.socks.append(s)
+                self.qps.append(rnd.getrandbits(24))
+
+    def send(self, packets_per_qp: int, payload_len: int = 256, rate_pps: float | None = None) -> int:
+        sent, start = 0, time.perf_counter()
+        for psn in range(packets_per_qp):
+            for s, qp in zip(self.socks, self.qps):
+                s.sendto(self._bth(qp, psn) + bytes(payload_len), (self.dst, self.port))
+                sent += 1
+            if rate_pps:
+                ahead = sent / rate_pps - (time.perf_counter() - start)
+                if ahead > 0:
+                    time.sleep(ahead)
+        return sent
+
+    def close(self):
+        for s in self.socks:
+            s.close()
+
+
+class QpReceiver:
+    """A UDP application on port 4791 that records, per datagram, the source and the local
+    destination address it saw (IPV6_PKTINFO): what the stack delivered, after any restore."""
+
+    def __init__(self, ns: str | None, port: int = 4791):
+        import threading
+        with netns.inside(ns):
+            self.sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+            self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+            # a measuring tool must not be the bottleneck: with the default buffer a Python
+            # reader drops bursts (Udp6RcvbufErrors) that the network delivered
+            self.sock.setsockopt(socket.SOL_SOCKET, 33, 16 << 20)   # SO_RCVBUFFORCE
+            self.sock.bind(("::", port))
+        self.sock.settimeout(0.2)
+        self.seen: list[tuple[str, str, int]] = []   # (source, destination, BTH dest QP)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        import ipaddress
+        while not self._stop.is_set():
+            try:
+                data, anc, _, addr = self.sock.recvmsg(4096, 256)
+            except socket.timeout:
+                continue
+            dst = next((str(ipaddress.IPv6Address(d[:16])) for lvl, typ, d in anc
+                        if lvl == socket.IPPROTO_IPV6 and typ == socket.IPV6_PKTINFO), "?")
+            self.seen.append((addr[0], dst, int.from_bytes(data[5:8], "big")))
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+class Capture:
+    """Frames seen on an interface (a raw packet socket, like tcpdump would use)."""
+
+    def __init__(self, ns: str | None, ifname: str):
+        import threading
+        with netns.inside(ns):
+            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+            self.sock.bind((ifname, 0))
+        self.sock.settimeout(0.2)
+        self.frames: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while not self._stop.is_set():
+            try:
+                self.frames.append(self.sock.recv(4096))
+            except socket.timeout:
+                continue
+
+    def close(self) -> list[bytes]:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+        return self.frames

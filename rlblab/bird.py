@@ -1,0 +1,53 @@
+"""bird2 in a network namespace: started in the foreground under our control, stopped for sure."""
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+
+class Bird:
+    def __init__(self, ns: str, config: str, workdir: Path):
+        self.ns = ns
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.conf = workdir / f"{ns}.conf"
+        self.sock = workdir / f"{ns}.ctl"
+        self.log = workdir / f"{ns}.log"
+        self.conf.write_text(config)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 10.0):
+        check = subprocess.run(["bird", "-p", "-c", str(self.conf)], capture_output=True, text=True)
+        if check.returncode:
+            raise RuntimeError(f"bird config {self.conf} invalid: {check.stderr.strip()}")
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, "bird", "-f", "-c", str(self.conf),
+                                          "-s", str(self.sock)], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while not self.sock.exists():
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"bird in {self.ns} did not start: {self.log.read_text()[-1000:]}")
+            time.sleep(0.05)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        self.sock.unlink(missing_ok=True)
+
+
+def radv_config(interfaces: list[str], router_id: str = "10.255.0.1") -> str:
+    """Router advertisements on host ports. bird 2.0.12 advertises the prefixes of the
+    addresses on each interface, so the gateway address per prefix must be configured there."""
+    ifs = "\n".join(f'  interface "{i}" {{ min ra interval 3; max ra interval 4; }};' for i in interfaces)
+    return f"""router id {router_id};
+protocol device {{ scan time 1; }}
+protocol radv {{
+{ifs}
+}}
+"""
