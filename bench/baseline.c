@@ -26,3 +26,8 @@ int xdp_parse_redirect(struct xdp_md *ctx)
     __builtin_memset(eth->h_source, 0x04, ETH_ALEN);
     return bench_tx.redirect_map(0, 0);
 }
+
+int tc_empty(struct __sk_buff *skb)
+{
+    return 0;   /* TC_ACT_OK */
+}

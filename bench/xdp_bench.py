@@ -1,8 +1,13 @@
-"""ns per packet of the switch program against two references, in one run, side by side.
+"""ns per packet of RLB's programs against reference programs, in one run, side by side.
+
+Switch (XDP):
 
     empty            an XDP program that returns XDP_PASS (the test-run floor)
     parse+redirect   parse Ethernet/IPv6, rewrite MACs, hop limit, devmap redirect
     our modes        pinned, weighted, dlb, pinned failover, connected, pass (no route)
+Host (TC):
+    empty TC         returns TC_ACT_OK
+    egress/ingress   QP already placed (conntrack hit) and rewritten; ingress restore
 
 Measured with BPF_PROG_TEST_RUN, kernel-timed. Test-run repeats work on one buffer, so a
 forwarder's hop-limit decrement accumulates: frames start at hop limit 255 and each run has
@@ -23,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rlbcommon import netns  # noqa: E402
 from rlbcommon import packets as P  # noqa: E402
 from rlbcommon.testrun import XDP_PASS, XDP_REDIRECT, prog_test_run  # noqa: E402
+from rlbhost.dataplane import HostDataplane  # noqa: E402
 from rlbswitch.dataplane import SwitchDataplane  # noqa: E402
 from rlbswitch.model import NextHop, Route  # noqa: E402
 from rlblab import topo  # noqa: E402
@@ -54,10 +60,13 @@ def main() -> int:
             topo.veth_ports(4)
             ref = BPF(src_file=str(Path(__file__).with_name("baseline.c")).encode())
             dp = SwitchDataplane(ns)
+            host = HostDataplane(ns)
             try:
                 results = run_cases(args, ref, dp)
+                results += run_host_cases(args, ref, host)
             finally:
                 dp.destroy()
+                host.detach(None)
     finally:
         subprocess.run(["ip", "netns", "del", ns])
     report(args, results)
@@ -98,13 +107,40 @@ def run_cases(args, ref, dp) -> list[tuple[str, float]]:
             for name, fd, f, exp in cases]
 
 
+def run_host_cases(args, ref, host) -> list[tuple[str, float]]:
+    """The host programs with four paths; QPs already placed (the steady state)."""
+    from bcc import BPF
+    a = {k: f"fc00:1:1:{k}::a" for k in range(1, 5)}
+    host.load()
+    host.set_paths(a, field=3)
+    host.set_config(expiry_ms=3_600_000)
+    host.set_weights({1: 0, 2: 0, 3: 1, 4: 0})      # the QP lands on path 3: a real rewrite
+    empty = ref.load_func(b"tc_empty", BPF.SCHED_CLS).fd
+    out = P.roce_frame(a[1], "fc00:1:2:1::b", 49152, 77, payload_len=1024)
+    back = P.roce_frame("fc00:1:2:3::b", a[3], 49152, 78, payload_len=1024)
+    prog_test_run(host.prog_fd("egress"), out)     # place the QP
+    cases = [("empty TC", empty, out), ("rlbhost egress (rewrite)", host.prog_fd("egress"), out),
+             ("rlbhost ingress (restore)", host.prog_fd("ingress"), back)]
+    # Repeats run on one buffer: after the first, the packet already carries path (or base)
+    # addresses and would take a cheaper exit. So one packet per run for all three, the
+    # reference included; per-run timer overhead is in every figure alike.
+    return [(name, ns_per_packet(fd, frame, 1, args.rounds * 5, 0, name)) for name, fd, frame in cases]
+
+
 def report(args, results):
     empty_ns, base_ns = results[0][1], results[1][1]
     print(f"BPF_PROG_TEST_RUN, {args.rounds} runs x {args.repeat} packets per case (median of runs), "
           f"1024-byte RoCEv2 payload")
     print(f"{'case':<28}{'ns/pkt':>8}{'x empty':>9}{'x baseline':>12}")
-    for name, v in results:
+    switch = [r for r in results if not r[0].startswith(("empty TC", "rlbhost"))]
+    host = [r for r in results if r[0].startswith(("empty TC", "rlbhost"))]
+    for name, v in switch:
         print(f"{name:<28}{v:>8.1f}{v / empty_ns:>9.2f}{v / base_ns:>12.2f}")
+    if host:
+        tc_empty = host[0][1]
+        print(f"\n{'host case (TC, 1 pkt/run)':<28}{'ns/pkt':>8}{'x empty':>9}")
+        for name, v in host:
+            print(f"{name:<28}{v:>8.1f}{v / tc_empty:>9.2f}")
 
 
 if __name__ == "__main__":

@@ -351,8 +351,14 @@ int rlb_host_ingress(struct __sk_buff *skb)
     struct rlbh_rev_key rkey = {};
     __builtin_memcpy(rkey.peer, new_src, 16);
     rkey.sport = p.sport;
-    struct rlbh_rev rev = {.last_ns = bpf_ktime_get_ns(), .path = path};
-    reverse.update(&rkey, &rev);
+    u64 now = bpf_ktime_get_ns();
+    struct rlbh_rev *known = reverse.lookup(&rkey);
+    if (known && known->path == path) {
+        known->last_ns = now;   /* in place: an LRU update per packet costs far more */
+    } else {
+        struct rlbh_rev rev = {.last_ns = now, .path = path};
+        reverse.update(&rkey, &rev);
+    }
 
     if (path == base_idx)
         return TC_ACT_OK;  /* already base addresses */
