@@ -139,6 +139,22 @@ static __always_inline int store_addr(struct __sk_buff *skb, u32 off, u8 *old, u
     return bpf_l4_csum_replace(skb, UCSUM_OFF, 0, diff, BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0);
 }
 
+/* Index of the valid path whose address this is (RLBH_MAX_PATHS if none), and its value. */
+static __always_inline u32 path_of_addr(const u8 *addr, u32 *value)
+{
+    u32 found = RLBH_MAX_PATHS;
+#pragma unroll
+    for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
+        u32 k = i;
+        struct rlbh_path *pp = paths.lookup(&k);
+        if (pp && pp->valid && same16(addr, pp->addr)) {
+            found = i;
+            *value = pp->value;
+        }
+    }
+    return found;
+}
+
 static __always_inline u32 eff_weight(struct rlbh_weights *w, u32 i)
 {
     struct rlbh_path *p = paths.lookup(&i);
@@ -265,13 +281,9 @@ int rlb_host_egress(struct __sk_buff *skb)
         return pass(RLBH_R_PASS_NO_PATH);
     if (!same16(p.saddr, base->addr)) {
         /* an application (or NCCL plugin) that picked a path address itself is left alone */
-#pragma unroll
-        for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
-            u32 k = i;
-            struct rlbh_path *pp = paths.lookup(&k);
-            if (pp && pp->valid && same16(p.saddr, pp->addr))
-                return pass(RLBH_R_PASS_APP_CHOSE);
-        }
+        u32 unused;
+        if (path_of_addr(p.saddr, &unused) < RLBH_MAX_PATHS)
+            return pass(RLBH_R_PASS_APP_CHOSE);
         return pass(RLBH_R_PASS_NOT_BASE);
     }
     if (field_value(p.daddr, cfg->field) != base->value)
@@ -322,16 +334,8 @@ int rlb_host_ingress(struct __sk_buff *skb)
     struct rlbh_path *base = paths.lookup(&base_idx);
     if (!base || !base->valid)
         return pass(RLBH_R_PASS_NOT_PATH_ADDR);
-    u32 path = RLBH_MAX_PATHS, value = 0;
-#pragma unroll
-    for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
-        u32 k = i;
-        struct rlbh_path *pp = paths.lookup(&k);
-        if (pp && pp->valid && same16(p.daddr, pp->addr)) {
-            path = i;
-            value = pp->value;
-        }
-    }
+    u32 value = 0;
+    u32 path = path_of_addr(p.daddr, &value);
     if (path >= RLBH_MAX_PATHS)
         return pass(RLBH_R_PASS_NOT_PATH_ADDR);
     struct rlbh_path_stats *st = path_stats.lookup(&path);

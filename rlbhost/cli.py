@@ -11,8 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from rlbcommon import netns
-from rlbcommon.bpfprog import BpfSetupError
+from rlbcommon import cli as common
 
 from .dataplane import HostDataplane, HostError
 
@@ -37,16 +36,12 @@ ctx = Ctx()
 
 @app.callback()
 def main_options(
-    netns_name: Optional[str] = typer.Option(None, "--netns", "-n", metavar="NAME",
-        help="Work inside this network namespace (entered with setns, so pinned maps stay shared)."),
-    instance: Optional[str] = typer.Option(None, help="Name of this host's pinned state "
-        "(default: the namespace name, else 'default')."),
+    netns_name: Optional[str] = typer.Option(None, "--netns", "-n", metavar="NAME", help=common.NETNS_HELP),
+    instance: Optional[str] = typer.Option(None, help=common.INSTANCE_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
 ):
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     ctx.netns, ctx.instance = netns_name, instance
-    netns.enter(netns_name)
+    common.setup(netns_name, verbose, log)
 
 
 @app.command()
@@ -187,14 +182,4 @@ def weights_show(as_json: bool = typer.Option(False, "--json")):
 
 
 def main():
-    try:
-        app()
-    except (HostError, BpfSetupError, FileNotFoundError) as e:
-        typer.echo(f"rlbhost: error: {e}", err=True)
-        sys.exit(2)
-    except ValueError as e:   # address plan errors (e.g. prefixes differing in two hextets)
-        typer.echo(f"rlbhost: error: {e}", err=True)
-        sys.exit(2)
-    except PermissionError as e:
-        typer.echo(f"rlbhost: error: {e} (run as root)", err=True)
-        sys.exit(2)
+    common.run(app, "rlbhost", (HostError, ValueError))

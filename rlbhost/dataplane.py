@@ -6,22 +6,19 @@ programs against the same maps and replaces the TC filters in place, so QPs keep
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import ipaddress
 import logging
-import os
 import shutil
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyroute2 import IPRoute
 
-from rlbcommon import addrplan, bpfprog
+from rlbcommon import addrplan
+from rlbcommon.pinnedstate import PinnedState
 from rlbcommon.cheader import constants, enum_names
-from rlbcommon.paths import RUN_DIR, pin_dir
 from rlbcommon.weights import apportion
 
 log = logging.getLogger(__name__)
@@ -51,49 +48,20 @@ class Path_:
     valid: bool
 
 
-class HostDataplane:
+class HostDataplane(PinnedState):
+    component, source, marker = "host", SOURCE, "paths"
+    error = HostError
+    hint = "run 'rlbhost attach IFACE' first"
+
     def __init__(self, instance: str | None = None):
-        self.instance = instance or "default"
-        self.pins = pin_dir("host", self.instance)
-        self.bpf = None
+        super().__init__(instance)
         self.fns = {}
-        self._maps = None
-        self._ipr = None
-
-    # ---- plumbing -------------------------------------------------------------------
-    @property
-    def ipr(self) -> IPRoute:
-        if self._ipr is None:
-            self._ipr = IPRoute()
-        return self._ipr
-
-    @property
-    def maps(self):
-        if self._maps is None:
-            if not (self.pins / "paths").exists():
-                raise HostError(f"no host data plane at {self.pins}: run 'rlbhost attach IFACE' first")
-            self._maps = bpfprog.open_maps(SOURCE, self.pins)
-        return self._maps
-
-    def exists(self) -> bool:
-        return (self.pins / "paths").exists()
-
-    @contextlib.contextmanager
-    def locked(self):
-        RUN_DIR.mkdir(parents=True, exist_ok=True)
-        with open(RUN_DIR / f"{self.instance}-host.lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
 
     def load(self):
         if self.bpf is None:
-            self.bpf = bpfprog.compile_program(SOURCE, self.pins)
+            self.compile()
             for name in ("rlb_host_egress", "rlb_host_ingress"):
                 self.fns[name] = self.bpf.load_func(name.encode(), self.bpf.SCHED_CLS)
-            self._maps = None
             self._init_config()
         return self.fns
 
@@ -101,16 +69,8 @@ class HostDataplane:
         return self.load()[f"rlb_host_{direction}"].fd
 
     def close(self):
-        if self._ipr is not None:
-            self._ipr.close()
-            self._ipr = None
-        for m in (self._maps or {}).values():
-            m.close()
-        self._maps = None
-        if self.bpf is not None:
-            self.bpf.cleanup()
-            self.bpf = None
-            self.fns = {}
+        super().close()
+        self.fns = {}
 
     def _init_config(self):
         cfg = self.maps["config"].get(0)
@@ -140,12 +100,6 @@ class HostDataplane:
             self.maps["config"].set(0, cfg)
 
     # ---- interface ------------------------------------------------------------------
-    def ifindex(self, ifname: str) -> int:
-        idx = self.ipr.link_lookup(ifname=ifname)
-        if not idx:
-            raise HostError(f"no interface {ifname!r} here")
-        return idx[0]
-
     def attach(self, ifname: str, path_field: int | None = None, base_value: int | None = None):
         """TC programs on clsact egress and ingress (replaced in place if already there)."""
         idx = self.ifindex(ifname)

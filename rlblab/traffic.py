@@ -82,35 +82,26 @@ class QpSender:
             s.close()
 
 
-class QpReceiver:
-    """A UDP application on port 4791 that records, per datagram, the source and the local
-    destination address it saw (IPV6_PKTINFO): what the stack delivered, after any restore."""
+class _Reader:
+    """A socket read on a background thread until close()."""
 
-    def __init__(self, ns: str | None, port: int = 4791):
+    def __init__(self, sock: socket.socket):
         import threading
-        with netns.inside(ns):
-            self.sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-            self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
-            # a measuring tool must not be the bottleneck: with the default buffer a Python
-            # reader drops bursts (Udp6RcvbufErrors) that the network delivered
-            self.sock.setsockopt(socket.SOL_SOCKET, 33, 16 << 20)   # SO_RCVBUFFORCE
-            self.sock.bind(("::", port))
+        self.sock = sock
         self.sock.settimeout(0.2)
-        self.seen: list[tuple[str, str, int]] = []   # (source, destination, BTH dest QP)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
     def _loop(self):
-        import ipaddress
         while not self._stop.is_set():
             try:
-                data, anc, _, addr = self.sock.recvmsg(4096, 256)
+                self.take()
             except socket.timeout:
                 continue
-            dst = next((str(ipaddress.IPv6Address(d[:16])) for lvl, typ, d in anc
-                        if lvl == socket.IPPROTO_IPV6 and typ == socket.IPV6_PKTINFO), "?")
-            self.seen.append((addr[0], dst, int.from_bytes(data[5:8], "big")))
+
+    def take(self):
+        raise NotImplementedError
 
     def close(self):
         self._stop.set()
@@ -118,29 +109,42 @@ class QpReceiver:
         self.sock.close()
 
 
-class Capture:
+class QpReceiver(_Reader):
+    """A UDP application on port 4791 that records, per datagram, the source and the local
+    destination address it saw (IPV6_PKTINFO): what the stack delivered, after any restore."""
+
+    def __init__(self, ns: str | None, port: int = 4791):
+        with netns.inside(ns):
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+            # a measuring tool must not be the bottleneck: with the default buffer a Python
+            # reader drops bursts (Udp6RcvbufErrors) that the network delivered
+            sock.setsockopt(socket.SOL_SOCKET, 33, 16 << 20)   # SO_RCVBUFFORCE
+            sock.bind(("::", port))
+        self.seen: list[tuple[str, str, int]] = []   # (source, destination, BTH dest QP)
+        super().__init__(sock)
+
+    def take(self):
+        import ipaddress
+        data, anc, _, addr = self.sock.recvmsg(4096, 256)
+        dst = next((str(ipaddress.IPv6Address(d[:16])) for lvl, typ, d in anc
+                    if lvl == socket.IPPROTO_IPV6 and typ == socket.IPV6_PKTINFO), "?")
+        self.seen.append((addr[0], dst, int.from_bytes(data[5:8], "big")))
+
+
+class Capture(_Reader):
     """Frames seen on an interface (a raw packet socket, like tcpdump would use)."""
 
     def __init__(self, ns: str | None, ifname: str):
-        import threading
         with netns.inside(ns):
-            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
-            self.sock.bind((ifname, 0))
-        self.sock.settimeout(0.2)
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+            sock.bind((ifname, 0))
         self.frames: list[bytes] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+        super().__init__(sock)
 
-    def _loop(self):
-        while not self._stop.is_set():
-            try:
-                self.frames.append(self.sock.recv(4096))
-            except socket.timeout:
-                continue
+    def take(self):
+        self.frames.append(self.sock.recv(4096))
 
     def close(self) -> list[bytes]:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
+        super().close()
         return self.frames

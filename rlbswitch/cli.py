@@ -11,8 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from rlbcommon import netns
-from rlbcommon.bpfprog import BpfSetupError
+from rlbcommon import cli as common
 
 from .dataplane import DataplaneError, SwitchDataplane
 from .model import MODES, NextHop, Route, RouteError
@@ -38,19 +37,12 @@ ctx = Ctx()
 
 @app.callback()
 def main_options(
-    netns_name: Optional[str] = typer.Option(None, "--netns", "-n", metavar="NAME",
-        help="Work inside this network namespace (entered with setns, so pinned maps stay shared)."),
-    instance: Optional[str] = typer.Option(None, help="Name of this switch's pinned state "
-        "(default: the namespace name, else 'default')."),
+    netns_name: Optional[str] = typer.Option(None, "--netns", "-n", metavar="NAME", help=common.NETNS_HELP),
+    instance: Optional[str] = typer.Option(None, help=common.INSTANCE_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
 ):
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     ctx.netns, ctx.instance = netns_name, instance
-    if netns.private_mount_ns() and not netns_name:
-        log.warning("running in a private mount namespace (ip netns exec?): pinned maps may "
-                    "not outlive this process; use --netns NAME instead")
-    netns.enter(netns_name)
+    common.setup(netns_name, verbose, log)
 
 
 @app.command()
@@ -221,11 +213,4 @@ def run(
 
 
 def main():
-    try:
-        app()
-    except (DataplaneError, RouteError, BpfSetupError, FileNotFoundError) as e:
-        typer.echo(f"rlbswitch: error: {e}", err=True)
-        sys.exit(2)
-    except PermissionError as e:
-        typer.echo(f"rlbswitch: error: {e} (run as root)", err=True)
-        sys.exit(2)
+    common.run(app, "rlbswitch", (DataplaneError, RouteError))

@@ -7,22 +7,17 @@ is switched to it in one map update, and only then is the old group freed."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import logging
-import os
 import random
 import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
-from pyroute2 import IPRoute
 
-from rlbcommon import bpfprog
+from rlbcommon.pinnedstate import PinnedState
 from rlbcommon.cheader import constants, enum_names
-from rlbcommon.paths import RUN_DIR, pin_dir
 
 from .model import NextHop, Route, RouteError
 from .slots import build_slots
@@ -75,66 +70,28 @@ class PortInfo:
     mac: str
 
 
-class SwitchDataplane:
+class SwitchDataplane(PinnedState):
+    component, source, marker = "switch", SOURCE, "routes"
+    error = DataplaneError
+    hint = "run 'rlbswitch attach IFACE' first"
+
     def __init__(self, instance: str | None = None):
-        self.instance = instance or "default"
-        self.pins = pin_dir("switch", self.instance)
-        self.bpf = None
+        super().__init__(instance)
         self.prog_fd = None
-        self._maps = None
-        self._ipr = None
-
-    # ---- plumbing -------------------------------------------------------------------
-    @property
-    def ipr(self) -> IPRoute:
-        if self._ipr is None:
-            self._ipr = IPRoute()
-        return self._ipr
-
-    @property
-    def maps(self):
-        if self._maps is None:
-            if not (self.pins / "routes").exists():
-                raise DataplaneError(f"no switch data plane at {self.pins}: run 'rlbswitch attach IFACE' first")
-            self._maps = bpfprog.open_maps(SOURCE, self.pins)
-        return self._maps
-
-    def exists(self) -> bool:
-        return (self.pins / "routes").exists()
-
-    @contextlib.contextmanager
-    def locked(self):
-        """Serialise read-modify-write of the maps between the CLI and the agent."""
-        RUN_DIR.mkdir(parents=True, exist_ok=True)
-        with open(RUN_DIR / f"{self.instance}-switch.lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
 
     def load(self):
         """Compile and load the program; its maps are created or adopted from the pins."""
         if self.prog_fd is not None:
             return self.prog_fd
-        self.bpf = bpfprog.compile_program(SOURCE, self.pins)
+        self.compile()
         self.prog_fd = self.bpf.load_func(b"rlb_switch", self.bpf.XDP).fd
         self._fn = self.bpf.funcs[b"rlb_switch"]
-        self._maps = None
         self._init_config()
         return self.prog_fd
 
     def close(self):
-        if self._ipr is not None:
-            self._ipr.close()
-            self._ipr = None
-        for m in (self._maps or {}).values():
-            m.close()
-        self._maps = None
-        if self.bpf is not None:
-            self.bpf.cleanup()   # closes fds only: the XDP attachment and the pins stay
-            self.bpf = None
-            self.prog_fd = None
+        super().close()
+        self.prog_fd = None
 
     def _init_config(self):
         cfg_map = self.maps["config"]
@@ -165,12 +122,6 @@ class SwitchDataplane:
             self.maps["config"].set(0, cfg)
 
     # ---- ports ----------------------------------------------------------------------
-    def ifindex(self, ifname: str) -> int:
-        idx = self.ipr.link_lookup(ifname=ifname)
-        if not idx:
-            raise DataplaneError(f"no interface {ifname!r} here")
-        return idx[0]
-
     def ifname(self, ifindex: int) -> str:
         links = self.ipr.get_links(ifindex)
         return links[0].get_attr("IFLA_IFNAME") if links else f"if{ifindex}"

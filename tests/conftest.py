@@ -1,6 +1,7 @@
 """Shared fixtures. Everything here needs root (BPF, namespaces); the suite runs as root in CI."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
@@ -55,20 +56,27 @@ class XdpHarness:
             self.dp.del_route(r["prefix"])
 
 
-@pytest.fixture(scope="module")
-def xdp():
-    ns = f"rlbt-{uuid.uuid4().hex[:6]}"
+@contextlib.contextmanager
+def scratch_netns(prefix: str):
+    """A private namespace this process works inside for the block; removed afterwards."""
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         with netns.inside(ns):
-            topo.veth_ports(4)
-            h = XdpHarness(ns)
-            try:
-                yield h
-            finally:
-                h.dp.destroy()
+            yield ns
     finally:
         subprocess.run(["ip", "netns", "del", ns])
+
+
+@pytest.fixture(scope="module")
+def xdp():
+    with scratch_netns("rlbt") as ns:
+        topo.veth_ports(4)
+        h = XdpHarness(ns)
+        try:
+            yield h
+        finally:
+            h.dp.destroy()
 
 
 @pytest.fixture

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import random
 import struct
-import subprocess
 import time
-import uuid
 
 import pytest
 
-from rlbcommon import addrplan, netns
+from rlbcommon import addrplan
 from rlbcommon import packets as P
 from rlbcommon.testrun import TC_ACT_OK, prog_test_run
 from rlbhost.dataplane import HostDataplane
+
+from .conftest import scratch_netns
 
 A_IID, B_IID = "::a8c0:ffff:fe00:1", "::b8c0:ffff:fe00:2"
 A = {k: f"fc00:1:1:{k}:a8c0:ffff:fe00:1" for k in range(1, 5)}   # host A, one address per path
@@ -55,18 +55,13 @@ class Host:
 
 @pytest.fixture(scope="module")
 def hosts():
-    ns = f"rlbh-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        with netns.inside(ns):
-            a, b = Host(f"{ns}-a", A), Host(f"{ns}-b", B)
-            try:
-                yield a, b
-            finally:
-                a.dp.detach(None)
-                b.dp.detach(None)
-    finally:
-        subprocess.run(["ip", "netns", "del", ns])
+    with scratch_netns("rlbh") as ns:
+        a, b = Host(f"{ns}-a", A), Host(f"{ns}-b", B)
+        try:
+            yield a, b
+        finally:
+            a.dp.detach(None)
+            b.dp.detach(None)
 
 
 @pytest.fixture

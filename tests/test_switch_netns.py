@@ -81,7 +81,7 @@ def test_link_down_moves_pinned_traffic_to_backups_with_measured_loss(lab):
     program_pinned(lab)
     # one QP on each of prefixes 1-3, twelve QPs on prefix 4 (whose link will fail)
     flows = [Flow("fc00:1::1", f"fc00:2:0:{k}::1", 50000 + k, 100 + k) for k in (1, 2, 3)]
-    flows += [Flow("fc00:1::1", f"fc00:2:0:4::1", 52000 + q, 1000 + q) for q in range(12)]
+    flows += [Flow("fc00:1::1", "fc00:2:0:4::1", 52000 + q, 1000 + q) for q in range(12)]
     rate, seconds = 6000, 1.5
     rounds = int(rate * seconds / len(flows))
     result = {}

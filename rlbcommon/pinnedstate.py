@@ -1,0 +1,82 @@
+"""What both agents' data-plane classes share: a pin directory of maps opened with bcc's
+layouts, a lock for read-modify-write between the CLI and the agent, netlink, cleanup."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+
+from pyroute2 import IPRoute
+
+from . import bpfprog
+from .paths import RUN_DIR, pin_dir
+
+
+class NotAttached(RuntimeError):
+    pass
+
+
+class PinnedState:
+    component = ""        # "switch" or "host": the pin directory's last part
+    source = ""           # the bpf/ program whose maps these are
+    marker = ""           # a map that exists once the program was loaded
+    error = RuntimeError  # what the agent's operator-facing errors are
+    hint = ""             # how to create the state
+
+    def __init__(self, instance: str | None = None):
+        self.instance = instance or "default"
+        self.pins = pin_dir(self.component, self.instance)
+        self.bpf = None
+        self._maps = None
+        self._ipr = None
+
+    @property
+    def ipr(self) -> IPRoute:
+        if self._ipr is None:
+            self._ipr = IPRoute()
+        return self._ipr
+
+    @property
+    def maps(self):
+        if self._maps is None:
+            if not self.exists():
+                raise self.error(f"no {self.component} data plane at {self.pins}: {self.hint}")
+            self._maps = bpfprog.open_maps(self.source, self.pins)
+        return self._maps
+
+    def exists(self) -> bool:
+        return (self.pins / self.marker).exists()
+
+    @contextlib.contextmanager
+    def locked(self):
+        """Serialise read-modify-write of the maps between the CLI and the agent."""
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        with open(RUN_DIR / f"{self.instance}-{self.component}.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def compile(self):
+        """bcc-compile the program against the pins (maps created or adopted)."""
+        self.bpf = bpfprog.compile_program(self.source, self.pins)
+        self._maps = None
+        return self.bpf
+
+    def ifindex(self, ifname: str) -> int:
+        idx = self.ipr.link_lookup(ifname=ifname)
+        if not idx:
+            raise self.error(f"no interface {ifname!r} here")
+        return idx[0]
+
+    def close(self):
+        """Close fds only: attached programs and pinned maps stay."""
+        if self._ipr is not None:
+            self._ipr.close()
+            self._ipr = None
+        for m in (self._maps or {}).values():
+            m.close()
+        self._maps = None
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None
