@@ -264,21 +264,35 @@ static __always_inline u32 choose_path(struct parsed *p, struct rlbh_weights *w,
     return path;
 }
 
-int rlb_host_egress(struct __sk_buff *skb)
+/* Config, parse, base path: returns a reason >= 0 to pass the packet, -1 to go on. */
+static __always_inline int prologue(struct __sk_buff *skb, struct rlbh_config **cfgp,
+                                    struct parsed *p, struct rlbh_path **basep)
 {
     u32 zero = 0;
     struct rlbh_config *cfg = config.lookup(&zero);
     if (!cfg)
-        return TC_ACT_OK;
-    struct parsed p = {};
-    int r = parse(skb, cfg, &p);
+        return RLBH_R_PASS_NO_PATH;
+    int r = parse(skb, cfg, p);
     if (r >= 0)
-        return pass(r);
-
+        return r;
     u32 base_idx = cfg->base;
     struct rlbh_path *base = paths.lookup(&base_idx);
     if (!base || !base->valid)
-        return pass(RLBH_R_PASS_NO_PATH);
+        return RLBH_R_PASS_NO_PATH;
+    *cfgp = cfg;
+    *basep = base;
+    return -1;
+}
+
+int rlb_host_egress(struct __sk_buff *skb)
+{
+    struct rlbh_config *cfg;
+    struct rlbh_path *base;
+    struct parsed p = {};
+    int r = prologue(skb, &cfg, &p, &base);
+    if (r >= 0)
+        return pass(r);
+    u32 base_idx = cfg->base;
     if (!same16(p.saddr, base->addr)) {
         /* an application (or NCCL plugin) that picked a path address itself is left alone */
         u32 unused;
@@ -321,19 +335,13 @@ int rlb_host_egress(struct __sk_buff *skb)
 
 int rlb_host_ingress(struct __sk_buff *skb)
 {
-    u32 zero = 0;
-    struct rlbh_config *cfg = config.lookup(&zero);
-    if (!cfg)
-        return TC_ACT_OK;
+    struct rlbh_config *cfg;
+    struct rlbh_path *base;
     struct parsed p = {};
-    int r = parse(skb, cfg, &p);
+    int r = prologue(skb, &cfg, &p, &base);
     if (r >= 0)
         return pass(r);
-
     u32 base_idx = cfg->base;
-    struct rlbh_path *base = paths.lookup(&base_idx);
-    if (!base || !base->valid)
-        return pass(RLBH_R_PASS_NOT_PATH_ADDR);
     u32 value = 0;
     u32 path = path_of_addr(p.daddr, &value);
     if (path >= RLBH_MAX_PATHS)
