@@ -130,3 +130,39 @@ def test_peer_without_rlbhost_answers_on_path_addresses(lab):
         assert {(s, d) for s, d, _ in seen} == {(a[k], b[k]) for k in range(1, 5)}
     finally:
         lab.start_agent(2)
+
+
+def test_agent_follows_address_changes(lab):
+    """A path whose address goes away is dropped and its QPs move; it comes back with it."""
+    lab.cli(1, "config", "--expiry-ms", "10000")
+    a4 = lab.addresses(1)[4]
+    sender = QpSender(lab.h[1], lab.base(1), lab.base(2), 4, base_sport=54000)
+    try:
+        before = path_per_qp(exchange(lab, 4, 10, sender)[0])
+        run(lab.h[1], "ip", "addr", "del", f"{a4}/64", "dev", "eth0")
+        deadline = time.time() + 5
+        while time.time() < deadline and "(gone)" not in lab.cli(1, "status"):
+            time.sleep(0.05)
+        frames, seen = exchange(lab, 4, 10, sender)
+        after = path_per_qp(frames)
+        assert all(4 not in v for v in after.values()) and len(seen) == 40
+        assert all(after[q] == before[q] for q in before if 4 not in before[q])
+    finally:
+        sender.close()
+        run(lab.h[1], "ip", "addr", "add", f"{a4}/64", "dev", "eth0", check=False)
+        lab.cli(1, "config", "--expiry-ms", "200")
+    deadline = time.time() + 5
+    while time.time() < deadline and "(gone)" in lab.cli(1, "status"):
+        time.sleep(0.05)
+    assert "(gone)" not in lab.cli(1, "status")
+
+
+def test_metrics_on_loopback(lab):
+    import urllib.request
+    from rlbcommon import netns
+    exchange(lab, 4, 5)
+    with netns.inside(lab.h[1]):
+        body = urllib.request.urlopen("http://127.0.0.1:9472/metrics", timeout=5).read().decode()
+    tx = [line for line in body.splitlines() if line.startswith("rlb_host_path_tx_packets_total")]
+    assert len(tx) == 4 and all(float(line.split()[-1]) > 0 for line in tx)
+    assert 'rlb_host_packets_total{node="rlbhn-h1",reason="rewritten"}' in body
