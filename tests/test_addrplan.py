@@ -25,7 +25,7 @@ def test_with_field_keeps_the_interface_id():
     assert addrplan.field_value("fc00:1:2:4::1", 3) == 4
 
 
-def test_eui64_matches_the_juniper_example():
+def test_eui64_as_slaac_builds_it():
     # Juniper Fig. 2 shows 966d:aeff:fef5:05c0 for this MAC, without the U/L-bit flip that
     # RFC 4291 (and the kernel's SLAAC) applies: 0x96 ^ 0x02 = 0x94
     assert addrplan.eui64("96:6d:ae:f5:05:c0") == "946d:aeff:fef5:05c0"
