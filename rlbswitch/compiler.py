@@ -1,0 +1,82 @@
+"""From bird's paths to data-plane routes, per policy.
+
+    dpf   Juniper BGP-DPF: pin the path with the lowest AIGP (no AIGP = infinite, as RFC 7311
+          selection has it; ties to bird's best), the other paths as its DLB backup group
+    fare  weighted by FARE path bandwidth (plain ECMP unless every path carries it)
+    ecmp  equal weights
+    dlb   flowlet DLB over all paths
+Only BGP paths with a next hop are compiled; connected prefixes come from interface addresses."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from . import pathbw
+from .birdctl import DEFAULT_PATHBW_SUBTYPE, BirdPath
+from .model import NextHop, Route
+
+POLICIES = ("dpf", "fare", "ecmp", "dlb")
+INFINITE = float("inf")
+
+
+@dataclass
+class Compiled:
+    route: Route
+    why: str
+
+
+def homing(paths: list[BirdPath]) -> int:
+    """Leaves a prefix is homed on, as far as these paths show (distinct origin ASes). A remote
+    leaf sees one path per spine, so the fabric description is the better source."""
+    return max(1, len({p.as_path[-1] for p in paths if p.as_path}))
+
+
+def compile_prefix(net: str, paths: list[BirdPath], policy: str, link_bw: Callable[[str], float],
+                   subtype: int = DEFAULT_PATHBW_SUBTYPE, homes: int | None = None) -> Compiled | None:
+    seen, usable = set(), []
+    for p in sorted((p for p in paths if p.via and p.iface and p.source == "BGP"),
+                    key=lambda p: (p.iface, p.via, not p.best)):
+        if (p.iface, p.via) not in seen:   # one next hop per neighbour
+            seen.add((p.iface, p.via))
+            usable.append(p)
+    if not usable:
+        return None
+    homes = homes or homing(usable)
+    hops = [NextHop(p.iface, gateway=p.via) for p in usable]
+    if policy == "dpf":
+        best = min(range(len(usable)), key=lambda i: (
+            usable[i].aigp if usable[i].aigp is not None else INFINITE, not usable[i].best, i))
+        backups = [h for i, h in enumerate(hops) if i != best]
+        p = usable[best]
+        why = (f"pinned to {p.proto} (AIGP {p.aigp}, colour {p.colours or '-'})"
+               if p.aigp is not None else f"pinned to {p.proto} (bird's best; no AIGP)")
+        return Compiled(Route(net, "pinned", [hops[best]], backups), why + f", {len(backups)} DLB backups")
+    if policy == "dlb":
+        return Compiled(Route(net, "dlb", hops), f"DLB over {len(hops)} paths")
+    if policy == "fare":
+        bws = [p.path_bandwidth(subtype) for p in usable]
+        w = pathbw.weights([link_bw(p.iface) for p in usable], bws, homes)
+        if w is None:
+            return Compiled(Route(net, "ecmp", hops), "ECMP: not every path carries path bandwidth")
+        units = pathbw.to_weight_units(w)
+        return Compiled(Route(net, "weighted", [NextHop(h.ifname, h.gateway, weight=u)
+                                                for h, u in zip(hops, units)]),
+                        f"FARE weights {units} Mb/s (homed on {homes})")
+    if policy == "ecmp":
+        return Compiled(Route(net, "ecmp", hops), f"ECMP over {len(hops)} paths")
+    raise ValueError(f"policy {policy!r}: choose one of {', '.join(POLICIES)}")
+
+
+def compile_all(paths: Iterable[BirdPath], policy_for: Callable[[str], str],
+                link_bw: Callable[[str], float], subtype: int = DEFAULT_PATHBW_SUBTYPE,
+                homes_of: Callable[[str], int | None] = lambda net: None) -> dict[str, Compiled]:
+    by_net: dict[str, list[BirdPath]] = defaultdict(list)
+    for p in paths:
+        by_net[p.net].append(p)
+    out = {}
+    for net, ps in by_net.items():
+        c = compile_prefix(net, ps, policy_for(net), link_bw, subtype, homes_of(net))
+        if c is not None:
+            out[net] = c
+    return out
