@@ -24,7 +24,7 @@ RAW = [
     "1008-\tType: BGP univ",
     "1012-\tBGP.origin: IGP",
     " \tBGP.as_path: 65000 65001",
-    " \tBGP.ext_community: (generic, 0x30b0000, 0x1) (generic, 0x880fde8, 0x4e6e6b28)",
+    " \tBGP.ext_community: (generic, 0x30b0000, 0x1) (generic, 0x88fde8, 0x4e6e6b28)",
     "1007-fc00:1:2:1::/64      unicast [direct1 01:53:27.874] * (240)",
     " \tdev eth-h2",
     "1008-\tType: device univ",
