@@ -7,12 +7,14 @@ from pathlib import Path
 
 
 class Bird:
-    def __init__(self, ns: str, config: str, workdir: Path):
+    def __init__(self, ns: str, config: str, workdir: Path, name: str | None = None):
+        """name: file stem for config, socket and log (default: the namespace)."""
         self.ns = ns
         workdir.mkdir(parents=True, exist_ok=True)
-        self.conf = workdir / f"{ns}.conf"
-        self.sock = workdir / f"{ns}.ctl"
-        self.log = workdir / f"{ns}.log"
+        stem = name or ns
+        self.conf = workdir / f"{stem}.conf"
+        self.sock = workdir / f"{stem}.ctl"
+        self.log = workdir / f"{stem}.out"
         self.conf.write_text(config)
         self.proc: subprocess.Popen | None = None
 

@@ -99,7 +99,9 @@ class BirdPath:
 
 _ROUTE = re.compile(r"^(?P<net>\S+)?\s+(?P<kind>unicast|unreachable|blackhole|prohibit)\s+"
                     r"\[(?P<proto>\S+)[^\]]*\](?P<best>\s+\*)?")
-_EC = re.compile(r"\((generic|rt|ro|unknown 0x[0-9a-f]+), (0x[0-9a-f]+|\d+(?::\d+)?), (0x[0-9a-f]+|\d+)\)")
+# bird prints ext communities as (generic, 0xHI, 0xLO), or for a 2-octet AS-specific type it
+# does not know (FARE path bandwidth) as (unknown 0xTTSS, ASN, VALUE), all in one line
+_EC = re.compile(r"\((generic|rt|ro|unknown 0x[0-9a-f]+), (0x[0-9a-f]+|\d+(?:\.\d+)*), (0x[0-9a-f]+|\d+)\)")
 
 
 def parse_routes(reply: list[tuple[int, str]]) -> list[BirdPath]:
@@ -141,6 +143,9 @@ def parse_routes(reply: list[tuple[int, str]]) -> list[BirdPath]:
             for kind, hi, lo in _EC.findall(t):
                 if kind == "generic":
                     p.ext_communities.append((int(hi, 16), int(lo, 16)))
+                elif kind.startswith("unknown ") and hi.isdigit() and int(hi) < 65536:
+                    tt = int(kind.split()[1], 16)          # (type << 8) | sub-type
+                    p.ext_communities.append(((tt >> 8) << 24 | (tt & 0xFF) << 16 | int(hi), int(lo, 0)))
     return paths
 
 
@@ -152,6 +157,8 @@ def parse_protocols(reply: list[tuple[int, str]]) -> list[dict]:
         cols = text.split()
         if len(cols) < 4:
             raise BirdError(f"unparsed protocol line {text!r}")
-        info = " ".join(cols[6:]) if len(cols) > 6 else ""
+        # "Since" is one column (04:08:50.825) or two (2026-11-22 01:53:27) by timeformat
+        rest = cols[6:] if len(cols) > 5 and re.match(r"\d{4}-\d\d-\d\d$", cols[4]) else cols[5:]
+        info = " ".join(rest)
         out.append({"name": cols[0], "proto": cols[1], "state": cols[3], "info": info})
     return out

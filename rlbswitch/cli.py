@@ -7,6 +7,8 @@ import json
 import logging
 import signal
 import sys
+import threading
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -138,6 +140,52 @@ def route_show(as_json: bool = typer.Option(False, "--json", help="Machine-reada
             typer.echo(f"{'':38} backup {hop(h)}")
 
 
+@app.command("bird-config")
+def bird_config(
+    fabric_file: Path = typer.Option(..., "--fabric", help="Fabric description (TOML)."),
+    node: str = typer.Option(..., help="The node to render for."),
+    run_dir: Path = typer.Option(Path("/run/rlb"), help="Where includes, socket and log live."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write here (default: stdout)."),
+):
+    """Render a complete bird.conf for one node of the fabric (and the include files the agent
+    keeps up to date, empty to start with)."""
+    from .birdconf import render, render_neighbors, render_pathbw
+    from .fabric import load
+    fab = load(fabric_file)
+    text = render(fab, node, run_dir)
+    n = fab.node(node)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    inc = run_dir / (f"{node}.neighbors.conf" if n.role == "leaf" else f"{node}.pathbw.conf")
+    if not inc.exists():
+        inc.write_text(render_neighbors(fab, n, {}) if n.role == "leaf" else render_pathbw(fab, n, {}))
+    if out:
+        out.write_text(text)
+        typer.echo(f"wrote {out} ({n.role} {node}); include {inc}")
+    else:
+        typer.echo(text, nl=False)
+
+
+@app.command()
+def routes(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """What is programmed and why (pinned path, weights, backups), as the agent decided it."""
+    dp = ctx.dataplane()
+    why = {}
+    from rlbcommon.paths import RUN_DIR
+    f = RUN_DIR / f"{dp.instance}-switch-routes.json"
+    if f.exists():
+        why = json.loads(f.read_text())
+    rows = dp.routes()
+    for r in rows:
+        r["why"] = why.get(r["prefix"], "connected/local from addresses" if r["mode"] in ("connected", "local")
+                           else "set by an operator")
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        via = r.get("nexthop", {}).get("via") or ", ".join(m["via"] for m in r.get("members", [])) or r.get("dev", "")
+        typer.echo(f"{r['prefix']:<24} {r['mode']:<9} {via}\n{'':24} {r['why']}")
+
+
 @app.command()
 def stats(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
     """Per-port, per-next-hop and per-reason counters (summed over CPUs)."""
@@ -181,6 +229,12 @@ def run(
         "(for DLB quality bands) when the driver reports none or a wrong one."),
     metrics_port: int = typer.Option(9471, help="Prometheus port (0: no metrics)."),
     metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics bind to."),
+    fabric_file: Optional[Path] = typer.Option(None, "--fabric", help="Fabric description: with "
+        "--node, follow bird2's routes and program them by the fabric's policy."),
+    node: Optional[str] = typer.Option(None, help="This switch's name in the fabric file."),
+    bird_socket: Optional[str] = typer.Option(None, help="bird2's control socket "
+        "(default: <run-dir>/<node>.ctl)."),
+    run_dir: Path = typer.Option(Path("/run/rlb"), help="Where bird's config and includes live."),
 ):
     """Run the switch agent in the foreground (systemd-friendly).
 
@@ -201,8 +255,17 @@ def run(
         log.info("adopted pinned state at %s: %d routes, %d ports", dp.pins, n, len(dp.ports()))
     elif not interfaces:
         raise DataplaneError("nothing to run: no pinned state and no interfaces given")
+    sync = None
+    if fabric_file or node:
+        if not (fabric_file and node):
+            raise DataplaneError("--fabric and --node go together")
+        from .birdsync import BirdSync
+        from .fabric import load
+        sync = BirdSync(dp, load(fabric_file), node, bird_socket or str(run_dir / f"{node}.ctl"), run_dir)
+        threading.Thread(target=sync.run, name="bird", daemon=True).start()
+        log.info("following bird2 at %s for %s", sync.bird.path, node)
     if metrics_port:
-        serve(SwitchCollector(dp, ctx.instance or ctx.netns or "default"), metrics_port, metrics_addr)
+        serve(SwitchCollector(dp, ctx.instance or ctx.netns or "default", sync), metrics_port, metrics_addr)
     w = Watcher(dp)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
@@ -213,4 +276,6 @@ def run(
 
 
 def main():
-    common.run(app, "rlbswitch", (DataplaneError, RouteError))
+    from .birdctl import BirdError
+    from .fabric import FabricError
+    common.run(app, "rlbswitch", (DataplaneError, RouteError, FabricError, BirdError))

@@ -7,8 +7,8 @@ from .dataplane import SwitchDataplane
 
 
 class SwitchCollector:
-    def __init__(self, dp: SwitchDataplane, node: str):
-        self.dp, self.node = dp, node
+    def __init__(self, dp: SwitchDataplane, node: str, sync=None):
+        self.dp, self.node, self.sync = dp, node, sync
 
     def collect(self):
         s = self.dp.stats()
@@ -39,3 +39,15 @@ class SwitchCollector:
         for m, n in by_mode.items():
             routes.add_metric([self.node, m], n)
         yield from (*fams.values(), up, nh_p, nh_b, reasons, routes)
+        if self.sync is not None:
+            st = self.sync.stats
+            sess = gauge("rlb_switch_bgp_session_up", "BGP sessions (1 = Established)", ["node", "session"])
+            for name, info in st["sessions"].items():
+                sess.add_metric([self.node, name], int(info.startswith("Established")))
+            lat = gauge("rlb_switch_last_sync_seconds", "time to compile and program the last bird change", ["node"])
+            lat.add_metric([self.node], st["last_sync_seconds"])
+            syncs = counter("rlb_switch_bird_syncs", "bird route changes programmed", ["node"])
+            syncs.add_metric([self.node], st["syncs"])
+            errs = counter("rlb_switch_bird_errors", "failed reads of bird's control socket", ["node"])
+            errs.add_metric([self.node], st["errors"])
+            yield from (sess, lat, syncs, errs)

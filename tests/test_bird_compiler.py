@@ -44,6 +44,28 @@ def test_parse_show_route_all():
     assert direct.iface == "eth-h2" and direct.source == "device" and direct.via is None
 
 
+def test_parse_as_specific_community_as_bird_prints_it():
+    # a line from a spine of the namespace fabric: FARE path bandwidth, type 0x00 sub-type 0x88
+    rows = parse_reply(iter(["1007-fc00:1:1:2::/64      unicast [l1_1 04:08:52.017] * (100) [AS65001i]",
+                             " \tvia fe80::1 on eth-l1", "1008-\tType: BGP univ",
+                             " \tBGP.ext_community: (unknown 0x88, 65001, 2139081118) (generic, 0x30b0000, 0x2)",
+                             "0000 "]))
+    p = parse_routes(rows)[0]
+    assert p.ext_communities == [(0x0088FDE9, 2139081118), (0x030B0000, 2)]
+    assert p.path_bandwidth() == pytest.approx(3.4e38, rel=1e-6) and p.colours == [2]
+    assert p.path_bandwidth(transitive=False) is None
+
+
+def test_parse_protocols_short_time_format():
+    rows = parse_reply(iter(["2002-Name       Proto      Table      State  Since         Info",
+                             "1002-s1         BGP        ---        up     04:08:50.825  Established   ",
+                             " s2         BGP        ---        start  04:08:50.980  Active        Socket: Connection refused",
+                             "0000 "]))
+    got = parse_protocols(rows)
+    assert got[0]["info"] == "Established" and got[1]["state"] == "start"
+    assert got[1]["info"].startswith("Active")
+
+
 def test_parse_protocols():
     rows = parse_reply(iter(["2002-Name       Proto      Table      State  Since         Info",
                              "1002-device1    Device     ---        up     2026-11-22 01:53:27  ",

@@ -1,0 +1,181 @@
+"""A leaf-spine fabric in network namespaces, built from a fabric description file: bird2 in every
+switch (rendered by rlbswitch), `rlbswitch run` on every switch, GPU hosts with real SLAAC from
+the leaves' RAs and, optionally, `rlbhost` on them.
+
+    leaf L port eth-S  <-> spine S port eth-L      leaf L port eth-H <-> host H eth0
+Namespace names: <lab>-<node>."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rlbcommon.netns import run
+from rlbswitch.birdconf import render, render_neighbors, render_pathbw
+from rlbswitch.fabric import Fabric, load
+
+from . import topo
+from .bird import Bird
+
+
+class FabricLab:
+    def __init__(self, fabric_file: str | Path, name: str = "rlbf", hosts_agent: bool = True):
+        self.fabric_file = Path(fabric_file).resolve()
+        self.fabric: Fabric = load(self.fabric_file)
+        self.name, self.hosts_agent = name, hosts_agent
+        self.work = Path(f"/tmp/{name}")
+        self.birds: dict[str, Bird] = {}
+        self.agents: dict[str, subprocess.Popen] = {}
+
+    def ns(self, node: str) -> str:
+        return f"{self.name}-{node}"
+
+    @property
+    def switches(self):
+        return self.fabric.spines + self.fabric.leaves
+
+    @property
+    def hosts(self) -> list[str]:
+        return [h for leaf in self.fabric.leaves for h in leaf.hosts]
+
+    def namespaces(self) -> list[str]:
+        return [self.ns(n.name) for n in self.switches] + [self.ns(h) for h in self.hosts]
+
+    # ---- lifecycle ------------------------------------------------------------------
+    def up(self, timeout: float = 60.0):
+        self.down()
+        self.work.mkdir(parents=True, exist_ok=True)
+        for ns in self.namespaces():
+            topo.add_ns(ns)
+            for key in ("all", "default"):
+                topo.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")   # fast restore on link-up
+        for sw in self.switches:
+            topo.sysctl(self.ns(sw.name), "net.ipv6.conf.all.forwarding", "1")
+        for leaf in self.fabric.leaves:
+            for spine in self.fabric.spines:
+                topo.link(self.ns(leaf.name), f"eth-{spine.name}", self.ns(spine.name), f"eth-{leaf.name}")
+            for port, host, ifname in self.fabric.host_ports(leaf):
+                topo.link(self.ns(leaf.name), ifname, self.ns(host), "eth0")
+                for net in self.fabric.host_prefixes(leaf, port):
+                    run(self.ns(leaf.name), "ip", "addr", "add", f"{net.network_address + 1}/64",
+                        "dev", ifname, "nodad")
+        for sw in self.switches:
+            inc = (self.work / f"{sw.name}.neighbors.conf" if sw.role == "leaf"
+                   else self.work / f"{sw.name}.pathbw.conf")
+            inc.write_text(render_neighbors(self.fabric, sw, {}) if sw.role == "leaf"
+                           else render_pathbw(self.fabric, sw, {}))
+            bird = Bird(self.ns(sw.name), render(self.fabric, sw.name, self.work), self.work,
+                        name=sw.name)
+            bird.start()
+            self.birds[sw.name] = bird
+            self.start_agent(sw.name)
+        if self.hosts_agent:
+            self.wait_slaac(timeout)
+            for h in self.hosts:
+                self.start_host_agent(h)
+        return self
+
+    def ports(self, node: str) -> list[str]:
+        n = self.fabric.node(node)
+        if n.role == "spine":
+            return [f"eth-{leaf.name}" for leaf in self.fabric.leaves]
+        return [f"eth-{s.name}" for s in self.fabric.spines] + [i for _, _, i in self.fabric.host_ports(n)]
+
+    def _spawn(self, key: str, cmd: list[str], ready: str, timeout: float = 30.0):
+        log = self.work / f"agent-{key}.log"
+        start = log.stat().st_size if log.exists() else 0
+        with open(log, "a") as f:
+            self.agents[key] = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while ready not in log.read_text()[start:]:
+            if self.agents[key].poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"agent {key} did not start: {log.read_text()[-1500:]}")
+            time.sleep(0.1)
+
+    def start_agent(self, node: str):
+        cmd = [sys.executable, "-m", "rlbswitch", "--netns", self.ns(node), "run", *self.ports(node),
+               "--fabric", str(self.fabric_file), "--node", node, "--run-dir", str(self.work),
+               "--speed-mbps", str(self.fabric.link_mbps)]
+        self._spawn(node, cmd, "following links")
+
+    def start_host_agent(self, host: str):
+        cmd = [sys.executable, "-m", "rlbhost", "--netns", self.ns(host), "attach", "eth0"]
+        self._spawn(host, cmd, "following addresses")
+
+    def kill_agent(self, key: str):
+        p = self.agents.pop(key, None)
+        if p and p.poll() is None:
+            p.kill()
+            p.wait()
+
+    def down(self):
+        for key in list(self.agents):
+            self.kill_agent(key)
+        for b in self.birds.values():
+            b.stop()
+        self.birds = {}
+        existing = set(topo.list_ns())
+        for sw in self.switches:
+            if self.ns(sw.name) in existing:
+                subprocess.run([sys.executable, "-m", "rlbswitch", "--netns", self.ns(sw.name), "detach", "--all"],
+                               capture_output=True)
+        for h in self.hosts:
+            if self.ns(h) in existing:
+                subprocess.run([sys.executable, "-m", "rlbhost", "--netns", self.ns(h), "detach", "eth0"],
+                               capture_output=True)
+        for ns in self.namespaces():
+            topo.del_ns(ns)
+
+    def __enter__(self):
+        return self.up()
+
+    def __exit__(self, *exc):
+        self.down()
+
+    # ---- state ----------------------------------------------------------------------
+    def host_addresses(self, host: str) -> dict[int, str]:
+        out = json.loads(run(self.ns(host), "ip", "-6", "-j", "addr", "show", "dev", "eth0", "scope", "global"))
+        addrs = {}
+        for a in (out[0].get("addr_info", []) if out else []):
+            if "local" in a and not a.get("tentative"):
+                addrs[int(a["local"].split(":")[3], 16)] = a["local"]
+        return addrs
+
+    def wait_slaac(self, timeout: float = 60.0):
+        deadline = time.time() + timeout
+        while any(len(self.host_addresses(h)) < self.fabric.paths for h in self.hosts):
+            if time.time() > deadline:
+                raise TimeoutError({h: self.host_addresses(h) for h in self.hosts})
+            time.sleep(0.2)
+
+    def cli(self, node: str, *args: str) -> str:
+        tool = "rlbhost" if node in self.hosts else "rlbswitch"
+        res = subprocess.run([sys.executable, "-m", tool, "--netns", self.ns(node), *args],
+                             capture_output=True, text=True)
+        if res.returncode:
+            raise RuntimeError(f"{tool} {' '.join(args)}: {res.stderr.strip()}")
+        return res.stdout
+
+    def routes(self, node: str) -> dict[str, dict]:
+        return {r["prefix"]: r for r in json.loads(self.cli(node, "routes", "--json"))}
+
+    def wait_converged(self, timeout: float = 60.0):
+        """Until every leaf has a pinned route for every remote host prefix."""
+        want = {leaf.name: {str(net) for lf, _, _, net in self.fabric.all_prefixes() if lf is not leaf}
+                for leaf in self.fabric.leaves}
+        deadline = time.time() + timeout
+        while True:
+            missing = {leaf: sorted(nets - {p for p, r in self.routes(leaf).items() if r["mode"] != "connected"})
+                       for leaf, nets in want.items()}
+            if not any(missing.values()):
+                return
+            if time.time() > deadline:
+                raise TimeoutError(f"not converged: {missing}")
+            time.sleep(0.3)
+
+    def spine_packets(self, from_leaf: str) -> dict[str, int]:
+        """Packets each spine received from a leaf (kernel counters of the spine's port)."""
+        return {s.name: topo.counters(self.ns(s.name), f"eth-{from_leaf}")["rx_packets"]
+                for s in self.fabric.spines}

@@ -1,0 +1,160 @@
+"""bird2 configuration for one node, rendered from the fabric description.
+
+Leaves: radv on host ports (bird 2.0.12 advertises the prefixes of the addresses on the
+interface, so the leaf's gateway address per prefix is part of the plan), prefix k exported to
+every uplink with colour k and, only towards the spine of colour k, AIGP (igp_metric >= 2^31
+suppresses AIGP: unset(bgp_aigp) does not, and a direct route's implicit metric 0 would pin the
+prefix to the wrong spine), FARE path bandwidth originated at its maximum. Neighbours are in an
+include the agent writes after neighbour discovery. Spines: one dynamic BGP protocol per port
+(unnumbered, link-local), AIGP on, and an include with the FARE path bandwidth the agent computes.
+The kernel gets single paths (merge paths would ignore AIGP)."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from .fabric import Fabric, Node
+from .pathbw import MAX_BANDWIDTH
+
+COLOUR_HI = 0x030B0000
+NO_AIGP_METRIC = 2147483648
+
+
+def pathbw_hi(subtype: int, asn: int, transitive: bool = True) -> int:
+    return ((0x00 if transitive else 0x40) << 24) | (subtype << 16) | asn
+
+
+def float_bits(v: float) -> int:
+    return int.from_bytes(struct.pack(">f", v), "big")
+
+
+def spine_for_path(fabric: Fabric, k: int) -> Node:
+    return fabric.spines[(k - 1) % len(fabric.spines)]
+
+
+def leaf_advertisements(fabric: Fabric, leaf: Node) -> dict[tuple[str, str], tuple[int, bool]]:
+    """(prefix, spine) -> (colour, carries AIGP): Juniper's Table 2 for this leaf."""
+    out = {}
+    for port, _, _ in fabric.host_ports(leaf):
+        for k, net in enumerate(fabric.host_prefixes(leaf, port), start=1):
+            pinned = spine_for_path(fabric, k)
+            for spine in fabric.spines:
+                out[(str(net), spine.name)] = (k, spine is pinned)
+    return out
+
+
+def _common(router_id: str, run_dir: Path, name: str) -> str:
+    return f"""# rendered by rlbswitch bird-config for {name}: edit the fabric file, not this
+router id {router_id};
+log "{run_dir}/{name}.bird.log" all;
+debug protocols {{ states, events }};
+protocol device {{ scan time 1; }}
+protocol kernel {{
+  merge paths off;   # on would ECMP AIGP and non-AIGP paths (bgp_rte_mergable ignores AIGP)
+  ipv6 {{ import none; export where source = RTS_BGP; }};
+}}
+"""
+
+
+def _bfd(fabric: Fabric, pattern: str) -> str:
+    if not fabric.bfd:
+        return ""
+    return f'protocol bfd {{ interface "{pattern}" {{ min rx interval 50 ms; min tx interval 50 ms; multiplier 3; }}; }}\n'
+
+
+def _timers(fabric: Fabric) -> str:
+    return ("hold time 3; keepalive time 1; connect delay time 1; connect retry time 2; "
+            "error wait time 1, 5;" + (" bfd on;" if fabric.bfd else ""))
+
+
+def render_leaf(fabric: Fabric, leaf: Node, run_dir: Path) -> str:
+    ports = fabric.host_ports(leaf)
+    cases = []
+    for port, _, _ in ports:
+        for k, net in enumerate(fabric.host_prefixes(leaf, port), start=1):
+            cases.append(f"  if net = {net} then k = {k};")
+    ifs = ", ".join(f'"{ifname}"' for _, _, ifname in ports)
+    radv = "\n".join(f'  interface "{ifname}" {{ min ra interval 3; max ra interval 4; }};'
+                     for _, _, ifname in ports)
+    hi = pathbw_hi(fabric.pathbw_subtype, leaf.asn)
+    spine_of_k = "\n".join(f"  if k = {k} then spine_k = {spine_for_path(fabric, k).index};"
+                           for k in range(1, fabric.paths + 1))
+    return _common(f"10.255.{leaf.index}.1", run_dir, leaf.name) + f"""protocol direct {{ ipv6; interface {ifs}; }}
+protocol radv {{
+{radv}
+}}
+{_bfd(fabric, "eth-*")}
+# prefix k: colour k to every spine, AIGP only to the spine of colour k (Juniper Table 2),
+# FARE path bandwidth originated at its maximum
+function leaf_export(int spine)
+int k; int spine_k;
+{{
+  if source != RTS_DEVICE then return false;
+  k = 0;
+{chr(10).join(cases)}
+  if k = 0 then return false;
+{spine_of_k}
+  bgp_ext_community.add((generic, {COLOUR_HI:#x}, k));
+  bgp_ext_community.add((generic, {hi:#x}, {float_bits(MAX_BANDWIDTH):#x}));
+  if spine_k = spine then igp_metric = 10; else igp_metric = {NO_AIGP_METRIC};
+  return true;
+}}
+
+template bgp spine {{
+  local as {leaf.asn};
+  {_timers(fabric)}
+  ipv6 {{ import all; aigp originate; }};
+}}
+include "{run_dir}/{leaf.name}.neighbors.conf";   # written by the agent from neighbour discovery
+"""
+
+
+def render_spine(fabric: Fabric, spine: Node, run_dir: Path) -> str:
+    protos = "\n".join(
+        f'protocol bgp {leaf.name} from leaf {{ interface "eth-{leaf.name}"; '
+        f'neighbor range fe80::/10 external; dynamic name "{leaf.name}_"; }}'
+        for leaf in fabric.leaves)
+    return _common(f"10.255.0.{spine.index}", run_dir, spine.name) + f"""{_bfd(fabric, "eth-*")}
+include "{run_dir}/{spine.name}.pathbw.conf";   # FARE: written by the agent
+
+template bgp leaf {{
+  local as {spine.asn};
+  {_timers(fabric)}
+  ipv6 {{ import all; export where pathbw_export(); aigp on; next hop self; }};
+}}
+{protos}
+"""
+
+
+def render(fabric: Fabric, node: str, run_dir: Path) -> str:
+    n = fabric.node(node)
+    return render_leaf(fabric, n, run_dir) if n.role == "leaf" else render_spine(fabric, n, run_dir)
+
+
+def render_neighbors(fabric: Fabric, leaf: Node, found: dict[str, str]) -> str:
+    """Leaf sessions to the spines whose link-local addresses were discovered {spine: addr}."""
+    out = ["# written by rlbswitch from neighbour discovery"]
+    for spine in fabric.spines:
+        addr = found.get(spine.name)
+        if addr:
+            out.append(f'protocol bgp {spine.name} from spine {{ interface "eth-{spine.name}"; '
+                       f'neighbor {addr} external; ipv6 {{ export where leaf_export({spine.index}); }}; }}')
+    return "\n".join(out) + "\n"
+
+
+def render_pathbw(fabric: Fabric, spine: Node, values: dict[str, float]) -> str:
+    """Spine export: replace any path bandwidth community by the value the agent computed
+    for the prefix (min(link, received) summed over the prefix's routes)."""
+    hi = pathbw_hi(fabric.pathbw_subtype, spine.asn)
+    deletes = ", ".join(f"(generic, {pathbw_hi(fabric.pathbw_subtype, a):#x}, *)" for a in fabric.asns())
+    cases = "\n".join(
+        f"  if net = {net} then {{ bgp_ext_community.delete([{deletes}]); "
+        f"bgp_ext_community.add((generic, {hi:#x}, {float_bits(v):#x})); }}"
+        for net, v in sorted(values.items()))
+    return f"""# written by rlbswitch: FARE path bandwidth per prefix (bytes/s as float32)
+function pathbw_export()
+{{
+{cases}
+  return true;
+}}
+"""

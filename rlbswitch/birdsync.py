@@ -1,0 +1,162 @@
+"""The bird-fed part of the switch agent: bird's routes -> BPF maps, and back to bird what it
+cannot compute itself (a leaf's discovered neighbours, a spine's FARE path bandwidth).
+
+Polls bird every 50 ms (bird has no push interface); a changed route table is compiled and
+applied make-before-break. A dead socket or unparsable reply is logged and retried; the last
+good state stays programmed."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+from .birdconf import render_neighbors, render_pathbw
+from .birdctl import BirdClient, BirdError
+from .compiler import compile_all
+from .dataplane import NUD_USABLE, DataplaneError, SwitchDataplane
+from .fabric import Fabric
+from . import pathbw as pbw
+
+log = logging.getLogger(__name__)
+
+
+class BirdSync:
+    def __init__(self, dp: SwitchDataplane, fabric: Fabric, node: str, socket_path: str, run_dir: Path,
+                 poll: float = 0.05):
+        self.dp, self.fabric, self.node = dp, fabric, fabric.node(node)
+        self.bird = BirdClient(socket_path)
+        self.run_dir, self.poll = run_dir, poll
+        self.stop = threading.Event()
+        self.last_table = None
+        self.programmed: dict[str, str] = {}       # prefix -> description of what is programmed
+        self.explain: dict[str, str] = {}
+        self.stats = {"syncs": 0, "errors": 0, "last_sync_seconds": 0.0, "sessions": {}}
+        self._written: dict[Path, str] = {}
+
+    # ---- helpers --------------------------------------------------------------------
+    def link_bw(self, iface: str) -> float:
+        """Bytes per second of a fabric port (eth-<peer>), from the fabric file."""
+        peer = iface[4:] if iface.startswith("eth-") else iface
+        return self.fabric.link_mbps_between(self.node.name, peer) * 1e6 / 8
+
+    def _write(self, path: Path, text: str) -> bool:
+        if self._written.get(path) == text or (path.exists() and path.read_text() == text):
+            self._written[path] = text
+            return False
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        self._written[path] = text
+        return True
+
+    def _configure(self, why: str):
+        reply = self.bird.configure()
+        log.info("bird reconfigured (%s): %s", why, reply.strip())
+
+    # ---- leaves: neighbour discovery --------------------------------------------------
+    def discover(self) -> dict[str, str]:
+        """Spine link-local addresses per uplink: an echo request to all-nodes on the port makes
+        the spine answer (and the kernel learn it); then read the neighbour table."""
+        found = {}
+        for spine in self.fabric.spines:
+            ifname = f"eth-{spine.name}"
+            try:
+                ifindex = self.dp.ifindex(ifname)
+            except DataplaneError:
+                continue
+            with socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6) as s:
+                with contextlib.suppress(OSError):
+                    s.sendto(struct.pack("!BBHHH", 128, 0, 0, 0x524c, 1), ("ff02::1", 0, 0, ifindex))
+            for n in self.dp.ipr.get_neighbours(family=socket.AF_INET6, ifindex=ifindex):
+                dst = n.get_attr("NDA_DST") or ""
+                if dst.startswith("fe80:") and n["state"] & NUD_USABLE:
+                    found[spine.name] = dst
+                    break
+        return found
+
+    def sync_neighbours(self):
+        found = self.discover()
+        path = self.run_dir / f"{self.node.name}.neighbors.conf"
+        if self._write(path, render_neighbors(self.fabric, self.node, found)):
+            self._configure(f"neighbours {found}")
+
+    # ---- spines: FARE path bandwidth --------------------------------------------------
+    def sync_pathbw(self, paths):
+        values: dict[str, float] = {}
+        by_net: dict[str, list] = {}
+        for p in paths:
+            if p.source == "BGP" and p.iface:
+                by_net.setdefault(p.net, []).append(p)
+        for net, ps in by_net.items():
+            v = pbw.readvertised([self.link_bw(p.iface) for p in ps],
+                                 [p.path_bandwidth(self.fabric.pathbw_subtype) for p in ps])
+            if v is not None:
+                values[net] = v
+        path = self.run_dir / f"{self.node.name}.pathbw.conf"
+        if self._write(path, render_pathbw(self.fabric, self.node, values)):
+            self._configure(f"path bandwidth for {len(values)} prefixes")
+
+    # ---- routes -> data plane ---------------------------------------------------------
+    def sync_routes(self, paths):
+        t0 = time.perf_counter()
+        compiled = compile_all(paths, self.fabric.policy_for, self.link_bw, self.fabric.pathbw_subtype)
+        for net, c in compiled.items():
+            desc = repr(c.route.to_dict())
+            if self.programmed.get(net) != desc:
+                try:
+                    self.dp.add_route(c.route)
+                except DataplaneError as e:   # e.g. a port not attached yet: retried next round
+                    log.warning("cannot program %s: %s", net, e)
+                    continue
+                self.programmed[net] = desc
+            self.explain[net] = c.why
+        for net in list(self.programmed):
+            if net not in compiled:
+                self.dp.del_route(net)
+                del self.programmed[net]
+                self.explain.pop(net, None)
+        self.stats["last_sync_seconds"] = time.perf_counter() - t0
+        self.stats["syncs"] += 1
+        import json
+        from rlbcommon.paths import RUN_DIR
+        out = RUN_DIR / f"{self.dp.instance}-switch-routes.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".tmp").write_text(json.dumps(self.explain))
+        out.with_suffix(".tmp").replace(out)
+
+    def adopt(self):
+        """A restarted agent takes over what the previous one programmed (not connected/local)."""
+        for e in self.dp.routes():
+            if e["mode"] not in ("connected", "local"):
+                spec = self.dp.route_spec(e["prefix"])
+                self.programmed[e["prefix"]] = repr(spec.to_dict()) if spec else ""
+
+    def step(self):
+        table = self.bird.routes()
+        key = repr(table)
+        if self.node.role == "spine":
+            self.sync_pathbw(table)
+        if key != self.last_table:
+            self.sync_routes(table)
+            self.last_table = key
+        self.stats["sessions"] = {p["name"]: p["info"] for p in self.bird.protocols() if p["proto"] == "BGP"}
+
+    def run(self):
+        self.adopt()
+        next_discovery = 0.0
+        while not self.stop.is_set():
+            try:
+                if self.node.role == "leaf" and time.time() >= next_discovery:
+                    self.sync_neighbours()
+                    up = [s for s, i in self.stats["sessions"].items() if i.startswith("Established")]
+                    next_discovery = time.time() + (30 if len(up) >= len(self.fabric.spines) else 1)
+                self.step()
+            except (BirdError, OSError) as e:
+                self.stats["errors"] += 1
+                log.warning("bird: %s (keeping the last good state)", e)
+                self.stop.wait(1.0)
+            self.stop.wait(self.poll)

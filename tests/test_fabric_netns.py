@@ -1,0 +1,142 @@
+"""The control plane end to end: bird2 in every switch (configs rendered from the fabric file),
+unnumbered sessions found by discovery, `rlbswitch run` programming bird's routes, rlbhost on
+the hosts, traffic judged by the spines' kernel counters."""
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rlbcommon import netns
+from rlbcommon.netns import run
+from rlblab import topo
+from rlblab.fabriclab import FabricLab
+from rlblab.traffic import QpReceiver, QpSender
+from rlbswitch.birdctl import BirdClient
+
+pytestmark = pytest.mark.netns
+FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric-2x2.toml"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    lab = FabricLab(FABRIC, "rlbft")
+    try:
+        lab.up()
+        lab.wait_converged(60)
+        yield lab
+    finally:
+        lab.down()
+    assert not [ns for ns in topo.list_ns() if ns.startswith("rlbft-")]
+
+
+def test_sessions_up_without_typed_neighbour_addresses(lab):
+    for leaf in ("l1", "l2"):
+        sessions = {p["name"]: p["info"] for p in BirdClient(str(lab.work / f"{leaf}.ctl")).protocols()
+                    if p["proto"] == "BGP"}
+        assert sessions == {"s1": "Established", "s2": "Established"}
+        # the neighbour addresses came from discovery, written into the include by the agent
+        inc = (lab.work / f"{leaf}.neighbors.conf").read_text()
+        assert inc.count("neighbor fe80:") == 2
+    fabric_conf = FABRIC.read_text()
+    assert "fe80" not in fabric_conf
+
+
+def test_live_bird_paths_parse_with_colour_aigp_and_path_bandwidth(lab):
+    paths = [p for p in BirdClient(str(lab.work / "l2.ctl")).routes() if p.net == "fc00:1:1:2::/64"]
+    assert len(paths) == 2 and all(p.source == "BGP" for p in paths)
+    assert all(p.colours == [2] for p in paths)
+    pinned = [p for p in paths if p.aigp is not None]
+    assert len(pinned) == 1 and pinned[0].iface == "eth-s2" and pinned[0].best
+    # each spine rewrote the leaf's maximum to min(its 10 Gb/s link, max) = 1.25e9 bytes/s
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        paths = [p for p in BirdClient(str(lab.work / "l2.ctl")).routes() if p.net == "fc00:1:1:2::/64"]
+        if all(p.path_bandwidth() == pytest.approx(1.25e9) for p in paths):
+            break
+        time.sleep(0.2)
+    assert [p.path_bandwidth() for p in paths] == [pytest.approx(1.25e9)] * 2
+
+
+def test_prefix_k_pinned_through_spine_k(lab):
+    for leaf, remote in (("l1", 2), ("l2", 1)):
+        routes = lab.routes(leaf)
+        for k in (1, 2):
+            r = routes[f"fc00:{remote}:1:{k}::/64"]
+            assert r["mode"] == "pinned" and r["nexthop"]["via"].endswith(f"%eth-s{k}")
+            assert [b["via"].split("%")[1] for b in r["backups"]] == [f"eth-s{3 - k}"]
+            assert "AIGP" in r["why"]
+
+
+def send_qps(lab, n_qps, packets, rate=None, during=None):
+    a, b = lab.host_addresses("h1"), lab.host_addresses("h2")
+    rx = QpReceiver(lab.ns("h2"))
+    sender = QpSender(lab.ns("h1"), a[1], b[1], n_qps)
+    before = lab.spine_packets("l1")
+    t = None
+    if during:
+        t = threading.Thread(target=during)
+    try:
+        if t:
+            t.start()
+        sent = sender.send(packets, rate_pps=rate)
+        time.sleep(0.3)
+    finally:
+        if t:
+            t.join()
+        sender.close()
+        rx.close()
+    after = lab.spine_packets("l1")
+    return sent, len(rx.seen), {s: after[s] - before[s] for s in after}
+
+
+def test_traffic_follows_the_pinning(lab):
+    sent, got, spines = send_qps(lab, 2, 200)
+    assert got == sent == 400
+    # rlbhost put one QP on each path; the leaf pinned path k to spine k
+    assert 200 <= spines["s1"] <= 220 and 200 <= spines["s2"] <= 220, spines   # + ND/BGP/BFD
+
+
+def test_link_down_moves_the_prefix_to_its_backup(lab):
+    def fail():
+        time.sleep(0.5)
+        run(lab.ns("l1"), "ip", "link", "set", "eth-s2", "down")
+
+    try:
+        sent, got, spines = send_qps(lab, 2, 1000, rate=2000, during=fail)
+        lost = sent - got
+        print(f"\nlink l1-s2 down during {sent} packets at 2000 pps: spines {spines}, "
+              f"lost {lost} ({lost / 2000 * 1000:.1f} ms)")
+        # 1000 packets per QP over ~1 s, failure at ~0.5 s: path 2's QP moves to s1 half way
+        assert spines["s1"] > 1000 + 300, spines
+        assert 300 < spines["s2"] < 700, spines
+        assert lost <= 40                        # at most 20 ms of traffic
+        routes = lab.routes("l1")
+        assert routes["fc00:2:1:1::/64"]["nexthop"]["via"].endswith("%eth-s1")
+    finally:
+        run(lab.ns("l1"), "ip", "link", "set", "eth-s2", "up")
+    lab.wait_converged(30)
+    deadline = time.time() + 30                  # BGP re-establishes, pinning returns
+    while time.time() < deadline:
+        r = lab.routes("l1")["fc00:2:1:2::/64"]
+        if r["mode"] == "pinned" and r["nexthop"]["via"].endswith("%eth-s2") and r["nexthop"]["port_up"]:
+            break
+        time.sleep(0.3)
+    sent, got, spines = send_qps(lab, 2, 100)
+    assert got == 200 and spines["s2"] >= 100
+
+
+def test_prometheus_endpoint_shows_per_path_counters(lab):
+    send_qps(lab, 2, 50)
+    with netns.inside(lab.ns("l1")):
+        body = urllib.request.urlopen("http://127.0.0.1:9471/metrics", timeout=5).read().decode()
+    lines = {line.split(" ")[0]: float(line.split(" ")[-1]) for line in body.splitlines()
+             if line and not line.startswith("#")}
+    for spine in ("s1", "s2"):
+        assert lines[f'rlb_switch_port_tx_packets_total{{interface="eth-{spine}",node="rlbft-l1"}}'] >= 50
+        assert lines[f'rlb_switch_bgp_session_up{{node="rlbft-l1",session="{spine}"}}'] == 1
+    assert lines['rlb_switch_routes{mode="pinned",node="rlbft-l1"}'] == 2
+    assert 'rlb_switch_last_sync_seconds{node="rlbft-l1"}' in lines
