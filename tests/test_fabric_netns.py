@@ -51,20 +51,37 @@ def test_live_bird_paths_parse_with_colour_aigp_and_path_bandwidth(lab):
     assert all(p.colours == [2] for p in paths)
     pinned = [p for p in paths if p.aigp is not None]
     assert len(pinned) == 1 and pinned[0].iface == "eth-s2" and pinned[0].best
-    # each spine rewrote the leaf's maximum to min(its 10 Gb/s link, max) = 1.25e9 bytes/s
+    # each spine rewrote the leaf's maximum to min(its link to l1, max): s1 10 Gb/s, s2 5 Gb/s
+    want = {"eth-s1": pytest.approx(1.25e9), "eth-s2": pytest.approx(0.625e9)}
     deadline = time.time() + 10
     while time.time() < deadline:
         paths = [p for p in BirdClient(str(lab.work / "l2.ctl")).routes() if p.net == "fc00:1:1:2::/64"]
-        if all(p.path_bandwidth() == pytest.approx(1.25e9) for p in paths):
+        if {p.iface: p.path_bandwidth() for p in paths} == want:
             break
         time.sleep(0.2)
-    assert [p.path_bandwidth() for p in paths] == [pytest.approx(1.25e9)] * 2
+    assert {p.iface: p.path_bandwidth() for p in paths} == want
+
+
+def test_fare_weights_follow_the_slower_link(lab):
+    """FARE §4.1 live: l2 weights fc00:1:1:2::/64 by min(its link, the spine's path bandwidth)."""
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        r = lab.routes("l2")["fc00:1:1:2::/64"]
+        if r["mode"] == "weighted" and sorted(m["weight"] for m in r["members"]) == [5000, 10000]:
+            break
+        time.sleep(0.2)
+    weights = {m["via"].split("%")[1]: m["weight"] for m in r["members"]}
+    assert r["mode"] == "weighted" and weights == {"eth-s1": 10000, "eth-s2": 5000}
+    assert "FARE weights" in r["why"]
+    # the slot table follows: two thirds of the slots to s1
+    slots = {m["via"].split("%")[1]: m["slots"] for m in r["members"]}
+    assert slots == {"eth-s1": 2731, "eth-s2": 1365}
 
 
 def test_prefix_k_pinned_through_spine_k(lab):
-    for leaf, remote in (("l1", 2), ("l2", 1)):
+    for leaf, remote, ks in (("l1", 2, (1, 2)), ("l2", 1, (1,))):   # fc00:1:1:2 is FARE
         routes = lab.routes(leaf)
-        for k in (1, 2):
+        for k in ks:
             r = routes[f"fc00:{remote}:1:{k}::/64"]
             assert r["mode"] == "pinned" and r["nexthop"]["via"].endswith(f"%eth-s{k}")
             assert [b["via"].split("%")[1] for b in r["backups"]] == [f"eth-s{3 - k}"]
@@ -139,4 +156,7 @@ def test_prometheus_endpoint_shows_per_path_counters(lab):
         assert lines[f'rlb_switch_port_tx_packets_total{{interface="eth-{spine}",node="rlbft-l1"}}'] >= 50
         assert lines[f'rlb_switch_bgp_session_up{{node="rlbft-l1",session="{spine}"}}'] == 1
     assert lines['rlb_switch_routes{mode="pinned",node="rlbft-l1"}'] == 2
+    with netns.inside(lab.ns("l2")):
+        body = urllib.request.urlopen("http://127.0.0.1:9471/metrics", timeout=5).read().decode()
+    assert 'rlb_switch_routes{mode="weighted",node="rlbft-l2"} 1.0' in body
     assert 'rlb_switch_last_sync_seconds{node="rlbft-l1"}' in lines
