@@ -34,7 +34,7 @@ class FabricLab:
 
     @property
     def switches(self):
-        return self.fabric.spines + self.fabric.leaves
+        return self.fabric.switches
 
     @property
     def hosts(self) -> list[str]:
@@ -53,19 +53,20 @@ class FabricLab:
                 topo.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")   # fast restore on link-up
         for sw in self.switches:
             topo.sysctl(self.ns(sw.name), "net.ipv6.conf.all.forwarding", "1")
+        for node in self.fabric.leaves + self.fabric.spines:
+            for up in self.fabric.uplinks(node):
+                topo.link(self.ns(node.name), f"eth-{up.name}", self.ns(up.name), f"eth-{node.name}")
         for leaf in self.fabric.leaves:
-            for spine in self.fabric.spines:
-                topo.link(self.ns(leaf.name), f"eth-{spine.name}", self.ns(spine.name), f"eth-{leaf.name}")
             for port, host, ifname in self.fabric.host_ports(leaf):
                 topo.link(self.ns(leaf.name), ifname, self.ns(host), "eth0")
                 for net in self.fabric.host_prefixes(leaf, port):
                     run(self.ns(leaf.name), "ip", "addr", "add", f"{net.network_address + 1}/64",
                         "dev", ifname, "nodad")
         for sw in self.switches:
-            inc = (self.work / f"{sw.name}.neighbors.conf" if sw.role == "leaf"
-                   else self.work / f"{sw.name}.pathbw.conf")
-            inc.write_text(render_neighbors(self.fabric, sw, {}) if sw.role == "leaf"
-                           else render_pathbw(self.fabric, sw, {}))
+            if self.fabric.uplinks(sw):
+                (self.work / f"{sw.name}.neighbors.conf").write_text(render_neighbors(self.fabric, sw, {}))
+            if sw.role != "leaf":
+                (self.work / f"{sw.name}.pathbw.conf").write_text(render_pathbw(self.fabric, sw, {}))
             bird = Bird(self.ns(sw.name), render(self.fabric, sw.name, self.work), self.work,
                         name=sw.name)
             bird.start()
@@ -79,9 +80,9 @@ class FabricLab:
 
     def ports(self, node: str) -> list[str]:
         n = self.fabric.node(node)
-        if n.role == "spine":
-            return [f"eth-{leaf.name}" for leaf in self.fabric.leaves]
-        return [f"eth-{s.name}" for s in self.fabric.spines] + [i for _, _, i in self.fabric.host_ports(n)]
+        peers = self.fabric.uplinks(n) + self.fabric.downlinks(n)
+        hosts = [i for _, _, i in self.fabric.host_ports(n)] if n.role == "leaf" else []
+        return [f"eth-{p.name}" for p in peers] + hosts
 
     def _spawn(self, key: str, cmd: list[str], ready: str, timeout: float = 30.0):
         log = self.work / f"agent-{key}.log"
@@ -176,6 +177,10 @@ class FabricLab:
             time.sleep(0.3)
 
     def spine_packets(self, from_leaf: str) -> dict[str, int]:
-        """Packets each spine received from a leaf (kernel counters of the spine's port)."""
+        """Packets each spine of the leaf's pod received from it (the spine port's kernel counters)."""
+        leaf = self.fabric.node(from_leaf)
         return {s.name: topo.counters(self.ns(s.name), f"eth-{from_leaf}")["rx_packets"]
-                for s in self.fabric.spines}
+                for s in self.fabric.pod_spines(leaf.pod)}
+
+    def rx_packets(self, node: str, from_node: str) -> int:
+        return topo.counters(self.ns(node), f"eth-{from_node}")["rx_packets"]

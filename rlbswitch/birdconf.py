@@ -28,17 +28,13 @@ def float_bits(v: float) -> int:
     return int.from_bytes(struct.pack(">f", v), "big")
 
 
-def spine_for_path(fabric: Fabric, k: int) -> Node:
-    return fabric.spines[(k - 1) % len(fabric.spines)]
-
-
 def leaf_advertisements(fabric: Fabric, leaf: Node) -> dict[tuple[str, str], tuple[int, bool]]:
     """(prefix, spine) -> (colour, carries AIGP): Juniper's Table 2 for this leaf."""
     out = {}
     for port, _, _ in fabric.host_ports(leaf):
         for k, net in enumerate(fabric.host_prefixes(leaf, port), start=1):
-            pinned = spine_for_path(fabric, k)
-            for spine in fabric.spines:
+            pinned = fabric.spine_for_path(leaf, k)
+            for spine in fabric.pod_spines(leaf.pod):
                 out[(str(net), spine.name)] = (k, spine is pinned)
     return out
 
@@ -77,7 +73,7 @@ def render_leaf(fabric: Fabric, leaf: Node, run_dir: Path) -> str:
     radv = "\n".join(f'  interface "{ifname}" {{ min ra interval 3; max ra interval 4; }};'
                      for _, _, ifname in ports)
     hi = pathbw_hi(fabric.pathbw_subtype, leaf.asn)
-    spine_of_k = "\n".join(f"  if k = {k} then spine_k = {spine_for_path(fabric, k).index};"
+    spine_of_k = "\n".join(f"  if k = {k} then spine_k = {fabric.spine_for_path(leaf, k).plane};"
                            for k in range(1, fabric.paths + 1))
     return _common(f"10.255.{leaf.index}.1", run_dir, leaf.name) + f"""protocol direct {{ ipv6; interface {ifs}; }}
 protocol radv {{
@@ -109,12 +105,24 @@ include "{run_dir}/{leaf.name}.neighbors.conf";   # written by the agent from ne
 """
 
 
+def _dynamic(peers: list[Node], template: str) -> str:
+    """One passive, unnumbered protocol per port: whoever connects on eth-<peer> over link-local."""
+    return "\n".join(f'protocol bgp {p.name} from {template} {{ interface "eth-{p.name}"; '
+                     f'neighbor range fe80::/10 external; dynamic name "{p.name}_"; }}' for p in peers)
+
+
 def render_spine(fabric: Fabric, spine: Node, run_dir: Path) -> str:
-    protos = "\n".join(
-        f'protocol bgp {leaf.name} from leaf {{ interface "eth-{leaf.name}"; '
-        f'neighbor range fe80::/10 external; dynamic name "{leaf.name}_"; }}'
-        for leaf in fabric.leaves)
-    return _common(f"10.255.0.{spine.index}", run_dir, spine.name) + f"""{_bfd(fabric, "eth-*")}
+    up = ""
+    if fabric.uplinks(spine):
+        up = f"""
+template bgp superspine {{
+  local as {spine.asn};
+  {_timers(fabric)}
+  ipv6 {{ import all; export where pathbw_export(); aigp on; next hop self; }};
+}}
+include "{run_dir}/{spine.name}.neighbors.conf";   # super-spines: written by the agent
+"""
+    return _common(f"10.255.{100 + spine.pod}.{spine.plane}", run_dir, spine.name) + f"""{_bfd(fabric, "eth-*")}
 include "{run_dir}/{spine.name}.pathbw.conf";   # FARE: written by the agent
 
 template bgp leaf {{
@@ -122,31 +130,68 @@ template bgp leaf {{
   {_timers(fabric)}
   ipv6 {{ import all; export where pathbw_export(); aigp on; next hop self; }};
 }}
-{protos}
+{_dynamic(fabric.downlinks(spine), "leaf")}
+{up}"""
+
+
+def render_superspine(fabric: Fabric, ss: Node, run_dir: Path) -> str:
+    return _common(f"10.255.200.{ss.index}", run_dir, ss.name) + f"""{_bfd(fabric, "eth-*")}
+include "{run_dir}/{ss.name}.pathbw.conf";   # FARE link bandwidth: written by the agent
+
+template bgp spine {{
+  local as {ss.asn};
+  {_timers(fabric)}
+  ipv6 {{ import all; export where pathbw_export(); aigp on; next hop self; }};
+}}
+{_dynamic(fabric.downlinks(ss), "spine")}
 """
 
 
 def render(fabric: Fabric, node: str, run_dir: Path) -> str:
     n = fabric.node(node)
-    return render_leaf(fabric, n, run_dir) if n.role == "leaf" else render_spine(fabric, n, run_dir)
+    return {"leaf": render_leaf, "spine": render_spine, "superspine": render_superspine}[n.role](fabric, n, run_dir)
 
 
-def render_neighbors(fabric: Fabric, leaf: Node, found: dict[str, str]) -> str:
-    """Leaf sessions to the spines whose link-local addresses were discovered {spine: addr}."""
+def render_neighbors(fabric: Fabric, node: Node, found: dict[str, str]) -> str:
+    """Sessions to the uplinks whose link-local addresses were discovered {peer: addr}: a leaf's
+    spines (exporting its prefixes by colour), a spine's super-spines."""
     out = ["# written by rlbswitch from neighbour discovery"]
-    for spine in fabric.spines:
-        addr = found.get(spine.name)
-        if addr:
-            out.append(f'protocol bgp {spine.name} from spine {{ interface "eth-{spine.name}"; '
-                       f'neighbor {addr} external; ipv6 {{ export where leaf_export({spine.index}); }}; }}')
+    for peer in fabric.uplinks(node):
+        addr = found.get(peer.name)
+        if not addr:
+            continue
+        if node.role == "leaf":
+            out.append(f'protocol bgp {peer.name} from spine {{ interface "eth-{peer.name}"; '
+                       f'neighbor {addr} external; ipv6 {{ export where leaf_export({peer.plane}); }}; }}')
+        else:
+            out.append(f'protocol bgp {peer.name} from superspine {{ interface "eth-{peer.name}"; '
+                       f'neighbor {addr} external; }}')
     return "\n".join(out) + "\n"
 
 
-def render_pathbw(fabric: Fabric, spine: Node, values: dict[str, float]) -> str:
-    """Spine export: replace any path bandwidth community by the value the agent computed
-    for the prefix (min(link, received) summed over the prefix's routes)."""
-    hi = pathbw_hi(fabric.pathbw_subtype, spine.asn)
-    deletes = ", ".join(f"(generic, {pathbw_hi(fabric.pathbw_subtype, a):#x}, *)" for a in fabric.asns())
+def render_pathbw(fabric: Fabric, node: Node, values: dict[str, float]) -> str:
+    """Export filter with the FARE values the agent computed per prefix.
+
+    spine: the transitive path bandwidth (min(link, received), summed over the prefix's routes)
+    replaces any there; the one-hop link-bandwidth community of a super-spine is removed.
+    super-spine: the transitive value passes untouched; the bandwidth of the link towards the
+    advertising spine is attached (the draft's non-transitive community, sent one hop)."""
+    asns = fabric.asns()
+    link_deletes = ", ".join(f"(generic, {pathbw_hi(fabric.linkbw_subtype, a):#x}, *)" for a in asns)
+    if node.role == "superspine":
+        hi = pathbw_hi(fabric.linkbw_subtype, node.asn)
+        cases = "\n".join(f"  if net = {net} then bgp_ext_community.add((generic, {hi:#x}, {float_bits(v):#x}));"
+                          for net, v in sorted(values.items()))
+        return f"""# written by rlbswitch: link bandwidth towards the advertising spine, per prefix
+function pathbw_export()
+{{
+  bgp_ext_community.delete([{link_deletes}]);
+{cases}
+  return true;
+}}
+"""
+    hi = pathbw_hi(fabric.pathbw_subtype, node.asn)
+    deletes = ", ".join(f"(generic, {pathbw_hi(fabric.pathbw_subtype, a):#x}, *)" for a in asns)
     cases = "\n".join(
         f"  if net = {net} then {{ bgp_ext_community.delete([{deletes}]); "
         f"bgp_ext_community.add((generic, {hi:#x}, {float_bits(v):#x})); }}"
@@ -154,6 +199,7 @@ def render_pathbw(fabric: Fabric, spine: Node, values: dict[str, float]) -> str:
     return f"""# written by rlbswitch: FARE path bandwidth per prefix (bytes/s as float32)
 function pathbw_export()
 {{
+  bgp_ext_community.delete([{link_deletes}]);   # one hop only
 {cases}
   return true;
 }}

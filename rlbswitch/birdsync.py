@@ -62,7 +62,7 @@ class BirdSync:
         """Spine link-local addresses per uplink: an echo request to all-nodes on the port makes
         the spine answer (and the kernel learn it); then read the neighbour table."""
         found = {}
-        for spine in self.fabric.spines:
+        for spine in self.fabric.uplinks(self.node):
             ifname = f"eth-{spine.name}"
             try:
                 ifindex = self.dp.ifindex(ifname)
@@ -85,25 +85,57 @@ class BirdSync:
             self._configure(f"neighbours {found}")
 
     # ---- spines: FARE path bandwidth --------------------------------------------------
+    def _ports_of(self, nodes) -> set[str]:
+        return {f"eth-{n.name}" for n in nodes}
+
     def sync_pathbw(self, paths):
+        """Spine: path bandwidth of the prefixes its own leaves advertise (sum of min(link,
+        received)). Super-spine: the bandwidth of its link towards the advertising spine."""
         values: dict[str, float] = {}
         by_net: dict[str, list] = {}
+        down = self._ports_of(self.fabric.downlinks(self.node))
         for p in paths:
-            if p.source == "BGP" and p.iface:
+            if p.source == "BGP" and p.iface in down:
                 by_net.setdefault(p.net, []).append(p)
         for net, ps in by_net.items():
+            if self.node.role == "superspine":
+                best = next((p for p in ps if p.best), ps[0])
+                values[net] = pbw.superspine_nontransitive(self.link_bw(best.iface))
+                continue
             v = pbw.readvertised([self.link_bw(p.iface) for p in ps],
                                  [p.path_bandwidth(self.fabric.pathbw_subtype) for p in ps])
             if v is not None:
                 values[net] = v
+        if self.node.role == "spine":
+            values.update(self._remote_pod_values(paths))
         path = self.run_dir / f"{self.node.name}.pathbw.conf"
         if self._write(path, render_pathbw(self.fabric, self.node, values)):
             self._configure(f"path bandwidth for {len(values)} prefixes")
 
     # ---- routes -> data plane ---------------------------------------------------------
+    def _remote_pod_values(self, paths) -> dict[str, float]:
+        """§4.2 option: a spine lowers the transitive path bandwidth of another pod's prefix to the
+        total towards the next-next hop (its super-spine routes, each min(link, link bandwidth
+        the super-spine attached)) when that is smaller. Without every route carrying the link
+        bandwidth the value passes untouched."""
+        up = self._ports_of(self.fabric.uplinks(self.node))
+        by_net: dict[str, list] = {}
+        for p in paths:
+            if p.source == "BGP" and p.iface in up:
+                by_net.setdefault(p.net, []).append(p)
+        out = {}
+        for net, ps in by_net.items():
+            total = pbw.readvertised([self.link_bw(p.iface) for p in ps],
+                                     [p.path_bandwidth(self.fabric.linkbw_subtype) for p in ps])
+            carried = [p.path_bandwidth(self.fabric.pathbw_subtype) for p in ps]
+            if total is None or None in carried:
+                continue
+            out[net] = min(min(carried), total)
+        return out
+
     def sync_routes(self, paths):
         t0 = time.perf_counter()
-        compiled = compile_all(paths, self.fabric.policy_for, self.link_bw, self.fabric.pathbw_subtype)
+        compiled = self.compile(paths)
         for net, c in compiled.items():
             desc = repr(c.route.to_dict())
             if self.programmed.get(net) != desc:
@@ -128,6 +160,19 @@ class BirdSync:
         out.with_suffix(".tmp").write_text(json.dumps(self.explain))
         out.with_suffix(".tmp").replace(out)
 
+    def compile(self, paths):
+        """Leaves (and spines for their own pod): the fabric's policy. A spine's routes learnt from
+        super-spines (other pods): FARE on the super-spines' link bandwidth, ECMP without it."""
+        if self.node.role != "spine" or not self.fabric.uplinks(self.node):
+            return compile_all(paths, self.fabric.policy_for, self.link_bw, self.fabric.pathbw_subtype)
+        up = self._ports_of(self.fabric.uplinks(self.node))
+        remote = {p.net for p in paths if p.iface in up}
+        local = [p for p in paths if p.net not in remote]
+        out = compile_all(local, self.fabric.policy_for, self.link_bw, self.fabric.pathbw_subtype)
+        out.update(compile_all([p for p in paths if p.net in remote], lambda n: "fare", self.link_bw,
+                               self.fabric.linkbw_subtype, lambda n: 1))
+        return out
+
     def adopt(self):
         """A restarted agent takes over what the previous one programmed (not connected/local)."""
         for e in self.dp.routes():
@@ -138,7 +183,7 @@ class BirdSync:
     def step(self):
         table = self.bird.routes()
         key = repr(table)
-        if self.node.role == "spine":
+        if self.node.role in ("spine", "superspine"):
             self.sync_pathbw(table)
         if key != self.last_table:
             self.sync_routes(table)
@@ -150,10 +195,12 @@ class BirdSync:
         next_discovery = 0.0
         while not self.stop.is_set():
             try:
-                if self.node.role == "leaf" and time.time() >= next_discovery:
+                uplinks = self.fabric.uplinks(self.node)
+                if uplinks and time.time() >= next_discovery:
                     self.sync_neighbours()
-                    up = [s for s, i in self.stats["sessions"].items() if i.startswith("Established")]
-                    next_discovery = time.time() + (30 if len(up) >= len(self.fabric.spines) else 1)
+                    up = [s for s, i in self.stats["sessions"].items()
+                          if i.startswith("Established") and s in {u.name for u in uplinks}]
+                    next_discovery = time.time() + (30 if len(up) >= len(uplinks) else 1)
                 self.step()
             except (BirdError, OSError) as e:
                 self.stats["errors"] += 1

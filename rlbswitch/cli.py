@@ -155,12 +155,17 @@ def bird_config(
     text = render(fab, node, run_dir)
     n = fab.node(node)
     run_dir.mkdir(parents=True, exist_ok=True)
-    inc = run_dir / (f"{node}.neighbors.conf" if n.role == "leaf" else f"{node}.pathbw.conf")
-    if not inc.exists():
-        inc.write_text(render_neighbors(fab, n, {}) if n.role == "leaf" else render_pathbw(fab, n, {}))
+    incs = []
+    if fab.uplinks(n):
+        incs.append((run_dir / f"{node}.neighbors.conf", render_neighbors(fab, n, {})))
+    if n.role != "leaf":
+        incs.append((run_dir / f"{node}.pathbw.conf", render_pathbw(fab, n, {})))
+    for inc, body in incs:
+        if not inc.exists():
+            inc.write_text(body)
     if out:
         out.write_text(text)
-        typer.echo(f"wrote {out} ({n.role} {node}); include {inc}")
+        typer.echo(f"wrote {out} ({n.role} {node}); includes {', '.join(str(i) for i, _ in incs)}")
     else:
         typer.echo(text, nl=False)
 

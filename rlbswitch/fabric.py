@@ -22,7 +22,16 @@ address plan); bird configs, agents and labs are all derived from it.
     between = ["l1", "s2"]
     mbps = 5000
 
-Interfaces: a leaf's port to spine S is eth-S, a spine's port to leaf L is eth-L."""
+5-stage: give leaves and spines a `pod` (default 1) and add super-spines with a `plane`; the k-th
+spine of every pod (its plane) connects to every super-spine of plane k. Spines of one pod share
+an AS, each pod its own, so routes can cross pods.
+
+    [[superspine]]
+    name = "ss1"
+    asn = 65100
+    plane = 1
+
+Interfaces: a node's port towards node X is eth-X."""
 from __future__ import annotations
 
 import ipaddress
@@ -46,12 +55,15 @@ class Node:
     asn: int
     index: int                    # 1-based within its role
     hosts: list[str] = field(default_factory=list)
+    pod: int = 1
+    plane: int = 0                # spines: position in the pod; super-spines: given
 
 
 @dataclass
 class Fabric:
     spines: list[Node]
     leaves: list[Node]
+    superspines: list[Node]
     paths: int
     prefix: str
     policy: str
@@ -60,16 +72,46 @@ class Fabric:
     pathbw_subtype: int
     link_overrides: dict[frozenset, int]
     policy_overrides: dict[str, str]
+    # Sub-type of the community a super-spine attaches with the bandwidth of its link towards the
+    # advertising spine. The draft makes it non-transitive, but bird 2.0.12 deletes
+    # non-transitive ext communities on every eBGP export (ec_set_del_nontrans), so it would never
+    # arrive: it is sent transitive and every spine deletes it on export (it travels one hop).
+    linkbw_subtype: int = 0x89
 
     # ---- lookups ----------------------------------------------------------------------
+    @property
+    def switches(self) -> list[Node]:
+        return self.superspines + self.spines + self.leaves
+
     def node(self, name: str) -> Node:
-        for n in self.spines + self.leaves:
+        for n in self.switches:
             if n.name == name:
                 return n
-        raise FabricError(f"no node {name!r} in the fabric (have {', '.join(n.name for n in self.spines + self.leaves)})")
+        raise FabricError(f"no node {name!r} in the fabric (have {', '.join(n.name for n in self.switches)})")
 
-    def colour(self, spine: Node) -> int:
-        return spine.index
+    def pod_spines(self, pod: int) -> list[Node]:
+        return [s for s in self.spines if s.pod == pod]
+
+    def uplinks(self, node: Node) -> list[Node]:
+        """Peers this node must find and connect to (the active BGP side)."""
+        if node.role == "leaf":
+            return self.pod_spines(node.pod)
+        if node.role == "spine":
+            return [ss for ss in self.superspines if ss.plane == node.plane]
+        return []
+
+    def downlinks(self, node: Node) -> list[Node]:
+        """Peers that connect to this node (dynamic BGP, passive)."""
+        if node.role == "spine":
+            return [lf for lf in self.leaves if lf.pod == node.pod]
+        if node.role == "superspine":
+            return [s for s in self.spines if s.plane == node.plane]
+        return []
+
+    def spine_for_path(self, leaf: Node, k: int) -> Node:
+        """Colour k leaves a leaf through this spine of its pod."""
+        spines = self.pod_spines(leaf.pod)
+        return spines[(k - 1) % len(spines)]
 
     def link_mbps_between(self, a: str, b: str) -> int:
         return self.link_overrides.get(frozenset((a, b)), self.link_mbps)
@@ -107,7 +149,11 @@ class Fabric:
         return best[1] if best else self.policy
 
     def asns(self) -> list[int]:
-        return sorted({n.asn for n in self.spines + self.leaves})
+        return sorted({n.asn for n in self.switches})
+
+    @property
+    def stages(self) -> int:
+        return 5 if self.superspines else 3
 
 
 def load(path: str | Path) -> Fabric:
@@ -122,8 +168,8 @@ def load(path: str | Path) -> Fabric:
 
 def parse(data: dict, where: str = "fabric") -> Fabric:
     f = data.get("fabric", {})
-    spines, leaves, seen = [], [], set()
-    for role, out in (("spine", spines), ("leaf", leaves)):
+    spines, leaves, supers, seen = [], [], [], set()
+    for role, out in (("superspine", supers), ("spine", spines), ("leaf", leaves)):
         for i, n in enumerate(data.get(role, []), start=1):
             name, asn = n.get("name"), n.get("asn")
             if not isinstance(name, str) or not NAME.match(name):
@@ -134,20 +180,44 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
             if not isinstance(asn, int) or not 1 <= asn <= 65535:
                 raise FabricError(f"{where}: {name}: asn must be a 2-byte AS number (1-65535)")
             hosts = n.get("hosts", [])
-            if role == "spine" and hosts:
-                raise FabricError(f"{where}: spine {name} cannot have hosts")
+            if role != "leaf" and hosts:
+                raise FabricError(f"{where}: {role} {name} cannot have hosts")
             for h in hosts:
                 if not NAME.match(h) or h in seen:
                     raise FabricError(f"{where}: host name {h!r} invalid or used twice")
                 seen.add(h)
-            out.append(Node(name, role, asn, i, list(hosts)))
+            pod = n.get("pod", 1)
+            if role != "superspine" and (not isinstance(pod, int) or pod < 1):
+                raise FabricError(f"{where}: {name}: pod must be a positive whole number")
+            plane = n.get("plane", 0)
+            if role == "superspine" and (not isinstance(plane, int) or plane < 1):
+                raise FabricError(f"{where}: super-spine {name} needs a plane (1, 2, ...)")
+            out.append(Node(name, role, asn, i, list(hosts), pod if role != "superspine" else 0, plane))
     if not spines or not leaves:
         raise FabricError(f"{where}: needs at least one [[spine]] and one [[leaf]]")
+    pods = sorted({s.pod for s in spines})
+    per_pod = {p: [s for s in spines if s.pod == p] for p in pods}
+    if len({len(v) for v in per_pod.values()}) != 1:
+        raise FabricError(f"{where}: every pod needs the same number of spines")
+    for members in per_pod.values():
+        for plane, s in enumerate(members, start=1):
+            s.plane = plane
+    for lf in leaves:
+        if lf.pod not in per_pod:
+            raise FabricError(f"{where}: leaf {lf.name} is in pod {lf.pod}, which has no spines")
+    for ss in supers:
+        if ss.plane > len(per_pod[pods[0]]):
+            raise FabricError(f"{where}: super-spine {ss.name}: plane {ss.plane} but pods have "
+                              f"{len(per_pod[pods[0]])} spines")
+    if len(pods) > 1 and not supers:
+        raise FabricError(f"{where}: several pods need [[superspine]]s to connect them")
+    spines = [s for p in pods for s in per_pod[p]]
     paths = f.get("paths", len(spines))
     if not isinstance(paths, int) or not 1 <= paths <= 16:
         raise FabricError(f"{where}: paths must be 1-16")
-    if paths % len(spines):
-        raise FabricError(f"{where}: paths ({paths}) must be a multiple of the spines ({len(spines)})")
+    if paths % len(per_pod[pods[0]]):
+        raise FabricError(f"{where}: paths ({paths}) must be a multiple of the spines per pod "
+                          f"({len(per_pod[pods[0]])})")
     policy = f.get("policy", "dpf")
     overrides = data.get("policy", {})
     for p in [policy, *overrides.values()]:
@@ -165,5 +235,6 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
         ipaddress.IPv6Network(f"{prefix}:1:1:1::/64")
     except ValueError:
         raise FabricError(f"{where}: prefix {prefix!r} must be one hextet, e.g. 'fc00'") from None
-    return Fabric(spines, leaves, paths, prefix, policy, int(f.get("link_mbps", 10000)),
-                  bool(f.get("bfd", True)), int(f.get("pathbw_subtype", 0x88)), links, overrides)
+    return Fabric(spines, leaves, supers, paths, prefix, policy, int(f.get("link_mbps", 10000)),
+                  bool(f.get("bfd", True)), int(f.get("pathbw_subtype", 0x88)), links, overrides,
+                  int(f.get("linkbw_subtype", 0x89)))

@@ -1,0 +1,80 @@
+"""Fabric files and bird rendering: every node of every lab fabric renders a config that bird2
+itself accepts (bird -p), Juniper's Table 2 falls out of the plan, bad files get clear errors."""
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlbswitch import birdconf, fabric
+
+LAB = Path(__file__).resolve().parent.parent / "lab"
+
+
+@pytest.mark.parametrize("name", ["fabric.toml", "fabric-2x2.toml", "fabric-5stage.toml"])
+def test_every_rendered_config_parses_in_bird(name, tmp_path):
+    fab = fabric.load(LAB / name)
+    for node in fab.switches:
+        (tmp_path / f"{node.name}.conf").write_text(birdconf.render(fab, node.name, tmp_path))
+        peers = {u.name: "fe80::1" for u in fab.uplinks(node)}
+        (tmp_path / f"{node.name}.neighbors.conf").write_text(birdconf.render_neighbors(fab, node, peers))
+        (tmp_path / f"{node.name}.pathbw.conf").write_text(
+            birdconf.render_pathbw(fab, node, {"fc00:1:1:1::/64": 1.25e9}))
+        res = subprocess.run(["bird", "-p", "-c", str(tmp_path / f"{node.name}.conf")],
+                             capture_output=True, text=True)
+        assert res.returncode == 0, (node.name, res.stderr)
+
+
+def test_juniper_table_2_from_the_plan():
+    fab = fabric.load(LAB / "fabric.toml")
+    adv = birdconf.leaf_advertisements(fab, fab.node("l1"))
+    for k in range(1, 5):
+        for s in range(1, 5):
+            colour, aigp = adv[(f"fc00:1:1:{k}::/64", f"s{s}")]
+            assert colour == k and aigp == (s == k)
+
+
+def test_leaf_config_carries_the_traps_found_on_2_0_12():
+    fab = fabric.load(LAB / "fabric.toml")
+    conf = birdconf.render(fab, "l1", Path("/run/rlb"))
+    assert "igp_metric = 2147483648" in conf and "unset(bgp_aigp)" not in conf
+    assert "merge paths off" in conf and "aigp originate" in conf
+    assert 'interface "eth-h1"' in conf and "radv" in conf
+    spine = birdconf.render(fab, "s1", Path("/run/rlb"))
+    assert "neighbor range fe80::/10 external" in spine and "aigp on" in spine
+
+
+def test_five_stage_topology():
+    fab = fabric.load(LAB / "fabric-5stage.toml")
+    assert fab.stages == 5
+    s12 = fab.node("s12")
+    assert [n.name for n in fab.uplinks(s12)] == ["ss2"] and s12.plane == 2
+    assert [n.name for n in fab.downlinks(fab.node("ss1"))] == ["s11", "s21"]
+    assert fab.spine_for_path(fab.node("l2"), 2).name == "s22"
+    assert fab.link_mbps_between("s12", "ss2") == 5000
+
+
+@pytest.mark.parametrize("data,msg", [
+    ({"leaf": [{"name": "l1", "asn": 1}]}, "at least one"),
+    ({"spine": [{"name": "S1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2}]}, "lowercase"),
+    ({"spine": [{"name": "s1", "asn": 70000}], "leaf": [{"name": "l1", "asn": 2}]}, "2-byte"),
+    ({"spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "s1", "asn": 2}]}, "used twice"),
+    ({"fabric": {"policy": "fast"}, "spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2}]}, "policy"),
+    ({"fabric": {"paths": 3}, "spine": [{"name": "s1", "asn": 1}, {"name": "s2", "asn": 1}],
+      "leaf": [{"name": "l1", "asn": 2}]}, "multiple"),
+    ({"spine": [{"name": "s1", "asn": 1, "pod": 1}, {"name": "s2", "asn": 1, "pod": 2}],
+      "leaf": [{"name": "l1", "asn": 2}]}, "superspine"),
+    ({"spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2, "pod": 3}]}, "no spines"),
+    ({"spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2}],
+      "link": [{"between": ["l1", "zz"], "mbps": 1}]}, "unknown node"),
+])
+def test_bad_fabric_files(data, msg):
+    with pytest.raises(fabric.FabricError, match=msg):
+        fabric.parse(data)
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(fabric.FabricError, match="not found"):
+        fabric.load(tmp_path / "nope.toml")
+    (tmp_path / "bad.toml").write_text("[fabric\n")
+    with pytest.raises(fabric.FabricError, match="bad.toml"):
+        fabric.load(tmp_path / "bad.toml")
