@@ -21,10 +21,19 @@ from .bird import Bird
 
 
 class FabricLab:
-    def __init__(self, fabric_file: str | Path, name: str = "rlbf", hosts_agent: bool = True):
+    def __init__(self, fabric_file: str | Path, name: str = "rlbf", hosts_agent: bool = True,
+                 mode: str = "rlb", shape: bool = False):
+        """mode "rlb": XDP switches fed by bird, rlbhost on hosts. mode "baseline": the same
+        fabric as people run it today: bird merges equal paths into kernel ECMP routes, the
+        kernel forwards with fib_multipath_hash_policy=1, no XDP, no rlbhost.
+        shape: tbf on every fabric link at its fabric-file rate (real bandwidth for kernel
+        forwarding; XDP-redirected frames bypass qdiscs)."""
+        if mode not in ("rlb", "baseline"):
+            raise ValueError(f"mode {mode!r}: rlb or baseline")
         self.fabric_file = Path(fabric_file).resolve()
         self.fabric: Fabric = load(self.fabric_file)
-        self.name, self.hosts_agent = name, hosts_agent
+        self.name, self.mode, self.shape = name, mode, shape
+        self.hosts_agent = hosts_agent and mode == "rlb"
         self.work = Path(f"/tmp/{name}")
         self.birds: dict[str, Bird] = {}
         self.agents: dict[str, subprocess.Popen] = {}
@@ -53,9 +62,16 @@ class FabricLab:
                 topo.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")   # fast restore on link-up
         for sw in self.switches:
             topo.sysctl(self.ns(sw.name), "net.ipv6.conf.all.forwarding", "1")
+            if self.mode == "baseline":
+                topo.sysctl(self.ns(sw.name), "net.ipv6.fib_multipath_hash_policy", "1")
         for node in self.fabric.leaves + self.fabric.spines:
             for up in self.fabric.uplinks(node):
                 topo.link(self.ns(node.name), f"eth-{up.name}", self.ns(up.name), f"eth-{node.name}")
+                if self.shape:
+                    mbps = self.fabric.link_mbps_between(node.name, up.name)
+                    for ns, ifname in ((self.ns(node.name), f"eth-{up.name}"), (self.ns(up.name), f"eth-{node.name}")):
+                        run(ns, "tc", "qdisc", "add", "dev", ifname, "root", "tbf", "rate", f"{mbps}mbit",
+                            "burst", "64kb", "latency", "50ms")
         for leaf in self.fabric.leaves:
             for port, host, ifname in self.fabric.host_ports(leaf):
                 topo.link(self.ns(leaf.name), ifname, self.ns(host), "eth0")
@@ -67,8 +83,8 @@ class FabricLab:
                 (self.work / f"{sw.name}.neighbors.conf").write_text(render_neighbors(self.fabric, sw, {}))
             if sw.role != "leaf":
                 (self.work / f"{sw.name}.pathbw.conf").write_text(render_pathbw(self.fabric, sw, {}))
-            bird = Bird(self.ns(sw.name), render(self.fabric, sw.name, self.work), self.work,
-                        name=sw.name)
+            bird = Bird(self.ns(sw.name), render(self.fabric, sw.name, self.work, self.mode == "baseline"),
+                        self.work, name=sw.name)
             bird.start()
             self.birds[sw.name] = bird
             self.start_agent(sw.name)
@@ -87,8 +103,9 @@ class FabricLab:
     def _spawn(self, key: str, cmd: list[str], ready: str, timeout: float = 30.0):
         log = self.work / f"agent-{key}.log"
         start = log.stat().st_size if log.exists() else 0
-        with open(log, "a") as f:
-            self.agents[key] = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        with open(log, "a") as f:   # own session: a lab outlives the command that started it
+            self.agents[key] = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                                start_new_session=True)
         deadline = time.time() + timeout
         while ready not in log.read_text()[start:]:
             if self.agents[key].poll() is not None or time.time() > deadline:
@@ -99,6 +116,8 @@ class FabricLab:
         cmd = [sys.executable, "-m", "rlbswitch", "--netns", self.ns(node), "run", *self.ports(node),
                "--fabric", str(self.fabric_file), "--node", node, "--run-dir", str(self.work),
                "--speed-mbps", str(self.fabric.link_mbps)]
+        if self.mode == "baseline":
+            cmd += ["--control-only"]
         self._spawn(node, cmd, "following links")
 
     def start_host_agent(self, host: str):
@@ -117,6 +136,8 @@ class FabricLab:
         for b in self.birds.values():
             b.stop()
         self.birds = {}
+        for b in self.work.glob("*.ctl") if self.work.exists() else []:
+            b.unlink(missing_ok=True)
         existing = set(topo.list_ns())
         for sw in self.switches:
             if self.ns(sw.name) in existing:
@@ -168,13 +189,24 @@ class FabricLab:
                 for leaf in self.fabric.leaves}
         deadline = time.time() + timeout
         while True:
-            missing = {leaf: sorted(nets - {p for p, r in self.routes(leaf).items() if r["mode"] != "connected"})
-                       for leaf, nets in want.items()}
+            missing = {leaf: sorted(nets - self._programmed(leaf)) for leaf, nets in want.items()}
             if not any(missing.values()):
                 return
             if time.time() > deadline:
                 raise TimeoutError(f"not converged: {missing}")
             time.sleep(0.3)
+
+    def _programmed(self, leaf: str) -> set[str]:
+        """Remote prefixes the leaf forwards: XDP routes (rlb), or kernel ECMP routes over every
+        uplink (baseline)."""
+        if self.mode == "rlb":
+            return {p for p, r in self.routes(leaf).items() if r["mode"] != "connected"}
+        n_up = len(self.fabric.uplinks(self.fabric.node(leaf)))
+        out = set()
+        for r in json.loads(run(self.ns(leaf), "ip", "-6", "-j", "route", "show", "proto", "bird")):
+            if len(r.get("nexthops", [])) == n_up or (n_up == 1 and "gateway" in r):
+                out.add(r["dst"])
+        return out
 
     def spine_packets(self, from_leaf: str) -> dict[str, int]:
         """Packets each spine of the leaf's pod received from it (the spine port's kernel counters)."""
@@ -184,3 +216,44 @@ class FabricLab:
 
     def rx_packets(self, node: str, from_node: str) -> int:
         return topo.counters(self.ns(node), f"eth-{from_node}")["rx_packets"]
+
+    # ---- traffic ----------------------------------------------------------------------
+    def link_counts(self, leaf: str) -> dict[str, int]:
+        """Bytes each of the leaf's uplinks carried (the spine side's kernel rx counters)."""
+        n = self.fabric.node(leaf)
+        return {u.name: topo.counters(self.ns(u.name), f"eth-{leaf}")["rx_bytes"] for u in self.fabric.uplinks(n)}
+
+    def qp_frames_sender(self, src_host: str):
+        """A raw socket on the host's NIC: frames go out as a NIC would send them (through TC
+        egress, so rlbhost sees them), carrying no socket hash for the leaf to reuse."""
+        from .traffic import open_raw
+        return open_raw(self.ns(src_host), "eth0")
+
+    def run_qps(self, src: str, dst: str, n_qps: int, packets: int, seed: int,
+                payload_len: int = 512, rate_pps: float | None = None) -> dict:
+        """n QPs between two GPUs (base addresses, UDP 4791, random source ports and QPs);
+        returns per-uplink bytes of the source leaf, from kernel counters."""
+        import random
+        from .traffic import Flow, send
+        rnd = random.Random(seed)
+        a, b = self.host_addresses(src)[1], self.host_addresses(dst)[1]
+        flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(n_qps)]
+        leaf, port = self.fabric.leaf_of_host(src)
+        sock = self.qp_frames_sender(src)
+        try:
+            before = self.link_counts(leaf.name)
+            sent = send(sock, flows, packets, dmac=topo.mac(self.ns(leaf.name), f"eth-{src}"),
+                        smac=topo.mac(self.ns(src), "eth0"), payload_len=payload_len, rate_pps=rate_pps)
+            time.sleep(0.3)
+            after = self.link_counts(leaf.name)
+        finally:
+            sock.close()
+        return {"sent": sent, "links": {k: after[k] - before[k] for k in after}}
+
+
+def balance(links: dict[str, int], noise_bytes: int = 2000) -> dict:
+    """max/mean of per-link bytes and the share of links that carried traffic."""
+    vals = list(links.values())
+    mean = sum(vals) / len(vals) if vals else 0
+    used = sum(1 for v in vals if v > noise_bytes)
+    return {"max_mean": (max(vals) / mean) if mean else 0.0, "links_used": used / len(vals) if vals else 0.0}

@@ -39,14 +39,15 @@ def leaf_advertisements(fabric: Fabric, leaf: Node) -> dict[tuple[str, str], tup
     return out
 
 
-def _common(router_id: str, run_dir: Path, name: str) -> str:
+def _common(router_id: str, run_dir: Path, name: str, ecmp: bool = False) -> str:
     return f"""# rendered by rlbswitch bird-config for {name}: edit the fabric file, not this
 router id {router_id};
 log "{run_dir}/{name}.bird.log" all;
 debug protocols {{ states, events }};
 protocol device {{ scan time 1; }}
 protocol kernel {{
-  merge paths off;   # on would ECMP AIGP and non-AIGP paths (bgp_rte_mergable ignores AIGP)
+  {"merge paths on;    # baseline: the kernel's own ECMP" if ecmp else
+   "merge paths off;   # on would ECMP AIGP and non-AIGP paths (bgp_rte_mergable ignores AIGP)"}
   ipv6 {{ import none; export where source = RTS_BGP; }};
 }}
 """
@@ -63,7 +64,9 @@ def _timers(fabric: Fabric) -> str:
             "error wait time 1, 5;" + (" bfd on;" if fabric.bfd else ""))
 
 
-def render_leaf(fabric: Fabric, leaf: Node, run_dir: Path) -> str:
+def render_leaf(fabric: Fabric, leaf: Node, run_dir: Path, baseline: bool = False) -> str:
+    """baseline: the fabric as people run it today, for comparison: no AIGP pinning, bird
+    merges the equal paths into kernel ECMP routes."""
     ports = fabric.host_ports(leaf)
     cases = []
     for port, _, _ in ports:
@@ -75,7 +78,9 @@ def render_leaf(fabric: Fabric, leaf: Node, run_dir: Path) -> str:
     hi = pathbw_hi(fabric.pathbw_subtype, leaf.asn)
     spine_of_k = "\n".join(f"  if k = {k} then spine_k = {fabric.spine_for_path(leaf, k).plane};"
                            for k in range(1, fabric.paths + 1))
-    return _common(f"10.255.{leaf.index}.1", run_dir, leaf.name) + f"""protocol direct {{ ipv6; interface {ifs}; }}
+    aigp = (f"if spine_k = spine then igp_metric = 10; else igp_metric = {NO_AIGP_METRIC};"
+            if not baseline else f"igp_metric = {NO_AIGP_METRIC};   # baseline: no pinning")
+    return _common(f"10.255.{leaf.index}.1", run_dir, leaf.name, ecmp=baseline) + f"""protocol direct {{ ipv6; interface {ifs}; }}
 protocol radv {{
 {radv}
 }}
@@ -92,7 +97,7 @@ int k; int spine_k;
 {spine_of_k}
   bgp_ext_community.add((generic, {COLOUR_HI:#x}, k));
   bgp_ext_community.add((generic, {hi:#x}, {float_bits(MAX_BANDWIDTH):#x}));
-  if spine_k = spine then igp_metric = 10; else igp_metric = {NO_AIGP_METRIC};
+  {aigp}
   return true;
 }}
 
@@ -111,7 +116,7 @@ def _dynamic(peers: list[Node], template: str) -> str:
                      f'neighbor range fe80::/10 external; dynamic name "{p.name}_"; }}' for p in peers)
 
 
-def render_spine(fabric: Fabric, spine: Node, run_dir: Path) -> str:
+def render_spine(fabric: Fabric, spine: Node, run_dir: Path, baseline: bool = False) -> str:
     up = ""
     if fabric.uplinks(spine):
         up = f"""
@@ -122,7 +127,7 @@ template bgp superspine {{
 }}
 include "{run_dir}/{spine.name}.neighbors.conf";   # super-spines: written by the agent
 """
-    return _common(f"10.255.{100 + spine.pod}.{spine.plane}", run_dir, spine.name) + f"""{_bfd(fabric, "eth-*")}
+    return _common(f"10.255.{100 + spine.pod}.{spine.plane}", run_dir, spine.name, ecmp=baseline) + f"""{_bfd(fabric, "eth-*")}
 include "{run_dir}/{spine.name}.pathbw.conf";   # FARE: written by the agent
 
 template bgp leaf {{
@@ -134,8 +139,8 @@ template bgp leaf {{
 {up}"""
 
 
-def render_superspine(fabric: Fabric, ss: Node, run_dir: Path) -> str:
-    return _common(f"10.255.200.{ss.index}", run_dir, ss.name) + f"""{_bfd(fabric, "eth-*")}
+def render_superspine(fabric: Fabric, ss: Node, run_dir: Path, baseline: bool = False) -> str:
+    return _common(f"10.255.200.{ss.index}", run_dir, ss.name, ecmp=baseline) + f"""{_bfd(fabric, "eth-*")}
 include "{run_dir}/{ss.name}.pathbw.conf";   # FARE link bandwidth: written by the agent
 
 template bgp spine {{
@@ -147,9 +152,10 @@ template bgp spine {{
 """
 
 
-def render(fabric: Fabric, node: str, run_dir: Path) -> str:
+def render(fabric: Fabric, node: str, run_dir: Path, baseline: bool = False) -> str:
     n = fabric.node(node)
-    return {"leaf": render_leaf, "spine": render_spine, "superspine": render_superspine}[n.role](fabric, n, run_dir)
+    fn = {"leaf": render_leaf, "spine": render_spine, "superspine": render_superspine}[n.role]
+    return fn(fabric, n, run_dir, baseline)
 
 
 def render_neighbors(fabric: Fabric, node: Node, found: dict[str, str]) -> str:

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 class BirdSync:
     def __init__(self, dp: SwitchDataplane, fabric: Fabric, node: str, socket_path: str, run_dir: Path,
-                 poll: float = 0.05):
+                 poll: float = 0.05, program: bool = True):
+        self.program = program   # False: only feed bird (discovery, path bandwidth); no XDP
         self.dp, self.fabric, self.node = dp, fabric, fabric.node(node)
         self.bird = BirdClient(socket_path)
         self.run_dir, self.poll = run_dir, poll
@@ -185,13 +186,14 @@ class BirdSync:
         key = repr(table)
         if self.node.role in ("spine", "superspine"):
             self.sync_pathbw(table)
-        if key != self.last_table:
+        if key != self.last_table and self.program:
             self.sync_routes(table)
             self.last_table = key
         self.stats["sessions"] = {p["name"]: p["info"] for p in self.bird.protocols() if p["proto"] == "BGP"}
 
     def run(self):
-        self.adopt()
+        if self.program:
+            self.adopt()
         next_discovery = 0.0
         while not self.stop.is_set():
             try:

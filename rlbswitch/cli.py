@@ -240,6 +240,8 @@ def run(
     bird_socket: Optional[str] = typer.Option(None, help="bird2's control socket "
         "(default: <run-dir>/<node>.ctl)."),
     run_dir: Path = typer.Option(Path("/run/rlb"), help="Where bird's config and includes live."),
+    control_only: bool = typer.Option(False, help="Only serve bird (neighbour discovery, path "
+        "bandwidth): no XDP, the kernel forwards. For comparing with today's fabrics."),
 ):
     """Run the switch agent in the foreground (systemd-friendly).
 
@@ -253,12 +255,16 @@ def run(
     adopted = dp.exists()
     for ifname in interfaces or []:   # all must exist before anything is loaded
         dp.ifindex(ifname)
+    if control_only:
+        if not (fabric_file and node):
+            raise DataplaneError("--control-only needs --fabric and --node")
+        interfaces, metrics_port = [], 0
     for ifname in interfaces or []:
         dp.attach(ifname, generic=generic, speed_mbps=speed_mbps)
     if adopted:
         n = len(dp.routes())
         log.info("adopted pinned state at %s: %d routes, %d ports", dp.pins, n, len(dp.ports()))
-    elif not interfaces:
+    elif not interfaces and not control_only:
         raise DataplaneError("nothing to run: no pinned state and no interfaces given")
     sync = None
     if fabric_file or node:
@@ -266,15 +272,18 @@ def run(
             raise DataplaneError("--fabric and --node go together")
         from .birdsync import BirdSync
         from .fabric import load
-        sync = BirdSync(dp, load(fabric_file), node, bird_socket or str(run_dir / f"{node}.ctl"), run_dir)
+        sync = BirdSync(dp, load(fabric_file), node, bird_socket or str(run_dir / f"{node}.ctl"), run_dir,
+                        program=not control_only)
         threading.Thread(target=sync.run, name="bird", daemon=True).start()
         log.info("following bird2 at %s for %s", sync.bird.path, node)
     if metrics_port:
         serve(SwitchCollector(dp, ctx.instance or ctx.netns or "default", sync), metrics_port, metrics_addr)
-    w = Watcher(dp)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        w.run()
+        if control_only:
+            log.info("following links, neighbours and addresses (control only: the kernel forwards)")
+            threading.Event().wait()
+        Watcher(dp).run()
     except KeyboardInterrupt:
         pass
     log.info("agent stopping; forwarding continues from the pinned maps")
