@@ -1,33 +1,152 @@
-"""rlblab: single-machine namespace labs and the demo."""
+"""rlblab: an RLB fabric on one machine (network namespaces, veths, bird2, XDP, rlbhost), and the
+demo that compares it with kernel ECMP."""
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
+from typing import Optional
 
 import typer
 
+from rlbcommon.paths import RUN_DIR
+
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False)
+DEFAULT_FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"
+
+
+def _state(name: str) -> Path:
+    return RUN_DIR / f"lab-{name}.json"
+
+
+def _lab(name: str):
+    from .fabriclab import FabricLab
+    st = _state(name)
+    if not st.exists():
+        raise typer.BadParameter(f"no lab {name!r} is up (rlblab up)")
+    s = json.loads(st.read_text())
+    return FabricLab(s["fabric"], name, mode=s["mode"], shape=s["shape"])
 
 
 @app.command()
-def demo(keep: bool = typer.Option(False, help="Leave the lab running afterwards."),
-         links: int = typer.Option(4, min=2, max=8, help="Parallel links behind the switch.")):
-    """Run the switch demo: the same QPs under ECMP, weighted, DLB and pinned modes, read from
-    kernel interface counters, then a link failure during traffic."""
-    from .demo import main as demo_main
-    sys.exit(demo_main(keep=keep, links=links))
+def up(
+    fabric: Optional[Path] = typer.Option(None, help="Fabric description (default: Juniper's example, "
+                                          "4 spines, 2 leaves, 2 hosts per leaf, 4 prefixes per host port)."),
+    spines: Optional[int] = typer.Option(None, help="Generate a fabric instead: spines (per pod)."),
+    leaves: int = typer.Option(2, help="With --spines: leaves."),
+    hosts: int = typer.Option(2, help="With --spines: GPU hosts per leaf."),
+    stages: int = typer.Option(3, help="With --spines: 3 or 5 (two pods and super-spines)."),
+    mode: str = typer.Option("rlb", help="rlb, or baseline: kernel ECMP as fabrics run today."),
+    shape: bool = typer.Option(False, help="tbf on fabric links at their configured rate."),
+    name: str = typer.Option("rlb", help="Lab name (namespace prefix)."),
+):
+    """Build the fabric: namespaces, links, bird2 everywhere, agents; wait until converged."""
+    from .fabriclab import FabricLab
+    if spines is not None:
+        from .fabricgen import make_fabric
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        fabric = RUN_DIR / f"lab-{name}.toml"
+        fabric.write_text(make_fabric(spines, leaves, hosts, stages))
+    fabric = (fabric or DEFAULT_FABRIC).resolve()
+    lab = FabricLab(fabric, name, mode=mode, shape=shape)
+    typer.echo(f"==> building {lab.fabric.stages}-stage fabric from {fabric} ({mode})")
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    _state(name).write_text(json.dumps({"fabric": str(fabric), "mode": mode, "shape": shape}))
+    lab.up()
+    typer.echo("==> waiting for BGP to converge")
+    lab.wait_converged(120)
+    typer.echo(f"up: {', '.join(lab.namespaces())}; logs and bird sockets in {lab.work}")
 
 
 @app.command()
-def down():
-    """Remove whatever a lab or the demo left behind (namespaces, agents, pinned maps)."""
-    from .switchlab import SwitchLab
+def down(name: str = typer.Option("rlb", help="Lab name.")):
+    """Tear the lab down: agents, bird, namespaces, pinned maps. Leaves nothing behind."""
+    if _state(name).exists():
+        _lab(name).down()
+        _state(name).unlink()
     from . import topo
-    names = {ns.rsplit("-", 1)[0] for ns in topo.list_ns() if ns.startswith("rlb")}
-    for name in names:
-        SwitchLab(name).down()
-        typer.echo(f"removed lab {name}")
+    left = [ns for ns in topo.list_ns() if ns.startswith(f"{name}-")]
+    for ns in left:
+        topo.del_ns(ns)
+    typer.echo(f"lab {name} is down")
+
+
+@app.command()
+def status(name: str = typer.Option("rlb", help="Lab name.")):
+    """Namespaces, BGP sessions and what each leaf programmed."""
+    from rlbswitch.birdctl import BirdClient, BirdError
+    lab = _lab(name)
+    typer.echo(f"{lab.fabric.stages}-stage, mode {lab.mode}, fabric {lab.fabric_file}")
+    for sw in lab.switches:
+        try:
+            sess = [p for p in BirdClient(str(lab.work / f"{sw.name}.ctl")).protocols() if p["proto"] == "BGP"]
+            est = sum(p["info"].startswith("Established") for p in sess)
+            typer.echo(f"  {sw.role:<10} {sw.name:<6} BGP {est} established")
+        except BirdError as e:
+            typer.echo(f"  {sw.role:<10} {sw.name:<6} bird unreachable: {e}")
+    if lab.mode == "rlb":
+        for leaf in lab.fabric.leaves:
+            routes = lab.routes(leaf.name)
+            pinned = sum(r["mode"] == "pinned" for r in routes.values())
+            typer.echo(f"  {leaf.name}: {pinned} pinned, {sum(r['mode'] == 'weighted' for r in routes.values())} weighted")
+
+
+@app.command()
+def traffic(
+    src: str = typer.Option("h1", "--from", help="Sending GPU host."),
+    dst: str = typer.Option("h3", "--to", help="Receiving GPU host."),
+    qps: int = typer.Option(4, min=1, max=256, help="Queue pairs between them."),
+    packets: int = typer.Option(200, min=1, help="Packets per QP."),
+    seed: int = typer.Option(1, help="Source ports and QP numbers come from this seed."),
+    name: str = typer.Option("rlb", help="Lab name."),
+):
+    """Send RoCEv2-like QPs (raw frames, as a NIC would) and show the source leaf's uplink load
+    from the spines' kernel counters."""
+    from .fabriclab import balance
+    lab = _lab(name)
+    r = lab.run_qps(src, dst, qps, packets, seed)
+    b = balance(r["links"])
+    for link, v in r["links"].items():
+        typer.echo(f"  uplink to {link:<6} {v:>12} bytes")
+    typer.echo(f"max/mean {b['max_mean']:.2f}, links used {b['links_used']:.0%}")
+
+
+@app.command("fail-link")
+def fail_link(leaf: str, spine: str, name: str = typer.Option("rlb", help="Lab name.")):
+    """Take a leaf-spine link down (the leaf's side)."""
+    from rlbcommon.netns import run
+    run(_lab(name).ns(leaf), "ip", "link", "set", f"eth-{spine}", "down")
+    typer.echo(f"{leaf}-{spine} down")
+
+
+@app.command("restore-link")
+def restore_link(leaf: str, spine: str, name: str = typer.Option("rlb", help="Lab name.")):
+    """Bring a leaf-spine link back."""
+    from rlbcommon.netns import run
+    run(_lab(name).ns(leaf), "ip", "link", "set", f"eth-{spine}", "up")
+    typer.echo(f"{leaf}-{spine} up")
+
+
+@app.command()
+def demo(keep: bool = typer.Option(False, help="Leave the RLB lab running afterwards.")):
+    """The main demo: kernel ECMP against RLB on Juniper's example fabric, side by side, then a
+    leaf-spine link failure during traffic."""
+    from .demo import main as demo_main
+    sys.exit(demo_main(keep=keep))
+
+
+@app.command("switch-demo")
+def switch_demo(keep: bool = typer.Option(False, help="Leave the lab running afterwards.")):
+    """One XDP switch and four parallel links: the same QPs under each forwarding mode."""
+    from .switchdemo import main as demo_main
+    sys.exit(demo_main(keep=keep))
 
 
 def main():
-    app()
+    from rlbswitch.fabric import FabricError
+    try:
+        app()
+    except (FabricError, RuntimeError, TimeoutError) as e:
+        typer.echo(f"rlblab: error: {e}", err=True)
+        sys.exit(2)

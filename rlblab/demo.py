@@ -1,157 +1,128 @@
-"""The main demo: one XDP switch, four parallel links, the same QPs under each forwarding mode,
-then a link failure during traffic. Every number printed comes from kernel interface
-counters on the far side of the links, not from RLB's own counters."""
+"""The main demo: Juniper's example fabric (4 spines, 2 leaves, 2 GPU hosts per leaf, 4 prefixes
+per host port) run twice, as today's fabrics run (kernel ECMP) and with RLB, the same QPs sent
+through both, then a leaf-spine link failure during traffic. Every load figure comes from the
+spines' kernel interface counters."""
 from __future__ import annotations
 
-import random
+import statistics
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
+from rlbcommon import netns
 from rlbcommon.netns import run
 
-from .switchlab import SwitchLab
-from .traffic import Flow
+from .fabriclab import FabricLab, balance
+from .traffic import Flow, QpReceiver, open_raw, send
 
-PACKETS = 400   # per QP per scenario
+FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"
+SEEDS = range(5)          # runs per scenario (different source ports and QP numbers)
+SRC, DST = "h1", "h3"
 
 
 def step(msg: str):
     print(f"==> {msg}", flush=True)
 
 
-def table_row(name: str, got: dict[int, int]) -> str:
-    total = sum(got.values()) or 1
-    mean = total / len(got)
-    cells = "".join(f"{got[k]:>9}" for k in sorted(got))
-    used = sum(1 for v in got.values() if v > PACKETS // 10)
-    return (f"{name:<34}{cells}{max(got.values()) / mean:>10.2f}{used:>6}/{len(got)}")
+def measure(lab: FabricLab, n_qps: int) -> dict:
+    runs = [lab.run_qps(SRC, DST, n_qps, 100, seed) for seed in SEEDS]
+    b = [balance(r["links"]) for r in runs]
+    return {"links": runs[0]["links"], "max_mean": statistics.mean(x["max_mean"] for x in b),
+            "used": statistics.mean(x["links_used"] for x in b),
+            "worst": max(x["max_mean"] for x in b)}
 
 
-def header(n: int) -> str:
-    return f"{'scenario':<34}" + "".join(f"{'link' + str(k):>9}" for k in range(1, n + 1)) + \
-        f"{'max/mean':>10}{'used':>8}"
+def failure(lab: FabricLab, rate: int = 2000, seconds: float = 3.0) -> dict:
+    """4 QPs h1 -> h3 at `rate` packets/s; l1's uplink to s4 goes down half way."""
+    import random
+    from rlbhost.dataplane import HostDataplane
+    rnd = random.Random(42)
+    a, b = lab.host_addresses(SRC)[1], lab.host_addresses(DST)[1]
+    flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(4)]
+    rx = QpReceiver(lab.ns(DST))
+    sock = open_raw(lab.ns(SRC), "eth0")
+    from . import topo
+    dmac, smac = topo.mac(lab.ns("l1"), f"eth-{SRC}"), topo.mac(lab.ns(SRC), "eth0")
+    res = {}
+
+    def sender():
+        res["sent"] = send(sock, flows, int(rate * seconds / len(flows)), dmac=dmac, smac=smac,
+                           payload_len=512, rate_pps=rate, burst=len(flows))
+
+    c0 = lab.link_counts("l1")
+    t = threading.Thread(target=sender)
+    t.start()
+    time.sleep(seconds / 2)
+    with netns.inside(lab.ns(SRC)):          # which QP rides path 4 (spine 4)?
+        hd = HostDataplane(lab.ns(SRC))
+        on4 = {q["qp"] for q in hd.qps() if q["active"] and q["path"] == 3}
+        hd.close()
+    c1 = lab.link_counts("l1")
+    t_fail = time.monotonic()
+    run(lab.ns("l1"), "ip", "link", "set", "eth-s4", "down")
+    t.join()
+    time.sleep(0.3)
+    c2 = lab.link_counts("l1")
+    rx.close()
+    sock.close()
+    run(lab.ns("l1"), "ip", "link", "set", "eth-s4", "up")
+    after = {k: c2[k] - c1[k] for k in c2}
+    times = [tm for tm, qp in rx.arrivals if qp in on4]
+    gap = max((b - a for a, b in zip(times, times[1:]) if b > t_fail - 0.1), default=0.0)
+    return {"sent": res["sent"], "received": len(rx.seen), "before": {k: c1[k] - c0[k] for k in c1},
+            "after": after, "gap_ms": gap * 1000, "interval_ms": 1000 * len(flows) / rate}
 
 
-def route(lab: SwitchLab, prefix: str, mode: str, vias: list[str], backups: list[str] = ()):
-    args = ["route", "add", prefix, "-m", mode]
-    for v in vias:
-        args += ["--via", v]
-    for b in backups:
-        args += ["--backup", b]
-    lab.cli(*args)
+def table(results: dict) -> list[str]:
+    spines = list(next(iter(results.values()))["links"])
+    out = [f"{'':<22}" + "".join(f"{'to ' + s:>10}" for s in spines) + f"{'max/mean':>10}{'worst':>8}{'used':>7}"]
+    for name, r in results.items():
+        kb = "".join(f"{v / 1000:>10.0f}" for v in r["links"].values())
+        out.append(f"{name:<22}{kb}{r['max_mean']:>10.2f}{r['worst']:>8.2f}{r['used']:>7.0%}")
+    return out
 
 
-def clear(lab: SwitchLab):
-    import json
-    for r in json.loads(lab.cli("route", "show", "--json")):
-        lab.cli("route", "del", r["prefix"])
-
-
-def qps(n: int, dst: str, seed: int) -> list[Flow]:
-    """n QPs between two GPUs: one address pair, UDP 4791, random source ports and QP numbers."""
-    rnd = random.Random(seed)
-    return [Flow("fc00:1::1", dst, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(n)]
-
-
-def main(keep: bool = False, links: int = 4) -> int:
-    # veths claim 10 Gb/s; declare what this lab really carries so DLB's load bands mean something
-    lab = SwitchLab("rlbdemo", links, speed_mbps=100)
+def main(keep: bool = False) -> int:
     t0 = time.time()
-    try:
-        step(f"building the lab: source host, XDP switch, {links} parallel links, destination")
+    results = {}
+    for mode, label in (("baseline", "kernel ECMP"), ("rlb", "RLB")):
+        step(f"building the fabric as {label} ({'bird ECMP into the kernel, hash policy 1' if mode == 'baseline' else 'bird + XDP switches + rlbhost'})")
+        lab = FabricLab(FABRIC, "rlbdemo", mode=mode)
         lab.up()
-        lab.cli("config", "--hash-seed", "1")
-        up = list(lab.uplinks())
-        rows = []
-
-        step("ECMP (equal-weight slots, QP-aware hash): 4 and 8 QPs between two GPUs")
-        route(lab, "fc00:2::/64", "ecmp", [lab.nexthop(k) for k in up])
-        lab.wait_resolved()
+        lab.wait_converged(120)
         for n in (4, 8):
-            rows.append(table_row(f"ecmp, {n} QPs", lab.measure(qps(n, "fc00:2::1", n), PACKETS)[1]))
-
-        step("weighted 4:2:1:1 (FARE-style), 400 flows")
-        route(lab, "fc00:2::/64", "weighted", [lab.nexthop(k, w) for k, w in zip(up, (4, 2, 1, 1))])
-        rnd = random.Random(3)
-        many = [Flow("fc00:1::1", f"fc00:2::{rnd.getrandbits(16):x}", rnd.randrange(1024, 65536),
-                     rnd.getrandbits(24)) for _ in range(400)]
-        sent, got = lab.measure(many, 10)
-        rows.append(table_row("weighted 4:2:1:1, 400 flows", got))
-
-        step("DLB (flowlets on port quality), 8 QPs")
-        route(lab, "fc00:2::/64", "dlb", [lab.nexthop(k) for k in up])
-        with lab.dataplane() as dp:
-            ev0 = dp.stats()["reasons"]
-        rows.append(table_row("dlb, 8 QPs", lab.measure(qps(8, "fc00:2::1", 8), PACKETS)[1]))
-        with lab.dataplane() as dp:
-            ev1 = dp.stats()["reasons"]
-        dlb_note = (f"dlb: {ev1['ev_dlb_assign'] - ev0['ev_dlb_assign']} flowlets placed by port load, "
-                    f"{ev1['ev_dlb_reassign'] - ev0['ev_dlb_reassign']} moved after a gap")
-
-        step("pinned (BGP-DPF): prefix k pinned to link k, other links as DLB backups")
-        clear(lab)
-        for k in up:
-            route(lab, f"fc00:2:0:{k}::/64", "pinned", [lab.nexthop(k)],
-                  [lab.nexthop(b) for b in up if b != k])
-        lab.wait_resolved()
-        pinned = [Flow("fc00:1::1", f"fc00:2:0:{k}::1", 50000 + k, 100 + k) for k in up]
-        rows.append(table_row("pinned, 4 QPs (one per prefix)", lab.measure(pinned, PACKETS)[1]))
-
-        print()
-        print(header(links))
-        for r in rows:
-            print(r)
-        print(f"({dlb_note}; weighted is uneven by design: shares follow 4:2:1:1)")
-        print()
-
-        step(f"failing link {links} during traffic: 1 QP on prefixes 1-{links - 1}, 8 QPs on prefix {links}")
-        flows = [Flow("fc00:1::1", f"fc00:2:0:{k}::1", 50000 + k, 100 + k) for k in up[:-1]]
-        flows += [Flow("fc00:1::1", f"fc00:2:0:{links}::1", 53000 + q, 2000 + q) for q in range(8)]
-        rate, seconds = 5000, 2.0
-        rounds = int(rate * seconds / len(flows))
-        before = lab.link_packets()
-        res = {}
-        th = threading.Thread(target=lambda: res.update(sent=lab.send(flows, rounds, rate_pps=rate,
-                                                                      burst=len(flows))))
-        th.start()
-        time.sleep(seconds / 2)
-        t_fail = time.time()
-        run(lab.dst, "ip", "link", "set", f"sw{links}", "down")
-        th.join()
-        time.sleep(0.2)
-        after = lab.link_packets()
-        got = {k: after[k] - before[k] for k in up}
-        lost = res["sent"] - sum(got.values())
-        with lab.dataplane() as dp:
-            ev = dp.stats()["reasons"]
-        print(f"    sent {res['sent']} packets at {rate} pps; per link: "
-              + ", ".join(f"link{k} {got[k]}" for k in up))
-        print(f"    the {8} QPs of prefix {links} moved to links "
-              f"{', '.join(str(k) for k in up[:-1] if got[k] > rounds * 1.2)} by DLB; "
-              f"lost {lost} packets = {lost / rate * 1000:.1f} ms of traffic; "
-              f"{ev['ev_failover']} packets took the failover path")
-        run(lab.dst, "ip", "link", "set", f"sw{links}", "up")
-        del t_fail
-
+            step(f"{label}: {n} QPs {SRC} -> {DST}, {len(SEEDS)} runs with different source ports")
+            results[f"{label}, {n} QPs"] = measure(lab, n)
+        if mode == "baseline":
+            lab.down()
+    order = ["kernel ECMP, 4 QPs", "RLB, 4 QPs", "kernel ECMP, 8 QPs", "RLB, 8 QPs"]
+    print("\nuplink load of leaf l1 (kB, first run), max/mean (mean and worst of the runs), links used")
+    for line in table({k: results[k] for k in order}):
+        print(line)
+    print()
+    try:
+        step("failing l1's uplink to s4 during traffic: 4 QPs at 2000 packets/s")
+        f = failure(lab)
+        moved = [s for s in ("s1", "s2", "s3") if f["after"][s] > f["before"][s] * 1.3]
+        print(f"    before: {f['before']}\n    after:  {f['after']}")
+        print(f"    the QP pinned to s4 moved to {', '.join(moved) or '?'} by DLB, the others stayed; "
+              f"{f['sent'] - f['received']} of {f['sent']} packets lost; its longest gap "
+              f"{f['gap_ms']:.1f} ms (packets every {f['interval_ms']:.1f} ms)")
         step("metrics")
-        with lab.dataplane():
-            try:
-                from rlbcommon import netns
-                with netns.inside(lab.sw):
-                    body = urllib.request.urlopen("http://127.0.0.1:9471/metrics", timeout=5).read().decode()
-                lines = [line for line in body.splitlines() if line.startswith("rlb_switch_port_tx_bytes")]
-                print(f"    Prometheus metrics at http://127.0.0.1:9471/metrics inside namespace {lab.sw}, e.g.")
-                for line in lines[:5]:
-                    print(f"      {line}")
-            except OSError as e:
-                print(f"    metrics not reachable: {e}")
+        with netns.inside(lab.ns("l1")):
+            body = urllib.request.urlopen("http://127.0.0.1:9471/metrics", timeout=5).read().decode()
+        n = sum(1 for line in body.splitlines() if line.startswith("rlb_switch_"))
+        print(f"    {n} series at http://127.0.0.1:9471/metrics in each switch's namespace "
+              f"(host agents on :9472), e.g. ip netns exec {lab.ns('l1')} curl -s 127.0.0.1:9471/metrics")
         print(f"\ndone in {time.time() - t0:.0f} s")
-        if keep:
-            print(f"lab kept: namespaces {lab.src} {lab.sw} {lab.dst}; "
-                  f"try: rlbswitch --netns {lab.sw} route show; remove with: rlblab down")
-        return 0
     finally:
-        if not keep:
+        if keep:
+            import json
+            from rlbcommon.paths import RUN_DIR
+            (RUN_DIR / "lab-rlbdemo.json").write_text(json.dumps({"fabric": str(FABRIC), "mode": "rlb", "shape": False}))
+            print("lab kept: rlblab status --name rlbdemo; rlblab down --name rlbdemo")
+        else:
             step("tearing down")
             lab.down()
+    return 0

@@ -122,6 +122,7 @@ class QpReceiver(_Reader):
             sock.setsockopt(socket.SOL_SOCKET, 33, 16 << 20)   # SO_RCVBUFFORCE
             sock.bind(("::", port))
         self.seen: list[tuple[str, str, int]] = []   # (source, destination, BTH dest QP)
+        self.arrivals: list[tuple[float, int]] = []  # (monotonic time, BTH dest QP)
         super().__init__(sock)
 
     def take(self):
@@ -129,7 +130,9 @@ class QpReceiver(_Reader):
         data, anc, _, addr = self.sock.recvmsg(4096, 256)
         dst = next((str(ipaddress.IPv6Address(d[:16])) for lvl, typ, d in anc
                     if lvl == socket.IPPROTO_IPV6 and typ == socket.IPV6_PKTINFO), "?")
-        self.seen.append((addr[0], dst, int.from_bytes(data[5:8], "big")))
+        qp = int.from_bytes(data[5:8], "big")
+        self.seen.append((addr[0], dst, qp))
+        self.arrivals.append((time.monotonic(), qp))
 
 
 class Capture(_Reader):
