@@ -1,7 +1,8 @@
 """From bird's paths to data-plane routes, per policy.
 
     dpf   Juniper BGP-DPF: pin the path with the lowest AIGP (no AIGP = infinite, as RFC 7311
-          selection has it; ties to bird's best), the other paths as its DLB backup group
+          selection has it; ties to bird's best), the other paths as its DLB backup group; when
+          no path carries AIGP any more (the pinned path was withdrawn), DLB over the rest
     fare  weighted by FARE path bandwidth (plain ECMP unless every path carries it)
     ecmp  equal weights
     dlb   flowlet DLB over all paths
@@ -44,6 +45,9 @@ def compile_prefix(net: str, paths: list[BirdPath], policy: str, link_bw: Callab
         return None
     homes = homes or homing(usable)
     hops = [NextHop(p.iface, gateway=p.via) for p in usable]
+    if policy == "dpf" and len(usable) > 1 and all(p.aigp is None for p in usable):
+        # the pinned (AIGP) path is gone: Juniper falls back to DLB over the remaining paths
+        return Compiled(Route(net, "dlb", hops), f"DLB over {len(hops)} paths: no AIGP path (pinned path lost)")
     if policy == "dpf":
         best = min(range(len(usable)), key=lambda i: (
             usable[i].aigp if usable[i].aigp is not None else INFINITE, not usable[i].best, i))

@@ -106,6 +106,15 @@ def test_juniper_fig8_remote_leaf_pins_prefix_k_to_spine_k():
         assert sorted(b.ifname for b in r.backups) == [f"eth-s{s}" for s in range(1, 5) if s != k]
 
 
+def test_juniper_fig13_lost_pinned_path_falls_back_to_dlb():
+    """Spine 4's path (the AIGP one) withdrawn: the prefix goes to DLB over the other three."""
+    paths = [bgp("fc00:1:1:4::/64", s, colour=4, best=(s == 1)) for s in (1, 2, 3)]
+    c = compile_prefix("fc00:1:1:4::/64", paths, "dpf", lambda i: 1.25e9)
+    assert c.route.mode == "dlb" and sorted(h.ifname for h in c.route.nexthops) == ["eth-s1", "eth-s2", "eth-s3"]
+    single = compile_prefix("fc00:1:1:4::/64", paths[:1], "dpf", lambda i: 1.25e9)
+    assert single.route.mode == "pinned"          # one path: nothing to balance
+
+
 def test_fare_3_stage_weights_follow_the_slower_link():
     """§4.1: L8 weights each spine's route by min(link to that spine, path bandwidth)."""
     gbps = 1.25e8
