@@ -23,7 +23,7 @@ FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric-2x2.toml"
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = FabricLab(FABRIC, "rlbft")
+    lab = FabricLab(FABRIC, "rlbft", shape=True)   # tbf at each link's rate (kernel-forwarded traffic)
     try:
         lab.up()
         lab.wait_converged(60)
@@ -86,6 +86,30 @@ def test_prefix_k_pinned_through_spine_k(lab):
             assert r["mode"] == "pinned" and r["nexthop"]["via"].endswith(f"%eth-s{k}")
             assert [b["via"].split("%")[1] for b in r["backups"]] == [f"eth-s{3 - k}"]
             assert "AIGP" in r["why"]
+
+
+def test_fare_measured_split_follows_path_bandwidth(lab):
+    """FARE §4.1: 3000 QPs towards h1's path-2 addresses (an application that picks the path
+    address itself, so rlbhost leaves them alone): l2 splits them 2:1 over s1 and s2, within
+    2 points, as measured on the spines' counters."""
+    import random
+    from rlblab.traffic import Flow, open_raw, send
+    a, b = lab.host_addresses("h2"), lab.host_addresses("h1")
+    rnd = random.Random(4)
+    flows = [Flow(a[2], b[2], rnd.randrange(1024, 65536), rnd.getrandbits(24)) for _ in range(3000)]
+    sock = open_raw(lab.ns("h2"), "eth0")
+    before = lab.link_counts("l2")
+    try:
+        send(sock, flows, 1, dmac=topo.mac(lab.ns("l2"), "eth-h2"), smac=topo.mac(lab.ns("h2"), "eth0"),
+             payload_len=400)
+        time.sleep(0.3)
+    finally:
+        sock.close()
+    after = lab.link_counts("l2")
+    got = {k: after[k] - before[k] for k in after}
+    share = got["s1"] / sum(got.values())
+    print(f"\nFARE split over s1:s2 = {share:.3f} (weights 10000:5000 -> 0.667)")
+    assert abs(share - 2 / 3) < 0.02
 
 
 def send_qps(lab, n_qps, packets, rate=None, during=None):
