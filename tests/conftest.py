@@ -89,5 +89,20 @@ def fresh(xdp):
     xdp.clear_routes()
 
 
+@contextlib.contextmanager
+def fabric_lab(fabric_file, name: str, timeout: float = 120, **kw):
+    """A namespace fabric, converged; torn down afterwards even when a test fails, and checked
+    to have left no namespace behind."""
+    from rlblab.fabriclab import FabricLab
+    lab = FabricLab(fabric_file, name, **kw)
+    try:
+        lab.up()
+        lab.wait_converged(timeout)
+        yield lab
+    finally:
+        lab.down()
+    assert not [ns for ns in topo.list_ns() if ns.startswith(f"{name}-")]
+
+
 def roce(dst="fc00:2::1", sport=49152, qp=1, **kw) -> bytes:
     return P.roce_frame("fc00:1::1", dst, sport, qp, **kw)

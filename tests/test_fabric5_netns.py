@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rlblab import topo
-from rlblab.fabriclab import FabricLab
 from rlblab.traffic import QpReceiver, QpSender
 from rlbswitch.birdctl import BirdClient
+
+from .conftest import fabric_lab
 
 pytestmark = pytest.mark.netns
 FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric-5stage.toml"
@@ -18,14 +18,8 @@ FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric-5stage.toml"
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = FabricLab(FABRIC, "rlb5t")
-    try:
-        lab.up()
-        lab.wait_converged(90)
+    with fabric_lab(FABRIC, "rlb5t") as lab:
         yield lab
-    finally:
-        lab.down()
-    assert not [ns for ns in topo.list_ns() if ns.startswith("rlb5t-")]
 
 
 def test_colour_1_pinned_across_five_stages(lab):

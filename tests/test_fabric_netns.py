@@ -13,9 +13,10 @@ import pytest
 from rlbcommon import netns
 from rlbcommon.netns import run
 from rlblab import topo
-from rlblab.fabriclab import FabricLab
 from rlblab.traffic import QpReceiver, QpSender
 from rlbswitch.birdctl import BirdClient
+
+from .conftest import fabric_lab
 
 pytestmark = pytest.mark.netns
 FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric-2x2.toml"
@@ -23,14 +24,8 @@ FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric-2x2.toml"
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = FabricLab(FABRIC, "rlbft", shape=True)   # tbf at each link's rate (kernel-forwarded traffic)
-    try:
-        lab.up()
-        lab.wait_converged(60)
+    with fabric_lab(FABRIC, "rlbft", shape=True) as lab:   # shape: tbf at each link's rate
         yield lab
-    finally:
-        lab.down()
-    assert not [ns for ns in topo.list_ns() if ns.startswith("rlbft-")]
 
 
 def test_sessions_up_without_typed_neighbour_addresses(lab):

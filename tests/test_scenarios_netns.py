@@ -11,8 +11,9 @@ import pytest
 from rlbcommon import netns
 from rlbcommon.netns import run
 from rlbhost.dataplane import HostDataplane
-from rlblab import topo
 from rlblab.fabriclab import FabricLab, balance
+
+from .conftest import fabric_lab
 
 pytestmark = pytest.mark.netns
 FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"
@@ -21,14 +22,8 @@ SEEDS = range(6)
 
 @pytest.fixture(scope="module")
 def rlb():
-    lab = FabricLab(FABRIC, "rlbsc")
-    try:
-        lab.up()
-        lab.wait_converged(120)
+    with fabric_lab(FABRIC, "rlbsc") as lab:
         yield lab
-    finally:
-        lab.down()
-    assert not [ns for ns in topo.list_ns() if ns.startswith("rlbsc-")]
 
 
 def qps_per_link(r: dict, n: int) -> dict[str, int]:
