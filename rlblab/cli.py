@@ -37,6 +37,7 @@ def up(
     leaves: int = typer.Option(2, help="With --spines: leaves."),
     hosts: int = typer.Option(2, help="With --spines: GPU hosts per leaf."),
     stages: int = typer.Option(3, help="With --spines: 3 or 5 (two pods and super-spines)."),
+    parallel: int = typer.Option(1, help="With --spines: links between each leaf and spine."),
     mode: str = typer.Option("rlb", help="rlb, or baseline: kernel ECMP as fabrics run today."),
     shape: bool = typer.Option(False, help="tbf on fabric links at their configured rate."),
     name: str = typer.Option("rlb", help="Lab name (namespace prefix)."),
@@ -47,7 +48,7 @@ def up(
         from .fabricgen import make_fabric
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         fabric = RUN_DIR / f"lab-{name}.toml"
-        fabric.write_text(make_fabric(spines, leaves, hosts, stages))
+        fabric.write_text(make_fabric(spines, leaves, hosts, stages, parallel=parallel))
     fabric = (fabric or DEFAULT_FABRIC).resolve()
     lab = FabricLab(fabric, name, mode=mode, shape=shape)
     typer.echo(f"==> building {lab.fabric.stages}-stage fabric from {fabric} ({mode})")
@@ -113,19 +114,25 @@ def traffic(
 
 
 @app.command("fail-link")
-def fail_link(leaf: str, spine: str, name: str = typer.Option("rlb", help="Lab name.")):
+def fail_link(leaf: str, spine: str, link: int = typer.Option(0, help="Which of parallel links (1..n)."),
+             name: str = typer.Option("rlb", help="Lab name.")):
     """Take a leaf-spine link down (the leaf's side)."""
     from rlbcommon.netns import run
-    run(_lab(name).ns(leaf), "ip", "link", "set", f"eth-{spine}", "down")
-    typer.echo(f"{leaf}-{spine} down")
+    lab = _lab(name)
+    ifname = f"eth-{spine}-{link}" if link else f"eth-{spine}"
+    run(lab.ns(leaf), "ip", "link", "set", ifname, "down")
+    typer.echo(f"{leaf} {ifname} down")
 
 
 @app.command("restore-link")
-def restore_link(leaf: str, spine: str, name: str = typer.Option("rlb", help="Lab name.")):
+def restore_link(leaf: str, spine: str, link: int = typer.Option(0, help="Which of parallel links (1..n)."),
+             name: str = typer.Option("rlb", help="Lab name.")):
     """Bring a leaf-spine link back."""
     from rlbcommon.netns import run
-    run(_lab(name).ns(leaf), "ip", "link", "set", f"eth-{spine}", "up")
-    typer.echo(f"{leaf}-{spine} up")
+    lab = _lab(name)
+    ifname = f"eth-{spine}-{link}" if link else f"eth-{spine}"
+    run(lab.ns(leaf), "ip", "link", "set", ifname, "up")
+    typer.echo(f"{leaf} {ifname} up")
 
 
 @app.command()

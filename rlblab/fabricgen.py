@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def make_fabric(spines: int = 4, leaves: int = 2, hosts: int = 2, stages: int = 3,
-                link_mbps: int = 10000, policy: str = "dpf") -> str:
+                link_mbps: int = 10000, policy: str = "dpf", parallel: int = 1) -> str:
     """TOML text. 3-stage: one pod. 5-stage: two pods of leaves/2 leaves each (at least one)
     and one super-spine per plane."""
     if stages not in (3, 5):
@@ -11,7 +11,7 @@ def make_fabric(spines: int = 4, leaves: int = 2, hosts: int = 2, stages: int = 
     if not 1 <= spines <= 8 or not 1 <= leaves <= 8 or not 0 <= hosts <= 4:
         raise ValueError("spines and leaves 1-8, hosts 0-4 per leaf")
     pods = 2 if stages == 5 else 1
-    lines = ["[fabric]", f"paths = {spines}", 'prefix = "fc00"', f'policy = "{policy}"',
+    lines = ["[fabric]", f"paths = {spines * parallel}", f"parallel = {parallel}", 'prefix = "fc00"', f'policy = "{policy}"',
              f"link_mbps = {link_mbps}", "bfd = true", ""]
     if stages == 5:
         for k in range(1, spines + 1):

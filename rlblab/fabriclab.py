@@ -65,11 +65,12 @@ class FabricLab:
             if self.mode == "baseline":
                 topo.sysctl(self.ns(sw.name), "net.ipv6.fib_multipath_hash_policy", "1")
         for node in self.fabric.leaves + self.fabric.spines:
-            for up in self.fabric.uplinks(node):
-                topo.link(self.ns(node.name), f"eth-{up.name}", self.ns(up.name), f"eth-{node.name}")
+            for port in self.fabric.ports_up(node):
+                up = port.peer
+                topo.link(self.ns(node.name), port.ifname, self.ns(up.name), port.peer_ifname)
                 if self.shape:
                     mbps = self.fabric.link_mbps_between(node.name, up.name)
-                    for ns, ifname in ((self.ns(node.name), f"eth-{up.name}"), (self.ns(up.name), f"eth-{node.name}")):
+                    for ns, ifname in ((self.ns(node.name), port.ifname), (self.ns(up.name), port.peer_ifname)):
                         run(ns, "tc", "qdisc", "add", "dev", ifname, "root", "tbf", "rate", f"{mbps}mbit",
                             "burst", "64kb", "latency", "50ms")
         for leaf in self.fabric.leaves:
@@ -96,9 +97,8 @@ class FabricLab:
 
     def ports(self, node: str) -> list[str]:
         n = self.fabric.node(node)
-        peers = self.fabric.uplinks(n) + self.fabric.downlinks(n)
         hosts = [i for _, _, i in self.fabric.host_ports(n)] if n.role == "leaf" else []
-        return [f"eth-{p.name}" for p in peers] + hosts
+        return [p.ifname for p in self.fabric.ports_up(n) + self.fabric.ports_down(n)] + hosts
 
     def _spawn(self, key: str, cmd: list[str], ready: str, timeout: float = 30.0):
         log = self.work / f"agent-{key}.log"
@@ -219,9 +219,11 @@ class FabricLab:
 
     # ---- traffic ----------------------------------------------------------------------
     def link_counts(self, leaf: str) -> dict[str, int]:
-        """Bytes each of the leaf's uplinks carried (the spine side's kernel rx counters)."""
+        """Bytes each of the leaf's uplinks carried (the spine side's kernel rx counters), keyed
+        by spine, or spine-link with parallel links."""
         n = self.fabric.node(leaf)
-        return {u.name: topo.counters(self.ns(u.name), f"eth-{leaf}")["rx_bytes"] for u in self.fabric.uplinks(n)}
+        return {p.peer.name + (f"-{p.link}" if self.fabric.parallel > 1 else ""):
+                topo.counters(self.ns(p.peer.name), p.peer_ifname)["rx_bytes"] for p in self.fabric.ports_up(n)}
 
     def qp_frames_sender(self, src_host: str):
         """A raw socket on the host's NIC: frames go out as a NIC would send them (through TC

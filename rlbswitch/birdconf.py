@@ -64,43 +64,56 @@ def _timers(fabric: Fabric) -> str:
             "error wait time 1, 5;" + (" bfd on;" if fabric.bfd else ""))
 
 
+def _leaf_import(fabric: Fabric, leaf: Node) -> str:
+    """With parallel links, AIGP picks the spine but not which of its links: prefer the link whose
+    colour the route carries (LOCAL_PREF on import, the notes' equivalent of AIGP pinning)."""
+    if fabric.parallel == 1:
+        return ""
+    lines = []
+    for k in range(1, fabric.paths + 1):
+        lines.append(f"  if uplink = {fabric.port_id(k, leaf)} && (generic, {COLOUR_HI:#x}, {k}) ~ bgp_ext_community "
+                     f"then bgp_local_pref = 200;")
+    return "function leaf_import(int uplink)\n{\n" + "\n".join(lines) + "\n  return true;\n}\n"
+
+
 def render_leaf(fabric: Fabric, leaf: Node, run_dir: Path, baseline: bool = False) -> str:
     """baseline: the fabric as people run it today, for comparison: no AIGP pinning, bird
     merges the equal paths into kernel ECMP routes."""
-    ports = fabric.host_ports(leaf)
+    hports = fabric.host_ports(leaf)
     cases = []
-    for port, _, _ in ports:
+    for port, _, _ in hports:
         for k, net in enumerate(fabric.host_prefixes(leaf, port), start=1):
             cases.append(f"  if net = {net} then k = {k};")
-    ifs = ", ".join(f'"{ifname}"' for _, _, ifname in ports)
+    ifs = ", ".join(f'"{ifname}"' for _, _, ifname in hports)
     radv = "\n".join(f'  interface "{ifname}" {{ min ra interval 3; max ra interval 4; }};'
-                     for _, _, ifname in ports)
+                     for _, _, ifname in hports)
     hi = pathbw_hi(fabric.pathbw_subtype, leaf.asn)
-    spine_of_k = "\n".join(f"  if k = {k} then spine_k = {fabric.spine_for_path(leaf, k).plane};"
-                           for k in range(1, fabric.paths + 1))
-    aigp = (f"if spine_k = spine then igp_metric = 10; else igp_metric = {NO_AIGP_METRIC};"
+    port_of_k = "\n".join(f"  if k = {k} then uplink_k = {fabric.port_id(k, leaf)};"
+                          for k in range(1, fabric.paths + 1))
+    aigp = (f"if uplink_k = uplink then igp_metric = 10; else igp_metric = {NO_AIGP_METRIC};"
             if not baseline else f"igp_metric = {NO_AIGP_METRIC};   # baseline: no pinning")
     return _common(f"10.255.{leaf.index}.1", run_dir, leaf.name, ecmp=baseline) + f"""protocol direct {{ ipv6; interface {ifs}; }}
 protocol radv {{
 {radv}
 }}
 {_bfd(fabric, "eth-*")}
-# prefix k: colour k to every spine, AIGP only to the spine of colour k (Juniper Table 2),
+# prefix k: colour k to every uplink, AIGP only on the uplink of colour k (Juniper Table 2),
 # FARE path bandwidth originated at its maximum
-function leaf_export(int spine)
-int k; int spine_k;
+function leaf_export(int uplink)
+int k; int uplink_k;
 {{
   if source != RTS_DEVICE then return false;
   k = 0;
 {chr(10).join(cases)}
   if k = 0 then return false;
-{spine_of_k}
+{port_of_k}
   bgp_ext_community.add((generic, {COLOUR_HI:#x}, k));
   bgp_ext_community.add((generic, {hi:#x}, {float_bits(MAX_BANDWIDTH):#x}));
   {aigp}
   return true;
 }}
 
+{_leaf_import(fabric, leaf)}
 template bgp spine {{
   local as {leaf.asn};
   {_timers(fabric)}
@@ -110,10 +123,10 @@ include "{run_dir}/{leaf.name}.neighbors.conf";   # written by the agent from ne
 """
 
 
-def _dynamic(peers: list[Node], template: str) -> str:
-    """One passive, unnumbered protocol per port: whoever connects on eth-<peer> over link-local."""
-    return "\n".join(f'protocol bgp {p.name} from {template} {{ interface "eth-{p.name}"; '
-                     f'neighbor range fe80::/10 external; dynamic name "{p.name}_"; }}' for p in peers)
+def _dynamic(ports, template: str) -> str:
+    """One passive, unnumbered protocol per port: whoever connects on it over link-local."""
+    return "\n".join(f'protocol bgp {p.bgp_name} from {template} {{ interface "{p.ifname}"; '
+                     f'neighbor range fe80::/10 external; dynamic name "{p.bgp_name}_"; }}' for p in ports)
 
 
 def render_spine(fabric: Fabric, spine: Node, run_dir: Path, baseline: bool = False) -> str:
@@ -135,7 +148,7 @@ template bgp leaf {{
   {_timers(fabric)}
   ipv6 {{ import all; export where pathbw_export(); aigp on; next hop self; }};
 }}
-{_dynamic(fabric.downlinks(spine), "leaf")}
+{_dynamic(fabric.ports_down(spine), "leaf")}
 {up}"""
 
 
@@ -148,7 +161,7 @@ template bgp spine {{
   {_timers(fabric)}
   ipv6 {{ import all; export where pathbw_export(); aigp on; next hop self; }};
 }}
-{_dynamic(fabric.downlinks(ss), "spine")}
+{_dynamic(fabric.ports_down(ss), "spine")}
 """
 
 
@@ -159,18 +172,20 @@ def render(fabric: Fabric, node: str, run_dir: Path, baseline: bool = False) -> 
 
 
 def render_neighbors(fabric: Fabric, node: Node, found: dict[str, str]) -> str:
-    """Sessions to the uplinks whose link-local addresses were discovered {peer: addr}: a leaf's
-    spines (exporting its prefixes by colour), a spine's super-spines."""
+    """Sessions on the uplink ports whose peer link-local address was discovered
+    {port's bgp name: addr}: a leaf's spines (exporting its prefixes by colour), a spine's
+    super-spines."""
     out = ["# written by rlbswitch from neighbour discovery"]
-    for peer in fabric.uplinks(node):
-        addr = found.get(peer.name)
+    for port in fabric.ports_up(node):
+        addr = found.get(port.bgp_name)
         if not addr:
             continue
         if node.role == "leaf":
-            out.append(f'protocol bgp {peer.name} from spine {{ interface "eth-{peer.name}"; '
-                       f'neighbor {addr} external; ipv6 {{ export where leaf_export({peer.plane}); }}; }}')
+            imp = f"import where leaf_import({port.colour}); " if fabric.parallel > 1 else ""
+            out.append(f'protocol bgp {port.bgp_name} from spine {{ interface "{port.ifname}"; '
+                       f'neighbor {addr} external; ipv6 {{ {imp}export where leaf_export({port.colour}); }}; }}')
         else:
-            out.append(f'protocol bgp {peer.name} from superspine {{ interface "eth-{peer.name}"; '
+            out.append(f'protocol bgp {port.bgp_name} from superspine {{ interface "{port.ifname}"; '
                        f'neighbor {addr} external; }}')
     return "\n".join(out) + "\n"
 

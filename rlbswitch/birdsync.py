@@ -40,8 +40,9 @@ class BirdSync:
 
     # ---- helpers --------------------------------------------------------------------
     def link_bw(self, iface: str) -> float:
-        """Bytes per second of a fabric port (eth-<peer>), from the fabric file."""
-        peer = iface[4:] if iface.startswith("eth-") else iface
+        """Bytes per second of a fabric port, from the fabric file."""
+        port = self.fabric.port(self.node, iface)
+        peer = port.peer.name if port else iface.removeprefix("eth-")
         return self.fabric.link_mbps_between(self.node.name, peer) * 1e6 / 8
 
     def _write(self, path: Path, text: str) -> bool:
@@ -63,8 +64,8 @@ class BirdSync:
         """Spine link-local addresses per uplink: an echo request to all-nodes on the port makes
         the spine answer (and the kernel learn it); then read the neighbour table."""
         found = {}
-        for spine in self.fabric.uplinks(self.node):
-            ifname = f"eth-{spine.name}"
+        for port in self.fabric.ports_up(self.node):
+            ifname = port.ifname
             try:
                 ifindex = self.dp.ifindex(ifname)
             except DataplaneError:
@@ -75,7 +76,7 @@ class BirdSync:
             for n in self.dp.ipr.get_neighbours(family=socket.AF_INET6, ifindex=ifindex):
                 dst = n.get_attr("NDA_DST") or ""
                 if dst.startswith("fe80:") and n["state"] & NUD_USABLE:
-                    found[spine.name] = dst
+                    found[port.bgp_name] = dst
                     break
         return found
 
@@ -86,15 +87,18 @@ class BirdSync:
             self._configure(f"neighbours {found}")
 
     # ---- spines: FARE path bandwidth --------------------------------------------------
-    def _ports_of(self, nodes) -> set[str]:
-        return {f"eth-{n.name}" for n in nodes}
+    def _up_ports(self) -> set[str]:
+        return {p.ifname for p in self.fabric.ports_up(self.node)}
+
+    def _down_ports(self) -> set[str]:
+        return {p.ifname for p in self.fabric.ports_down(self.node)}
 
     def sync_pathbw(self, paths):
         """Spine: path bandwidth of the prefixes its own leaves advertise (sum of min(link,
         received)). Super-spine: the bandwidth of its link towards the advertising spine."""
         values: dict[str, float] = {}
         by_net: dict[str, list] = {}
-        down = self._ports_of(self.fabric.downlinks(self.node))
+        down = self._down_ports()
         for p in paths:
             if p.source == "BGP" and p.iface in down:
                 by_net.setdefault(p.net, []).append(p)
@@ -119,7 +123,7 @@ class BirdSync:
         total towards the next-next hop (its super-spine routes, each min(link, link bandwidth
         the super-spine attached)) when that is smaller. Without every route carrying the link
         bandwidth the value passes untouched."""
-        up = self._ports_of(self.fabric.uplinks(self.node))
+        up = self._up_ports()
         by_net: dict[str, list] = {}
         for p in paths:
             if p.source == "BGP" and p.iface in up:
@@ -166,7 +170,7 @@ class BirdSync:
         super-spines (other pods): FARE on the super-spines' link bandwidth, ECMP without it."""
         if self.node.role != "spine" or not self.fabric.uplinks(self.node):
             return compile_all(paths, self.fabric.policy_for, self.link_bw, self.fabric.pathbw_subtype)
-        up = self._ports_of(self.fabric.uplinks(self.node))
+        up = self._up_ports()
         remote = {p.net for p in paths if p.iface in up}
         local = [p for p in paths if p.net not in remote]
         out = compile_all(local, self.fabric.policy_for, self.link_bw, self.fabric.pathbw_subtype)
@@ -197,11 +201,11 @@ class BirdSync:
         next_discovery = 0.0
         while not self.stop.is_set():
             try:
-                uplinks = self.fabric.uplinks(self.node)
+                uplinks = self.fabric.ports_up(self.node)
                 if uplinks and time.time() >= next_discovery:
                     self.sync_neighbours()
                     up = [s for s, i in self.stats["sessions"].items()
-                          if i.startswith("Established") and s in {u.name for u in uplinks}]
+                          if i.startswith("Established") and s in {u.bgp_name for u in uplinks}]
                     next_discovery = time.time() + (30 if len(up) >= len(uplinks) else 1)
                 self.step()
             except (BirdError, OSError) as e:

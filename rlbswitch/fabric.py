@@ -18,6 +18,9 @@ address plan); bird configs, agents and labs are all derived from it.
     asn = 65001
     hosts = ["h1", "h2"]      # host ports eth-h1 ... on the leaf, eth0 on the host
 
+    parallel = 1              # links between each leaf and spine (ports eth-<peer>-<n> if > 1);
+                              # colour k rides link ((k-1) mod parallel)+1 of spine ceil(k/parallel)
+
     [[link]]                  # optional: a slower leaf-spine link
     between = ["l1", "s2"]
     mbps = 5000
@@ -59,6 +62,17 @@ class Node:
     plane: int = 0                # spines: position in the pod; super-spines: given
 
 
+@dataclass(frozen=True)
+class Port:
+    """One side of a fabric link."""
+    peer: "Node"
+    link: int          # 1..parallel between a leaf and a spine, else 1
+    ifname: str        # this side: eth-<peer>, or eth-<peer>-<link> with parallel links
+    peer_ifname: str
+    colour: int        # a leaf's uplink: the colour id it carries AIGP for; else 0
+    bgp_name: str      # bird protocol name for the session on this port
+
+
 @dataclass
 class Fabric:
     spines: list[Node]
@@ -72,6 +86,7 @@ class Fabric:
     pathbw_subtype: int
     link_overrides: dict[frozenset, int]
     policy_overrides: dict[str, str]
+    parallel: int = 1   # links between each leaf and each spine of its pod
     # Sub-type of the community a super-spine attaches with the bandwidth of its link towards the
     # advertising spine. The draft makes it non-transitive, but bird 2.0.12 deletes
     # non-transitive ext communities on every eBGP export (ec_set_del_nontrans), so it would never
@@ -108,10 +123,41 @@ class Fabric:
             return [s for s in self.spines if s.plane == node.plane]
         return []
 
+    def port_id(self, k: int, leaf: Node) -> int:
+        """The uplink colour id (1 .. spines x parallel) that path/colour k is pinned to."""
+        return (k - 1) % (len(self.pod_spines(leaf.pod)) * self.parallel) + 1
+
     def spine_for_path(self, leaf: Node, k: int) -> Node:
-        """Colour k leaves a leaf through this spine of its pod."""
-        spines = self.pod_spines(leaf.pod)
-        return spines[(k - 1) % len(spines)]
+        """Colour k leaves a leaf through this spine of its pod (link: see port_id)."""
+        return self.pod_spines(leaf.pod)[(self.port_id(k, leaf) - 1) // self.parallel]
+
+    def _pair(self, a: Node, b: Node, link: int, many: bool) -> tuple[str, str, str]:
+        sfx = f"-{link}" if many else ""
+        return f"eth-{b.name}{sfx}", f"eth-{a.name}{sfx}", (f"{b.name}p{link}" if many else b.name)
+
+    def ports_up(self, node: Node) -> list[Port]:
+        """Ports towards the peers this node connects to (the active BGP side)."""
+        out = []
+        for peer in self.uplinks(node):
+            many = node.role == "leaf" and self.parallel > 1
+            for i in range(1, (self.parallel if node.role == "leaf" else 1) + 1):
+                ifname, peer_if, bgp = self._pair(node, peer, i, many)
+                colour = (peer.plane - 1) * self.parallel + i if node.role == "leaf" else 0
+                out.append(Port(peer, i, ifname, peer_if, colour, bgp))
+        return out
+
+    def ports_down(self, node: Node) -> list[Port]:
+        """Ports towards the peers that connect to this node (dynamic BGP, passive)."""
+        out = []
+        for peer in self.downlinks(node):
+            many = node.role == "spine" and self.parallel > 1
+            for i in range(1, (self.parallel if node.role == "spine" else 1) + 1):
+                ifname, peer_if, bgp = self._pair(node, peer, i, many)
+                out.append(Port(peer, i, ifname, peer_if, 0, bgp))
+        return out
+
+    def port(self, node: Node, ifname: str) -> Port | None:
+        return next((p for p in self.ports_up(node) + self.ports_down(node) if p.ifname == ifname), None)
 
     def link_mbps_between(self, a: str, b: str) -> int:
         return self.link_overrides.get(frozenset((a, b)), self.link_mbps)
@@ -215,9 +261,13 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
     paths = f.get("paths", len(spines))
     if not isinstance(paths, int) or not 1 <= paths <= 16:
         raise FabricError(f"{where}: paths must be 1-16")
-    if paths % len(per_pod[pods[0]]):
-        raise FabricError(f"{where}: paths ({paths}) must be a multiple of the spines per pod "
-                          f"({len(per_pod[pods[0]])})")
+    parallel = f.get("parallel", 1)
+    if not isinstance(parallel, int) or not 1 <= parallel <= 4:
+        raise FabricError(f"{where}: parallel (links per leaf-spine pair) must be 1-4")
+    uplinks = len(per_pod[pods[0]]) * parallel
+    if paths % uplinks:
+        raise FabricError(f"{where}: paths ({paths}) must be a multiple of a leaf's uplinks "
+                          f"({len(per_pod[pods[0]])} spines x {parallel} links)")
     policy = f.get("policy", "dpf")
     overrides = data.get("policy", {})
     for p in [policy, *overrides.values()]:
@@ -237,4 +287,4 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
         raise FabricError(f"{where}: prefix {prefix!r} must be one hextet, e.g. 'fc00'") from None
     return Fabric(spines, leaves, supers, paths, prefix, policy, int(f.get("link_mbps", 10000)),
                   bool(f.get("bfd", True)), int(f.get("pathbw_subtype", 0x88)), links, overrides,
-                  int(f.get("linkbw_subtype", 0x89)))
+                  parallel, int(f.get("linkbw_subtype", 0x89)))

@@ -10,12 +10,12 @@ from rlbswitch import birdconf, fabric
 LAB = Path(__file__).resolve().parent.parent / "lab"
 
 
-@pytest.mark.parametrize("name", ["fabric.toml", "fabric-2x2.toml", "fabric-5stage.toml"])
+@pytest.mark.parametrize("name", ["fabric.toml", "fabric-2x2.toml", "fabric-5stage.toml", "fabric-parallel.toml"])
 def test_every_rendered_config_parses_in_bird(name, tmp_path):
     fab = fabric.load(LAB / name)
     for node in fab.switches:
         (tmp_path / f"{node.name}.conf").write_text(birdconf.render(fab, node.name, tmp_path))
-        peers = {u.name: "fe80::1" for u in fab.uplinks(node)}
+        peers = {p.bgp_name: "fe80::1" for p in fab.ports_up(node)}
         (tmp_path / f"{node.name}.neighbors.conf").write_text(birdconf.render_neighbors(fab, node, peers))
         (tmp_path / f"{node.name}.pathbw.conf").write_text(
             birdconf.render_pathbw(fab, node, {"fc00:1:1:1::/64": 1.25e9}))

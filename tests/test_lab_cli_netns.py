@@ -1,0 +1,41 @@
+"""The rlblab command across separate invocations, as an operator uses it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rlblab import topo
+
+pytestmark = pytest.mark.netns
+
+
+def lab(*args: str) -> str:
+    res = subprocess.run([sys.executable, "-m", "rlblab", *args, "--name", "rlbcl"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_up_status_traffic_fail_restore_down():
+    try:
+        out = lab("up", "--spines", "2", "--leaves", "2", "--hosts", "1")
+        assert "up: rlbcl-s1" in out
+        status = lab("status")
+        assert status.count("BGP 2 established") == 4 and "l1: 2 pinned" in status   # 2 spines, 2 leaves
+        traffic = lab("traffic", "--from", "h1", "--to", "h2", "--qps", "2", "--packets", "50")
+        assert "max/mean 1.00, links used 100%" in traffic
+        assert "eth-s2 down" in lab("fail-link", "l1", "s2")
+        traffic = lab("traffic", "--from", "h1", "--to", "h2", "--qps", "2", "--packets", "50")
+        assert "links used 50%" in traffic            # everything on s1 while s2's link is down
+        assert "eth-s2 up" in lab("restore-link", "l1", "s2")
+    finally:
+        lab("down")
+    assert not [ns for ns in topo.list_ns() if ns.startswith("rlbcl-")]
+
+
+def test_errors_are_one_line():
+    res = subprocess.run([sys.executable, "-m", "rlblab", "status", "--name", "nolab"],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "no lab 'nolab' is up" in res.stderr
