@@ -84,7 +84,7 @@ struct rlb_port {
     u32 up;          /* carrier and admin up */
     u32 tx_slot;     /* key in the devmap and the per-port arrays */
     u32 band_bytes;  /* decayed tx bytes per quality band (from link speed) */
-    u32 flags;
+    u32 speed_mbps;  /* the capacity the bands were sized for (status, metrics) */
     u8  mac[6];
     u8  pad[2];
 };

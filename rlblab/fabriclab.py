@@ -21,8 +21,10 @@ from .bird import Bird
 
 
 class FabricLab:
+    MGMT = "fd00:99::"
+
     def __init__(self, fabric_file: str | Path, name: str = "rlbf", hosts_agent: bool = True,
-                 mode: str = "rlb", shape: bool = False):
+                 mode: str = "rlb", shape: bool = False, monitor: bool = False):
         """mode "rlb": XDP switches fed by bird, rlbhost on hosts. mode "baseline": the same
         fabric as people run it today: bird merges equal paths into kernel ECMP routes, the
         kernel forwards with fib_multipath_hash_policy=1, no XDP, no rlbhost.
@@ -32,7 +34,7 @@ class FabricLab:
             raise ValueError(f"mode {mode!r}: rlb or baseline")
         self.fabric_file = Path(fabric_file).resolve()
         self.fabric: Fabric = load(self.fabric_file)
-        self.name, self.mode, self.shape = name, mode, shape
+        self.name, self.mode, self.shape, self.monitor = name, mode, shape, monitor
         self.hosts_agent = hosts_agent and mode == "rlb"
         self.work = Path(f"/tmp/{name}")
         self.birds: dict[str, Bird] = {}
@@ -50,7 +52,23 @@ class FabricLab:
         return [h for leaf in self.fabric.leaves for h in leaf.hosts]
 
     def namespaces(self) -> list[str]:
-        return [self.ns(n.name) for n in self.switches] + [self.ns(h) for h in self.hosts]
+        return [self.ns(n.name) for n in self.switches] + [self.ns(h) for h in self.hosts] + [self.ns("mon")]
+
+    def mgmt_addr(self, node: str) -> str:
+        """Management address: agents' metrics bind here, Prometheus (in <lab>-mon) scrapes it."""
+        names = [n.name for n in self.switches] + self.hosts
+        return f"{self.MGMT}{names.index(node) + 2:x}"
+
+    def _mgmt_network(self):
+        mon = self.ns("mon")
+        topo.add_ns(mon)
+        run(mon, "ip", "link", "add", "br-mgmt", "type", "bridge")
+        run(mon, "ip", "addr", "add", f"{self.MGMT}1/64", "dev", "br-mgmt", "nodad")
+        run(mon, "ip", "link", "set", "br-mgmt", "up")
+        for node in [n.name for n in self.switches] + self.hosts:
+            topo.link(self.ns(node), "mgmt0", mon, f"m-{node}")
+            run(mon, "ip", "link", "set", f"m-{node}", "master", "br-mgmt")
+            run(self.ns(node), "ip", "addr", "add", f"{self.mgmt_addr(node)}/64", "dev", "mgmt0", "nodad")
 
     # ---- lifecycle ------------------------------------------------------------------
     def up(self, timeout: float = 60.0):
@@ -60,6 +78,8 @@ class FabricLab:
             topo.add_ns(ns)
             for key in ("all", "default"):
                 topo.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")   # fast restore on link-up
+        if self.monitor:
+            self._mgmt_network()
         for sw in self.switches:
             topo.sysctl(self.ns(sw.name), "net.ipv6.conf.all.forwarding", "1")
             if self.mode == "baseline":
@@ -118,11 +138,28 @@ class FabricLab:
                "--speed-mbps", str(self.fabric.link_mbps)]
         if self.mode == "baseline":
             cmd += ["--control-only"]
+        if self.monitor:
+            cmd += ["--metrics-addr", self.mgmt_addr(node)]
         self._spawn(node, cmd, "following links")
 
     def start_host_agent(self, host: str):
         cmd = [sys.executable, "-m", "rlbhost", "--netns", self.ns(host), "attach", "eth0"]
+        if self.monitor:
+            cmd += ["--metrics-addr", self.mgmt_addr(host)]
         self._spawn(host, cmd, "following addresses")
+
+    def start_prometheus(self, port: int = 9090):
+        """A real Prometheus (Debian's) in <lab>-mon scraping every agent every second; its API
+        is on 127.0.0.1:<port> inside that namespace."""
+        from rlbmonitor.prometheus import scrape_config
+        targets = {n.name: (self.mgmt_addr(n.name), n.role) for n in self.switches}
+        if self.hosts_agent:
+            targets.update({h: (self.mgmt_addr(h), "host") for h in self.hosts})
+        conf = self.work / "prometheus.yml"
+        conf.write_text(scrape_config(targets))
+        cmd = ["ip", "netns", "exec", self.ns("mon"), "prometheus", f"--config.file={conf}",
+               f"--storage.tsdb.path={self.work / 'prometheus'}", f"--web.listen-address=127.0.0.1:{port}"]
+        self._spawn("prometheus", cmd, "Server is ready to receive web requests")
 
     def kill_agent(self, key: str):
         p = self.agents.pop(key, None)

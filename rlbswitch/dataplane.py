@@ -68,6 +68,7 @@ class PortInfo:
     up: bool
     tx_slot: int
     mac: str
+    speed_mbps: int = 0
 
 
 class SwitchDataplane(PinnedState):
@@ -178,7 +179,7 @@ class SwitchDataplane(PinnedState):
             if speed_mbps or not port.band_bytes:
                 speed = speed_mbps or self._speed_mbps(ifname)
                 port.band_bytes = band_bytes(speed, self.config()["load_halflife_ns"])
-                port.flags = speed  # remembered so status can show it
+                port.speed_mbps = speed
             self.maps["tx_ports"].set(port.tx_slot, self.maps["tx_ports"].leaf_type(ifindex))
             ports.set(ifindex, port)
 
@@ -200,7 +201,7 @@ class SwitchDataplane(PinnedState):
     def ports(self) -> list[PortInfo]:
         out = []
         for k, p in self.maps["ports"].items():
-            out.append(PortInfo(self.ifname(k.value), k.value, bool(p.up), p.tx_slot, mac_str(p.mac)))
+            out.append(PortInfo(self.ifname(k.value), k.value, bool(p.up), p.tx_slot, mac_str(p.mac), p.speed_mbps))
         return sorted(out, key=lambda p: p.tx_slot)
 
     def detach(self, ifname: str):

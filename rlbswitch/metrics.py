@@ -19,10 +19,16 @@ class SwitchCollector:
                                               f"{unit} {d} by the XDP program per port",
                                               ["node", "interface"])
         up = gauge("rlb_switch_port_up", "port liveness as the data plane sees it", ["node", "interface"])
+        cap = gauge("rlb_switch_port_capacity_bytes_per_second",
+                    "port capacity (driver speed or --speed-mbps): divides tx rates into utilisation",
+                    ["node", "interface"])
+        speeds = {p.ifname: p.speed_mbps for p in self.dp.ports()}
         for p in s["ports"]:
             for k, fam in fams.items():
                 fam.add_metric([self.node, p["interface"]], p[k])
             up.add_metric([self.node, p["interface"]], int(p["up"]))
+            if speeds.get(p["interface"]):
+                cap.add_metric([self.node, p["interface"]], speeds[p["interface"]] * 1e6 / 8)
         nh_p = counter("rlb_switch_nexthop_packets", "packets per next hop", ["node", "nexthop", "interface"])
         nh_b = counter("rlb_switch_nexthop_bytes", "bytes per next hop", ["node", "nexthop", "interface"])
         for nh in s["nexthops"]:
@@ -38,7 +44,7 @@ class SwitchCollector:
             by_mode[r["mode"]] = by_mode.get(r["mode"], 0) + 1
         for m, n in by_mode.items():
             routes.add_metric([self.node, m], n)
-        yield from (*fams.values(), up, nh_p, nh_b, reasons, routes)
+        yield from (*fams.values(), up, cap, nh_p, nh_b, reasons, routes)
         if self.sync is not None:
             st = self.sync.stats
             sess = gauge("rlb_switch_bgp_session_up", "BGP sessions (1 = Established)", ["node", "session"])

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RLB_VENV:-.venv}
 APT_PKGS=(python3-bpfcc python3-venv linux-headers-amd64 bird2 ethtool iproute2 libbpf1 kmod)
+APT_LEAN=(prometheus)   # for the dashboard tests; without recommends (no exporters, no service)
 
 log() { echo "[bootstrap] $*"; }
 
@@ -14,11 +15,16 @@ missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing apt packages: ${missing[*]}"
+lean=()
+for p in "${APT_LEAN[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || lean+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ] || [ ${#lean[@]} -gt 0 ]; then
+  log "installing apt packages: ${missing[*]} ${lean[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq "${missing[@]}" >/dev/null
+  [ ${#missing[@]} -eq 0 ] || apt-get install -y -qq "${missing[@]}" >/dev/null
+  [ ${#lean[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null
 fi
 
 # bcc compiles against the running kernel's headers. Debian has none for this kernel, so fall

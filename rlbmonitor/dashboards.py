@@ -1,0 +1,93 @@
+"""Grafana dashboards (JSON model, schema 38) for RLB fabrics, generated here: `python -m
+rlbmonitor.dashboards grafana/` writes the files committed under grafana/. Every panel's query
+is evaluated against a real Prometheus scraping a namespace lab in the test suite."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def _panel(pid: int, title: str, expr: str, legend: str, unit: str, x: int, y: int, w: int = 12,
+           kind: str = "timeseries", h: int = 8) -> dict:
+    return {"id": pid, "type": kind, "title": title, "datasource": DATASOURCE,
+            "gridPos": {"x": x, "y": y, "w": w, "h": h},
+            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+            "targets": [{"refId": "A", "datasource": DATASOURCE, "expr": expr, "legendFormat": legend}]}
+
+
+def _variables() -> list[dict]:
+    def query(name, q, label):
+        return {"name": name, "label": label, "type": "query", "datasource": DATASOURCE,
+                "query": {"query": q, "refId": name}, "definition": q, "refresh": 2,
+                "includeAll": True, "multi": True, "allValue": ".*", "current": {}}
+    return [
+        {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"},
+        query("node", "label_values(rlb_switch_port_tx_bytes_total, node)", "switch"),
+        query("interface", 'label_values(rlb_switch_port_tx_bytes_total{node=~"$node"}, interface)', "port"),
+        query("host", "label_values(rlb_host_path_active_qps, node)", "host"),
+    ]
+
+
+def fabric_dashboard() -> dict:
+    sel = 'node=~"$node", interface=~"$interface"'
+    panels = [
+        _panel(1, "Per-port utilisation (tx / capacity)",
+               f"rate(rlb_switch_port_tx_bytes_total{{{sel}}}[$__rate_interval]) "
+               f"/ on(node, interface) rlb_switch_port_capacity_bytes_per_second{{{sel}}}",
+               "{{node}} {{interface}}", "percentunit", 0, 0),
+        _panel(2, "Per-port tx (bits/s)",
+               f"8 * rate(rlb_switch_port_tx_bytes_total{{{sel}}}[$__rate_interval])",
+               "{{node}} {{interface}}", "bps", 12, 0),
+        _panel(3, "Per-path load (next hop packets/s)",
+               'rate(rlb_switch_nexthop_packets_total{node=~"$node"}[$__rate_interval])',
+               "{{node}} via {{nexthop}}", "pps", 0, 8),
+        _panel(4, "QPs per path per host", 'rlb_host_path_active_qps{node=~"$host"}',
+               "{{node}} path {{path}}", "short", 12, 8),
+        _panel(5, "Host tx per path (bits/s)",
+               '8 * rate(rlb_host_path_tx_bytes_total{node=~"$host"}[$__rate_interval])',
+               "{{node}} path {{path}}", "bps", 0, 16),
+        _panel(6, "DLB reassignments and failovers (/s)",
+               'rate(rlb_switch_packets_total{node=~"$node", reason=~"ev_dlb_reassign|ev_failover|ev_weighted_fallback"}[$__rate_interval])',
+               "{{node}} {{reason}}", "pps", 12, 16),
+        _panel(7, "QP releases by host agents (/s)",
+               'rate(rlb_host_packets_total{node=~"$host", reason="ev_released"}[$__rate_interval])',
+               "{{node}}", "short", 0, 24),
+        _panel(8, "Packets handed to the kernel, by reason (/s)",
+               'rate(rlb_switch_packets_total{node=~"$node", reason=~"pass_.*"}[$__rate_interval])',
+               "{{node}} {{reason}}", "pps", 12, 24),
+        _panel(9, "BGP sessions established", 'rlb_switch_bgp_session_up{node=~"$node"}',
+               "{{node}} {{session}}", "short", 0, 32, kind="stat"),
+        _panel(10, "Routes by mode", 'rlb_switch_routes{node=~"$node"}', "{{node}} {{mode}}", "short",
+               12, 32, kind="stat"),
+        _panel(11, "Agents up", 'up{job=~"rlbswitch|rlbhost"}', "{{job}} {{instance_node}}", "short",
+               0, 40, kind="stat"),
+        _panel(12, "bird -> XDP sync time (s)", 'rlb_switch_last_sync_seconds{node=~"$node"}',
+               "{{node}}", "s", 12, 40),
+        _panel(13, "bird control socket errors (/s)",
+               'rate(rlb_switch_bird_errors_total{node=~"$node"}[$__rate_interval])', "{{node}}", "short", 0, 48),
+        _panel(14, "Port liveness", f'rlb_switch_port_up{{{sel}}}', "{{node}} {{interface}}", "short",
+               12, 48, kind="stat"),
+    ]
+    return {"uid": "rlb-fabric", "title": "RLB fabric: per-path utilisation", "schemaVersion": 38,
+            "version": 1, "editable": True, "refresh": "5s", "time": {"from": "now-15m", "to": "now"},
+            "tags": ["rlb", "rdma"], "templating": {"list": _variables()}, "panels": panels}
+
+
+DASHBOARDS = {"rlb-fabric.json": fabric_dashboard}
+
+
+def panel_queries(dashboard: dict) -> list[tuple[str, str]]:
+    return [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def write(outdir: Path):
+    outdir.mkdir(parents=True, exist_ok=True)
+    for name, fn in DASHBOARDS.items():
+        (outdir / name).write_text(json.dumps(fn(), indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    write(Path(sys.argv[1] if len(sys.argv) > 1 else "grafana"))

@@ -1,0 +1,18 @@
+"""Prometheus scrape configuration for a fabric: every switch agent (:9471) and host agent
+(:9472), labelled with the node's name and role."""
+from __future__ import annotations
+
+import json
+
+
+def scrape_config(targets: dict[str, tuple[str, str]], interval: str = "1s") -> str:
+    """targets: {node: (address, role)}; role 'host' is scraped on 9472, switches on 9471.
+    Returned as YAML (JSON is valid YAML, and needs no YAML library)."""
+    jobs = []
+    for job, port, roles in (("rlbswitch", 9471, ("leaf", "spine", "superspine")), ("rlbhost", 9472, ("host",))):
+        static = [{"targets": [f"[{addr}]:{port}"], "labels": {"instance_node": node, "role": role}}
+                  for node, (addr, role) in sorted(targets.items()) if role in roles]
+        if static:
+            jobs.append({"job_name": job, "scrape_interval": interval, "static_configs": static})
+    return json.dumps({"global": {"scrape_interval": interval, "evaluation_interval": interval},
+                       "scrape_configs": jobs}, indent=2)

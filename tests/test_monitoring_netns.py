@@ -1,0 +1,81 @@
+"""Dashboards checked against a real Prometheus (Debian's) scraping a running namespace lab:
+every panel's query must return data."""
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rlbcommon import netns
+from rlbmonitor import dashboards
+
+from .conftest import fabric_lab
+
+pytestmark = pytest.mark.netns
+ROOT = Path(__file__).resolve().parent.parent
+FABRIC = ROOT / "lab" / "fabric-2x2.toml"
+
+
+def promql(lab, expr: str) -> list:
+    url = "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with netns.inside(lab.ns("mon")):
+        body = json.loads(urllib.request.urlopen(url, timeout=5).read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def grafana_vars(expr: str) -> str:
+    """What Grafana sends for 'All' and the rate interval."""
+    return (expr.replace("$__rate_interval", "30s").replace("$node", ".*").replace("$interface", ".*")
+            .replace("$host", ".*"))
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with fabric_lab(FABRIC, "rlbmt", monitor=True) as lab:
+        lab.start_prometheus()
+        yield lab
+
+
+def test_committed_dashboards_are_the_generated_ones():
+    for name, fn in dashboards.DASHBOARDS.items():
+        committed = json.loads((ROOT / "grafana" / name).read_text())
+        assert committed == fn(), f"grafana/{name} is stale: python -m rlbmonitor.dashboards grafana"
+
+
+def test_prometheus_scrapes_every_agent(lab):
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        up = promql(lab, 'up{job=~"rlbswitch|rlbhost"}')
+        if len(up) == 6 and all(r["value"][1] == "1" for r in up):
+            break
+        time.sleep(0.5)
+    assert sorted(r["metric"]["instance_node"] for r in up) == ["h1", "h2", "l1", "l2", "s1", "s2"]
+    assert all(r["value"][1] == "1" for r in up)
+
+
+def test_every_panel_query_returns_data(lab):
+    lab.run_qps("h1", "h2", 2, 200, seed=1, rate_pps=400)   # a second of traffic
+    time.sleep(3)                                            # a few more scrapes
+    empty = []
+    for title, expr in dashboards.panel_queries(dashboards.fabric_dashboard()):
+        result = promql(lab, grafana_vars(expr))
+        if not result:
+            empty.append(title)
+    assert not empty, f"panels without data: {empty}"
+    # and the numbers mean something: the leaf's uplinks carried the QPs
+    tx = promql(lab, 'rlb_switch_port_tx_bytes_total{node="rlbmt-l1", interface=~"eth-s.*"}')
+    assert len(tx) == 2 and all(float(r["value"][1]) > 10_000 for r in tx)
+    qps = promql(lab, 'rlb_host_path_active_qps{node="rlbmt-h1"}')
+    assert len(qps) == 2
+
+
+def test_template_variables_resolve(lab):
+    for var in dashboards.fabric_dashboard()["templating"]["list"][1:]:
+        q = var["query"]["query"]
+        metric = q[len("label_values("):].rsplit(",", 1)[0].replace("$node", ".*")
+        assert promql(lab, metric), var["name"]
