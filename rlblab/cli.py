@@ -26,7 +26,7 @@ def _lab(name: str):
     if not st.exists():
         raise typer.BadParameter(f"no lab {name!r} is up (rlblab up)")
     s = json.loads(st.read_text())
-    return FabricLab(s["fabric"], name, mode=s["mode"], shape=s["shape"])
+    return FabricLab(s["fabric"], name, mode=s["mode"], shape=s["shape"], monitor=s.get("monitor", False))
 
 
 @app.command()
@@ -40,6 +40,8 @@ def up(
     parallel: int = typer.Option(1, help="With --spines: links between each leaf and spine."),
     mode: str = typer.Option("rlb", help="rlb, or baseline: kernel ECMP as fabrics run today."),
     shape: bool = typer.Option(False, help="tbf on fabric links at their configured rate."),
+    monitor: bool = typer.Option(False, help="A management network (<name>-mon, fd00:99::/64) with "
+                                 "a real Prometheus scraping every agent (needs Debian's prometheus)."),
     name: str = typer.Option("rlb", help="Lab name (namespace prefix)."),
 ):
     """Build the fabric: namespaces, links, bird2 everywhere, agents; wait until converged."""
@@ -50,13 +52,18 @@ def up(
         fabric = RUN_DIR / f"lab-{name}.toml"
         fabric.write_text(make_fabric(spines, leaves, hosts, stages, parallel=parallel))
     fabric = (fabric or DEFAULT_FABRIC).resolve()
-    lab = FabricLab(fabric, name, mode=mode, shape=shape)
+    lab = FabricLab(fabric, name, mode=mode, shape=shape, monitor=monitor)
     typer.echo(f"==> building {lab.fabric.stages}-stage fabric from {fabric} ({mode})")
     RUN_DIR.mkdir(parents=True, exist_ok=True)
-    _state(name).write_text(json.dumps({"fabric": str(fabric), "mode": mode, "shape": shape}))
+    _state(name).write_text(json.dumps({"fabric": str(fabric), "mode": mode, "shape": shape,
+                                        "monitor": monitor}))
     lab.up()
     typer.echo("==> waiting for BGP to converge")
     lab.wait_converged(120)
+    if monitor:
+        lab.start_prometheus()
+        typer.echo(f"Prometheus: ip netns exec {lab.ns('mon')} curl -s 127.0.0.1:9090/api/v1/targets "
+                   f"(config {lab.work / 'prometheus.yml'}; dashboards in grafana/)")
     typer.echo(f"up: {', '.join(lab.namespaces())}; logs and bird sockets in {lab.work}")
 
 
@@ -136,11 +143,12 @@ def restore_link(leaf: str, spine: str, link: int = typer.Option(0, help="Which 
 
 
 @app.command()
-def demo(keep: bool = typer.Option(False, help="Leave the RLB lab running afterwards.")):
+def demo(keep: bool = typer.Option(False, help="Leave the RLB lab running afterwards."),
+         chart: Path = typer.Option(Path("rlb-demo.png"), help="Where to draw the load chart (PNG).")):
     """The main demo: kernel ECMP against RLB on Juniper's example fabric, side by side, then a
     leaf-spine link failure during traffic."""
     from .demo import main as demo_main
-    sys.exit(demo_main(keep=keep))
+    sys.exit(demo_main(keep=keep, chart=chart))
 
 
 @app.command("switch-demo")

@@ -86,7 +86,7 @@ def table(results: dict) -> list[str]:
     return out
 
 
-def main(keep: bool = False) -> int:
+def main(keep: bool = False, chart: Path | None = Path("rlb-demo.png")) -> int:
     t0 = time.time()
     results = {}
     for mode, label in (("baseline", "kernel ECMP"), ("rlb", "RLB")):
@@ -103,6 +103,11 @@ def main(keep: bool = False) -> int:
     print("\nuplink load of leaf l1 (kB, first run), max/mean (mean and worst of the runs), links used")
     for line in table({k: results[k] for k in order}):
         print(line)
+    if chart:
+        from .chart import load_chart
+        load_chart(results, chart, "Leaf l1 uplink load from the spines' kernel counters "
+                   f"(bars: first run; max/mean: mean of {len(SEEDS)} runs)")
+        print(f"chart: {chart.resolve()}")
     print()
     try:
         step("failing l1's uplink to s4 during traffic: 4 QPs at 2000 packets/s")
