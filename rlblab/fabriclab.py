@@ -157,6 +157,8 @@ class FabricLab:
             targets.update({h: (self.mgmt_addr(h), "host") for h in self.hosts})
         conf = self.work / "prometheus.yml"
         conf.write_text(scrape_config(targets))
+        import shutil
+        shutil.rmtree(self.work / "prometheus", ignore_errors=True)   # an earlier lab's series would linger
         cmd = ["ip", "netns", "exec", self.ns("mon"), "prometheus", f"--config.file={conf}",
                f"--storage.tsdb.path={self.work / 'prometheus'}", f"--web.listen-address=127.0.0.1:{port}"]
         self._spawn("prometheus", cmd, "Server is ready to receive web requests")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 
-def scrape_config(targets: dict[str, tuple[str, str]], interval: str = "1s") -> str:
+def scrape_config(targets: dict[str, tuple[str, str]], interval: str = "2s") -> str:
     """targets: {node: (address, role)}; role 'host' is scraped on 9472, switches on 9471.
     Returned as YAML (JSON is valid YAML, and needs no YAML library)."""
     jobs = []

@@ -124,8 +124,16 @@ class SwitchDataplane(PinnedState):
 
     # ---- ports ----------------------------------------------------------------------
     def ifname(self, ifindex: int) -> str:
-        links = self.ipr.get_links(ifindex)
-        return links[0].get_attr("IFLA_IFNAME") if links else f"if{ifindex}"
+        """Interface name, remembered per (index): a route listing or a scrape asks for the
+        same few ports many times. Renames are rare; a miss just asks netlink again."""
+        cache = self.__dict__.setdefault("_names", {})
+        name = cache.get(ifindex)
+        if name is None:
+            links = self.ipr.get_links(ifindex)
+            name = links[0].get_attr("IFLA_IFNAME") if links else f"if{ifindex}"
+            if links:
+                cache[ifindex] = name
+        return name
 
     def _speed_mbps(self, ifname: str) -> int:
         try:
