@@ -120,26 +120,29 @@ def traffic(
     typer.echo(f"max/mean {b['max_mean']:.2f}, links used {b['links_used']:.0%}")
 
 
-@app.command("fail-link")
-def fail_link(leaf: str, spine: str, link: int = typer.Option(0, help="Which of parallel links (1..n)."),
-             name: str = typer.Option("rlb", help="Lab name.")):
-    """Take a leaf-spine link down (the leaf's side)."""
+def _set_link(name: str, leaf: str, spine: str, link: int, state: str):
     from rlbcommon.netns import run
     lab = _lab(name)
     ifname = f"eth-{spine}-{link}" if link else f"eth-{spine}"
-    run(lab.ns(leaf), "ip", "link", "set", ifname, "down")
-    typer.echo(f"{leaf} {ifname} down")
+    run(lab.ns(leaf), "ip", "link", "set", ifname, state)
+    typer.echo(f"{leaf} {ifname} {state}")
+
+
+LINK_HELP = "Which of parallel links (1..n)."
+
+
+@app.command("fail-link")
+def fail_link(leaf: str, spine: str, link: int = typer.Option(0, help=LINK_HELP),
+              name: str = typer.Option("rlb", help="Lab name.")):
+    """Take a leaf-spine link down (the leaf's side)."""
+    _set_link(name, leaf, spine, link, "down")
 
 
 @app.command("restore-link")
-def restore_link(leaf: str, spine: str, link: int = typer.Option(0, help="Which of parallel links (1..n)."),
-             name: str = typer.Option("rlb", help="Lab name.")):
+def restore_link(leaf: str, spine: str, link: int = typer.Option(0, help=LINK_HELP),
+                 name: str = typer.Option("rlb", help="Lab name.")):
     """Bring a leaf-spine link back."""
-    from rlbcommon.netns import run
-    lab = _lab(name)
-    ifname = f"eth-{spine}-{link}" if link else f"eth-{spine}"
-    run(lab.ns(leaf), "ip", "link", "set", ifname, "up")
-    typer.echo(f"{leaf} {ifname} up")
+    _set_link(name, leaf, spine, link, "up")
 
 
 @app.command()
