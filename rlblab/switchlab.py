@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -155,7 +154,3 @@ def qp_flows(n: int, dst_prefix: str = "fc00:2::", src: str = "fc00:1::1", base_
     return [Flow(src, f"{dst_prefix}1" if same_dst else f"{dst_prefix}{i + 1:x}",
                  base_port + rnd.randrange(16384), rnd.randrange(1, 1 << 24)) for i in range(n)]
 
-
-if __name__ == "__main__":  # pragma: no cover
-    logging.basicConfig(level=logging.INFO)
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")

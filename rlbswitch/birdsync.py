@@ -7,12 +7,15 @@ good state stays programmed."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
 import struct
 import threading
 import time
 from pathlib import Path
+
+from rlbcommon.paths import RUN_DIR
 
 from .birdconf import render_neighbors, render_pathbw
 from .birdctl import BirdClient, BirdError
@@ -158,8 +161,6 @@ class BirdSync:
                 self.explain.pop(net, None)
         self.stats["last_sync_seconds"] = time.perf_counter() - t0
         self.stats["syncs"] += 1
-        import json
-        from rlbcommon.paths import RUN_DIR
         out = RUN_DIR / f"{self.dp.instance}-switch-routes.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".tmp").write_text(json.dumps(self.explain))
