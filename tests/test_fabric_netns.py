@@ -179,3 +179,22 @@ def test_prometheus_endpoint_shows_per_path_counters(lab):
         body = urllib.request.urlopen("http://127.0.0.1:9471/metrics", timeout=5).read().decode()
     assert 'rlb_switch_routes{mode="weighted",node="rlbft-l2"} 1.0' in body
     assert 'rlb_switch_last_sync_seconds{node="rlbft-l1"}' in lines
+
+
+def test_bird_fed_agent_restart_adopts_and_keeps_forwarding(lab):
+    before = lab.routes("l1")
+
+    def restart():
+        time.sleep(0.3)
+        lab.kill_agent("l1")                 # SIGKILL mid-traffic
+        time.sleep(0.3)
+        lab.start_agent("l1")
+
+    sent, got, spines = send_qps(lab, 2, 1000, rate=1000, during=restart)
+    assert got == sent == 2000                       # nothing lost across kill and restart
+    # each QP stayed on its spine; the rest is BFD (50 ms), keepalives and the restarted
+    # agent's neighbour discovery over the 2 s
+    assert 1000 <= spines["s1"] <= 1120 and 1000 <= spines["s2"] <= 1120, spines
+    after = lab.routes("l1")
+    assert {p: (r["mode"], r.get("nexthop", {}).get("via")) for p, r in after.items()} == \
+        {p: (r["mode"], r.get("nexthop", {}).get("via")) for p, r in before.items()}
