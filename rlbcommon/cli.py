@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Optional
 
 import typer
 
@@ -12,6 +13,39 @@ from .bpfprog import BpfSetupError
 
 NETNS_HELP = "Work inside this network namespace (entered with setns, so pinned maps stay shared)."
 INSTANCE_HELP = "Name of this agent's pinned state (default: the namespace name, else 'default')."
+
+
+class AgentContext:
+    """Where a command works: the namespace it entered and whose pinned state it uses."""
+
+    def __init__(self, dataplane_class):
+        self.dataplane_class = dataplane_class
+        self.netns: Optional[str] = None
+        self.instance: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        return self.instance or self.netns or "default"
+
+    def dataplane(self):
+        return self.dataplane_class(self.instance or self.netns)
+
+
+def agent_app(doc: str, dataplane_class, log: logging.Logger) -> tuple[typer.Typer, AgentContext]:
+    """A Typer app with the options every agent command takes (--netns, --instance, -v)."""
+    app = typer.Typer(help=doc, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    ctx = AgentContext(dataplane_class)
+
+    @app.callback()
+    def main_options(
+        netns_name: Optional[str] = typer.Option(None, "--netns", "-n", metavar="NAME", help=NETNS_HELP),
+        instance: Optional[str] = typer.Option(None, help=INSTANCE_HELP),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+    ):
+        ctx.netns, ctx.instance = netns_name, instance
+        setup(netns_name, verbose, log)
+
+    return app, ctx
 
 
 def setup(netns_name: str | None, verbose: bool, log: logging.Logger):

@@ -15,33 +15,11 @@ from rlbcommon import cli as common
 
 from .dataplane import HostDataplane, HostError
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_enable=False)
+log = logging.getLogger("rlbhost")
+app, ctx = common.agent_app(__doc__, HostDataplane, log)
 weights_app = typer.Typer(help="Per-path weights (optionally per destination prefix).",
                           no_args_is_help=True)
 app.add_typer(weights_app, name="weights")
-log = logging.getLogger("rlbhost")
-
-
-class Ctx:
-    netns: Optional[str] = None
-    instance: Optional[str] = None
-
-    def dataplane(self) -> HostDataplane:
-        return HostDataplane(self.instance or self.netns)
-
-
-ctx = Ctx()
-
-
-@app.callback()
-def main_options(
-    netns_name: Optional[str] = typer.Option(None, "--netns", "-n", metavar="NAME", help=common.NETNS_HELP),
-    instance: Optional[str] = typer.Option(None, help=common.INSTANCE_HELP),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
-):
-    ctx.netns, ctx.instance = netns_name, instance
-    common.setup(netns_name, verbose, log)
 
 
 @app.command()
@@ -76,7 +54,7 @@ def attach(
     from .agent import HostAgent
     from .metrics import HostCollector
     if metrics_port:
-        serve(HostCollector(dp, ctx.instance or ctx.netns or "default"), metrics_port, metrics_addr)
+        serve(HostCollector(dp, ctx.name), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         HostAgent(dp, interface, path_field, base_path).run()

@@ -18,33 +18,10 @@ from rlbcommon import cli as common
 from .dataplane import DataplaneError, SwitchDataplane
 from .model import MODES, NextHop, Route, RouteError
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_enable=False)
+log = logging.getLogger("rlbswitch")
+app, ctx = common.agent_app(__doc__, SwitchDataplane, log)
 route_app = typer.Typer(help="Install, remove and show routes.", no_args_is_help=True)
 app.add_typer(route_app, name="route")
-
-log = logging.getLogger("rlbswitch")
-
-
-class Ctx:
-    netns: Optional[str] = None
-    instance: Optional[str] = None
-
-    def dataplane(self) -> SwitchDataplane:
-        return SwitchDataplane(self.instance or self.netns)
-
-
-ctx = Ctx()
-
-
-@app.callback()
-def main_options(
-    netns_name: Optional[str] = typer.Option(None, "--netns", "-n", metavar="NAME", help=common.NETNS_HELP),
-    instance: Optional[str] = typer.Option(None, help=common.INSTANCE_HELP),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
-):
-    ctx.netns, ctx.instance = netns_name, instance
-    common.setup(netns_name, verbose, log)
 
 
 @app.command()
@@ -277,7 +254,7 @@ def run(
         threading.Thread(target=sync.run, name="bird", daemon=True).start()
         log.info("following bird2 at %s for %s", sync.bird.path, node)
     if metrics_port:
-        serve(SwitchCollector(dp, ctx.instance or ctx.netns or "default", sync), metrics_port, metrics_addr)
+        serve(SwitchCollector(dp, ctx.name, sync), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         if control_only:
