@@ -26,9 +26,6 @@ class HostLab:
         self.bird: Bird | None = None
         self.agents: dict[int, subprocess.Popen] = {}
 
-    def prefix(self, host: int, path: int) -> str:
-        return f"fc00:1:{host}:{path}::/64"
-
     def up(self, timeout: float = 30.0):
         self.down()
         for ns in (self.r, *self.h.values()):

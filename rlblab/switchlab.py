@@ -124,10 +124,6 @@ class SwitchLab:
         raise TimeoutError(f"next hops unresolved: {nhs}")
 
     # ---- traffic and counters -------------------------------------------------------
-    def link_bytes(self) -> dict[int, int]:
-        """Bytes received per parallel link, from the destination's kernel counters."""
-        return {k: topo.counters(self.dst, f"sw{k}")["rx_bytes"] for k in self.uplinks()}
-
     def link_packets(self) -> dict[int, int]:
         return {k: topo.counters(self.dst, f"sw{k}")["rx_packets"] for k in self.uplinks()}
 
