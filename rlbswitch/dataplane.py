@@ -79,6 +79,7 @@ class SwitchDataplane(PinnedState):
     def __init__(self, instance: str | None = None):
         super().__init__(instance)
         self.prog_fd = None
+        self._names: dict[int, str] = {}   # ifindex -> name, for listings and scrapes
 
     def load(self):
         """Compile and load the program; its maps are created or adopted from the pins."""
@@ -124,15 +125,14 @@ class SwitchDataplane(PinnedState):
 
     # ---- ports ----------------------------------------------------------------------
     def ifname(self, ifindex: int) -> str:
-        """Interface name, remembered per (index): a route listing or a scrape asks for the
-        same few ports many times. Renames are rare; a miss just asks netlink again."""
-        cache = self.__dict__.setdefault("_names", {})
-        name = cache.get(ifindex)
+        """Interface name, remembered per index: a route listing or a scrape asks for the same
+        few ports many times. Renames are rare; an unknown index just asks netlink again."""
+        name = self._names.get(ifindex)
         if name is None:
             links = self.ipr.get_links(ifindex)
-            name = links[0].get_attr("IFLA_IFNAME") if links else f"if{ifindex}"
-            if links:
-                cache[ifindex] = name
+            if not links:
+                return f"if{ifindex}"
+            name = self._names[ifindex] = links[0].get_attr("IFLA_IFNAME")
         return name
 
     def _speed_mbps(self, ifname: str) -> int:
@@ -498,7 +498,8 @@ class SwitchDataplane(PinnedState):
         for p in self.ports():
             s = percpu_sum(self.maps["port_stats"], p.tx_slot,
                            ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes"))
-            ports.append({"interface": p.ifname, "ifindex": p.ifindex, "up": p.up, **s})
+            ports.append({"interface": p.ifname, "ifindex": p.ifindex, "up": p.up,
+                          "speed_mbps": p.speed_mbps, **s})
         nexthops = []
         for i, nh in enumerate(self.maps["nexthops"].array_values()):
             if i and nh is not None and nh.flags & NH_VALID:

@@ -22,13 +22,12 @@ class SwitchCollector:
         cap = gauge("rlb_switch_port_capacity_bytes_per_second",
                     "port capacity (driver speed or --speed-mbps): divides tx rates into utilisation",
                     ["node", "interface"])
-        speeds = {p.ifname: p.speed_mbps for p in self.dp.ports()}
         for p in s["ports"]:
             for k, fam in fams.items():
                 fam.add_metric([self.node, p["interface"]], p[k])
             up.add_metric([self.node, p["interface"]], int(p["up"]))
-            if speeds.get(p["interface"]):
-                cap.add_metric([self.node, p["interface"]], speeds[p["interface"]] * 1e6 / 8)
+            if p["speed_mbps"]:
+                cap.add_metric([self.node, p["interface"]], p["speed_mbps"] * 1e6 / 8)
         nh_p = counter("rlb_switch_nexthop_packets", "packets per next hop", ["node", "nexthop", "interface"])
         nh_b = counter("rlb_switch_nexthop_bytes", "bytes per next hop", ["node", "nexthop", "interface"])
         for nh in s["nexthops"]:
