@@ -131,30 +131,29 @@ class Fabric:
         """Colour k leaves a leaf through this spine of its pod (link: see port_id)."""
         return self.pod_spines(leaf.pod)[(self.port_id(k, leaf) - 1) // self.parallel]
 
-    def _pair(self, a: Node, b: Node, link: int, many: bool) -> tuple[str, str, str]:
-        sfx = f"-{link}" if many else ""
-        return f"eth-{b.name}{sfx}", f"eth-{a.name}{sfx}", (f"{b.name}p{link}" if many else b.name)
+    def links_between(self, a: Node, b: Node) -> int:
+        """Parallel links exist only between a leaf and a spine; other pairs have one."""
+        return self.parallel if {a.role, b.role} == {"leaf", "spine"} else 1
+
+    def _ports(self, node: Node, peers: list[Node]) -> list[Port]:
+        out = []
+        for peer in peers:
+            n = self.links_between(node, peer)
+            for i in range(1, n + 1):
+                sfx = f"-{i}" if n > 1 else ""
+                # a leaf's uplink carries AIGP for one colour id: (spine plane, link)
+                colour = (peer.plane - 1) * self.parallel + i if node.role == "leaf" else 0
+                out.append(Port(peer, i, f"eth-{peer.name}{sfx}", f"eth-{node.name}{sfx}", colour,
+                                f"{peer.name}p{i}" if n > 1 else peer.name))
+        return out
 
     def ports_up(self, node: Node) -> list[Port]:
         """Ports towards the peers this node connects to (the active BGP side)."""
-        out = []
-        for peer in self.uplinks(node):
-            many = node.role == "leaf" and self.parallel > 1
-            for i in range(1, (self.parallel if node.role == "leaf" else 1) + 1):
-                ifname, peer_if, bgp = self._pair(node, peer, i, many)
-                colour = (peer.plane - 1) * self.parallel + i if node.role == "leaf" else 0
-                out.append(Port(peer, i, ifname, peer_if, colour, bgp))
-        return out
+        return self._ports(node, self.uplinks(node))
 
     def ports_down(self, node: Node) -> list[Port]:
         """Ports towards the peers that connect to this node (dynamic BGP, passive)."""
-        out = []
-        for peer in self.downlinks(node):
-            many = node.role == "spine" and self.parallel > 1
-            for i in range(1, (self.parallel if node.role == "spine" else 1) + 1):
-                ifname, peer_if, bgp = self._pair(node, peer, i, many)
-                out.append(Port(peer, i, ifname, peer_if, 0, bgp))
-        return out
+        return self._ports(node, self.downlinks(node))
 
     def port(self, node: Node, ifname: str) -> Port | None:
         return next((p for p in self.ports_up(node) + self.ports_down(node) if p.ifname == ifname), None)
