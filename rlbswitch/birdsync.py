@@ -40,6 +40,7 @@ class BirdSync:
         self.explain: dict[str, str] = {}
         self.stats = {"syncs": 0, "errors": 0, "last_sync_seconds": 0.0, "sessions": {}}
         self._written: dict[Path, str] = {}
+        self._next_sessions = 0.0
 
     # ---- helpers --------------------------------------------------------------------
     def link_bw(self, iface: str) -> float:
@@ -194,7 +195,9 @@ class BirdSync:
         if key != self.last_table and self.program:
             self.sync_routes(table)
             self.last_table = key
-        self.stats["sessions"] = {p["name"]: p["info"] for p in self.bird.protocols() if p["proto"] == "BGP"}
+        if time.monotonic() >= self._next_sessions:   # metrics and discovery back-off: 1 s is enough
+            self.stats["sessions"] = {p["name"]: p["info"] for p in self.bird.protocols() if p["proto"] == "BGP"}
+            self._next_sessions = time.monotonic() + 1.0
 
     def run(self):
         if self.program:
