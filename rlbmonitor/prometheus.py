@@ -6,11 +6,12 @@ import json
 
 
 def scrape_config(targets: dict[str, tuple[str, str]], interval: str = "2s") -> str:
-    """targets: {node: (address, role)}; role 'host' is scraped on 9472, switches on 9471.
+    """targets: {node: (IPv6 or IPv4 address, role)}; role 'host' is scraped on 9472, switches on 9471.
     Returned as YAML (JSON is valid YAML, and needs no YAML library)."""
     jobs = []
     for job, port, roles in (("rlbswitch", 9471, ("leaf", "spine", "superspine")), ("rlbhost", 9472, ("host",))):
-        static = [{"targets": [f"[{addr}]:{port}"], "labels": {"instance_node": node, "role": role}}
+        static = [{"targets": [f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"],
+                   "labels": {"instance_node": node, "role": role}}
                   for node, (addr, role) in sorted(targets.items()) if role in roles]
         if static:
             jobs.append({"job_name": job, "scrape_interval": interval, "static_configs": static})

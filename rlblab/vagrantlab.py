@@ -1,0 +1,105 @@
+"""Drive the Vagrant lab (vagrant/) from Python: up, run commands on VMs, pull a link's cable,
+destroy. Used by the opt-in VM test; people use `vagrant` directly (vagrant/README.md).
+
+Where PID 1 is not systemd, libvirt runs in its own network namespace (vagrant/libvirt.sh) and
+vagrant, ssh and virsh must run there too: pass netns."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+from rlbswitch.fabric import load
+
+from .vagrantplan import VmNode, node, plan
+
+VAGRANT_DIR = Path(__file__).resolve().parent.parent / "vagrant"
+LOCAL_BOX = "rlb/bookworm-lab"
+
+
+class VagrantLab:
+    def __init__(self, fabric: str = "lab/fabric-2x2.toml", netns: str | None = None, env: dict | None = None,
+                 log: Path | None = None):
+        self.fabric = fabric
+        self.vms: list[VmNode] = plan(load(VAGRANT_DIR.parent / fabric))
+        self.prefix = ["ip", "netns", "exec", netns] if netns else []
+        self.env = {**os.environ, "RLB_FABRIC": fabric, **(env or {})}
+        self.log = log or VAGRANT_DIR / ".vagrant-lab.log"
+        self._ssh_config: Path | None = None
+
+    # ---- vagrant ---------------------------------------------------------------------
+    def vagrant(self, *args: str, timeout: float = 3600) -> str:
+        with open(self.log, "a") as f:
+            f.write(f"\n$ vagrant {' '.join(args)}\n")
+            f.flush()
+            res = subprocess.run([*self.prefix, "vagrant", *args], cwd=VAGRANT_DIR, env=self.env, stdout=f,
+                                 stderr=subprocess.STDOUT, timeout=timeout)
+        if res.returncode:
+            raise RuntimeError(f"vagrant {' '.join(args)} failed (exit {res.returncode}); see {self.log}")
+        return ""
+
+    def up(self):
+        self.vagrant("up")
+        cfg = VAGRANT_DIR / ".vagrant" / "ssh-config"
+        out = subprocess.run([*self.prefix, "vagrant", "ssh-config"], cwd=VAGRANT_DIR, env=self.env,
+                             capture_output=True, text=True, check=True).stdout
+        cfg.write_text(out)
+        self._ssh_config = cfg
+
+    def destroy(self):
+        subprocess.run([*self.prefix, "vagrant", "destroy", "-f"], cwd=VAGRANT_DIR, env=self.env,
+                       capture_output=True, timeout=600)
+
+    # ---- on the VMs ------------------------------------------------------------------
+    def sh(self, name: str, cmd: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        """Run a shell command as root on a VM."""
+        res = subprocess.run([*self.prefix, "ssh", "-F", str(self._ssh_config), "-o", "LogLevel=ERROR", name,
+                              "sudo sh -c " + shlex.quote(cmd)], capture_output=True, text=True, timeout=timeout)
+        if check and res.returncode:
+            raise RuntimeError(f"{name}: {cmd}: exit {res.returncode}: {res.stderr.strip()[-2000:]}")
+        return res
+
+    def spawn(self, name: str, cmd: str, out: Path) -> subprocess.Popen:
+        return subprocess.Popen([*self.prefix, "ssh", "-F", str(self._ssh_config), "-o", "LogLevel=ERROR", name,
+                                 "sudo sh -c " + shlex.quote(cmd)], stdout=open(out, "w"), stderr=subprocess.STDOUT)
+
+    def json(self, name: str, cmd: str):
+        return json.loads(self.sh(name, cmd).stdout)
+
+    def tx_bytes(self, name: str, ifname: str) -> int:
+        return self.json(name, f"ip -j -s link show {ifname}")[0]["stats64"]["tx"]["bytes"]
+
+    def vm(self, name: str) -> VmNode:
+        return node(self.vms, name)
+
+    def wait(self, what: str, pred, timeout: float = 600, every: float = 3):
+        deadline = time.time() + timeout
+        last = None
+        while time.time() < deadline:
+            try:
+                if pred():
+                    return
+            except (RuntimeError, ValueError, KeyError, IndexError) as e:
+                last = e
+            time.sleep(every)
+        raise TimeoutError(f"{what} not after {timeout:.0f} s (last error: {last})")
+
+    # ---- a link's cable ---------------------------------------------------------------
+    def domain(self, name: str) -> str:
+        doms = subprocess.run(["virsh", "-c", "qemu:///system", "list", "--name"], capture_output=True,
+                              text=True, check=True).stdout.split()
+        match = [d for d in doms if d.endswith(f"_{name}")]
+        if len(match) != 1:
+            raise RuntimeError(f"no single libvirt domain for {name}: {doms}")
+        return match[0]
+
+    def set_link(self, a: str, b: str, up: bool):
+        """Both ends of the a-b link lose (or regain) carrier, as when a cable is pulled: a UDP
+        tunnel has no carrier of its own, so each VM's NIC is set down from the host."""
+        for x, y in ((a, b), (b, a)):
+            mac = next(l.mac for l in self.vm(x).links if l.peer == y)
+            subprocess.run(["virsh", "-c", "qemu:///system", "domif-setlink", self.domain(x), mac,
+                            "up" if up else "down"], check=True, capture_output=True)

@@ -1,0 +1,108 @@
+"""The Vagrant lab's plan, derived from the same fabric file as the namespace lab: which VMs,
+their management addresses and their point-to-point fabric links (UDP tunnels under libvirt,
+internal networks under VirtualBox). The Vagrantfile reads it as JSON on the host and the
+provisioning reads the same plan inside each VM, so both sides agree on names, MACs and ports.
+
+    python3 -m rlblab.vagrantplan --fabric lab/fabric-2x2.toml        # JSON on stdout
+
+Interfaces in the VMs: eth0 is Vagrant's, eth1 the lab's management network (metrics,
+Prometheus, the perftest handshake), then one NIC per fabric link, renamed after its MAC to
+the fabric's name: a switch's port towards X is eth-X, a host's port towards its leaf eth-<leaf>."""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rlbswitch.fabric import Fabric, FabricError, load
+
+MONITOR = "mon"
+TUNNEL_BASE_PORT = 17000
+MEMORY_MIB = {"monitor": 768}     # everyone else compiles BPF programs with clang: 1 GiB
+DEFAULT_MEMORY_MIB = 1024
+
+
+@dataclass
+class LinkEnd:
+    name: str          # the link, the same on both ends: rlb-<a>-<b>
+    ifname: str        # this end's interface in the VM
+    peer: str
+    peer_ifname: str
+    mac: str
+    local_port: int    # UDP tunnel: this end listens here ...
+    remote_port: int   # ... and sends to the peer's port
+    mbps: int
+
+
+@dataclass
+class VmNode:
+    name: str
+    role: str          # spine | superspine | leaf | host | monitor
+    mgmt_ip: str
+    memory: int
+    links: list[LinkEnd] = field(default_factory=list)
+
+
+def _mac(link: int, side: int) -> str:
+    # locally administered, "RL", the link number and the side: unique within the lab
+    return f"02:52:4c:{link >> 8 & 0xff:02x}:{link & 0xff:02x}:{side:02x}"
+
+
+def fabric_links(fabric: Fabric) -> list[tuple[str, str, str, str, int]]:
+    """Every point-to-point link as (a, a's ifname, b, b's ifname, Mb/s): switch links first
+    (from the lower tier up), then host ports."""
+    out = []
+    for node in fabric.leaves + fabric.spines:
+        for port in fabric.ports_up(node):
+            out.append((node.name, port.ifname, port.peer.name, port.peer_ifname,
+                        fabric.link_mbps_between(node.name, port.peer.name)))
+    for leaf in fabric.leaves:
+        for _, host, ifname in fabric.host_ports(leaf):
+            out.append((leaf.name, ifname, host, f"eth-{leaf.name}", fabric.link_mbps))
+    return out
+
+
+def plan(fabric: Fabric, mgmt_net: str = "10.77.0.0/24") -> list[VmNode]:
+    net = ipaddress.IPv4Network(mgmt_net)
+    hosts = [h for leaf in fabric.leaves for h in leaf.hosts]
+    order = [(n.name, n.role) for n in fabric.spines + fabric.superspines + fabric.leaves]
+    order += [(h, "host") for h in hosts] + [(MONITOR, "monitor")]
+    if len(order) + 10 > net.num_addresses - 2:
+        raise FabricError(f"management network {mgmt_net} too small for {len(order)} VMs")
+    nodes = {name: VmNode(name, role, str(net.network_address + 10 + i),
+                          MEMORY_MIB.get(role, DEFAULT_MEMORY_MIB))
+             for i, (name, role) in enumerate(order)}
+    for i, (a, a_if, b, b_if, mbps) in enumerate(fabric_links(fabric), start=1):
+        link = f"rlb-{a}-{b}" + (a_if[len(f"eth-{b}"):] if a_if.startswith(f"eth-{b}-") else "")
+        pa, pb = TUNNEL_BASE_PORT + 2 * i, TUNNEL_BASE_PORT + 2 * i + 1
+        nodes[a].links.append(LinkEnd(link, a_if, b, b_if, _mac(i, 1), pa, pb, mbps))
+        nodes[b].links.append(LinkEnd(link, b_if, a, a_if, _mac(i, 2), pb, pa, mbps))
+    return list(nodes.values())
+
+
+def node(vms: list[VmNode], name: str) -> VmNode:
+    for vm in vms:
+        if vm.name == name:
+            return vm
+    raise FabricError(f"no VM {name!r} in the lab (have {', '.join(v.name for v in vms)})")
+
+
+def main(argv: list[str] | None = None):
+    ap = argparse.ArgumentParser(prog="python3 -m rlblab.vagrantplan", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fabric", required=True, type=Path, help="Fabric description (TOML).")
+    ap.add_argument("--mgmt-net", default="10.77.0.0/24", help="IPv4 network for the lab's management NICs.")
+    args = ap.parse_args(argv)
+    try:
+        vms = plan(load(args.fabric), args.mgmt_net)
+    except (FabricError, OSError, ValueError) as e:
+        sys.exit(f"vagrantplan: {e}")
+    json.dump({"fabric": str(args.fabric), "monitor": MONITOR, "nodes": [asdict(v) for v in vms]},
+              sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""Inside a Vagrant lab VM: give the node its fabric role from the lab plan (rlblab.vagrantplan).
+
+    python -m rlblab.vmnode setup --fabric F --node N   # once, by the provisioner: names the
+                                                        # fabric NICs, writes and starts units
+    python -m rlblab.vmnode net --fabric F --node N     # every boot (rlb-net.service): links up,
+                                                        # sysctls, a leaf's gateway addresses
+
+Units: switches run bird2 (rlb-bird) and `rlbswitch run` (rlb-switch); hosts run `rlbhost attach`
+(rlb-host) and get a Soft-RoCE device rxe0 on their fabric port (rlb-rxe); the monitor runs
+Prometheus (rlb-prometheus) scraping every agent, and Grafana with the dashboards if installed."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from rlbswitch.fabric import FabricError, load
+
+from .vagrantplan import MONITOR, VmNode, node, plan
+
+log = logging.getLogger("rlb.vmnode")
+VENV = Path("/opt/rlb/venv/bin")
+UNITS = Path("/etc/systemd/system")
+RUN = Path("/run/rlb")
+ETC = Path("/etc/rlb")
+SWITCH_ROLES = ("leaf", "spine", "superspine")
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if check and res.returncode:
+        raise RuntimeError(f"{' '.join(cmd)}: {res.stderr.strip() or res.stdout.strip()}")
+    return res
+
+
+def nics() -> dict[str, str]:
+    """MAC -> interface name of every NIC."""
+    return {l["address"]: l["ifname"] for l in json.loads(sh("ip", "-j", "link", "show").stdout)
+            if l.get("link_type") == "ether"}
+
+
+def name_nics(vm: VmNode):
+    """Rename each fabric NIC after its link (by MAC; in link order where the provider ignores
+    MACs, e.g. VirtualBox), and keep the names across reboots with systemd .link files."""
+    have = nics()
+    spare = sorted((n for n in have.values() if n.startswith("eth") and n[3:].isdigit() and int(n[3:]) >= 2),
+                   key=lambda n: int(n[3:]))
+    for i, link in enumerate(vm.links):
+        cur = have.get(link.mac) or (spare[i] if i < len(spare) else None)
+        if cur is None:
+            raise RuntimeError(f"no NIC for link {link.name} (MAC {link.mac}); NICs: {have}")
+        mac = next(m for m, n in have.items() if n == cur)
+        Path(f"/etc/systemd/network/10-{link.ifname}.link").write_text(
+            f"[Match]\nMACAddress={mac}\n\n[Link]\nName={link.ifname}\n")
+        if cur != link.ifname:
+            sh("ip", "link", "set", cur, "down")
+            sh("ip", "link", "set", cur, "name", link.ifname)
+            log.info("%s -> %s (%s, towards %s)", cur, link.ifname, mac, link.peer)
+
+
+def net(fabric_file: Path, name: str):
+    """Boot-time link setup (idempotent)."""
+    fab, vm = load(fabric_file), node(plan(load(fabric_file)), name)
+    sysctl = lambda k, v: Path(f"/proc/sys/net/{k.replace('.', '/')}").write_text(v)
+    if vm.role in SWITCH_ROLES:
+        sysctl("ipv6.conf.all.forwarding", "1")
+    for link in vm.links:
+        if vm.role in SWITCH_ROLES:
+            sysctl(f"ipv6.conf.{link.ifname}.accept_dad", "0")   # fast restore on link-up
+        else:
+            sysctl(f"ipv6.conf.{link.ifname}.accept_ra", "2")    # SLAAC from the leaf's RAs
+        sh("ip", "link", "set", link.ifname, "up")
+        # XDP on virtio needs no LRO; redirected frames must not carry partial checksums
+        sh("ethtool", "-K", link.ifname, "tx", "off", check=False)
+    if vm.role == "leaf":
+        leaf = fab.node(name)
+        for port, _, ifname in fab.host_ports(leaf):
+            for net_ in fab.host_prefixes(leaf, port):
+                sh("ip", "addr", "replace", f"{net_.network_address + 1}/64", "dev", ifname, "nodad")
+
+
+def unit(name: str, body: str):
+    (UNITS / f"{name}.service").write_text(body)
+
+
+def setup(fabric_file: Path, name: str, xdp: str):
+    fab = load(fabric_file)
+    vms = plan(fab)
+    vm = node(vms, name)
+    fabric_file = fabric_file.resolve()
+    ETC.mkdir(parents=True, exist_ok=True)
+    Path("/etc/systemd/network").mkdir(parents=True, exist_ok=True)
+    name_nics(vm)
+    args = f"--fabric {fabric_file} --node {name}"
+    units = []
+    if vm.role != "monitor":
+        unit("rlb-net", f"""[Unit]
+Description=RLB fabric links of {name} ({vm.role})
+After=systemd-udev-settle.service networking.service
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={VENV}/python -m rlblab.vmnode net {args}
+[Install]
+WantedBy=multi-user.target
+""")
+        units.append("rlb-net")
+    if vm.role in SWITCH_ROLES:
+        ports = " ".join(l.ifname for l in vm.links)
+        unit("rlb-bird", f"""[Unit]
+Description=bird2 for fabric switch {name}
+Requires=rlb-net.service
+After=rlb-net.service
+[Service]
+ExecStartPre={VENV}/rlbswitch bird-config {args} --run-dir {RUN} -o {RUN}/{name}.conf
+ExecStart=/usr/sbin/bird -f -c {RUN}/{name}.conf -s {RUN}/{name}.ctl
+ExecReload=/usr/sbin/birdc -s {RUN}/{name}.ctl configure
+Restart=on-failure
+[Install]
+WantedBy=multi-user.target
+""")
+        unit("rlb-switch", f"""[Unit]
+Description=RLB switch agent (XDP data plane fed by bird2) on {name}
+Wants=rlb-bird.service
+After=rlb-bird.service
+[Service]
+ExecStart={VENV}/rlbswitch run {ports} {args} --run-dir {RUN} --metrics-addr {vm.mgmt_ip} --speed-mbps {fab.link_mbps}{' --generic' if xdp == 'generic' else ''}
+Restart=always
+RestartSec=1
+[Install]
+WantedBy=multi-user.target
+""")
+        units += ["rlb-bird", "rlb-switch"]
+    elif vm.role == "host":
+        port = vm.links[0].ifname
+        unit("rlb-host", f"""[Unit]
+Description=RLB host agent (per-QP path selection) on {port}
+Requires=rlb-net.service
+After=rlb-net.service
+[Service]
+ExecStart={VENV}/rlbhost attach {port} --metrics-addr {vm.mgmt_ip}
+Restart=always
+RestartSec=1
+[Install]
+WantedBy=multi-user.target
+""")
+        unit("rlb-rxe", f"""[Unit]
+Description=Soft-RoCE device rxe0 on {port}
+Requires=rlb-net.service
+After=rlb-net.service
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/sbin/modprobe rdma_rxe
+ExecStart=/bin/sh -c 'rdma link show rxe0/1 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev {port}'
+[Install]
+WantedBy=multi-user.target
+""")
+        units += ["rlb-host", "rlb-rxe"]
+    else:
+        monitor(fab, vms, vm)
+        units.append("rlb-prometheus")
+    sh("systemctl", "daemon-reload")
+    for u in units:
+        sh("systemctl", "enable", f"{u}.service")
+        sh("systemctl", "restart", f"{u}.service")
+        log.info("%s started", u)
+    if vm.role == "monitor":
+        grafana(vm)
+
+
+def monitor(fab, vms: list[VmNode], vm: VmNode):
+    from rlbmonitor.prometheus import scrape_config
+    targets = {v.name: (v.mgmt_ip, v.role) for v in vms if v.role != "monitor"}
+    (ETC / "prometheus.yml").write_text(scrape_config(targets))
+    unit("rlb-prometheus", f"""[Unit]
+Description=Prometheus scraping the RLB lab's agents
+[Service]
+ExecStart=/usr/bin/prometheus --config.file={ETC}/prometheus.yml --storage.tsdb.path=/var/lib/rlb-prometheus --web.listen-address=:9090
+Restart=always
+[Install]
+WantedBy=multi-user.target
+""")
+
+
+def grafana(vm: VmNode):
+    """Provision Grafana with the Prometheus data source and the dashboards, if Grafana is
+    installed (it is not a Debian package: the README says how to add Grafana's apt repository)."""
+    prov = Path("/etc/grafana/provisioning")
+    dash = Path("/var/lib/grafana/dashboards/rlb")
+    src = Path(__file__).resolve().parent.parent / "grafana"
+    if not shutil.which("grafana-server") and not Path("/usr/sbin/grafana-server").exists():
+        log.warning("Grafana is not installed on %s: Prometheus only (http://%s:9090); "
+                    "see vagrant/README.md to add it", vm.name, vm.mgmt_ip)
+        return
+    (prov / "datasources").mkdir(parents=True, exist_ok=True)
+    (prov / "dashboards").mkdir(parents=True, exist_ok=True)
+    dash.mkdir(parents=True, exist_ok=True)
+    (prov / "datasources" / "rlb.yaml").write_text(
+        "apiVersion: 1\ndatasources:\n  - name: Prometheus\n    type: prometheus\n    uid: rlb-prometheus\n"
+        "    url: http://localhost:9090\n    access: proxy\n    isDefault: true\n")
+    (prov / "dashboards" / "rlb.yaml").write_text(
+        f"apiVersion: 1\nproviders:\n  - name: rlb\n    type: file\n    options:\n      path: {dash}\n")
+    for f in src.glob("*.json"):
+        shutil.copy(f, dash / f.name)
+    sh("systemctl", "enable", "grafana-server.service")
+    sh("systemctl", "restart", "grafana-server.service")
+    log.info("Grafana on http://%s:3000 with the RLB dashboards", vm.mgmt_ip)
+
+
+def main(argv: list[str] | None = None):
+    ap = argparse.ArgumentParser(prog="python -m rlblab.vmnode", description=__doc__.split("\n\n")[0])
+    ap.add_argument("command", choices=("setup", "net"))
+    ap.add_argument("--fabric", required=True, type=Path)
+    ap.add_argument("--node", required=True)
+    ap.add_argument("--xdp", choices=("native", "generic"), default="native",
+                    help="XDP mode on switch ports (generic for NICs without native XDP).")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="vmnode: %(message)s")
+    try:
+        if args.command == "net":
+            net(args.fabric, args.node)
+        else:
+            setup(args.fabric, args.node, args.xdp)
+    except (FabricError, RuntimeError, OSError) as e:
+        sys.exit(f"vmnode: {e}")
+
+
+if __name__ == "__main__":
+    main()

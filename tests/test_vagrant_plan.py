@@ -1,0 +1,72 @@
+"""The Vagrant lab's plan from a fabric file: every link has two consistent ends."""
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rlblab.vagrantplan import node, plan
+from rlbmonitor.prometheus import scrape_config
+from rlbswitch.fabric import FabricError, load
+
+LAB = Path(__file__).resolve().parent.parent / "lab"
+
+
+def test_smallest_fabric_plan():
+    vms = plan(load(LAB / "fabric-2x2.toml"))
+    assert [(v.name, v.role) for v in vms] == [("s1", "spine"), ("s2", "spine"), ("l1", "leaf"), ("l2", "leaf"),
+                                                ("h1", "host"), ("h2", "host"), ("mon", "monitor")]
+    assert [v.mgmt_ip for v in vms] == [f"10.77.0.{i}" for i in range(10, 17)]
+    assert [l.ifname for l in node(vms, "l1").links] == ["eth-s1", "eth-s2", "eth-h1"]
+    assert [l.ifname for l in node(vms, "s2").links] == ["eth-l1", "eth-l2"]
+    assert [(l.ifname, l.peer) for l in node(vms, "h2").links] == [("eth-l2", "l2")]
+    assert node(vms, "mon").links == []
+    # the half-speed link keeps its bandwidth on both ends
+    assert {l.mbps for l in node(vms, "s2").links if l.peer == "l1"} == {5000}
+
+
+@pytest.mark.parametrize("fabric", ["fabric.toml", "fabric-2x2.toml", "fabric-5stage.toml", "fabric-parallel.toml"])
+def test_link_ends_mirror_each_other(fabric):
+    vms = plan(load(LAB / fabric))
+    ends = {(v.name, l.ifname): (v, l) for v in vms for l in v.links}
+    for (name, ifname), (v, l) in ends.items():
+        pv, pl = ends[(l.peer, l.peer_ifname)]
+        assert (pl.peer, pl.peer_ifname, pl.name) == (name, ifname, l.name)
+        assert (pl.local_port, pl.remote_port) == (l.remote_port, l.local_port)
+        assert pl.mbps == l.mbps
+    macs = Counter(l.mac for _, l in ends.values())
+    ports = Counter(l.local_port for _, l in ends.values())
+    assert max(macs.values()) == 1 and max(ports.values()) == 1
+    assert all(int(m.split(":")[0], 16) & 0b11 == 0b10 for m in macs)    # local unicast
+    assert all(len(ifname) <= 15 for _, ifname in ends)                  # IFNAMSIZ
+    assert len({v.mgmt_ip for v in vms}) == len(vms)
+
+
+def test_parallel_links_are_named_per_link():
+    vms = plan(load(LAB / "fabric-parallel.toml"))
+    names = sorted(l.name for l in node(vms, "l1").links)
+    assert "rlb-l1-s1-1" in names and "rlb-l1-s1-2" in names
+
+
+def test_small_management_network_is_refused():
+    with pytest.raises(FabricError, match="too small"):
+        plan(load(LAB / "fabric.toml"), "10.77.0.0/28")
+
+
+def test_cli_prints_json_and_rejects_bad_fabric(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rlblab.vagrantplan", "--fabric", str(LAB / "fabric-2x2.toml")],
+                         capture_output=True, text=True, check=True).stdout
+    assert [n["name"] for n in json.loads(out)["nodes"]][-1] == "mon"
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[fabric]\npaths = 2\n")
+    res = subprocess.run([sys.executable, "-m", "rlblab.vagrantplan", "--fabric", str(bad)],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and res.stderr.startswith("vagrantplan: ")
+
+
+def test_scrape_config_takes_ipv4_management_addresses():
+    conf = json.loads(scrape_config({"s1": ("10.77.0.10", "spine"), "h1": ("fd00:99::2", "host")}))
+    targets = {j["job_name"]: j["static_configs"][0]["targets"] for j in conf["scrape_configs"]}
+    assert targets == {"rlbswitch": ["10.77.0.10:9471"], "rlbhost": ["[fd00:99::2]:9472"]}

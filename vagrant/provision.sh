@@ -1,0 +1,28 @@
+#!/bin/bash
+# Vagrant's provisioner for one lab VM (runs as root inside it):
+#   provision.sh NODE FABRIC [native|generic]
+# Dependencies come pre-installed in the local box (build-box.sh); on a public Debian 12 box they
+# are installed from the network here. Then the project (editable, from the synced source) and
+# the node's role: NIC names, bird2, the switch or host agent, rxe0, Prometheus/Grafana.
+set -euo pipefail
+node=$1 fabric=$2 xdp=${3:-native}
+src=/opt/rlb/src venv=/opt/rlb/venv
+deps=(pyroute2 prometheus-client typer "setuptools>=77" wheel)
+if [ ! -x $venv/bin/python ]; then
+    echo "provision: $node: installing dependencies from the network (public box)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends $(grep -v '^#' $src/vagrant/box/packages.txt)
+    /usr/bin/python3 -m venv --system-site-packages $venv
+    $venv/bin/pip install -q "${deps[@]}"
+fi
+if [ -d /opt/rlb/wheels ]; then offline=(--no-index --find-links /opt/rlb/wheels); else offline=(); fi
+$venv/bin/pip install -q "${offline[@]}" --no-deps --no-build-isolation -e $src
+if ! modinfo rdma_rxe >/dev/null 2>&1; then
+    echo "provision: $node: kernel $(uname -r) has no rdma_rxe (a cloud kernel?):" \
+         "apt-get install linux-image-amd64, reboot, vagrant provision $node" >&2
+fi
+cd /
+$venv/bin/python -m rlblab.vmnode setup --fabric "$src/$fabric" --node "$node" --xdp "$xdp"
+systemctl reset-failed    # the boot-time ifup of unconfigured NICs fails harmlessly
+echo "provision: $node ready"
