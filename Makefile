@@ -1,5 +1,5 @@
 # Two commands for a fresh Debian 12 machine (as root). Each installs what is missing first.
-.PHONY: demo test bench setup clean
+.PHONY: demo test bench setup clean vagrant-deps vagrant-box vagrant-test
 
 setup:
 	@./scripts/bootstrap.sh
@@ -12,6 +12,17 @@ test: setup
 
 bench: setup
 	.venv/bin/python bench/xdp_bench.py
+
+# The Vagrant lab (opt-in, not in CI): VMs under libvirt; ~25 min here under software emulation.
+vagrant-deps:
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends qemu-system-x86 \
+	    qemu-utils mmdebstrap grub-pc-bin vagrant vagrant-libvirt libvirt-daemon-system dnsmasq-base
+
+vagrant-box: setup vagrant-deps
+	./vagrant/build-box.sh
+
+vagrant-test: setup vagrant-deps
+	RLB_VAGRANT=1 .venv/bin/python -m pytest -v -s tests/test_vagrant_lab.py
 
 clean:
 	-.venv/bin/rlblab down

@@ -17,6 +17,7 @@ if [ ! -x $venv/bin/python ]; then
     $venv/bin/pip install -q "${deps[@]}"
 fi
 if [ -d /opt/rlb/wheels ]; then offline=(--no-index --find-links /opt/rlb/wheels); else offline=(); fi
+$venv/bin/pip install -q "${offline[@]}" --upgrade "setuptools>=77"    # venv bundles 66: no PEP 639 licence
 $venv/bin/pip install -q "${offline[@]}" --no-deps --no-build-isolation -e $src
 if ! modinfo rdma_rxe >/dev/null 2>&1; then
     echo "provision: $node: kernel $(uname -r) has no rdma_rxe (a cloud kernel?):" \

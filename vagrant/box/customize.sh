@@ -50,7 +50,7 @@ inroot systemctl mask bird.service prometheus.service apt-daily.timer apt-daily-
 mkdir -p "$root/opt/rlb"
 cp -r "$RLB_WHEELS" "$root/opt/rlb/wheels"
 inroot /usr/bin/python3 -m venv --system-site-packages /opt/rlb/venv
-inroot /opt/rlb/venv/bin/pip install -q --no-index --find-links /opt/rlb/wheels \
+inroot /opt/rlb/venv/bin/pip install -q --upgrade --no-index --find-links /opt/rlb/wheels \
     pyroute2 prometheus-client typer setuptools wheel
 inroot apt-get clean
 rm -rf "$root"/var/lib/apt/lists/* "$root"/tmp/*
