@@ -148,11 +148,14 @@ static __always_inline u32 dlb_select(u32 gid, struct rlb_group *g, struct pkt *
 
     /* One pass: score = quality band, then a per-member rendezvous hash so ties spread
      * flows evenly and a member change only moves the flows that preferred that member. */
-    u32 n = g->n_members, member = RLB_MAX_MEMBERS, chosen = 0;
+    u32 member = RLB_MAX_MEMBERS, chosen = 0;
     u64 best = ~0ULL;
 #pragma clang loop unroll(disable)
     for (u32 i = 0; i < RLB_MAX_MEMBERS; i++) {
-        if (i >= n)
+        /* A volatile read each time: hoisted, clang turns the two bounds into one
+         * `i != min(n, 64)` exit, which kernels before ~6.8 cannot bound (they do not narrow
+         * a range on !=) and reject as "sequence of 8193 jumps is too complex". */
+        if (i >= *(volatile u32 *)&g->n_members)
             break;
         if (!usable_nh(g->member_nh[i], &port))
             continue;
