@@ -87,7 +87,7 @@ def unit(name: str, body: str):
     (UNITS / f"{name}.service").write_text(body)
 
 
-def setup(fabric_file: Path, name: str, xdp: str):
+def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0):
     fab = load(fabric_file)
     vms = plan(fab)
     vm = node(vms, name)
@@ -116,7 +116,7 @@ Description=bird2 for fabric switch {name}
 Requires=rlb-net.service
 After=rlb-net.service
 [Service]
-ExecStartPre={VENV}/rlbswitch bird-config {args} --run-dir {RUN} -o {RUN}/{name}.conf
+ExecStartPre={VENV}/rlbswitch bird-config {args} --run-dir {RUN} -o {RUN}/{name}.conf{f' --bfd-ms {bfd_ms}' if bfd_ms else ''}
 ExecStart=/usr/sbin/bird -f -c {RUN}/{name}.conf -s {RUN}/{name}.ctl
 ExecReload=/usr/sbin/birdc -s {RUN}/{name}.ctl configure
 Restart=on-failure
@@ -219,13 +219,14 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--node", required=True)
     ap.add_argument("--xdp", choices=("native", "generic"), default="native",
                     help="XDP mode on switch ports (generic for NICs without native XDP).")
+    ap.add_argument("--bfd-ms", type=int, default=0, help="BFD interval instead of the fabric file's.")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="vmnode: %(message)s")
     try:
         if args.command == "net":
             net(args.fabric, args.node)
         else:
-            setup(args.fabric, args.node, args.xdp)
+            setup(args.fabric, args.node, args.xdp, args.bfd_ms)
     except (FabricError, RuntimeError, OSError) as e:
         sys.exit(f"vmnode: {e}")
 

@@ -56,7 +56,7 @@ protocol kernel {{
 def _bfd(fabric: Fabric, pattern: str) -> str:
     if not fabric.bfd:
         return ""
-    return f'protocol bfd {{ interface "{pattern}" {{ min rx interval 50 ms; min tx interval 50 ms; multiplier 3; }}; }}\n'
+    return f'protocol bfd {{ interface "{pattern}" {{ min rx interval {fabric.bfd_ms} ms; min tx interval {fabric.bfd_ms} ms; multiplier 3; }}; }}\n'
 
 
 def _timers(fabric: Fabric) -> str:

@@ -123,12 +123,16 @@ def bird_config(
     node: str = typer.Option(..., help="The node to render for."),
     run_dir: Path = typer.Option(Path("/run/rlb"), help="Where includes, socket and log live."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write here (default: stdout)."),
+    bfd_ms: Optional[int] = typer.Option(None, min=10, max=10000, help="BFD interval instead of the "
+        "fabric file's (slower for emulated VMs, whose timers jitter by hundreds of ms)."),
 ):
     """Render a complete bird.conf for one node of the fabric (and the include files the agent
     keeps up to date, empty to start with)."""
     from .birdconf import render, render_neighbors, render_pathbw
     from .fabric import load
     fab = load(fabric_file)
+    if bfd_ms:
+        fab.bfd_ms = bfd_ms
     text = render(fab, node, run_dir)
     n = fab.node(node)
     run_dir.mkdir(parents=True, exist_ok=True)

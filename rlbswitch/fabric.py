@@ -7,6 +7,7 @@ address plan); bird configs, agents and labs are all derived from it.
     policy = "dpf"            # dpf | fare | ecmp | dlb (per-prefix overrides in [policy])
     link_mbps = 10000         # default link bandwidth (veths report none)
     bfd = true
+    bfd_ms = 50               # BFD interval (detection: 3 intervals)
     pathbw_subtype = 0x88     # FARE path bandwidth ext community sub-type (the draft says TBD)
 
     [[spine]]                 # colour k = k-th spine
@@ -92,6 +93,7 @@ class Fabric:
     # non-transitive ext communities on every eBGP export (ec_set_del_nontrans), so it would never
     # arrive: it is sent transitive and every spine deletes it on export (it travels one hop).
     linkbw_subtype: int = 0x89
+    bfd_ms: int = 50      # BFD tx/rx interval (x3 to detect); emulated VMs need slower timers
 
     # ---- lookups ----------------------------------------------------------------------
     @property
@@ -279,6 +281,9 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
             if x not in seen:
                 raise FabricError(f"{where}: link between {a!r} and {b!r}: unknown node")
         links[frozenset((a, b))] = int(ln["mbps"])
+    bfd_ms = f.get("bfd_ms", 50)
+    if not isinstance(bfd_ms, int) or not 10 <= bfd_ms <= 10000:
+        raise FabricError(f"{where}: bfd_ms {bfd_ms!r}: an interval in ms, 10 to 10000")
     prefix = f.get("prefix", "fc00")
     try:
         ipaddress.IPv6Network(f"{prefix}:1:1:1::/64")
@@ -286,4 +291,4 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
         raise FabricError(f"{where}: prefix {prefix!r} must be one hextet, e.g. 'fc00'") from None
     return Fabric(spines, leaves, supers, paths, prefix, policy, int(f.get("link_mbps", 10000)),
                   bool(f.get("bfd", True)), int(f.get("pathbw_subtype", 0x88)), links, overrides,
-                  parallel, int(f.get("linkbw_subtype", 0x89)))
+                  parallel, int(f.get("linkbw_subtype", 0x89)), bfd_ms)

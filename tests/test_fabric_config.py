@@ -1,6 +1,7 @@
 """Fabric files and bird rendering: every node of every lab fabric renders a config that bird2
 itself accepts (bird -p), Juniper's Table 2 falls out of the plan, bad files get clear errors."""
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,7 @@ def test_five_stage_topology():
     ({"spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2, "pod": 3}]}, "no spines"),
     ({"spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2}],
       "link": [{"between": ["l1", "zz"], "mbps": 1}]}, "unknown node"),
+    ({"fabric": {"bfd_ms": 5}, "spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2}]}, "bfd_ms"),
 ])
 def test_bad_fabric_files(data, msg):
     with pytest.raises(fabric.FabricError, match=msg):
@@ -78,3 +80,12 @@ def test_missing_and_broken_files(tmp_path):
     (tmp_path / "bad.toml").write_text("[fabric\n")
     with pytest.raises(fabric.FabricError, match="bad.toml"):
         fabric.load(tmp_path / "bad.toml")
+
+
+def test_bfd_interval_from_the_file_and_the_command_line(tmp_path):
+    data = {"fabric": {"bfd_ms": 200}, "spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2}]}
+    assert "min rx interval 200 ms; min tx interval 200 ms" in birdconf.render(fabric.parse(data), "l1", tmp_path)
+    out = subprocess.run([sys.executable, "-m", "rlbswitch", "bird-config", "--fabric", str(LAB / "fabric-2x2.toml"),
+                          "--node", "s1", "--run-dir", str(tmp_path), "--bfd-ms", "300"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "min rx interval 300 ms; min tx interval 300 ms; multiplier 3" in out
