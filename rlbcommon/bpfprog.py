@@ -96,7 +96,7 @@ def layouts(source: str) -> dict[str, tuple]:
     path = _layout_file(source)
     if not path.exists():
         # Compile once into a scratch pin dir to learn the layouts; nothing is attached.
-        scratch = PIN_ROOT / ".layout-scratch"
+        scratch = PIN_ROOT / f"layout-scratch-{os.getpid()}"   # no dots: bpffs before 6.x refuses them
         try:
             compile_program(source, scratch).cleanup()
         finally:

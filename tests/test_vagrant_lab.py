@@ -19,7 +19,7 @@ from rlblab.vagrantlab import LOCAL_BOX, VAGRANT_DIR, VagrantLab
 pytestmark = [pytest.mark.vagrant,
               pytest.mark.skipif(os.environ.get("RLB_VAGRANT") != "1", reason="opt-in: RLB_VAGRANT=1")]
 
-PREFIXES = {"l1": ["fc00:1:2:1::/64", "fc00:1:2:2::/64"], "l2": ["fc00:1:1:1::/64", "fc00:1:1:2::/64"]}
+PREFIXES = {"l1": ["fc00:2:1:1::/64", "fc00:2:1:2::/64"], "l2": ["fc00:1:1:1::/64", "fc00:1:1:2::/64"]}
 SIZE, ITERS = 65536, 300
 
 
