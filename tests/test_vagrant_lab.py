@@ -20,7 +20,9 @@ pytestmark = [pytest.mark.vagrant,
               pytest.mark.skipif(os.environ.get("RLB_VAGRANT") != "1", reason="opt-in: RLB_VAGRANT=1")]
 
 PREFIXES = {"l1": ["fc00:2:1:1::/64", "fc00:2:1:2::/64"], "l2": ["fc00:1:1:1::/64", "fc00:1:1:2::/64"]}
-SIZE, ITERS = 65536, 300
+# Small messages and 2 outstanding per QP: under TCG the QEMUs' UDP tunnel sockets overflow on
+# bursts (one 64 KiB write is 64 back-to-back frames) and rxe on 6.1 fails QPs under heavy loss.
+SIZE, ITERS = 16384, 200
 
 
 def no_systemd() -> bool:
@@ -78,7 +80,7 @@ def spine_bytes(lab) -> dict[str, int]:
 
 def write_bw(lab, tmp_path, qps: int, extra: str = "", during=None):
     """ib_write_bw server on h2, client on h1; returns (client output, spine byte deltas)."""
-    common = f"ib_write_bw -d rxe0 -i 1 -q {qps} -s {SIZE} -F --report_gbits {extra}"
+    common = f"ib_write_bw -d rxe0 -i 1 -q {qps} -s {SIZE} -t 2 -F --report_gbits {extra}"
     before = spine_bytes(lab)
     server = lab.spawn("h2", f"{common} -x {base_gid(lab, 'h2')}", tmp_path / "server.out")
     time.sleep(3)
@@ -98,7 +100,7 @@ def test_four_qps_use_both_spines(vlab, tmp_path):
     print(f"-q 4: spine bytes {delta}\n{out}")
     assert total >= 4 * ITERS * SIZE                      # the payload crossed the spines
     assert min(delta.values()) >= 0.35 * total            # 2 QPs per spine, not 4:0 or 3:1
-    assert re.search(r"^\s*65536\s+\d+", out, re.M)       # perftest's result line
+    assert re.search(rf"^\s*{SIZE}\s+\d+", out, re.M)       # perftest's result line
 
 
 def test_two_qps_one_per_spine(vlab, tmp_path):
@@ -125,5 +127,6 @@ def test_transfer_survives_a_pulled_leaf_spine_cable(vlab, tmp_path):
         vlab.set_link("l1", "s2", up=True)
     moved = {s: marks["later"][s] - marks["cut"][s] for s in marks["cut"]}
     print(f"cable l1-s2 pulled: spine bytes in the 8 s after {moved}\n{out}")
-    assert re.search(r"^\s*65536\s+\d+", out, re.M)
-    assert moved["s1"] > 20 * moved["s2"] and moved["s1"] > 4 * SIZE
+    assert re.search(rf"^\s*{SIZE}\s+\d+", out, re.M)
+    # what s2 still carries is the agents' reaction time under emulation (~0.5 s measured)
+    assert moved["s2"] < 0.1 * moved["s1"] and moved["s1"] > 50 * SIZE
