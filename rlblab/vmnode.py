@@ -64,7 +64,8 @@ def name_nics(vm: VmNode):
 
 def net(fabric_file: Path, name: str):
     """Boot-time link setup (idempotent)."""
-    fab, vm = load(fabric_file), node(plan(load(fabric_file)), name)
+    fab = load(fabric_file)
+    vm = node(plan(fab), name)
     sysctl = lambda k, v: Path(f"/proc/sys/net/{k.replace('.', '/')}").write_text(v)
     if vm.role in SWITCH_ROLES:
         sysctl("ipv6.conf.all.forwarding", "1")
