@@ -188,26 +188,36 @@ WantedBy=multi-user.target
 """)
 
 
+GRAFANA_DASHBOARDS = Path("/var/lib/grafana/dashboards/rlb")
+
+
+def grafana_provisioning(dashboards: Path = GRAFANA_DASHBOARDS) -> dict[str, str]:
+    """Grafana's provisioning files (relative to /etc/grafana/provisioning): the local Prometheus
+    as the default data source (the dashboards pick it through their datasource variable) and a
+    file provider for the dashboards' directory."""
+    return {
+        "datasources/rlb.yaml": "apiVersion: 1\ndatasources:\n  - name: Prometheus\n    type: prometheus\n"
+                                "    uid: rlb-prometheus\n    url: http://localhost:9090\n    access: proxy\n"
+                                "    isDefault: true\n",
+        "dashboards/rlb.yaml": "apiVersion: 1\nproviders:\n  - name: rlb\n    type: file\n    options:\n"
+                               f"      path: {dashboards}\n",
+    }
+
+
 def grafana(vm: VmNode):
     """Provision Grafana with the Prometheus data source and the dashboards, if Grafana is
     installed (it is not a Debian package: the README says how to add Grafana's apt repository)."""
-    prov = Path("/etc/grafana/provisioning")
-    dash = Path("/var/lib/grafana/dashboards/rlb")
-    src = Path(__file__).resolve().parent.parent / "grafana"
     if not shutil.which("grafana-server") and not Path("/usr/sbin/grafana-server").exists():
         log.warning("Grafana is not installed on %s: Prometheus only (http://%s:9090); "
                     "see vagrant/README.md to add it", vm.name, vm.mgmt_ip)
         return
-    (prov / "datasources").mkdir(parents=True, exist_ok=True)
-    (prov / "dashboards").mkdir(parents=True, exist_ok=True)
-    dash.mkdir(parents=True, exist_ok=True)
-    (prov / "datasources" / "rlb.yaml").write_text(
-        "apiVersion: 1\ndatasources:\n  - name: Prometheus\n    type: prometheus\n    uid: rlb-prometheus\n"
-        "    url: http://localhost:9090\n    access: proxy\n    isDefault: true\n")
-    (prov / "dashboards" / "rlb.yaml").write_text(
-        f"apiVersion: 1\nproviders:\n  - name: rlb\n    type: file\n    options:\n      path: {dash}\n")
-    for f in src.glob("*.json"):
-        shutil.copy(f, dash / f.name)
+    for rel, text in grafana_provisioning().items():
+        path = Path("/etc/grafana/provisioning") / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    GRAFANA_DASHBOARDS.mkdir(parents=True, exist_ok=True)
+    for f in (Path(__file__).resolve().parent.parent / "grafana").glob("*.json"):
+        shutil.copy(f, GRAFANA_DASHBOARDS / f.name)
     sh("systemctl", "enable", "grafana-server.service")
     sh("systemctl", "restart", "grafana-server.service")
     log.info("Grafana on http://%s:3000 with the RLB dashboards", vm.mgmt_ip)

@@ -70,3 +70,17 @@ def test_scrape_config_takes_ipv4_management_addresses():
     conf = json.loads(scrape_config({"s1": ("10.77.0.10", "spine"), "h1": ("fd00:99::2", "host")}))
     targets = {j["job_name"]: j["static_configs"][0]["targets"] for j in conf["scrape_configs"]}
     assert targets == {"rlbswitch": ["10.77.0.10:9471"], "rlbhost": ["[fd00:99::2]:9472"]}
+
+
+def test_grafana_provisioning_points_at_prometheus_and_the_dashboards(tmp_path):
+    yaml = pytest.importorskip("yaml")   # Debian's python3-yaml, through the system site packages
+    from rlblab.vmnode import grafana_provisioning
+    files = {k: yaml.safe_load(v) for k, v in grafana_provisioning(tmp_path).items()}
+    (ds,) = files["datasources/rlb.yaml"]["datasources"]
+    assert (ds["type"], ds["url"], ds["isDefault"]) == ("prometheus", "http://localhost:9090", True)
+    (prov,) = files["dashboards/rlb.yaml"]["providers"]
+    assert (prov["type"], prov["options"]["path"]) == ("file", str(tmp_path))
+    # the dashboards take whichever Prometheus data source is default, through their variable
+    dash = json.loads((Path(__file__).resolve().parent.parent / "grafana" / "rlb-fabric.json").read_text())
+    assert {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"} \
+        in dash["templating"]["list"]
