@@ -92,5 +92,9 @@ if virsh -c qemu:///system pool-info default >/dev/null 2>&1; then
     for vol in $(virsh -c qemu:///system vol-list default | awk -v n="${name//\//-VAGRANTSLASH-}_vagrant_box_image" 'index($1, n) == 1 {print $1}'); do
         virsh -c qemu:///system vol-delete --pool default "$vol" >/dev/null && log "dropped cached volume $vol"
     done
+else    # libvirt not running: the default pool's directory is refreshed when it starts
+    for vol in /var/lib/libvirt/images/"${name//\//-VAGRANTSLASH-}"_vagrant_box_image_*; do
+        [ -e "$vol" ] && rm -f "$vol" && log "dropped cached volume $vol"
+    done
 fi
 log "done: $(du -h "$work/box.img" | cut -f1) image, box $name"
