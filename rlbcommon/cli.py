@@ -3,6 +3,7 @@ errors into one clear line and exit status 2 instead of a traceback."""
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from typing import Optional
 
@@ -26,6 +27,12 @@ class AgentContext:
     @property
     def name(self) -> str:
         return self.instance or self.netns or "default"
+
+    @property
+    def node_label(self) -> str:
+        """The `node` label of the metrics: the instance or namespace in a lab, else the
+        machine's host name (every VM's instance is 'default')."""
+        return self.instance or self.netns or socket.gethostname()
 
     def dataplane(self):
         return self.dataplane_class(self.instance or self.netns)

@@ -54,7 +54,7 @@ def attach(
     from .agent import HostAgent
     from .metrics import HostCollector
     if metrics_port:
-        serve(HostCollector(dp, ctx.name), metrics_port, metrics_addr)
+        serve(HostCollector(dp, ctx.node_label), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         HostAgent(dp, interface, path_field, base_path).run()

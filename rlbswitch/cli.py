@@ -258,7 +258,7 @@ def run(
         threading.Thread(target=sync.run, name="bird", daemon=True).start()
         log.info("following bird2 at %s for %s", sync.bird.path, node)
     if metrics_port:
-        serve(SwitchCollector(dp, ctx.name, sync), metrics_port, metrics_addr)
+        serve(SwitchCollector(dp, ctx.node_label, sync), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         if control_only:

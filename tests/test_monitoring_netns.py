@@ -28,12 +28,6 @@ def promql(lab, expr: str) -> list:
     return body["data"]["result"]
 
 
-def grafana_vars(expr: str) -> str:
-    """What Grafana sends for 'All' and the rate interval."""
-    return (expr.replace("$__rate_interval", "30s").replace("$node", ".*").replace("$interface", ".*")
-            .replace("$host", ".*"))
-
-
 @pytest.fixture(scope="module")
 def lab():
     with fabric_lab(FABRIC, "rlbmt", monitor=True) as lab:
@@ -63,7 +57,7 @@ def test_every_panel_query_returns_data(lab):
     queries = dashboards.panel_queries(dashboards.fabric_dashboard())
     deadline = time.time() + 30          # rate() needs two scrapes in its window
     while True:
-        empty = [title for title, expr in queries if not promql(lab, grafana_vars(expr))]
+        empty = [title for title, expr in queries if not promql(lab, dashboards.as_grafana_sends(expr))]
         if not empty or time.time() > deadline:
             break
         time.sleep(1)

@@ -5,8 +5,10 @@ the monitor) comes up from the local box; perftest's ib_write_bw runs N QPs host
 Soft-RoCE with IPv6 GIDs through the XDP switches. The spine VMs' own interface counters must
 show the QPs on distinct spines; a leaf-spine cable pulled mid-transfer must not fail it. The VMs
 are always destroyed. About 25 minutes under software emulation (TCG) on 2 cores."""
+import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rlblab.vagrantlab import LOCAL_BOX, VAGRANT_DIR, VagrantLab
+from rlbmonitor import dashboards
 
 pytestmark = [pytest.mark.vagrant,
               pytest.mark.skipif(os.environ.get("RLB_VAGRANT") != "1", reason="opt-in: RLB_VAGRANT=1")]
@@ -130,3 +133,27 @@ def test_transfer_survives_a_pulled_leaf_spine_cable(vlab, tmp_path):
     assert re.search(rf"^\s*{SIZE}\s+\d+", out, re.M)
     # what s2 still carries is the agents' reaction time under emulation (~0.5 s measured)
     assert moved["s2"] < 0.1 * moved["s1"] and moved["s1"] > 50 * SIZE
+
+
+def on_mon(vlab, exprs: list[str]) -> list[list]:
+    """Evaluate PromQL on mon's Prometheus (it listens on mon; the test host has no route)."""
+    script = ("import json, urllib.parse, urllib.request\n"
+              f"out = []\nfor q in json.loads({json.dumps(json.dumps(exprs))}):\n"
+              "    u = 'http://localhost:9090/api/v1/query?' + urllib.parse.urlencode({'query': q})\n"
+              "    out.append(json.loads(urllib.request.urlopen(u, timeout=10).read())['data']['result'])\n"
+              "print(json.dumps(out))\n")
+    return vlab.json("mon", "python3 -c " + shlex.quote(script))
+
+
+def test_prometheus_on_mon_scrapes_every_agent_and_every_panel_has_data(vlab):
+    (up,) = on_mon(vlab, ["up"])
+    health = {r["metric"]["instance_node"]: r["value"][1] for r in up}
+    assert health == {n: "1" for n in ("s1", "s2", "l1", "l2", "h1", "h2")}
+    queries = dashboards.panel_queries(dashboards.fabric_dashboard())
+    results = on_mon(vlab, [dashboards.as_grafana_sends(e) for _, e in queries])
+    empty = [title for (title, _), res in zip(queries, results) if not res]
+    assert not empty, f"panels without data: {empty}"
+    # the spines' ports towards l2 carried the perftest traffic of the tests before
+    (tx,) = on_mon(vlab, ['rlb_switch_port_tx_bytes_total{interface="eth-l2"}'])
+    assert sorted(r["metric"]["instance_node"] for r in tx if float(r["value"][1]) > 1e6) == ["s1", "s2"]
+    assert sorted(r["metric"]["node"] for r in tx) == ["s1", "s2"]     # the VM's name, not "default"
