@@ -139,6 +139,9 @@ def test_agent_follows_address_changes(lab):
     sender = QpSender(lab.h[1], lab.base(1), lab.base(2), 4, base_sport=54000)
     try:
         before = path_per_qp(exchange(lab, 4, 10, sender)[0])
+        # the router keeps advertising the prefix: without this the next RA (3-4 s) brings the
+        # address back mid-test and the QPs may return to path 4
+        topo.sysctl(lab.h[1], "net.ipv6.conf.eth0.accept_ra", "0")
         run(lab.h[1], "ip", "addr", "del", f"{a4}/64", "dev", "eth0")
         deadline = time.time() + 5
         while time.time() < deadline and "(gone)" not in lab.cli(1, "status"):
@@ -149,6 +152,7 @@ def test_agent_follows_address_changes(lab):
         assert all(after[q] == before[q] for q in before if 4 not in before[q])
     finally:
         sender.close()
+        topo.sysctl(lab.h[1], "net.ipv6.conf.eth0.accept_ra", "1")
         run(lab.h[1], "ip", "addr", "add", f"{a4}/64", "dev", "eth0", check=False)
         lab.cli(1, "config", "--expiry-ms", "200")
     deadline = time.time() + 5
