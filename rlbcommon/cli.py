@@ -25,10 +25,6 @@ class AgentContext:
         self.instance: Optional[str] = None
 
     @property
-    def name(self) -> str:
-        return self.instance or self.netns or "default"
-
-    @property
     def node_label(self) -> str:
         """The `node` label of the metrics: the instance or namespace in a lab, else the
         machine's host name (every VM's instance is 'default')."""
