@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from .maps import PinnedMap
-from .paths import BPF_DIR, BPFFS, PIN_ROOT, RUN_DIR
+from .paths import BPF_DIR, BPFFS, PIN_ROOT, RUN_DIR, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +72,7 @@ def _save_layouts(bpf, source: str):
         key = lib.bpf_table_key_desc(bpf.module, name)
         leaf = lib.bpf_table_leaf_desc(bpf.module, name)
         out[name.decode()] = [json.loads(key), json.loads(leaf)]
-    path = _layout_file(source)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out))
-    tmp.replace(path)
+    write_atomic(_layout_file(source), json.dumps(out))
 
 
 def _table_names(bpf):

@@ -16,3 +16,11 @@ def pin_dir(component: str, instance: str | None = None) -> Path:
     The instance is the network namespace name in labs (many switches share one bpffs)
     and 'default' on a real machine."""
     return PIN_ROOT / (instance or "default") / component
+
+
+def write_atomic(path: Path, text: str):
+    """Write through a temporary file and a rename, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

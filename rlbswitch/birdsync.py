@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from rlbcommon.paths import RUN_DIR
+from rlbcommon.paths import RUN_DIR, write_atomic
 
 from .birdconf import render_neighbors, render_pathbw
 from .birdctl import BirdClient, BirdError
@@ -25,6 +25,11 @@ from .fabric import Fabric
 from . import pathbw as pbw
 
 log = logging.getLogger(__name__)
+
+
+def why_file(instance: str) -> Path:
+    """Why each route is programmed as it is (prefix -> reason), for `rlbswitch routes`."""
+    return RUN_DIR / f"{instance}-switch-routes.json"
 
 
 class BirdSync:
@@ -53,9 +58,7 @@ class BirdSync:
         if self._written.get(path) == text or (path.exists() and path.read_text() == text):
             self._written[path] = text
             return False
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_atomic(path, text)
         self._written[path] = text
         return True
 
@@ -162,10 +165,7 @@ class BirdSync:
                 self.explain.pop(net, None)
         self.stats["last_sync_seconds"] = time.perf_counter() - t0
         self.stats["syncs"] += 1
-        out = RUN_DIR / f"{self.dp.instance}-switch-routes.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".tmp").write_text(json.dumps(self.explain))
-        out.with_suffix(".tmp").replace(out)
+        self._write(why_file(self.dp.instance), json.dumps(self.explain))
 
     def compile(self, paths):
         """Leaves (and spines for their own pod): the fabric's policy. A spine's routes learnt from

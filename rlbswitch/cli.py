@@ -154,10 +154,10 @@ def bird_config(
 @app.command()
 def routes(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
     """What is programmed and why (pinned path, weights, backups), as the agent decided it."""
+    from .birdsync import why_file
     dp = ctx.dataplane()
     why = {}
-    from rlbcommon.paths import RUN_DIR
-    f = RUN_DIR / f"{dp.instance}-switch-routes.json"
+    f = why_file(dp.instance)
     if f.exists():
         why = json.loads(f.read_text())
     rows = dp.routes()
