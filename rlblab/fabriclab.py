@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from rlbcommon.netns import run
-from rlbswitch.birdconf import render, render_neighbors, render_pathbw
+from rlbswitch.birdconf import initial_includes, render
 from rlbswitch.fabric import Fabric, load
 
 from . import topo
@@ -100,10 +100,8 @@ class FabricLab:
                     run(self.ns(leaf.name), "ip", "addr", "add", f"{net.network_address + 1}/64",
                         "dev", ifname, "nodad")
         for sw in self.switches:
-            if self.fabric.uplinks(sw):
-                (self.work / f"{sw.name}.neighbors.conf").write_text(render_neighbors(self.fabric, sw, {}))
-            if sw.role != "leaf":
-                (self.work / f"{sw.name}.pathbw.conf").write_text(render_pathbw(self.fabric, sw, {}))
+            for inc, body in initial_includes(self.fabric, sw, self.work).items():
+                inc.write_text(body)   # overwritten: an earlier lab's neighbours are stale
             bird = Bird(self.ns(sw.name), render(self.fabric, sw.name, self.work, self.mode == "baseline"),
                         self.work, name=sw.name)
             bird.start()

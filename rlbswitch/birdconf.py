@@ -119,7 +119,7 @@ template bgp spine {{
   {_timers(fabric)}
   ipv6 {{ import all; aigp originate; }};
 }}
-include "{run_dir}/{leaf.name}.neighbors.conf";   # written by the agent from neighbour discovery
+include "{neighbors_file(run_dir, leaf.name)}";   # written by the agent from neighbour discovery
 """
 
 
@@ -138,10 +138,10 @@ template bgp superspine {{
   {_timers(fabric)}
   ipv6 {{ import all; export where pathbw_export(); aigp on; next hop self; }};
 }}
-include "{run_dir}/{spine.name}.neighbors.conf";   # super-spines: written by the agent
+include "{neighbors_file(run_dir, spine.name)}";   # super-spines: written by the agent
 """
     return _common(f"10.255.{100 + spine.pod}.{spine.plane}", run_dir, spine.name, ecmp=baseline) + f"""{_bfd(fabric, "eth-*")}
-include "{run_dir}/{spine.name}.pathbw.conf";   # FARE: written by the agent
+include "{pathbw_file(run_dir, spine.name)}";   # FARE: written by the agent
 
 template bgp leaf {{
   local as {spine.asn};
@@ -154,7 +154,7 @@ template bgp leaf {{
 
 def render_superspine(fabric: Fabric, ss: Node, run_dir: Path, baseline: bool = False) -> str:
     return _common(f"10.255.200.{ss.index}", run_dir, ss.name, ecmp=baseline) + f"""{_bfd(fabric, "eth-*")}
-include "{run_dir}/{ss.name}.pathbw.conf";   # FARE link bandwidth: written by the agent
+include "{pathbw_file(run_dir, ss.name)}";   # FARE link bandwidth: written by the agent
 
 template bgp spine {{
   local as {ss.asn};
@@ -169,6 +169,28 @@ def render(fabric: Fabric, node: str, run_dir: Path, baseline: bool = False) -> 
     n = fabric.node(node)
     fn = {"leaf": render_leaf, "spine": render_spine, "superspine": render_superspine}[n.role]
     return fn(fabric, n, run_dir, baseline)
+
+
+def neighbors_file(run_dir: Path, node: str) -> Path:
+    """The include with the BGP sessions to the discovered uplink neighbours."""
+    return run_dir / f"{node}.neighbors.conf"
+
+
+def pathbw_file(run_dir: Path, node: str) -> Path:
+    """The include with the FARE export filter (path or link bandwidth per prefix)."""
+    return run_dir / f"{node}.pathbw.conf"
+
+
+def initial_includes(fabric: Fabric, node: Node, run_dir: Path) -> dict[Path, str]:
+    """The includes a node's bird.conf names, as they start before the agent has found or
+    computed anything: neighbours where the node has uplinks, path bandwidth on spines and
+    super-spines."""
+    out = {}
+    if fabric.uplinks(node):
+        out[neighbors_file(run_dir, node.name)] = render_neighbors(fabric, node, {})
+    if node.role != "leaf":
+        out[pathbw_file(run_dir, node.name)] = render_pathbw(fabric, node, {})
+    return out
 
 
 def render_neighbors(fabric: Fabric, node: Node, found: dict[str, str]) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rlbcommon.paths import RUN_DIR, write_atomic
 
-from .birdconf import render_neighbors, render_pathbw
+from .birdconf import neighbors_file, pathbw_file, render_neighbors, render_pathbw
 from .birdctl import BirdClient, BirdError
 from .compiler import compile_all
 from .dataplane import NUD_USABLE, DataplaneError, SwitchDataplane
@@ -89,8 +89,8 @@ class BirdSync:
 
     def sync_neighbours(self):
         found = self.discover()
-        path = self.run_dir / f"{self.node.name}.neighbors.conf"
-        if self._write(path, render_neighbors(self.fabric, self.node, found)):
+        text = render_neighbors(self.fabric, self.node, found)
+        if self._write(neighbors_file(self.run_dir, self.node.name), text):
             self._configure(f"neighbours {found}")
 
     # ---- spines: FARE path bandwidth --------------------------------------------------
@@ -120,8 +120,8 @@ class BirdSync:
                 values[net] = v
         if self.node.role == "spine":
             values.update(self._remote_pod_values(paths))
-        path = self.run_dir / f"{self.node.name}.pathbw.conf"
-        if self._write(path, render_pathbw(self.fabric, self.node, values)):
+        text = render_pathbw(self.fabric, self.node, values)
+        if self._write(pathbw_file(self.run_dir, self.node.name), text):
             self._configure(f"path bandwidth for {len(values)} prefixes")
 
     # ---- routes -> data plane ---------------------------------------------------------

@@ -128,7 +128,7 @@ def bird_config(
 ):
     """Render a complete bird.conf for one node of the fabric (and the include files the agent
     keeps up to date, empty to start with)."""
-    from .birdconf import render, render_neighbors, render_pathbw
+    from .birdconf import initial_includes, render
     from .fabric import load
     fab = load(fabric_file)
     if bfd_ms:
@@ -136,17 +136,13 @@ def bird_config(
     text = render(fab, node, run_dir)
     n = fab.node(node)
     run_dir.mkdir(parents=True, exist_ok=True)
-    incs = []
-    if fab.uplinks(n):
-        incs.append((run_dir / f"{node}.neighbors.conf", render_neighbors(fab, n, {})))
-    if n.role != "leaf":
-        incs.append((run_dir / f"{node}.pathbw.conf", render_pathbw(fab, n, {})))
-    for inc, body in incs:
-        if not inc.exists():
+    incs = initial_includes(fab, n, run_dir)
+    for inc, body in incs.items():
+        if not inc.exists():   # the agent's discoveries survive a bird restart
             inc.write_text(body)
     if out:
         out.write_text(text)
-        typer.echo(f"wrote {out} ({n.role} {node}); includes {', '.join(str(i) for i, _ in incs)}")
+        typer.echo(f"wrote {out} ({n.role} {node}); includes {', '.join(str(i) for i in incs)}")
     else:
         typer.echo(text, nl=False)
 
