@@ -11,6 +11,7 @@ Prometheus (rlb-prometheus) scraping every agent, and Grafana with the dashboard
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import shutil
@@ -18,8 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlbcommon.netns import run
 from rlbswitch.fabric import FabricError, load
 
+from . import topo
 from .vagrantplan import MONITOR, VmNode, node, plan
 
 log = logging.getLogger("rlb.vmnode")
@@ -27,19 +30,16 @@ VENV = Path("/opt/rlb/venv/bin")
 UNITS = Path("/etc/systemd/system")
 RUN = Path("/run/rlb")
 ETC = Path("/etc/rlb")
+LINK_DIR = Path("/etc/systemd/network")   # .link files: NIC names that survive a reboot
 SWITCH_ROLES = ("leaf", "spine", "superspine")
 
 
-def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if check and res.returncode:
-        raise RuntimeError(f"{' '.join(cmd)}: {res.stderr.strip() or res.stdout.strip()}")
-    return res
+sh = functools.partial(run, None)   # commands here, in the VM's own namespace
 
 
 def nics() -> dict[str, str]:
     """MAC -> interface name of every NIC."""
-    return {l["address"]: l["ifname"] for l in json.loads(sh("ip", "-j", "link", "show").stdout)
+    return {l["address"]: l["ifname"] for l in json.loads(sh("ip", "-j", "link", "show"))
             if l.get("link_type") == "ether"}
 
 
@@ -47,14 +47,15 @@ def name_nics(vm: VmNode):
     """Rename each fabric NIC after its link (by MAC; in link order where the provider ignores
     MACs, e.g. VirtualBox), and keep the names across reboots with systemd .link files."""
     have = nics()
+    macs = {n: m for m, n in have.items()}
     spare = sorted((n for n in have.values() if n.startswith("eth") and n[3:].isdigit() and int(n[3:]) >= 2),
                    key=lambda n: int(n[3:]))
     for i, link in enumerate(vm.links):
         cur = have.get(link.mac) or (spare[i] if i < len(spare) else None)
         if cur is None:
             raise RuntimeError(f"no NIC for link {link.name} (MAC {link.mac}); NICs: {have}")
-        mac = next(m for m, n in have.items() if n == cur)
-        Path(f"/etc/systemd/network/10-{link.ifname}.link").write_text(
+        mac = macs[cur]
+        (LINK_DIR / f"10-{link.ifname}.link").write_text(
             f"[Match]\nMACAddress={mac}\n\n[Link]\nName={link.ifname}\n")
         if cur != link.ifname:
             sh("ip", "link", "set", cur, "down")
@@ -66,14 +67,13 @@ def net(fabric_file: Path, name: str):
     """Boot-time link setup (idempotent)."""
     fab = load(fabric_file)
     vm = node(plan(fab), name)
-    sysctl = lambda k, v: Path(f"/proc/sys/net/{k.replace('.', '/')}").write_text(v)
     if vm.role in SWITCH_ROLES:
-        sysctl("ipv6.conf.all.forwarding", "1")
+        topo.sysctl(None, "net.ipv6.conf.all.forwarding", "1")
     for link in vm.links:
         if vm.role in SWITCH_ROLES:
-            sysctl(f"ipv6.conf.{link.ifname}.accept_dad", "0")   # fast restore on link-up
+            topo.sysctl(None, f"net.ipv6.conf.{link.ifname}.accept_dad", "0")   # fast restore on link-up
         else:
-            sysctl(f"ipv6.conf.{link.ifname}.accept_ra", "2")    # SLAAC from the leaf's RAs
+            topo.sysctl(None, f"net.ipv6.conf.{link.ifname}.accept_ra", "2")    # SLAAC from the leaf's RAs
         sh("ip", "link", "set", link.ifname, "up")
         # XDP on virtio needs no LRO; redirected frames must not carry partial checksums
         sh("ethtool", "-K", link.ifname, "tx", "off", check=False)
@@ -94,7 +94,7 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0):
     vm = node(vms, name)
     fabric_file = fabric_file.resolve()
     ETC.mkdir(parents=True, exist_ok=True)
-    Path("/etc/systemd/network").mkdir(parents=True, exist_ok=True)
+    LINK_DIR.mkdir(parents=True, exist_ok=True)
     name_nics(vm)
     args = f"--fabric {fabric_file} --node {name}"
     units = []
@@ -238,6 +238,8 @@ def main(argv: list[str] | None = None):
             net(args.fabric, args.node)
         else:
             setup(args.fabric, args.node, args.xdp, args.bfd_ms)
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"vmnode: {' '.join(e.cmd)}: {(e.stderr or e.stdout or '').strip()}")
     except (FabricError, RuntimeError, OSError) as e:
         sys.exit(f"vmnode: {e}")
 

@@ -84,3 +84,28 @@ def test_grafana_provisioning_points_at_prometheus_and_the_dashboards(tmp_path):
     dash = json.loads((Path(__file__).resolve().parent.parent / "grafana" / "rlb-fabric.json").read_text())
     assert {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"} \
         in dash["templating"]["list"]
+
+
+@pytest.mark.netns
+def test_vm_leaf_setup_names_nics_by_mac_and_configures_links(tmp_path, monkeypatch):
+    """What rlb-net does in a leaf VM, run in a namespace with NICs carrying the planned MACs."""
+    from rlblab import vmnode
+    from .conftest import scratch_netns
+    fabric = LAB / "fabric-2x2.toml"
+    vm = node(plan(load(fabric)), "l1")
+    monkeypatch.setattr(vmnode, "LINK_DIR", tmp_path)
+    with scratch_netns("rlbvmn") as ns:
+        for i, link in enumerate(vm.links):    # as the VM boots: eth2, eth3, ... in link order
+            subprocess.run(["ip", "link", "add", f"eth{i + 2}", "address", link.mac, "type", "veth",
+                            "peer", "name", f"peer{i}"], check=True)
+        vmnode.name_nics(vm)
+        vmnode.net(fabric, "l1")
+        names = {l["ifname"]: l["address"] for l in json.loads(vmnode.sh("ip", "-j", "link", "show"))}
+        assert {n: names.get(n) for n in ("eth-s1", "eth-s2", "eth-h1")} == {l.ifname: l.mac for l in vm.links}
+        assert (tmp_path / "10-eth-s2.link").read_text() == \
+            "[Match]\nMACAddress=02:52:4c:00:02:01\n\n[Link]\nName=eth-s2\n"
+        addrs = vmnode.sh("ip", "-6", "addr", "show", "dev", "eth-h1")
+        assert "fc00:1:1:1::1/64" in addrs and "fc00:1:1:2::1/64" in addrs
+        assert Path("/proc/sys/net/ipv6/conf/all/forwarding").read_text().strip() == "1"
+        assert Path("/proc/sys/net/ipv6/conf/eth-s1/accept_dad").read_text().strip() == "0"
+        vmnode.net(fabric, "l1")    # at every boot: idempotent
