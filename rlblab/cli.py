@@ -162,7 +162,7 @@ def switch_demo(keep: bool = typer.Option(False, help="Leave the lab running aft
 
 
 def main():
-    from rlbswitch.fabric import FabricError
+    from rlbfabric.fabric import FabricError
     try:
         app()
     except (FabricError, RuntimeError, TimeoutError) as e:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rlbcommon.netns import run
 from rlbswitch.birdconf import initial_includes, render
-from rlbswitch.fabric import Fabric, load
+from rlbfabric.fabric import Fabric, load
 
 from . import topo
 from .bird import Bird

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from rlbswitch.fabric import load
+from rlbfabric.fabric import load
 
 from .vagrantplan import VmNode, node, plan
 

@@ -17,7 +17,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlbswitch.fabric import Fabric, FabricError, load
+from rlbfabric.fabric import Fabric, FabricError, load
 
 MONITOR = "mon"
 TUNNEL_BASE_PORT = 17000

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from rlbcommon.netns import run
-from rlbswitch.fabric import FabricError, load
+from rlbfabric.fabric import FabricError, load
 
 from . import topo
 from .vagrantplan import MONITOR, VmNode, node, plan

@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from .fabric import Fabric, Node
+from rlbfabric.fabric import Fabric, Node
 from .pathbw import MAX_BANDWIDTH
 
 COLOUR_HI = 0x030B0000

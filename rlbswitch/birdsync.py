@@ -21,7 +21,7 @@ from .birdconf import neighbors_file, pathbw_file, render_neighbors, render_path
 from .birdctl import BirdClient, BirdError
 from .compiler import compile_all
 from .dataplane import NUD_USABLE, DataplaneError, SwitchDataplane
-from .fabric import Fabric
+from rlbfabric.fabric import Fabric
 from . import pathbw as pbw
 
 log = logging.getLogger(__name__)

@@ -129,7 +129,7 @@ def bird_config(
     """Render a complete bird.conf for one node of the fabric (and the include files the agent
     keeps up to date, empty to start with)."""
     from .birdconf import initial_includes, render
-    from .fabric import load
+    from rlbfabric.fabric import load
     fab = load(fabric_file)
     if bfd_ms:
         fab.bfd_ms = bfd_ms
@@ -248,7 +248,7 @@ def run(
         if not (fabric_file and node):
             raise DataplaneError("--fabric and --node go together")
         from .birdsync import BirdSync
-        from .fabric import load
+        from rlbfabric.fabric import load
         sync = BirdSync(dp, load(fabric_file), node, bird_socket or str(run_dir / f"{node}.ctl"), run_dir,
                         program=not control_only)
         threading.Thread(target=sync.run, name="bird", daemon=True).start()
@@ -268,5 +268,5 @@ def run(
 
 def main():
     from .birdctl import BirdError
-    from .fabric import FabricError
+    from rlbfabric.fabric import FabricError
     common.run(app, "rlbswitch", (DataplaneError, RouteError, FabricError, BirdError))

@@ -9,7 +9,7 @@ import pytest
 
 from rlblab.vagrantplan import node, plan
 from rlbmonitor.prometheus import scrape_config
-from rlbswitch.fabric import FabricError, load
+from rlbfabric.fabric import FabricError, load
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 

@@ -168,9 +168,22 @@ class Fabric:
         return [(i + 1, h, f"eth-{h}") for i, h in enumerate(leaf.hosts)]
 
     def host_prefixes(self, leaf: Node, port: int) -> list[ipaddress.IPv6Network]:
-        """One /64 per path on a host port; path k is colour k."""
-        return [ipaddress.IPv6Network(f"{self.prefix}:{leaf.index}:{port}:{k}::/64")
+        """One /64 per path on a host port; path k is colour k, and k is the path field's value
+        (written in hex, as the field is read: path 10 is fc00:1:1:a::/64)."""
+        return [ipaddress.IPv6Network(f"{self.prefix}:{leaf.index}:{port}:{k:x}::/64")
                 for k in range(1, self.paths + 1)]
+
+    @property
+    def hosts(self) -> list[str]:
+        return [h for leaf in self.leaves for h in leaf.hosts]
+
+    def host_of_prefix(self) -> dict[ipaddress.IPv6Network, str]:
+        """{host /64 (any path): host name}: who owns an address."""
+        return {net: leaf.hosts[port - 1] for leaf, port, _, net in self.all_prefixes()}
+
+    def colours(self) -> int:
+        """Uplinks per leaf (spines of a pod x parallel links): the colours QPs are placed on."""
+        return len(self.pod_spines(self.leaves[0].pod)) * self.parallel
 
     def leaf_of_host(self, host: str) -> tuple[Node, int]:
         for leaf in self.leaves:

@@ -1,0 +1,156 @@
+"""The coordinator's placement at fabric scale, by simulation (no namespaces): a modelled fabric of
+64 leaves x 32 hosts x 8 spines, NCCL-like traffic matrices, and per matrix the worst leaf's
+max/mean on uplinks and downlinks for: the best possible (computed), ECMP (every QP hashed
+uniformly onto an uplink), RLB's local rule (the hosts alone, QPs arriving in random order) and
+the coordinator (starting from where the local rule put them, as in a live fabric). Then the
+coordinator's decision time: a full placement of 2048 hosts x 8 QPs from nothing, and incremental
+ones (one QP appears, one QP ends).
+
+    .venv/bin/python bench/placement_sim.py [--leaves 64 --hosts 32 --spines 8 --trials 3]"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rlbfabric import balance, localrule, workloads  # noqa: E402
+from rlbfabric.fabric import parse  # noqa: E402
+from rlbfabric.qpplacer import QpInfo, QpPlacer  # noqa: E402
+
+
+def model_fabric(leaves: int, hosts: int, spines: int):
+    h = iter(range(1, leaves * hosts + 1))
+    return parse({
+        "fabric": {"paths": spines},
+        "spine": [{"name": f"s{k}", "asn": 65000} for k in range(1, spines + 1)],
+        "leaf": [{"name": f"l{i}", "asn": 65100 + i, "hosts": [f"h{next(h)}" for _ in range(hosts)]}
+                 for i in range(1, leaves + 1)],
+    }, "model")
+
+
+def matrices(fabric, rnd: random.Random, qps_per_host: int) -> dict[str, list[tuple[str, str]]]:
+    """Each matrix gives every host about qps_per_host QPs."""
+    hosts = fabric.hosts
+    q = qps_per_host
+    out = {
+        f"ring x{q}": workloads.connections("ring", hosts) * q,
+        f"tree x{max(1, q // 3)}": workloads.connections("tree", hosts) * max(1, q // 3),
+        f"permutation x{q}": workloads.connections("permutation", hosts, rnd) * q,
+        "moe (8 random peers)": workloads.connections("moe", hosts, rnd, fanout=q),
+    }
+    # all-to-all inside groups of q+1 hosts taken across leaves (expert-parallel groups)
+    per = len(hosts) // (q + 1)
+    groups = [hosts[i::per][:q + 1] for i in range(per)]
+    out[f"all-to-all, groups of {q + 1}"] = [c for g in groups for c in workloads.connections("all-to-all", g)]
+    return out
+
+
+def ecmp(fabric, qps, rnd):
+    n = fabric.colours()
+    return [(s, d, rnd.randrange(n)) for s, d in qps]
+
+
+def local(fabric, qps, rnd):
+    order = list(range(len(qps)))
+    rnd.shuffle(order)
+    paths = localrule.simulate(fabric, [qps[i] for i in order])
+    colour = {k: fabric.port_id(k, fabric.leaves[0]) - 1 for k in range(1, fabric.paths + 1)}
+    out = [None] * len(qps)
+    for i, p in zip(order, paths):
+        out[i] = (*qps[i], None if p is None else colour[p + 1])
+    return out
+
+
+def coordinated(fabric, qps, start):
+    placer = QpPlacer(fabric)
+    every = frozenset(range(1, fabric.paths + 1))
+    for i, ((s, d), (_, _, c)) in enumerate(zip(qps, start)):
+        placer.add(i, QpInfo(s, d, None if c is None else c + 1, every))
+    t = time.perf_counter()
+    moved = placer.solve()
+    dt = time.perf_counter() - t
+    colour = {k: fabric.port_id(k, fabric.leaves[0]) - 1 for k in range(1, fabric.paths + 1)}
+    placed = [(s, d, None if placer.path(i) is None else colour[placer.path(i)]) for i, (s, d) in enumerate(qps)]
+    return placed, dt, moved, placer
+
+
+def timing(fabric, rnd, qps_per_host: int):
+    """Full placement from nothing, then incremental changes on the placed fabric."""
+    hosts = fabric.hosts
+    every = frozenset(range(1, fabric.paths + 1))
+    conns = workloads.connections("moe", hosts, rnd, fanout=qps_per_host)
+    placer = QpPlacer(fabric)
+    for i, (s, d) in enumerate(conns):
+        placer.add(i, QpInfo(s, d, None, every))
+    t = time.perf_counter()
+    placer.solve()
+    full = time.perf_counter() - t
+    adds, ends, moves = [], [], []
+    for j in range(200):
+        s, d = rnd.sample(hosts, 2)
+        t = time.perf_counter()
+        placer.add(("new", j), QpInfo(s, d, None, every))
+        moves.append(placer.solve())
+        adds.append(time.perf_counter() - t)
+        victim = rnd.randrange(len(conns))
+        if victim in placer.qps or victim in placer.local:
+            t = time.perf_counter()
+            placer.remove(victim)
+            moves.append(placer.solve())
+            ends.append(time.perf_counter() - t)
+    return len(conns), full, adds, ends, moves, placer.excess()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--leaves", type=int, default=64)
+    ap.add_argument("--hosts", type=int, default=32, help="hosts per leaf")
+    ap.add_argument("--spines", type=int, default=8)
+    ap.add_argument("--qps", type=int, default=8, help="QPs per host")
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    fabric = model_fabric(args.leaves, args.hosts, args.spines)
+    rnd = random.Random(args.seed)
+    print(f"modelled fabric: {args.leaves} leaves x {args.hosts} hosts x {args.spines} spines "
+          f"({len(fabric.hosts)} hosts); worst leaf's max/mean, uplinks / downlinks, "
+          f"mean of {args.trials} trials")
+    print(f"{'matrix':<28}{'QPs':>7}{'best':>12}{'ECMP':>12}{'RLB local':>12}{'coordinated':>13}"
+          f"{'moved':>7}{'time':>8}")
+    rows: dict[str, dict[str, list]] = {}
+    for _ in range(args.trials):
+        for name, qps in matrices(fabric, rnd, args.qps).items():
+            r = rows.setdefault(name, {"n": [], "best": [], "ecmp": [], "local": [], "coord": [], "moved": [], "t": []})
+            loc = local(fabric, qps, rnd)
+            placed, dt, moved, _ = coordinated(fabric, qps, loc)
+            r["n"].append(len(qps))
+            r["best"].append(balance.best_figures(fabric, qps))
+            r["ecmp"].append(balance.figures(*balance.leaf_loads(fabric, ecmp(fabric, qps, rnd))))
+            r["local"].append(balance.figures(*balance.leaf_loads(fabric, loc)))
+            r["coord"].append(balance.figures(*balance.leaf_loads(fabric, placed)))
+            r["moved"].append(moved)
+            r["t"].append(dt)
+
+    def pair(vals):
+        return f"{statistics.mean(v[0] for v in vals):.2f}/{statistics.mean(v[1] for v in vals):.2f}"
+
+    for name, r in rows.items():
+        print(f"{name:<28}{round(statistics.mean(r['n'])):>7}{pair(r['best']):>12}{pair(r['ecmp']):>12}"
+              f"{pair(r['local']):>12}{pair(r['coord']):>13}{round(statistics.mean(r['moved'])):>7}"
+              f"{statistics.mean(r['t']) * 1000:>6.0f}ms")
+    n, full, adds, ends, moves, excess = timing(fabric, rnd, args.qps)
+    print(f"\ndecision time: full placement of {n} QPs from nothing {full * 1000:.0f} ms (target < 1000 ms); "
+          f"incremental: a QP appears median {statistics.median(adds) * 1000:.2f} ms, max "
+          f"{max(adds) * 1000:.2f} ms; a QP ends median {statistics.median(ends) * 1000:.2f} ms, max "
+          f"{max(ends) * 1000:.2f} ms (target < 10 ms); QPs moved per change: mean "
+          f"{statistics.mean(moves):.2f}, max {max(moves)}; links over target afterwards: {excess}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

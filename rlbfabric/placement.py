@@ -1,0 +1,353 @@
+"""Placing QPs on fabric colours so that every leaf uplink and every spine->leaf downlink carries
+its weighted share: the coordinator's algorithm, pure (no I/O, no clock).
+
+The model. A colour is one of a leaf's uplinks (spine, link); a QP from a host on leaf a to a host
+on leaf b that rides colour c loads leaf a's uplink c and the downlink c into leaf b (the address
+plan pins colour c to the same spine at both ends). So the QPs are the edges of a bipartite
+multigraph between source leaves (uplink side) and destination leaves (downlink side), and a
+placement is an edge colouring. Each side of each leaf has a capacity per colour (0 = dead).
+
+The target. As FARE weighs a path by its narrowest link, the QPs from leaf a to leaf b are due to
+colour c in proportion to min(uplink a,c ; downlink c,b); a link's share is the sum of the shares
+of the QPs that may cross it, and its load must lie between that share rounded down and rounded up
+("within one QP"). With equal capacities a colouring meeting every target at once always exists
+(de Werra's equitable edge colouring of bipartite multigraphs): every leaf's worst link then
+carries exactly ceil(d/U) QPs, the best possible.
+
+The method (de Werra's proof, made incremental). Keep the current colouring; place a new QP on the
+colour least loaded at both ends; then, while some link is outside its target, find by
+breadth-first search an alternating alpha/beta chain (a Kempe chain): recolour one QP at the
+vertex from alpha to beta, which moves alpha to beta at the QP's other end too; if that end can
+take it the chain stops, else one of its beta QPs turns alpha, and so on. Inner vertices keep their
+loads, so every chain lowers the total distance to the targets by at least one: the search ends,
+and moves are few. Dead links and per-QP restrictions can leave no two-colour chain; then a chain
+may turn to a third colour where a vertex has room for it.
+
+Work is done on counts per (source leaf, destination leaf, allowed colours) group, so a full
+placement of 16 k QPs over 64 leaves costs a few thousand group operations, not per-QP searches."""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Hashable, Iterable
+
+UP, DOWN = 0, 1          # the two sides of a leaf: its uplinks, and the downlinks into it
+EPS = 1e-9
+
+
+@dataclass
+class _Group:
+    """QPs from leaf a to leaf b that may use the colours in mask, by colour."""
+    a: int
+    b: int
+    mask: int
+    members: list[list] = field(default_factory=list)    # per colour: QP keys (newest last)
+    size: int = 0                                        # QPs in the group, placed or not
+    frac: list[float] = field(default_factory=list)      # each colour's share of one QP
+
+    def leaf(self, side: int) -> int:
+        return self.a if side == UP else self.b
+
+
+@dataclass
+class _Qp:
+    group: _Group
+    colour: int | None
+
+
+def _viol(load: int, lo: int, hi: int) -> int:
+    return max(0, load - hi) + max(0, lo - load)
+
+
+class Placement:
+    """Colours for QPs across a fabric of n_leaves leaves with n_colours uplinks each.
+
+    add()/remove() change the demand, set_capacity() the links; solve() brings the colouring back
+    to the targets with few moves and returns the keys whose colour changed."""
+
+    def __init__(self, n_leaves: int, n_colours: int):
+        if n_leaves < 1 or not 1 <= n_colours <= 64:
+            raise ValueError("need at least one leaf and 1-64 colours")
+        self.n_leaves, self.n_colours = n_leaves, n_colours
+        self.cap = [[[1.0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
+        self.load = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
+        self.lo = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
+        self.hi = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
+        self.groups: dict[tuple[int, int, int], _Group] = {}
+        self.at: list[list[list[_Group]]] = [[[] for _ in range(n_leaves)] for _ in (UP, DOWN)]
+        self.qps: dict[Hashable, _Qp] = {}
+        self.all_colours = (1 << n_colours) - 1
+        self.unplaced: dict = {}          # keys without a colour, in arrival order
+        self._caps_changed = False
+        self._dirty: set[tuple[int, int]] = set()     # vertices whose targets need recomputing
+
+    # ---- demand and capacity ------------------------------------------------------------
+    def set_capacity(self, leaf: int, side: int, caps: Iterable[float]):
+        caps = [float(c) for c in caps]
+        if len(caps) != self.n_colours or any(c < 0 or math.isnan(c) for c in caps):
+            raise ValueError(f"{self.n_colours} non-negative capacities expected, got {caps}")
+        if caps != self.cap[side][leaf]:
+            self.cap[side][leaf] = caps
+            self._caps_changed = True
+
+    def add(self, key: Hashable, a: int, b: int, allowed: int | None = None, colour: int | None = None):
+        """A QP from leaf a to leaf b (a != b), allowed colours as a bit mask (default all), its
+        current colour if it has one (kept when that colour is allowed and alive)."""
+        if key in self.qps:
+            raise KeyError(f"QP {key!r} is already placed")
+        if a == b or not (0 <= a < self.n_leaves and 0 <= b < self.n_leaves):
+            raise ValueError(f"QP {key!r}: leaves {a} -> {b}: must be two different leaves")
+        mask = self.all_colours if allowed is None else allowed & self.all_colours
+        g = self.groups.get((a, b, mask))
+        if g is None:
+            g = self.groups[(a, b, mask)] = _Group(a, b, mask, [[] for _ in range(self.n_colours)])
+            self._weigh(g)
+            self.at[UP][a].append(g)
+            self.at[DOWN][b].append(g)
+        g.size += 1
+        self._dirty |= {(UP, a), (DOWN, b)}
+        self.qps[key] = q = _Qp(g, None)
+        if colour is not None and 0 <= colour < self.n_colours and self._usable(g, colour):
+            self._set(key, q, colour)
+        else:
+            self.unplaced[key] = None
+
+    def remove(self, key: Hashable) -> bool:
+        q = self.qps.pop(key, None)
+        if q is None:
+            return False
+        if q.colour is None:
+            self.unplaced.pop(key, None)
+        else:
+            self._unset(key, q)
+        q.group.size -= 1
+        self._dirty |= {(UP, q.group.a), (DOWN, q.group.b)}
+        return True
+
+    def colour(self, key: Hashable) -> int | None:
+        return self.qps[key].colour
+
+    def __contains__(self, key) -> bool:
+        return key in self.qps
+
+    def __len__(self) -> int:
+        return len(self.qps)
+
+    # ---- bookkeeping --------------------------------------------------------------------
+    def _set(self, key, q: _Qp, c: int):
+        g = q.group
+        q.colour = c
+        g.members[c].append(key)
+        self.load[UP][g.a][c] += 1
+        self.load[DOWN][g.b][c] += 1
+
+    def _unset(self, key, q: _Qp):
+        g, c = q.group, q.colour
+        g.members[c].remove(key)
+        self.load[UP][g.a][c] -= 1
+        self.load[DOWN][g.b][c] -= 1
+        q.colour = None
+
+    def _move_one(self, g: _Group, frm: int, to: int):
+        key = g.members[frm][-1]          # the newest QP of the group on that colour moves
+        q = self.qps[key]
+        self._unset(key, q)
+        self._set(key, q, to)
+        return key
+
+    def _usable(self, g: _Group, c: int) -> bool:
+        return bool(g.mask >> c & 1) and self.cap[UP][g.a][c] > 0 and self.cap[DOWN][g.b][c] > 0
+
+    def _weigh(self, g: _Group):
+        """A path's weight is its narrowest link (FARE); one QP's share of each colour."""
+        w = [min(self.cap[UP][g.a][c], self.cap[DOWN][g.b][c]) if g.mask >> c & 1 else 0.0
+             for c in range(self.n_colours)]
+        total = sum(w)
+        g.frac = [x / total for x in w] if total > 0 else [0.0] * self.n_colours
+
+    # ---- targets ------------------------------------------------------------------------
+    def _retarget(self):
+        if self._caps_changed:
+            for g in self.groups.values():
+                self._weigh(g)
+            self._dirty = {(s, v) for s in (UP, DOWN) for v in range(self.n_leaves)}
+            self._caps_changed = False
+        for side, v in self._dirty:
+            share = [0.0] * self.n_colours
+            for g in self.at[side][v]:
+                if g.size:
+                    for c, f in enumerate(g.frac):
+                        share[c] += g.size * f
+            self.lo[side][v] = [math.floor(x + EPS) for x in share]
+            self.hi[side][v] = [math.ceil(x - EPS) for x in share]
+        self._dirty = set()
+
+    def targets(self) -> tuple[list, list]:
+        """(lo, hi)[side][leaf][colour]: each link's share rounded down and up."""
+        self._retarget()
+        return self.lo, self.hi
+
+    def violation(self) -> int:
+        """How many QPs, summed over all links, lie outside the targets (0: all met)."""
+        self._retarget()
+        return sum(_viol(self.load[s][v][c], self.lo[s][v][c], self.hi[s][v][c])
+                   for s in (UP, DOWN) for v in range(self.n_leaves) for c in range(self.n_colours))
+
+    def excess(self) -> int:
+        """QPs above the targets' upper bounds, summed over all links."""
+        self._retarget()
+        return sum(max(0, self.load[s][v][c] - self.hi[s][v][c])
+                   for s in (UP, DOWN) for v in range(self.n_leaves) for c in range(self.n_colours))
+
+    def _dv(self, side: int, v: int, gain: int, shed: int) -> int:
+        """Change of v's violation when one of its QPs turns from shed to gain."""
+        ld, lo, hi = self.load[side][v], self.lo[side][v], self.hi[side][v]
+        return (_viol(ld[gain] + 1, lo[gain], hi[gain]) - _viol(ld[gain], lo[gain], hi[gain])
+                + _viol(ld[shed] - 1, lo[shed], hi[shed]) - _viol(ld[shed], lo[shed], hi[shed]))
+
+    # ---- solving ------------------------------------------------------------------------
+    def solve(self) -> set:
+        """Colour every QP that can be coloured and bring every link within its target where a
+        chain of recolourings can; returns the keys whose colour changed (new ones included)."""
+        changed: set = set()
+        if self._caps_changed:      # QPs on a colour that died lose it first
+            for g in self.groups.values():
+                for c in range(self.n_colours):
+                    while g.members[c] and not self._usable(g, c):
+                        key = g.members[c][-1]
+                        self._unset(key, self.qps[key])
+                        self.unplaced[key] = None
+        self._retarget()
+        for key in list(self.unplaced):
+            q = self.qps[key]
+            c = self._greedy(q.group)
+            if c is not None:
+                self._set(key, q, c)
+                self.unplaced.pop(key, None)
+                changed.add(key)
+        progress = True
+        while progress:
+            progress = False
+            for side in (UP, DOWN):
+                for v in range(self.n_leaves):
+                    for c in range(self.n_colours):
+                        while _viol(self.load[side][v][c], self.lo[side][v][c], self.hi[side][v][c]):
+                            chain = self._repair(side, v, c)
+                            if chain is None:
+                                break
+                            changed |= {self._move_one(g, frm, to) for g, frm, to in chain}
+                            progress = True
+        return changed
+
+    def _greedy(self, g: _Group) -> int | None:
+        """The usable colour with the most room at both ends (after adding one)."""
+        best, best_key = None, None
+        up, dn = self.load[UP][g.a], self.load[DOWN][g.b]
+        hu, hd = self.hi[UP][g.a], self.hi[DOWN][g.b]
+        for c in range(self.n_colours):
+            if not self._usable(g, c):
+                continue
+            k = (max(up[c] + 1 - hu[c], dn[c] + 1 - hd[c]), up[c] + dn[c] - hu[c] - hd[c])
+            if best_key is None or k < best_key:
+                best, best_key = c, k
+        return best
+
+    def _repair(self, side: int, v: int, c: int):
+        """A chain that fixes one unit of v's violation on colour c, or None."""
+        over = self.load[side][v][c] > self.hi[side][v][c]
+        others = [x for x in range(self.n_colours) if x != c and self.cap[side][v][x] > 0]
+        # v sheds c and gains another colour when over target, the reverse when under
+        pairs = [(c, x) if over else (x, c) for x in others]
+        pairs = [(a, b) for a, b in pairs if self._dv(side, v, b, a) < 0]
+        ld, hi = self.load[side][v], self.hi[side][v]
+        pairs.sort(key=lambda ab: ld[ab[1]] - hi[ab[1]])          # the most room first
+        for alpha, beta in pairs:
+            chain = self._chain(side, v, alpha, beta)
+            if chain is not None:
+                return chain
+        if over:
+            return self._chain_any(side, v, c)
+        return None
+
+    @staticmethod
+    def _unwind(parent, x) -> list:
+        chain = []
+        while parent[x] is not None:
+            prev, grp, frm, to = parent[x][:4]
+            chain.append((grp, frm, to))
+            x = prev
+        return chain
+
+    def _chain(self, side: int, v: int, alpha: int, beta: int):
+        """Breadth-first search for an alternating alpha/beta chain from v (a Kempe chain):
+        [(group, from, to), ...]. Inner vertices gain and shed the same colour."""
+        base = self._dv(side, v, beta, alpha)
+        start = (side, v)
+        parent = {start: None}
+        queue = deque([start])
+        while queue:
+            s, u = node = queue.popleft()
+            shed, gain = (alpha, beta) if s == side else (beta, alpha)
+            for g in self.at[s][u]:
+                if not g.members[shed] or not self._usable(g, gain):
+                    continue
+                w = (1 - s, g.leaf(1 - s))
+                if w in parent:
+                    continue
+                parent[w] = (node, g, shed, gain)
+                if base + self._dv(w[0], w[1], gain, shed) < 0:
+                    return self._unwind(parent, w)
+                queue.append(w)
+        return None
+
+    def _chain_any(self, side: int, v: int, alpha: int):
+        """The fallback where dead links or per-QP restrictions leave no two-colour chain: each
+        step may turn to a third colour. A vertex entered by a step that freed colour x and added
+        y sheds y again by recolouring one of its y QPs to z; its own violation may not grow
+        (z == x leaves it as it was). The chain ends where the total violation has dropped."""
+        start = (side, v, alpha)
+        parent = {start: None}
+        queue = deque([(start, None, 0)])     # (vertex and colour to shed, colour freed, change so far)
+        while queue:
+            state, x, so_far = queue.popleft()
+            s, u, y = state
+            on_path = {(p[0], p[1]) for p in self._path_states(parent, state)}
+            for g in self.at[s][u]:
+                if not g.members[y]:
+                    continue
+                wv = (1 - s, g.leaf(1 - s))
+                if wv in on_path:
+                    continue
+                for z in range(self.n_colours):
+                    if z == y or not self._usable(g, z):
+                        continue
+                    here = 0 if z == x else (self._dv(s, u, z, alpha) if x is None else self._dv(s, u, z, x))
+                    if here > 0 or (x is None and here >= 0):
+                        continue
+                    w = (*wv, z)
+                    if w in parent:
+                        continue
+                    parent[w] = (state, g, y, z)
+                    if so_far + here + self._dv(wv[0], wv[1], z, y) < 0:
+                        return self._unwind(parent, w)
+                    queue.append((w, y, so_far + here))
+        return None
+
+    @staticmethod
+    def _path_states(parent, x):
+        while x is not None:
+            yield x
+            x = parent[x][0] if parent[x] is not None else None
+
+    # ---- reading --------------------------------------------------------------------------
+    def loads(self) -> list[list[list[int]]]:
+        return [[list(r) for r in side] for side in self.load]
+
+
+def share_ceil(d: int, caps: list[float]) -> list[int]:
+    """Each colour's weighted share of d, rounded up; 0 for dead colours."""
+    total = sum(c for c in caps if c > 0)
+    if total <= 0:
+        return [0] * len(caps)
+    return [math.ceil(d * c / total - EPS) if c > 0 else 0 for c in caps]

@@ -1,0 +1,279 @@
+"""The coordinator's placement (pure logic): equitable colourings, weights, dead links, per-QP
+restrictions, incremental changes, checked against the de Werra bound and brute force."""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from rlbfabric import balance, localrule, workloads
+from rlbfabric.fabric import load, parse
+from rlbfabric.placement import DOWN, UP, Placement
+from rlbfabric.qpplacer import QpInfo, QpPlacer
+
+LAB = Path(__file__).resolve().parent.parent / "lab"
+
+
+def random_instance(rnd, leaves, colours, n, presets=True, p=None):
+    p = p or Placement(leaves, colours)
+    for i in range(n):
+        a = rnd.randrange(leaves)
+        b = rnd.randrange(leaves - 1)
+        b += b >= a
+        p.add(i, a, b, colour=rnd.randrange(colours) if presets and rnd.random() < 0.5 else None)
+    return p
+
+
+def violation(leaves, colours, edges, targets, cols):
+    """QPs outside the targets, summed over links, for one colouring."""
+    lo, hi = targets
+    load = [[[0] * colours for _ in range(leaves)] for _ in (UP, DOWN)]
+    for (a, b, _), c in zip(edges, cols):
+        load[UP][a][c] += 1
+        load[DOWN][b][c] += 1
+    return sum(max(0, load[s][v][c] - hi[s][v][c]) + max(0, lo[s][v][c] - load[s][v][c])
+               for s in (UP, DOWN) for v in range(leaves) for c in range(colours))
+
+
+@pytest.mark.parametrize("leaves,colours,n", [(2, 4, 6), (2, 4, 13), (4, 4, 40), (8, 4, 250),
+                                              (5, 3, 101), (16, 8, 1000), (64, 8, 4096)])
+def test_equal_capacities_every_link_meets_the_bound(leaves, colours, n):
+    """de Werra: every leaf's worst uplink and downlink is exactly ceil(d / colours)."""
+    for seed in range(5):
+        p = random_instance(random.Random(seed), leaves, colours, n)
+        p.solve()
+        assert all(p.colour(i) is not None for i in range(n))
+        assert p.violation() == 0
+        for side in (UP, DOWN):
+            for row in p.loads()[side]:
+                d = sum(row)
+                assert max(row) == math.ceil(d / colours) and min(row) >= d // colours
+
+
+def brute_force(leaves, colours, edges, caps, targets):
+    usable = [[c for c in range(colours) if m >> c & 1 and caps[a][c] > 0 and caps[b][c] > 0]
+              for a, b, m in edges]
+    return min(violation(leaves, colours, edges, targets, cols) for cols in itertools.product(*usable))
+
+
+def small_cases(kind, count=400):
+    """Random small fabrics; kind: 'weights' (unequal link speeds), 'dead' (links down, both
+    directions), 'masks' (QPs barred from some colours, as a zero host weight does)."""
+    rnd = random.Random(7)
+    while count:
+        leaves, colours, n = rnd.choice([2, 3]), rnd.choice([2, 3]), rnd.randint(2, 7)
+        caps = [[1.0] * colours for _ in range(leaves)]
+        for v in range(leaves):
+            for c in range(colours):
+                if kind == "weights" and rnd.random() < 0.3:
+                    caps[v][c] = rnd.choice([0.5, 2.0])
+                if kind == "dead" and rnd.random() < 0.25:
+                    caps[v][c] = 0.0
+        edges = []
+        for _ in range(n):
+            a = rnd.randrange(leaves)
+            b = rnd.randrange(leaves - 1)
+            b += b >= a
+            m = (1 << colours) - 1
+            if kind == "masks" and rnd.random() < 0.3:
+                m &= ~(1 << rnd.randrange(colours))
+            edges.append((a, b, m))
+        if any(not any(m >> c & 1 and caps[a][c] and caps[b][c] for c in range(colours)) for a, b, m in edges):
+            continue
+        count -= 1
+        yield leaves, colours, edges, caps, [rnd.randrange(colours) if rnd.random() < 0.5 else None for _ in edges]
+
+
+def solve_case(leaves, colours, edges, caps, presets):
+    p = Placement(leaves, colours)
+    for v in range(leaves):
+        p.set_capacity(v, UP, caps[v])
+        p.set_capacity(v, DOWN, caps[v])
+    for i, ((a, b, m), c) in enumerate(zip(edges, presets)):
+        p.add(i, a, b, m, c)
+    p.solve()
+    return [p.colour(i) for i in range(len(edges))], p.targets()
+
+
+@pytest.mark.parametrize("kind", ["weights", "dead"])
+def test_as_good_as_brute_force_with_link_speeds_and_failures(kind):
+    worse = 0
+    for leaves, colours, edges, caps, presets in small_cases(kind):
+        cols, targets = solve_case(leaves, colours, edges, caps, presets)
+        for (a, b, m), c in zip(edges, cols):   # never on a dead link
+            assert c is not None and caps[a][c] > 0 and caps[b][c] > 0
+        worse += (violation(leaves, colours, edges, targets, cols)
+                  > brute_force(leaves, colours, edges, caps, targets))
+    # measured: 0 of 400 for both (3000 each by hand: weights 1, dead links 0)
+    assert worse <= 1
+
+
+def test_per_qp_restrictions_are_respected_and_nearly_optimal():
+    """Per-QP colour restrictions break de Werra's theorem; the chains that may turn to a third
+    colour still reach the optimum almost always (measured: 3 of 400 miss it by one QP)."""
+    worse = 0
+    for leaves, colours, edges, caps, presets in small_cases("masks"):
+        cols, targets = solve_case(leaves, colours, edges, caps, presets)
+        assert all(m >> c & 1 for (_, _, m), c in zip(edges, cols))
+        worse += (violation(leaves, colours, edges, targets, cols)
+                  > brute_force(leaves, colours, edges, caps, targets))
+    assert worse <= 8
+
+
+def test_incremental_changes_move_few_qps():
+    rnd = random.Random(3)
+    p = random_instance(rnd, 8, 4, 300, presets=False)
+    p.solve()
+    moves, n = [], 300
+    for j in range(200):
+        if rnd.random() < 0.5:
+            a, b = rnd.sample(range(8), 2)
+            p.add(("new", j), a, b)
+        else:
+            p.remove(rnd.choice(list(p.qps)))
+        changed = p.solve()
+        moves.append(len(changed))
+        assert p.violation() == 0
+    # a new QP counts as one; a chain recolours its length in QPs
+    assert max(moves) <= 6 and sum(moves) / len(moves) <= 2.0, moves
+
+
+def test_a_link_failure_moves_only_its_qps_and_recovery_reinstates_balance():
+    p = random_instance(random.Random(4), 4, 4, 200, presets=False)
+    p.solve()
+    before = {k: p.colour(k) for k in p.qps}
+    for side in (UP, DOWN):
+        p.set_capacity(2, side, [1, 1, 0, 1])          # leaf 2's uplink 2 died
+    changed = p.solve()
+    on_dead = {k for k, q in p.qps.items() if before[k] == 2 and 2 in (q.group.a, q.group.b)}
+    assert on_dead <= changed
+    assert all(not (p.colour(k) == 2 and 2 in (q.group.a, q.group.b)) for k, q in p.qps.items())
+    # the QPs that did not ride the dead link mostly stay (chains may move a few to make room)
+    assert len(changed - on_dead) <= len(on_dead)
+    for side in (UP, DOWN):
+        p.set_capacity(2, side, [1, 1, 1, 1])
+    p.solve()
+    assert p.violation() == 0
+
+
+def test_unusable_qp_stays_unplaced_until_a_path_returns():
+    p = Placement(2, 2)
+    p.set_capacity(0, UP, [0, 0])
+    p.add("q", 0, 1)
+    assert p.solve() == set() and p.colour("q") is None
+    p.set_capacity(0, UP, [1, 1])
+    assert p.solve() == {"q"} and p.colour("q") is not None
+
+
+def test_bad_input_is_refused():
+    p = Placement(2, 4)
+    with pytest.raises(ValueError):
+        p.add("x", 0, 0)
+    with pytest.raises(ValueError):
+        p.set_capacity(0, UP, [1, 1])
+    with pytest.raises(ValueError):
+        Placement(2, 0)
+    p.add("x", 0, 1)
+    with pytest.raises(KeyError):
+        p.add("x", 0, 1)
+
+
+# ---- the fabric-level model ------------------------------------------------------------
+
+def test_placer_maps_hosts_and_paths_through_the_fabric_file():
+    fab = load(LAB / "fabric.toml")
+    pl = QpPlacer(fab)
+    assert pl.host_of("fc00:2:1:3:a8c0:ffff:fe00:1") == "h3" and pl.host_of("fc00:9::1") is None
+    every = frozenset(range(1, 5))
+    for i in range(4):
+        pl.add(("h1", i), QpInfo("h1", "h3", 1, every))      # all four on path 1 now
+    pl.add(("h1", "local"), QpInfo("h1", "h2", 1, every))     # same leaf: nothing to place
+    assert pl.solve() == 3
+    assert sorted(pl.placements("h1").values()) == [1, 2, 3, 4]
+    assert ("h1", "local") not in pl.placements("h1")
+    assert pl.link_loads()["l1"]["up"] == [1, 1, 1, 1] and pl.link_loads()["l2"]["down"] == [1, 1, 1, 1]
+    # l1's uplink to s3 dies: its QP goes elsewhere, the rest stay
+    kept = {k: v for k, v in pl.placements("h1").items() if v != 3}
+    assert pl.set_link("l1", 2, False) and not pl.set_link("l1", 2, False)
+    pl.solve()
+    after = pl.placements("h1")
+    assert 3 not in after.values() and all(after[k] == v for k, v in kept.items())
+    assert pl.dead_links() == [("l1", 2)]
+
+
+def test_placer_with_two_paths_per_uplink_and_parallel_links():
+    fab = parse({"fabric": {"paths": 8}, "spine": [{"name": f"s{k}", "asn": 65000} for k in (1, 2, 3, 4)],
+                 "leaf": [{"name": "l1", "asn": 65001, "hosts": ["h1"]}, {"name": "l2", "asn": 65002, "hosts": ["h2"]}]})
+    pl = QpPlacer(fab)
+    for i in range(8):
+        pl.add(i, QpInfo("h1", "h2", None, frozenset(range(1, 9))))
+    pl.solve()
+    assert pl.link_loads()["l1"]["up"] == [2, 2, 2, 2]
+    par = QpPlacer(load(LAB / "fabric-parallel.toml"))       # 2 spines x 2 links = 4 colours
+    assert par.n_colours == 4 and par.colour_of_path == {1: 0, 2: 1, 3: 2, 4: 3}
+
+
+def test_half_speed_link_gets_half_the_qps():
+    fab = load(LAB / "fabric-2x2.toml")          # l1-s2 at 5 Gb/s, the rest 10
+    pl = QpPlacer(fab)
+    every = frozenset((1, 2))
+    for i in range(9):
+        pl.add(i, QpInfo("h1", "h2", None, every))
+    pl.solve()
+    assert pl.caps("l1") == [10000.0, 5000.0]
+    assert pl.link_loads()["l1"]["up"] == [6, 3]
+
+
+# ---- workloads, figures, the local rule ---------------------------------------------------
+
+def test_workloads():
+    hosts = [f"h{i}" for i in range(1, 9)]
+    assert workloads.connections("pairs", hosts[:4]) == [("h1", "h3"), ("h2", "h4")]
+    assert len(workloads.connections("all-to-all", hosts)) == 56
+    assert workloads.connections("ring", hosts)[-1] == ("h8", "h1")
+    perm = workloads.connections("permutation", hosts, random.Random(1))
+    assert sorted(d for _, d in perm) == hosts and all(s != d for s, d in perm)
+    moe = workloads.connections("moe", hosts, random.Random(1), fanout=3)
+    assert len(moe) == 24 and all(s != d for s, d in moe)
+    tree = workloads.connections("tree", hosts)
+    assert ("h2", "h1") in tree and ("h1", "h2") in tree and len(tree) == 14
+    with pytest.raises(ValueError):
+        workloads.connections("mesh", hosts)
+
+
+def test_balance_figures():
+    assert balance.max_over_mean([2, 1, 1, 0]) == 2.0
+    assert balance.max_over_mean([0, 0]) is None
+    assert balance.max_over_mean([6, 3], [10, 5]) == pytest.approx(1.0)
+    assert balance.best_max_over_mean(2, [1] * 4) == 2.0
+    assert balance.best_max_over_mean(6, [1] * 4) == pytest.approx(4 / 3)
+    assert balance.best_max_over_mean(7, [2, 1, 1, 1]) == pytest.approx(2 / 1.4)
+    assert balance.best_max_over_mean(3, [1, 0, 1, 1]) == 1.0
+
+
+def test_local_rule_rotation_spreads_hosts_of_a_leaf_and_leaves():
+    fab = load(LAB / "fabric.toml")
+    assert [localrule.rotation(fab, h) for h in ("h1", "h2", "h3", "h4")] == [0, 2, 1, 3]
+    wide = parse({"fabric": {"paths": 8}, "spine": [{"name": f"s{k}", "asn": 65000} for k in range(1, 9)],
+                  "leaf": [{"name": "l1", "asn": 65001, "hosts": [f"h{i}" for i in range(1, 9)]},
+                           {"name": "l2", "asn": 65002, "hosts": ["h9"]}]})
+    assert sorted(localrule.rotation(wide, f"h{i}") for i in range(1, 9)) == list(range(8))
+
+
+@pytest.mark.parametrize("kind", ["pairs", "all-to-all"])
+@pytest.mark.parametrize("per_conn", [1, 2, 3])
+def test_local_rule_is_exact_on_symmetric_matrices_of_one_leaf_pair(kind, per_conn):
+    """The issue's requirement, by simulation of the rule (the program is checked against the
+    same rule in test_host_tc): any arrival order gives the best possible."""
+    fab = load(LAB / "fabric.toml")
+    qps = workloads.connections(kind, fab.hosts) * per_conn
+    best = balance.best_figures(fab, qps)
+    for seed in range(20):
+        order = list(qps)
+        random.Random(seed).shuffle(order)
+        paths = localrule.simulate(fab, order)
+        placed = [(s, d, p) for (s, d), p in zip(order, paths)]
+        assert balance.figures(*balance.leaf_loads(fab, placed)) == pytest.approx(best)
