@@ -2,8 +2,10 @@
  *
  * egress:  base -> path addresses. The source becomes this host's address on the QP's path,
  *          the destination the peer's address on the same path (same interface ID, path field
- *          changed). A QP keeps its path in a connection-tracking table; new or expired QPs get
- *          one by weighted least-active assignment, or per packet for spray destinations.
+ *          changed). A QP keeps its path in a connection-tracking table; a new or expired QP takes
+ *          the coordinator's placement if it has one, else the path its peer started it on, else
+ *          weighted least-active with ties broken from the host's rotation (rlbfabric/localrule.py);
+ *          spray destinations choose per packet.
  * ingress: path -> base addresses, byte for byte except hop limit (RoCE's ICRC covers the
  *          addresses, so the stack must see what the sender's stack built), and the path is
  *          remembered so this side answers a peer-initiated QP on the same path.
@@ -32,6 +34,8 @@ BPF_TABLE_PINNED("lru_hash", struct rlbh_ct_key, struct rlbh_ct, conntrack, RLBH
                  PIN(conntrack));
 BPF_TABLE_PINNED("lru_hash", struct rlbh_rev_key, struct rlbh_rev, reverse, RLBH_REV_ENTRIES,
                  PIN(reverse));
+BPF_TABLE_PINNED7("hash", struct rlbh_ct_key, u32, placed, RLBH_PLACEMENTS, PIN(placed),
+                  BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("percpu_array", u32, struct rlbh_path_stats, path_stats, RLBH_MAX_PATHS,
                  PIN(path_stats));
 BPF_TABLE_PINNED("percpu_array", u32, u64, reasons, RLBH_R_MAX, PIN(reasons));
@@ -163,13 +167,15 @@ static __always_inline u32 eff_weight(struct rlbh_weights *w, u32 i)
     return w->weight[i & (RLBH_MAX_PATHS - 1)];
 }
 
-/* Weighted least-active: the path minimising (active + 1) / weight; ties to the lower index. */
-static __always_inline u32 least_active(struct rlbh_weights *w)
+/* Weighted least-active: the path minimising (active + 1) / weight; ties go to the first path
+ * from `start` on, so hosts that start at different places spread before they meet. */
+static __always_inline u32 least_active(struct rlbh_weights *w, u32 start)
 {
     u32 best = RLBH_MAX_PATHS;
     u64 best_a = 0, best_w = 1;
 #pragma clang loop unroll(disable)
-    for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
+    for (u32 j = 0; j < RLBH_MAX_PATHS; j++) {
+        u32 i = (start + j) & (RLBH_MAX_PATHS - 1);
         u32 wt = eff_weight(w, i);
         if (!wt)
             continue;
@@ -233,6 +239,7 @@ static __always_inline u32 choose_path(struct parsed *p, struct rlbh_weights *w,
     if (ct && ct->wid == w->id && ct->path < RLBH_MAX_PATHS && eff_weight(w, ct->path)) {
         if (now - ct->last_ns < cfg->expiry_ns) {
             ct->last_ns = now;
+            ct->bytes += p->len;
             return ct->path;
         }
         count(RLBH_R_EV_EXPIRED);
@@ -241,23 +248,28 @@ static __always_inline u32 choose_path(struct parsed *p, struct rlbh_weights *w,
         active_add(ct->wid, ct->path, -1);
 
     u32 path = RLBH_MAX_PATHS;
+    u32 *placement = placed.lookup(&key);
     struct rlbh_rev_key rkey = {};
     __builtin_memcpy(rkey.peer, p->daddr, 16);
     rkey.sport = p->sport;
     struct rlbh_rev *rev = reverse.lookup(&rkey);
-    if (rev && now - rev->last_ns < cfg->expiry_ns && rev->path < RLBH_MAX_PATHS &&
-        eff_weight(w, rev->path)) {
+    if (placement && *placement < RLBH_MAX_PATHS && eff_weight(w, *placement)) {
+        path = *placement;  /* the coordinator's choice: new and idle QPs only, never in flight */
+        count(RLBH_R_EV_PLACED);
+    } else if (rev && now - rev->last_ns < cfg->expiry_ns && rev->path < RLBH_MAX_PATHS &&
+               eff_weight(w, rev->path)) {
         path = rev->path;  /* the peer started this QP on that path: answer on it */
         count(RLBH_R_EV_FOLLOW_REVERSE);
     } else {
-        path = least_active(w);
+        path = least_active(w, cfg->rotation);
     }
     if (path >= RLBH_MAX_PATHS) {
         if (ct)
             conntrack.delete(&key);
         return path;
     }
-    struct rlbh_ct entry = {.last_ns = now, .created_ns = now, .path = path, .wid = w->id};
+    struct rlbh_ct entry = {.last_ns = now, .created_ns = now, .path = path, .wid = w->id,
+                            .bytes = p->len};
     conntrack.update(&key, &entry);
     active_add(w->id, path, 1);
     count(RLBH_R_EV_ASSIGN);

@@ -10,6 +10,7 @@
 #define RLBH_CT_ENTRIES     65536   /* connection tracking (QPs) */
 #define RLBH_REV_ENTRIES    65536   /* paths learnt on ingress */
 #define RLBH_ROCE_PORTS     4
+#define RLBH_PLACEMENTS     65536   /* coordinator placements (QPs) */
 
 #define RLBH_W_SPRAY        1       /* destination tolerates reordering: per-packet choice */
 
@@ -30,6 +31,7 @@ enum rlbh_reason {
     RLBH_R_EV_FOLLOW_REVERSE,     /* ... the one its peer uses towards us */
     RLBH_R_EV_SPRAY,              /* per-packet choice */
     RLBH_R_EV_RELEASED,           /* QPs the agent moved to match new weights (user space) */
+    RLBH_R_EV_PLACED,             /* a new or idle QP took the coordinator's placement */
     RLBH_R_MAX,
 };
 
@@ -39,7 +41,8 @@ struct rlbh_config {
     u32 base;                     /* path index whose address the applications use */
     u32 flags;
     u16 roce_ports[RLBH_ROCE_PORTS]; /* 0 = unused; default 4791 */
-    u16 pad[2];
+    u16 rotation;                 /* path index where ties between paths start (the host's place) */
+    u16 pad;
 };
 
 struct rlbh_path {
@@ -71,6 +74,7 @@ struct rlbh_ct {
     u64 created_ns;
     u32 path;
     u32 wid;                      /* weight entry the path was counted under */
+    u64 bytes;                    /* sent on this QP (reported to the coordinator) */
 };
 
 struct rlbh_rev_key {

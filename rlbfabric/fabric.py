@@ -173,6 +173,10 @@ class Fabric:
         return [ipaddress.IPv6Network(f"{self.prefix}:{leaf.index}:{port}:{k:x}::/64")
                 for k in range(1, self.paths + 1)]
 
+    def leaf_prefix(self, leaf: Node) -> ipaddress.IPv6Network:
+        """Every host prefix behind one leaf (the /32 of the address plan)."""
+        return ipaddress.IPv6Network(f"{self.prefix}:{leaf.index}::/32")
+
     @property
     def hosts(self) -> list[str]:
         return [h for leaf in self.leaves for h in leaf.hosts]

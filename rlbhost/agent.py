@@ -1,6 +1,8 @@
 """The host agent: follows the interface's addresses (an RA adds or withdraws a prefix -> a
-path appears or disappears) and sweeps the connection-tracking table (idle QPs expire, the
-active counts are re-derived, QPs are released or reinstated to match the weights)."""
+path appears or disappears), sweeps the connection-tracking table (idle QPs expire, the
+active counts are re-derived, QPs are released or reinstated to match the weights), and, given
+the fabric file, knows its place in the fabric: where its ties between paths start (the local
+rule's rotation), QPs to its own leaf counted apart, and a coordinator to report to."""
 from __future__ import annotations
 
 import logging
@@ -9,23 +11,44 @@ import threading
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR
 
-from .dataplane import HostDataplane
+from rlbfabric import localrule
+from rlbfabric.fabric import Fabric
+
+from .dataplane import HostDataplane, HostError
 
 log = logging.getLogger(__name__)
 
 
 class HostAgent:
     def __init__(self, dp: HostDataplane, ifname: str, path_field: int | None = None,
-                 base_value: int | None = None):
+                 base_value: int | None = None, fabric: Fabric | None = None, node: str | None = None):
         self.dp, self.ifname = dp, ifname
         self.path_field, self.base_value = path_field, base_value
+        self.fabric, self.node = fabric, node
         self.stop = threading.Event()
 
     def sync(self):
         try:
             self.dp.sync_paths(self.ifname, self.path_field, self.base_value)
+            if self.fabric:
+                self.place()
         except Exception:
             log.exception("syncing paths of %s", self.ifname)
+
+    def place(self):
+        """The host's place in the fabric: the rotation where its ties start, and a weight entry
+        of its own for QPs to hosts on the same leaf (they never reach a spine, so they must not
+        turn the rotation the fabric-crossing QPs follow)."""
+        leaf, port = self.fabric.leaf_of_host(self.node)
+        index = {p.value: p.index for p in self.dp.paths() if p.valid}
+        start = localrule.rotation(self.fabric, self.node) + 1          # a path value
+        if start in index and self.dp.config()["rotation"] != index[start]:
+            self.dp.set_config(rotation=index[start])
+            log.info("ties between paths start at path %d (%s, port %d of %s)", start, self.node, port, leaf.name)
+        own = str(self.fabric.leaf_prefix(leaf))
+        if not any(w["prefix"] == own for w in self.dp.weights()):
+            self.dp.set_weights({}, prefix=own)
+            log.info("QPs to %s (hosts on %s) counted apart", own, leaf.name)
 
     def _addresses(self, ready: threading.Event):
         with IPRoute() as mon:
@@ -50,3 +73,8 @@ class HostAgent:
                 self.dp.rebalance()
             except Exception:
                 log.exception("sweeping connection tracking")
+
+
+def check_place(fabric: Fabric, node: str):
+    if node not in fabric.hosts:
+        raise HostError(f"{node!r} is not a host in the fabric file (hosts: {', '.join(fabric.hosts)})")

@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -33,6 +34,14 @@ def attach(
         "this (default 200 ms: between collective bursts)."),
     roce_port: Optional[List[int]] = typer.Option(None, help="UDP destination ports to handle "
         "(default 4791). Repeat for several."),
+    fabric: Optional[Path] = typer.Option(None, help="The fabric description: with --node, this "
+        "host's place in the fabric (where its ties between paths start, so hosts spread before "
+        "they meet; QPs within its leaf counted apart). Needed for --coordinator."),
+    node: Optional[str] = typer.Option(None, help="This host's name in the fabric file "
+        "(default: the host name)."),
+    coordinator: Optional[str] = typer.Option(None, help="The fabric coordinator's URL, e.g. "
+        "http://[fd00:99::1]:9473: QPs are reported to it and new or idle QPs take its placements."),
+    report_ms: int = typer.Option(250, min=50, help="How often to report to the coordinator."),
     metrics_port: int = typer.Option(9472, help="Prometheus port (0: none)."),
     metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics bind to."),
     once: bool = typer.Option(False, help="Attach and exit instead of running the agent."),
@@ -40,24 +49,39 @@ def attach(
     """Attach to an interface and run the host agent in the foreground (systemd-friendly).
 
     Attaching again is harmless: the programs are replaced in place and QPs keep their paths."""
+    import socket
+    from rlbfabric.fabric import load
+    from .agent import HostAgent, check_place
+    fab = load(fabric) if fabric else None
+    node = node or socket.gethostname()
+    if fab:
+        check_place(fab, node)
+    if coordinator and not fab:
+        raise HostError("--coordinator needs --fabric (and --node unless the host name is the fabric's)")
     dp = ctx.dataplane()
     dp.ifindex(interface)   # before anything is loaded
     dp.attach(interface, path_field, base_path)
     if expiry_ms is not None or roce_port:
         dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
+    agent = HostAgent(dp, interface, path_field, base_path, fab, node if fab else None)
+    if fab:
+        agent.place()
     paths = [p for p in dp.paths() if p.valid]
     typer.echo(f"attached to {interface}: {len(paths)} paths "
                f"({', '.join(f'{p.value}:{p.address}' for p in paths)})")
     if once:
         return
     from rlbcommon.metrics import serve
-    from .agent import HostAgent
+    from .coordclient import CoordinatorClient
     from .metrics import HostCollector
+    client = CoordinatorClient(dp, node, coordinator, report_ms / 1000) if coordinator else None
     if metrics_port:
-        serve(HostCollector(dp, ctx.node_label), metrics_port, metrics_addr)
+        serve(HostCollector(dp, ctx.node_label, client), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if client:
+        client.start()
     try:
-        HostAgent(dp, interface, path_field, base_path).run()
+        agent.run()
     except KeyboardInterrupt:
         pass
     log.info("agent stopping; the programs and QP table stay in place")

@@ -83,9 +83,10 @@ class HostDataplane(PinnedState):
     def config(self) -> dict:
         cfg = self.maps["config"].get(0)
         return {"expiry_ms": cfg.expiry_ns / 1e6, "path_field": cfg.field, "base_index": cfg.base,
-                "roce_ports": [p for p in cfg.roce_ports if p]}
+                "roce_ports": [p for p in cfg.roce_ports if p], "rotation": cfg.rotation}
 
-    def set_config(self, expiry_ms: float | None = None, roce_ports: list[int] | None = None):
+    def set_config(self, expiry_ms: float | None = None, roce_ports: list[int] | None = None,
+                   rotation: int | None = None):
         with self.locked():
             cfg = self.maps["config"].get(0)
             if expiry_ms is not None:
@@ -97,6 +98,10 @@ class HostDataplane(PinnedState):
                     raise HostError(f"give 1 to {C['RLBH_ROCE_PORTS']} RoCE ports")
                 for i in range(C["RLBH_ROCE_PORTS"]):
                     cfg.roce_ports[i] = roce_ports[i] if i < len(roce_ports) else 0
+            if rotation is not None:
+                if not 0 <= rotation < MAX_PATHS:
+                    raise HostError(f"rotation is a path index, 0 to {MAX_PATHS - 1}")
+                cfg.rotation = rotation
             self.maps["config"].set(0, cfg)
 
     # ---- interface ------------------------------------------------------------------
@@ -165,7 +170,9 @@ class HostDataplane(PinnedState):
                 if i is None:
                     if not free:
                         raise HostError("path table full")
-                    i = free.pop(0)
+                    # path k at index k-1 where free: the rotation of ties runs in path order
+                    i = value - 1 if value - 1 in free else free[0]
+                    free.remove(i)
                     index_of[value] = i
                 p = current.get(i) or pm.leaf_type()
                 new = (1, value, ipaddress.IPv6Address(addr).packed)
@@ -277,14 +284,16 @@ class HostDataplane(PinnedState):
 
     def rebalance(self, now_ns: int | None = None) -> int:
         """Move the fewest QPs so each weight entry's live QPs match its weights (largest
-        remainder); QPs on paths within their quota never move. Also drops idle entries and
-        rewrites the active counters from the table. Returns the number of QPs moved."""
+        remainder); QPs on paths within their quota never move, nor do QPs on the path the
+        coordinator placed them on (unless that path became unusable). Also drops idle entries
+        and rewrites the active counters from the table. Returns the number of QPs moved."""
         now = now_ns or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         moved = 0
         with self.locked():
             ct = self.maps["conntrack"]
             expiry = self.maps["config"].get(0).expiry_ns
             entries = {v.id: (v, self._effective(v)) for _, v in self.maps["weights"].items()}
+            placed = {self._qp_id(k): v.value for k, v in self.maps["placed"].items()}
             live: dict[int, list] = {wid: [] for wid in entries}
             for k, v in list(ct.items()):
                 if now - v.last_ns >= expiry or v.wid not in entries:
@@ -300,11 +309,14 @@ class HostDataplane(PinnedState):
                 # surplus: the newest QPs of over-quota (or unusable) paths go first
                 surplus = []
                 for i in range(MAX_PATHS):
-                    extra = len(on[i]) - target[i]
+                    movable = [f for f in on[i] if not eff[i] or placed.get(self._qp_id(f[0])) != i]
+                    extra = min(len(on[i]) - target[i], len(movable))
                     if extra > 0:
-                        surplus += sorted(on[i], key=lambda f: f[1].created_ns)[-extra:]
+                        surplus += sorted(movable, key=lambda f: f[1].created_ns)[-extra:]
                 for i in range(MAX_PATHS):
                     for _ in range(max(0, target[i] - len(on[i]))):
+                        if not surplus:
+                            break
                         k, v = surplus.pop()
                         v.path = i
                         ct.set(k, v)
@@ -344,8 +356,40 @@ class HostDataplane(PinnedState):
         for k, v in self.maps["conntrack"].items():
             out.append({"peer": str(ipaddress.IPv6Address(bytes(k.peer))), "sport": k.sport, "qp": k.qp,
                         "path": v.path, "idle_ms": (now - v.last_ns) / 1e6,
-                        "active": now - v.last_ns < expiry})
+                        "active": now - v.last_ns < expiry, "bytes": v.bytes})
         return out
+
+    # ---- coordinator placements -------------------------------------------------------
+    @staticmethod
+    def _qp_id(k) -> tuple[str, int, int]:
+        return (str(ipaddress.IPv6Address(bytes(k.peer))), k.sport, k.qp)
+
+    def _ct_key(self, peer: str, sport: int, qp: int):
+        k = self.maps["conntrack"].key_type()
+        k.peer[:] = ipaddress.IPv6Address(peer).packed
+        k.sport, k.qp = sport, qp
+        return k
+
+    def placements(self) -> dict[tuple[str, int, int], int]:
+        """{(peer, UDP source port, QP): path index} the coordinator asked for."""
+        return {self._qp_id(k): v.value for k, v in self.maps["placed"].items()}
+
+    def set_placements(self, want: dict[tuple[str, int, int], int]) -> tuple[int, int]:
+        """Make the placement map exactly `want` ({(peer, sport, qp): path index}); new and idle
+        QPs take them, QPs with packets in flight keep their path. Returns (written, deleted)."""
+        m = self.maps["placed"]
+        have = self.placements()
+        written = deleted = 0
+        for qp, path in want.items():
+            if not 0 <= path < MAX_PATHS:
+                raise HostError(f"placement of {qp}: path index {path} out of range")
+            if have.get(qp) != path:
+                m.set(self._ct_key(*qp), m.leaf_type(path))
+                written += 1
+        for qp in set(have) - set(want):
+            m.delete(self._ct_key(*qp))
+            deleted += 1
+        return written, deleted
 
     # ---- reporting ------------------------------------------------------------------
     def stats(self) -> dict:

@@ -7,8 +7,8 @@ from .dataplane import HostDataplane
 
 
 class HostCollector:
-    def __init__(self, dp: HostDataplane, node: str):
-        self.dp, self.node = dp, node
+    def __init__(self, dp: HostDataplane, node: str, coordinator=None):
+        self.dp, self.node, self.coordinator = dp, node, coordinator
 
     def collect(self):
         s = self.dp.status()
@@ -28,3 +28,18 @@ class HostCollector:
         for name, v in s["reasons"].items():
             events.add_metric([self.node, name], v)
         yield from (*fams.values(), qps, weight, events)
+        placed = gauge("rlb_host_placements", "QPs with a coordinator placement", ["node"])
+        placed.add_metric([self.node], len(self.dp.placements()))
+        yield placed
+        c = self.coordinator
+        if c is not None:
+            up = gauge("rlb_host_coordinator_reachable", "1 while reports reach the coordinator", ["node"])
+            up.add_metric([self.node], int(c.reachable))
+            reports = counter("rlb_host_coordinator_reports", "reports to the coordinator by result",
+                              ["node", "result"])
+            reports.add_metric([self.node, "ok"], c.counters["reports"])
+            reports.add_metric([self.node, "failed"], c.counters["failures"])
+            fallbacks = counter("rlb_host_coordinator_fallbacks", "times placements were dropped "
+                                "because the coordinator stayed unreachable", ["node"])
+            fallbacks.add_metric([self.node], c.counters["fallbacks"])
+            yield from (up, reports, fallbacks)

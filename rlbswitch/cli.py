@@ -219,6 +219,9 @@ def run(
     run_dir: Path = typer.Option(Path("/run/rlb"), help="Where bird's config and includes live."),
     control_only: bool = typer.Option(False, help="Only serve bird (neighbour discovery, path "
         "bandwidth): no XDP, the kernel forwards. For comparing with today's fabrics."),
+    coordinator: Optional[str] = typer.Option(None, help="A leaf: tell the fabric coordinator at "
+        "this URL (e.g. http://[fd00:99::1]:9473) which uplinks are up, so it never places QPs on "
+        "a dead one. Needs --fabric and --node."),
 ):
     """Run the switch agent in the foreground (systemd-friendly).
 
@@ -253,6 +256,14 @@ def run(
                         program=not control_only)
         threading.Thread(target=sync.run, name="bird", daemon=True).start()
         log.info("following bird2 at %s for %s", sync.bird.path, node)
+    if coordinator:
+        if not sync:
+            raise DataplaneError("--coordinator needs --fabric and --node")
+        from .linkreport import LinkReporter
+        try:
+            LinkReporter(sync.fabric, node, coordinator).start()
+        except ValueError as e:
+            raise DataplaneError(str(e)) from None
     if metrics_port:
         serve(SwitchCollector(dp, ctx.node_label, sync), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

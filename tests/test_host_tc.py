@@ -11,7 +11,8 @@ import pytest
 from rlbcommon import addrplan
 from rlbcommon import packets as P
 from rlbcommon.testrun import TC_ACT_OK, prog_test_run
-from rlbhost.dataplane import HostDataplane
+from rlbfabric import localrule
+from rlbhost.dataplane import HostDataplane, HostError
 
 from .conftest import scratch_netns
 
@@ -47,7 +48,8 @@ class Host:
             if w["prefix"] != "::/0":
                 self.dp.del_weights(w["prefix"])
         self.dp.set_weights({k: 1 for k in range(1, 5)}, spray=False)
-        self.dp.set_config(expiry_ms=60_000)
+        self.dp.set_config(expiry_ms=60_000, rotation=0)
+        self.dp.set_placements({})
         self.dp.maps["conntrack"].clear()
         self.dp.maps["reverse"].clear()
         self.dp.rebalance()
@@ -231,6 +233,89 @@ def test_spray_follows_weights_per_packet(ab):
     got = paths_of(a, [frame] * 100_000)
     for k, w in {1: 0.4, 2: 0.3, 3: 0.2, 4: 0.1}.items():
         assert abs(got.count(k) / len(got) - w) < 0.01
+
+
+# ---- the local rule's rotation and the coordinator's placements --------------------------
+
+@pytest.mark.parametrize("rotation", [0, 1, 2, 3])
+def test_ties_start_at_the_hosts_rotation(ab, rotation):
+    a, _ = ab
+    a.dp.set_config(rotation=rotation)
+    got = paths_of(a, qp_frames(6, seed=10 + rotation))
+    assert got == [(rotation + j) % 4 + 1 for j in range(6)]
+
+
+@pytest.mark.parametrize("weights", [[1, 1, 1, 1], [2, 1, 1, 1], [3, 0, 1, 2], [1, 2, 2, 1]])
+def test_program_follows_the_local_rule_model(ab, weights):
+    """bpf/rlb_host.c and rlbfabric.localrule.choose take the same decisions, QP by QP."""
+    a, _ = ab
+    a.dp.set_weights({k + 1: w for k, w in enumerate(weights)})
+    a.dp.set_config(rotation=3)
+    active = [0, 0, 0, 0]
+    for frame in qp_frames(40, seed=sum(weights)):
+        want = localrule.choose(active, weights, 3)
+        assert a.path_of(a.egress(frame)) == want + 1
+        active[want] += 1
+
+
+def test_new_qp_takes_its_placement(ab):
+    a, _ = ab
+    a.dp.set_placements({(B[1], 50101, 7): 2})           # path index 2 = path value 3
+    ev = a.reasons()["ev_placed"]
+    assert a.path_of(a.egress(qp_frame(sport=50101, qp=7))) == 3
+    assert a.reasons()["ev_placed"] == ev + 1
+    assert a.dp.placements() == {(B[1], 50101, 7): 2}
+
+
+def test_placement_waits_until_the_qp_is_idle(ab):
+    """Never moved with packets in flight: an active QP keeps its path; once idle past the
+    expiry, its next packet takes the placement."""
+    a, _ = ab
+    a.dp.set_config(expiry_ms=40)
+    frame = qp_frame(sport=50102, qp=8)
+    first = a.path_of(a.egress(frame))
+    target = first % 4                                   # index of the next path
+    a.dp.set_placements({(B[1], 50102, 8): target})
+    for _ in range(5):
+        assert a.path_of(a.egress(frame)) == first
+        time.sleep(0.005)
+    time.sleep(0.06)
+    assert a.path_of(a.egress(frame)) == target + 1
+    assert a.reasons()["ev_placed"] >= 1
+
+
+def test_placement_on_an_unusable_path_is_ignored(ab):
+    a, _ = ab
+    a.dp.set_weights({1: 1, 2: 0, 3: 1, 4: 1})
+    a.dp.set_placements({(B[1], 50103, 9): 1})            # path 2, weight 0
+    assert a.path_of(a.egress(qp_frame(sport=50103, qp=9))) != 2
+
+
+def test_sweep_keeps_placed_qps_where_the_coordinator_put_them(ab):
+    a, _ = ab
+    frames = qp_frames(4, seed=40)
+    keys = [(B[1], P.parse(f).sport, P.parse(f).qp) for f in frames]
+    a.dp.set_placements({k: 0 for k in keys})              # all four on path 1: unbalanced for this host
+    assert paths_of(a, frames) == [1, 1, 1, 1]
+    assert a.dp.rebalance() == 0
+    assert paths_of(a, frames) == [1, 1, 1, 1]
+    a.dp.set_weights({1: 0})                              # ...unless the path becomes unusable
+    assert 1 not in paths_of(a, frames)
+
+
+def test_bytes_per_qp_are_counted(ab):
+    a, _ = ab
+    frame = qp_frame(sport=50104, qp=11, payload_len=100)
+    for _ in range(3):
+        a.egress(frame)
+    q = next(q for q in a.dp.qps() if q["sport"] == 50104)
+    assert q["bytes"] == 3 * len(frame)
+
+
+def test_bad_placement_is_refused(ab):
+    a, _ = ab
+    with pytest.raises(HostError):
+        a.dp.set_placements({(B[1], 1, 1): 16})
 
 
 # ---- left alone ------------------------------------------------------------------------

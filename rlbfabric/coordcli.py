@@ -1,0 +1,109 @@
+"""rlbcoord: the fabric coordinator. Host agents (rlbhost attach --coordinator URL) report their
+QPs to it, leaf agents (rlbswitch run --coordinator URL) their uplinks; it answers each host with
+a placement of its QPs that balances every leaf uplink and spine downlink of the fabric. Hosts
+apply placements to new and idle QPs only and decide alone while it is unreachable, so it can be
+stopped or restarted at any time without loss."""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from rlbcommon import coordapi
+from rlbfabric.fabric import FabricError
+
+log = logging.getLogger("rlbcoord")
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+URL_HELP = "The coordinator's URL."
+DEFAULT_URL = coordapi.url_for("::1")
+
+
+@app.callback()
+def main_options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")):
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+@app.command()
+def run(
+    fabric: Path = typer.Option(..., help="The fabric description (TOML): who may report, and the "
+                                "links and speeds placements balance."),
+    listen: str = typer.Option("::1", help="Address to listen on: loopback, or the management "
+                               "network's (never a fabric address)."),
+    port: int = typer.Option(coordapi.DEFAULT_PORT, min=1, max=65535, help="TCP port (API and /metrics)."),
+    host_timeout_s: float = typer.Option(5.0, min=0.5, help="A host silent this long is forgotten."),
+):
+    """Run the coordinator in the foreground (systemd-friendly)."""
+    from rlbfabric.fabric import load
+    from .coordinator import Coordinator, make_server
+    from .coordmetrics import exposition
+    fab = load(fabric)
+    coord = Coordinator(fab, host_timeout_s)
+    try:
+        server = make_server(coord, listen, port, exposition(coord))
+    except OSError as e:
+        raise CoordError(f"cannot listen on {coordapi.url_for(listen, port)}: {e.strerror}") from None
+    stop = threading.Event()
+
+    def expire():
+        while not stop.wait(1.0):
+            try:
+                coord.expire()
+            except Exception:
+                log.exception("expiring silent hosts")
+
+    threading.Thread(target=expire, name="expire", daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    log.info("coordinating %d hosts on %d leaves x %d uplinks from %s; listening on %s",
+             len(fab.hosts), len(fab.leaves), fab.colours(), fabric, coordapi.url_for(listen, port))
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    stop.set()
+    server.server_close()
+    log.info("coordinator stopped; hosts decide locally")
+
+
+@app.command()
+def status(url: str = typer.Option(DEFAULT_URL, help=URL_HELP),
+           as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Hosts reporting, QPs, placed load per link and the balance against the best possible."""
+    s = coordapi.call(url, coordapi.STATUS)
+    if as_json:
+        typer.echo(json.dumps(s, indent=2))
+        return
+    b = s["balance"]
+    typer.echo(f"{len(s['hosts'])} hosts, {s['qps']['fabric']} QPs across the fabric, "
+               f"{s['qps']['local']} within a leaf; last placement {s['last_solve_ms']} ms")
+    typer.echo(f"worst leaf max/mean: uplinks {b['up']:.2f} (best {b['best_up']:.2f}), "
+               f"downlinks {b['down']:.2f} (best {b['best_down']:.2f}); QPs over target: {s['over_target']}")
+    if s["dead_links"]:
+        typer.echo(f"dead uplinks: {', '.join(s['dead_links'])}")
+    typer.echo(f"{'leaf':<8}{'QPs per uplink':<28}{'QPs per downlink':<28}")
+    for leaf, v in s["links"].items():
+        typer.echo(f"{leaf:<8}{' '.join(f'{x:>3}' for x in v['up']):<28}{' '.join(f'{x:>3}' for x in v['down']):<28}")
+    for h, e in s["hosts"].items():
+        typer.echo(f"  {h}: {e['qps']} QPs, last report {e['age_s']:.1f} s ago")
+
+
+class CoordError(RuntimeError):
+    pass
+
+
+def main():
+    try:
+        app()
+    except (coordapi.CoordinatorError, CoordError, FabricError, FileNotFoundError) as e:
+        typer.echo(f"rlbcoord: error: {e}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

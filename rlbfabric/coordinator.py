@@ -1,0 +1,288 @@
+"""The fabric coordinator: host agents report their QPs, leaf agents their uplinks; it keeps one
+placement of every QP that balances every leaf uplink and spine downlink (qpplacer, placement) and
+answers each host with where its QPs should go. Hosts apply that to new and idle QPs only, and
+decide alone whenever it is unreachable, so the coordinator is never on the data path.
+
+A host that stops reporting for host_timeout_s is forgotten (its QPs leave the placement)."""
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socket import AF_INET6
+from typing import Callable
+
+from rlbcommon import coordapi
+
+from . import balance
+from .fabric import Fabric
+from .qpplacer import QpInfo, QpPlacer
+
+log = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    """A well-formed report from somebody the fabric file does not know (HTTP 403)."""
+
+
+class BadRequest(Exception):
+    """A report that cannot be read (HTTP 400)."""
+
+
+def _int(v, name: str, lo: int, hi: int) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise BadRequest(f"{name} must be a whole number {lo}-{hi}, not {v!r}")
+    return v
+
+
+def _addr(v, name: str) -> ipaddress.IPv6Address:
+    try:
+        return ipaddress.IPv6Address(v)
+    except (ValueError, TypeError):
+        raise BadRequest(f"{name}: {v!r} is not an IPv6 address") from None
+
+
+class Coordinator:
+    def __init__(self, fabric: Fabric, host_timeout_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.fabric, self.host_timeout_s, self.clock = fabric, host_timeout_s, clock
+        self.placer = QpPlacer(fabric)
+        self.lock = threading.Lock()
+        self.hosts: dict[str, dict] = {}            # host -> {"seen": time, "keys": set}
+        self.counters = {"reports": 0, "refused": 0, "bad": 0, "link_reports": 0, "moves": 0,
+                         "solves": 0, "solve_seconds": 0.0, "hosts_expired": 0}
+        self.last_solve_s = 0.0
+        leaves = {lf.name: lf for lf in fabric.leaves}
+        self.uplink_colour = {name: {p.ifname: p.colour - 1 for p in fabric.ports_up(lf)}
+                              for name, lf in leaves.items()}
+
+    # ---- host reports -----------------------------------------------------------------
+    def report(self, host: str, body: dict) -> dict:
+        """A host's paths, weights and QPs; returns its placements."""
+        try:
+            return self._report(host, body)
+        except Refused:
+            self.counters["refused"] += 1
+            raise
+        except BadRequest:
+            self.counters["bad"] += 1
+            raise
+
+    def _report(self, host: str, body: dict) -> dict:
+        if host not in self.placer.leaf_of_host:
+            raise Refused(f"host {host!r} is not in the fabric file")
+        if not isinstance(body, dict):
+            raise BadRequest("a report is a JSON object")
+        valid = self._check_paths(host, body.get("paths"))
+        tables = self._weights(body.get("weights", []))
+        qps = body.get("qps", [])
+        if not isinstance(qps, list):
+            raise BadRequest("qps must be a list")
+        seen: dict[tuple, QpInfo] = {}
+        for i, q in enumerate(qps):
+            if not isinstance(q, dict):
+                raise BadRequest(f"qps[{i}] must be an object")
+            peer = _addr(q.get("peer"), f"qps[{i}].peer")
+            sport = _int(q.get("sport"), f"qps[{i}].sport", 0, 65535)
+            qpn = _int(q.get("qp"), f"qps[{i}].qp", 0, (1 << 24) - 1)
+            path = q.get("path")
+            if path is not None:
+                path = _int(path, f"qps[{i}].path", 1, self.fabric.paths)
+            nbytes = _int(q.get("bytes", 0), f"qps[{i}].bytes", 0, 1 << 63)
+            dst = self.placer.host_of(str(peer))
+            if dst is None:
+                continue                       # a peer outside the fabric: nothing to place
+            allowed = frozenset(k for k in valid if _lookup(tables, peer).get(k, 1.0) > 0)
+            seen[(host, str(peer), sport, qpn)] = QpInfo(host, dst, path, allowed, nbytes)
+        with self.lock:
+            now = self.clock()
+            entry = self.hosts.setdefault(host, {"seen": now, "keys": set()})
+            entry["seen"] = now
+            self._expire(now)
+            for key in entry["keys"] - set(seen):
+                self.placer.remove(key)
+            for key, info in seen.items():
+                self.placer.update(key, info)
+            entry["keys"] = set(seen)
+            self._solve()
+            placed = self.placer.placements(host)
+            self.counters["reports"] += 1
+        return {"placements": [{"peer": k[1], "sport": k[2], "qp": k[3], "path": p}
+                               for k, p in sorted(placed.items())]}
+
+    def _check_paths(self, host: str, paths) -> set[int]:
+        """The path values the host reports, each address inside its prefix for that path."""
+        if not isinstance(paths, dict) or not paths:
+            raise BadRequest("paths must be an object {path value: address}")
+        leaf, port = self.fabric.leaf_of_host(host)
+        nets = self.fabric.host_prefixes(leaf, port)
+        out = set()
+        for k, addr in paths.items():
+            try:
+                k = int(k)
+            except ValueError:
+                raise BadRequest(f"path {k!r} is not a number") from None
+            a = _addr(addr, f"paths[{k}]")
+            if not 1 <= k <= len(nets) or a not in nets[k - 1]:
+                raise Refused(f"{a} (path {k}) is not an address of {host} in the fabric file "
+                              f"(its prefixes: {', '.join(map(str, nets))})")
+            out.add(k)
+        return out
+
+    @staticmethod
+    def _weights(tables) -> list[tuple[ipaddress.IPv6Network, dict[int, float]]]:
+        if not isinstance(tables, list):
+            raise BadRequest("weights must be a list of {prefix, weights}")
+        out = []
+        for t in tables:
+            try:
+                net = ipaddress.IPv6Network(t["prefix"])
+                ws = {int(k): float(v) for k, v in t["weights"].items()}
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise BadRequest(f"weights entry {t!r}: {e}") from None
+            out.append((net, ws))
+        return sorted(out, key=lambda e: -e[0].prefixlen)
+
+    # ---- leaf reports -------------------------------------------------------------------
+    def links(self, switch: str, body: dict) -> dict:
+        """A leaf's uplinks {ifname: up}: a dead one takes its colour away from that leaf."""
+        self.counters["link_reports"] += 1
+        ports = self.uplink_colour.get(switch)
+        if ports is None:
+            self.counters["refused"] += 1
+            raise Refused(f"{switch!r} is not a leaf in the fabric file")
+        state = body.get("ports") if isinstance(body, dict) else None
+        if not isinstance(state, dict):
+            self.counters["bad"] += 1
+            raise BadRequest("ports must be an object {ifname: true|false}")
+        unknown = set(state) - set(ports)
+        if unknown:
+            self.counters["refused"] += 1
+            raise Refused(f"{switch} has no uplinks {sorted(unknown)} (has {sorted(ports)})")
+        with self.lock:
+            changed = [ifname for ifname, up in state.items()
+                       if self.placer.set_link(switch, ports[ifname], bool(up))]
+            if changed:
+                log.info("%s: %s", switch, ", ".join(f"{i} {'up' if state[i] else 'down'}" for i in changed))
+                self._solve()
+        return {"changed": changed}
+
+    # ---- keeping it current -------------------------------------------------------------------
+    def _solve(self):
+        t = time.perf_counter()
+        moved = self.placer.solve()
+        self.last_solve_s = time.perf_counter() - t
+        self.counters["solves"] += 1
+        self.counters["solve_seconds"] += self.last_solve_s
+        self.counters["moves"] += moved
+
+    def _expire(self, now: float):
+        for host, e in list(self.hosts.items()):
+            if now - e["seen"] > self.host_timeout_s:
+                for key in e["keys"]:
+                    self.placer.remove(key)
+                del self.hosts[host]
+                self.counters["hosts_expired"] += 1
+                log.info("%s silent for %.1f s: its %d QPs leave the placement", host,
+                         now - e["seen"], len(e["keys"]))
+
+    def expire(self):
+        with self.lock:
+            before = len(self.hosts)
+            self._expire(self.clock())
+            if len(self.hosts) != before:
+                self._solve()
+
+    def status(self) -> dict:
+        with self.lock:
+            now = self.clock()
+            loads = self.placer.link_loads()
+            caps = {lf: self.placer.caps(lf) for lf in loads}
+            up = {lf: v["up"] for lf, v in loads.items()}
+            down = {lf: v["down"] for lf, v in loads.items()}
+            got = balance.figures(up, down, caps)
+            best = balance.best_figures(self.fabric, [(q.src, q.dst) for q in self.placer.qps.values()], caps)
+            return {
+                "hosts": {h: {"qps": len(e["keys"]), "age_s": round(now - e["seen"], 3)}
+                          for h, e in sorted(self.hosts.items())},
+                "qps": {"fabric": len(self.placer.qps), "local": len(self.placer.local)},
+                "links": {lf: {**loads[lf], "capacity_mbps": caps[lf]} for lf in loads},
+                "balance": {"up": got[0], "down": got[1], "best_up": best[0], "best_down": best[1]},
+                "over_target": self.placer.excess(),
+                "dead_links": [f"{lf}/{c + 1}" for lf, c in self.placer.dead_links()],
+                "last_solve_ms": round(self.last_solve_s * 1000, 3),
+                "counters": dict(self.counters),
+            }
+
+
+def _lookup(tables, addr: ipaddress.IPv6Address) -> dict[int, float]:
+    """The longest prefix's weights for an address (tables sorted longest first)."""
+    for net, ws in tables:
+        if addr in net:
+            return ws
+    return {}
+
+
+# ---- HTTP ---------------------------------------------------------------------------------
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def make_server(coord: Coordinator, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
+                metrics: Callable[[], bytes] | None = None) -> ThreadingHTTPServer:
+    """An HTTP server for the API (serve_forever() to run it)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "rlbcoord"
+
+        def log_message(self, fmt, *args):
+            log.debug("%s %s", self.address_string(), fmt % args)
+
+        def _send(self, code: int, obj=None, body: bytes | None = None, ctype="application/json"):
+            data = body if body is not None else json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == coordapi.STATUS:
+                self._send(200, coord.status())
+            elif self.path == "/healthz":
+                self._send(200, {"ok": True})
+            elif self.path == "/metrics" and metrics:
+                self._send(200, body=metrics(), ctype="text/plain; version=0.0.4")
+            else:
+                self._send(404, {"error": f"no {self.path}"})
+
+        def do_POST(self):
+            parts = self.path.strip("/").split("/")
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length > 16 << 20:
+                    raise BadRequest("report larger than 16 MiB")
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if len(parts) == 4 and parts[:2] == ["v1", "hosts"] and parts[3] == "report":
+                    self._send(200, coord.report(parts[2], body))
+                elif len(parts) == 4 and parts[:2] == ["v1", "switches"] and parts[3] == "links":
+                    self._send(200, coord.links(parts[2], body))
+                else:
+                    self._send(404, {"error": f"no {self.path}"})
+            except Refused as e:
+                log.warning("refused %s from %s: %s", self.path, self.address_string(), e)
+                self._send(403, {"error": str(e)})
+            except (BadRequest, ValueError) as e:
+                if not isinstance(e, BadRequest):
+                    coord.counters["bad"] += 1       # not JSON at all
+                log.warning("bad request %s from %s: %s", self.path, self.address_string(), e)
+                self._send(400, {"error": str(e)})
+
+    cls = _Server
+    if ":" in addr:
+        cls = type("_Server6", (_Server,), {"address_family": AF_INET6})
+    return cls((addr, port), Handler)

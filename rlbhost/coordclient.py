@@ -1,0 +1,89 @@
+"""The host's side of the coordinator: every report period it sends this host's paths, weights and
+QPs (those seen within the QP memory, idle ones included: a collective's QPs come back burst
+after burst) and writes the placements it gets into the data plane, where new and idle QPs take
+them. While the coordinator cannot be reached the placements stay for fallback_s, then they are
+dropped and the local rule decides alone; nothing in flight is ever moved."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from rlbcommon import coordapi
+
+from .dataplane import HostDataplane
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorClient:
+    def __init__(self, dp: HostDataplane, node: str, url: str, period_s: float = 0.25,
+                 memory_s: float = 10.0, fallback_s: float = 3.0):
+        self.dp, self.node, self.url = dp, node, url
+        self.period_s, self.memory_s, self.fallback_s = period_s, memory_s, fallback_s
+        self.memory: dict[tuple[str, int, int], dict] = {}
+        self.stop = threading.Event()
+        self.reachable = False
+        self.last_ok = 0.0
+        self.counters = {"reports": 0, "failures": 0, "fallbacks": 0}
+        self._down_since: float | None = None
+
+    def body(self) -> dict:
+        now = time.monotonic()
+        paths = {p.index: p for p in self.dp.paths() if p.valid}
+        for q in self.dp.qps():
+            if q["path"] in paths:
+                self.memory[(q["peer"], q["sport"], q["qp"])] = {
+                    "path": paths[q["path"]].value, "bytes": q["bytes"], "seen": now - q["idle_ms"] / 1000}
+        for key in [k for k, v in self.memory.items() if now - v["seen"] > self.memory_s]:
+            del self.memory[key]
+        return {"paths": {str(p.value): p.address for p in paths.values()},
+                "weights": [{"prefix": w["prefix"], "weights": {str(k): v for k, v in w["weights"].items()}}
+                            for w in self.dp.weights()],
+                "qps": [{"peer": k[0], "sport": k[1], "qp": k[2], "path": v["path"], "bytes": v["bytes"]}
+                        for k, v in self.memory.items()]}
+
+    def report_once(self) -> int:
+        """One round trip; returns the number of placements written."""
+        reply = coordapi.call(self.url, coordapi.REPORT.format(self.node), self.body())
+        index = {p.value: p.index for p in self.dp.paths() if p.valid}
+        want = {(p["peer"], p["sport"], p["qp"]): index[p["path"]]
+                for p in reply.get("placements", []) if p.get("path") in index}
+        with self.dp.locked():
+            written, _ = self.dp.set_placements(want)
+        return written
+
+    def _failed(self, err: Exception):
+        now = time.monotonic()
+        self.counters["failures"] += 1
+        if self._down_since is None:
+            self._down_since = now
+            log.warning("coordinator %s: %s; keeping its placements for %.0f s", self.url, err, self.fallback_s)
+        self.reachable = False
+        if now - self._down_since >= self.fallback_s and self.dp.placements():
+            with self.dp.locked():
+                self.dp.set_placements({})
+            self.counters["fallbacks"] += 1
+            log.warning("coordinator unreachable for %.1f s: placements dropped, deciding locally",
+                        now - self._down_since)
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                self.report_once()
+                self.counters["reports"] += 1
+                self.last_ok = time.monotonic()
+                if not self.reachable:
+                    log.info("coordinator %s: reporting as %s", self.url, self.node)
+                self.reachable, self._down_since = True, None
+            except coordapi.CoordinatorError as e:
+                self._failed(e)
+            except Exception:
+                log.exception("reporting to the coordinator")
+                self._failed(RuntimeError("internal error"))
+            self.stop.wait(self.period_s)
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self.run, name="coordinator", daemon=True)
+        t.start()
+        return t

@@ -1,0 +1,199 @@
+"""The coordinator over its real HTTP API (a server thread on loopback): placements that balance
+the fabric, refusals of strangers and bad input, leaf link reports, silent hosts forgotten,
+metrics, and the host agent's client against it (with a fake data plane: the client's own logic)."""
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rlbcommon import coordapi
+from rlbfabric.coordinator import Coordinator, make_server
+from rlbfabric.coordmetrics import exposition
+from rlbfabric.fabric import load
+
+FABRIC = load(Path(__file__).resolve().parent.parent / "lab" / "fabric.toml")
+IID = {"h1": "::a:1", "h2": "::a:2", "h3": "::a:3", "h4": "::a:4"}
+
+
+def addr(host: str, k: int) -> str:
+    leaf, port = FABRIC.leaf_of_host(host)
+    return str(FABRIC.host_prefixes(leaf, port)[k - 1].network_address + int(IID[host].split(":")[-1], 16))
+
+
+def paths(host: str) -> dict:
+    return {str(k): addr(host, k) for k in range(1, 5)}
+
+
+def report(host: str, qps: list[tuple[str, int, int, int]], weights=None) -> dict:
+    """qps: (peer host, sport, qp, current path)."""
+    return {"paths": paths(host), "weights": weights or [{"prefix": "::/0", "weights": {"1": 1, "2": 1, "3": 1, "4": 1}}],
+            "qps": [{"peer": addr(p, 1), "sport": s, "qp": q, "path": k, "bytes": 1000} for p, s, q, k in qps]}
+
+
+class Clock:
+    t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def coord():
+    clock = Clock()
+    c = Coordinator(FABRIC, host_timeout_s=5.0, clock=clock)
+    server = make_server(c, "::1", 0, exposition(c))
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    c.url = coordapi.url_for("::1", server.server_address[1])
+    c.test_clock = clock
+    yield c
+    server.shutdown()
+    server.server_close()
+
+
+def placements(reply) -> dict:
+    return {(p["peer"], p["sport"], p["qp"]): p["path"] for p in reply["placements"]}
+
+
+def test_two_hosts_that_both_start_on_path_1_are_spread_over_all_spines(coord):
+    """The issue's worst case: h1->h3 and h2->h4, 2 QPs each, both hosts' local rule on paths 1,2."""
+    r1 = coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", [("h3", 50000, 1, 1), ("h3", 50001, 2, 2)]))
+    r2 = coordapi.call(coord.url, coordapi.REPORT.format("h2"), report("h2", [("h4", 50000, 3, 1), ("h4", 50001, 4, 2)]))
+    r1 = coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", [("h3", 50000, 1, 1), ("h3", 50001, 2, 2)]))
+    got = sorted(list(placements(r1).values()) + list(placements(r2).values()))
+    assert got == [1, 2, 3, 4]
+    s = coordapi.call(coord.url, coordapi.STATUS)
+    assert s["links"]["l1"]["up"] == [1, 1, 1, 1] and s["links"]["l2"]["down"] == [1, 1, 1, 1]
+    assert s["balance"] == {"up": 1.0, "down": 1.0, "best_up": 1.0, "best_down": 1.0}
+    assert s["qps"] == {"fabric": 4, "local": 0}
+
+
+def test_qps_within_a_leaf_get_no_placement(coord):
+    r = coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", [("h2", 50000, 1, 1)]))
+    assert r["placements"] == []
+    assert coordapi.call(coord.url, coordapi.STATUS)["qps"] == {"fabric": 0, "local": 1}
+
+
+def test_strangers_and_bad_input_are_refused(coord):
+    with pytest.raises(coordapi.CoordinatorError, match="403.*not in the fabric"):
+        coordapi.call(coord.url, coordapi.REPORT.format("h9"), report("h1", []))
+    body = report("h1", [])
+    body["paths"]["1"] = addr("h3", 1)                     # claims h3's address
+    with pytest.raises(coordapi.CoordinatorError, match="403.*not an address of h1"):
+        coordapi.call(coord.url, coordapi.REPORT.format("h1"), body)
+    for bad in ({"paths": "x"}, {**report("h1", []), "qps": [{"peer": "nope", "sport": 1, "qp": 1}]},
+                {**report("h1", []), "qps": [{"peer": addr("h3", 1), "sport": 70000, "qp": 1}]},
+                {**report("h1", []), "weights": [{"prefix": "bad"}]}):
+        with pytest.raises(coordapi.CoordinatorError, match="400"):
+            coordapi.call(coord.url, coordapi.REPORT.format("h1"), bad)
+    req = urllib.request.Request(coord.url + coordapi.REPORT.format("h1"), data=b"{not json",
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=2)
+    assert e.value.code == 400
+    with pytest.raises(coordapi.CoordinatorError, match="403.*not a leaf"):
+        coordapi.call(coord.url, coordapi.LINKS.format("s1"), {"ports": {}})
+    with pytest.raises(coordapi.CoordinatorError, match="403.*no uplinks"):
+        coordapi.call(coord.url, coordapi.LINKS.format("l1"), {"ports": {"eth-h1": False}})
+    c = coordapi.call(coord.url, coordapi.STATUS)["counters"]
+    assert c["refused"] == 4 and c["bad"] == 5 and c["reports"] == 0
+
+
+def test_dead_uplink_gets_no_qps_and_its_return_rebalances(coord):
+    qps = [("h3", 50000 + i, i, 1) for i in range(8)]
+    coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", qps))
+    assert coordapi.call(coord.url, coordapi.LINKS.format("l1"),
+                         {"ports": {"eth-s1": True, "eth-s2": True, "eth-s3": True, "eth-s4": False}}) == {"changed": ["eth-s4"]}
+    r = coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", qps))
+    got = sorted(placements(r).values())
+    assert 4 not in got and [got.count(k) for k in (1, 2, 3)] in ([3, 3, 2], [3, 2, 3], [2, 3, 3])
+    assert coordapi.call(coord.url, coordapi.STATUS)["dead_links"] == ["l1/4"]
+    coordapi.call(coord.url, coordapi.LINKS.format("l1"), {"ports": {"eth-s4": True}})
+    r = coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", qps))
+    assert sorted(placements(r).values()) == [1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_zero_weight_path_is_avoided_for_that_destination(coord):
+    w = [{"prefix": "::/0", "weights": {"1": 1, "2": 1, "3": 1, "4": 1}},
+         {"prefix": "fc00:2::/32", "weights": {"1": 1, "2": 0, "3": 1, "4": 1}}]
+    r = coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", [("h3", 50000 + i, i, 2) for i in range(6)], w))
+    assert 2 not in placements(r).values()
+
+
+def test_silent_host_is_forgotten_and_ended_qps_leave(coord):
+    coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", [("h3", 1, 1, 1), ("h3", 2, 2, 1)]))
+    coordapi.call(coord.url, coordapi.REPORT.format("h2"), report("h2", [("h4", 1, 1, 1)]))
+    assert coordapi.call(coord.url, coordapi.STATUS)["qps"]["fabric"] == 3
+    coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", [("h3", 1, 1, 1)]))   # one QP ended
+    assert coordapi.call(coord.url, coordapi.STATUS)["qps"]["fabric"] == 2
+    coord.test_clock.t += 6
+    coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", [("h3", 1, 1, 1)]))
+    s = coordapi.call(coord.url, coordapi.STATUS)
+    assert list(s["hosts"]) == ["h1"] and s["qps"]["fabric"] == 1 and s["counters"]["hosts_expired"] == 1
+
+
+def test_metrics(coord):
+    coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", [("h3", 1, 1, 1), ("h3", 2, 2, 1)]))
+    body = urllib.request.urlopen(coord.url + "/metrics", timeout=2).read().decode()
+    lines = {line.split(" ")[0]: float(line.split(" ")[1]) for line in body.splitlines() if line and line[0] != "#"}
+    assert lines['rlb_coord_qps{kind="fabric"}'] == 2
+    assert lines['rlb_coord_link_qps{colour="1",leaf="l1",side="up"}'] + lines['rlb_coord_link_qps{colour="2",leaf="l1",side="up"}'] == 2
+    assert lines['rlb_coord_balance{of="placed",side="up"}'] == 2.0     # 2 QPs on 4 uplinks
+    assert lines['rlb_coord_reports_total{result="ok"}'] == 1
+    assert json.loads(urllib.request.urlopen(coord.url + "/healthz", timeout=2).read()) == {"ok": True}
+
+
+# ---- the host agent's client ------------------------------------------------------------------
+
+class FakeHostDataplane:
+    """What the client reads and writes of the host data plane, in memory."""
+
+    class P:
+        def __init__(self, index, value, address):
+            self.index, self.value, self.address, self.valid = index, value, address, True
+
+    def __init__(self, host, qps):
+        self._paths = [self.P(k - 1, k, addr(host, k)) for k in range(1, 5)]
+        self._qps, self.placed = qps, {}
+
+    def paths(self):
+        return self._paths
+
+    def qps(self):
+        return self._qps
+
+    def weights(self):
+        return [{"prefix": "::/0", "weights": {k: 1.0 for k in range(1, 5)}}]
+
+    def placements(self):
+        return dict(self.placed)
+
+    def set_placements(self, want):
+        self.placed = dict(want)
+        return len(want), 0
+
+    import contextlib
+
+    @contextlib.contextmanager
+    def locked(self):
+        yield
+
+
+def test_client_reports_remembers_idle_qps_and_falls_back(coord):
+    from rlbhost.coordclient import CoordinatorClient
+    live = [{"peer": addr("h3", 1), "sport": 50000 + i, "qp": i, "path": 0, "idle_ms": 1, "bytes": 10}
+            for i in range(4)]
+    dp = FakeHostDataplane("h1", live)
+    client = CoordinatorClient(dp, "h1", coord.url, fallback_s=0.0)
+    assert client.report_once() == 4
+    assert sorted(dp.placed.values()) == [0, 1, 2, 3]             # path indexes, one per spine
+    dp._qps = []                                                   # idle: swept from conntrack
+    client.report_once()
+    assert len(dp.placed) == 4                                     # remembered, still placed
+    client.url = "http://[::1]:1"                                  # coordinator gone
+    client._failed(coordapi.CoordinatorError("gone"))
+    assert dp.placed == {} and client.counters["fallbacks"] == 1
