@@ -1,6 +1,7 @@
 """Splitting a whole number of things (slots, QPs) by weights: one rule for both agents."""
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 
@@ -18,3 +19,13 @@ def apportion(weights: Sequence[float], total: int) -> list[int]:
     for i in order[: total - sum(counts)]:
         counts[i] += 1
     return counts
+
+
+def share_bounds(weights: Sequence[float], total: int) -> tuple[list[int], list[int]]:
+    """Each member's share of total by weight, rounded down and up (a member at either bound is
+    within one unit of its exact share). Zero weight: 0 and 0."""
+    wsum = sum(w for w in weights if w > 0)
+    if wsum <= 0:
+        raise ValueError("at least one member needs a positive weight")
+    exact = [w * total / wsum if w > 0 else 0.0 for w in weights]
+    return [math.floor(x + 1e-9) for x in exact], [math.ceil(x - 1e-9) for x in exact]

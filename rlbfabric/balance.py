@@ -59,10 +59,12 @@ def leaf_loads(fabric, placed) -> tuple[dict[str, list[int]], dict[str, list[int
 
 
 def figures(up: dict[str, list[float]], down: dict[str, list[float]],
-            caps: dict[str, list[float]] | None = None) -> tuple[float, float]:
-    """(uplinks, downlinks): the worst leaf's max/mean on each side."""
+            caps: dict[str, list[float]] | None = None, idle_below: float = 0) -> tuple[float, float]:
+    """(uplinks, downlinks): the worst leaf's max/mean on each side. A leaf side carrying less than
+    idle_below in all (measured bytes: routing protocols, neighbour discovery) counts as idle."""
     def side(loads):
-        return worst([max_over_mean(v, caps.get(k) if caps else None) for k, v in loads.items()])
+        return worst([max_over_mean(v, caps.get(k) if caps else None) if sum(v) >= max(idle_below, 1e-12)
+                      else None for k, v in loads.items()])
     return side(up), side(down)
 
 

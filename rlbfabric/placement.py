@@ -344,10 +344,3 @@ class Placement:
     def loads(self) -> list[list[list[int]]]:
         return [[list(r) for r in side] for side in self.load]
 
-
-def share_ceil(d: int, caps: list[float]) -> list[int]:
-    """Each colour's weighted share of d, rounded up; 0 for dead colours."""
-    total = sum(c for c in caps if c > 0)
-    if total <= 0:
-        return [0] * len(caps)
-    return [math.ceil(d * c / total - EPS) if c > 0 else 0 for c in caps]

@@ -42,6 +42,8 @@ def attach(
     coordinator: Optional[str] = typer.Option(None, help="The fabric coordinator's URL, e.g. "
         "http://[fd00:99::1]:9473: QPs are reported to it and new or idle QPs take its placements."),
     report_ms: int = typer.Option(250, min=50, help="How often to report to the coordinator."),
+    qp_memory_s: float = typer.Option(3.0, min=0.1, help="QPs idle up to this long are still "
+        "reported (a collective's QPs return burst after burst); then they are forgotten."),
     metrics_port: int = typer.Option(9472, help="Prometheus port (0: none)."),
     metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics bind to."),
     once: bool = typer.Option(False, help="Attach and exit instead of running the agent."),
@@ -74,7 +76,7 @@ def attach(
     from rlbcommon.metrics import serve
     from .coordclient import CoordinatorClient
     from .metrics import HostCollector
-    client = CoordinatorClient(dp, node, coordinator, report_ms / 1000) if coordinator else None
+    client = CoordinatorClient(dp, node, coordinator, report_ms / 1000, qp_memory_s) if coordinator else None
     if metrics_port:
         serve(HostCollector(dp, ctx.node_label, client), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 class CoordinatorClient:
     def __init__(self, dp: HostDataplane, node: str, url: str, period_s: float = 0.25,
-                 memory_s: float = 10.0, fallback_s: float = 3.0):
+                 memory_s: float = 3.0, fallback_s: float = 3.0):
         self.dp, self.node, self.url = dp, node, url
         self.period_s, self.memory_s, self.fallback_s = period_s, memory_s, fallback_s
         self.memory: dict[tuple[str, int, int], dict] = {}

@@ -19,7 +19,7 @@ from pathlib import Path
 from rlbcommon import addrplan
 from rlbcommon.pinnedstate import PinnedState
 from rlbcommon.cheader import constants, enum_names
-from rlbcommon.weights import apportion
+from rlbcommon.weights import share_bounds
 
 log = logging.getLogger(__name__)
 
@@ -283,10 +283,12 @@ class HostDataplane(PinnedState):
         return [entry.weight[i] if i in valid else 0 for i in range(MAX_PATHS)]
 
     def rebalance(self, now_ns: int | None = None) -> int:
-        """Move the fewest QPs so each weight entry's live QPs match its weights (largest
-        remainder); QPs on paths within their quota never move, nor do QPs on the path the
-        coordinator placed them on (unless that path became unusable). Also drops idle entries
-        and rewrites the active counters from the table. Returns the number of QPs moved."""
+        """Move the fewest QPs so each weight entry's live QPs match its weights: only paths
+        above their share rounded up give QPs (the newest first), to paths below their share
+        rounded down, then to those below it rounded up. Any split within one QP of the shares
+        is left as it is (the local rule's rotation decides those), and so are QPs on the path
+        the coordinator placed them on (unless that path became unusable). Also drops idle
+        entries and rewrites the active counters from the table. Returns the QPs moved."""
         now = now_ns or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         moved = 0
         with self.locked():
@@ -304,23 +306,24 @@ class HostDataplane(PinnedState):
                 flows = live[wid]
                 if entry.flags & SPRAY or not flows or not any(eff):
                     continue
-                target = apportion(eff, len(flows))
+                lo, hi = share_bounds(eff, len(flows))
                 on = {i: [f for f in flows if f[1].path == i] for i in range(MAX_PATHS)}
-                # surplus: the newest QPs of over-quota (or unusable) paths go first
                 surplus = []
                 for i in range(MAX_PATHS):
                     movable = [f for f in on[i] if not eff[i] or placed.get(self._qp_id(f[0])) != i]
-                    extra = min(len(on[i]) - target[i], len(movable))
+                    extra = min(len(on[i]) - hi[i], len(movable))
                     if extra > 0:
                         surplus += sorted(movable, key=lambda f: f[1].created_ns)[-extra:]
-                for i in range(MAX_PATHS):
-                    for _ in range(max(0, target[i] - len(on[i]))):
-                        if not surplus:
-                            break
-                        k, v = surplus.pop()
-                        v.path = i
-                        ct.set(k, v)
-                        moved += 1
+                count = {i: len(on[i]) for i in range(MAX_PATHS)}
+                for bound in (lo, hi):
+                    for i in range(MAX_PATHS):
+                        while surplus and count[i] < bound[i]:
+                            k, v = surplus.pop()
+                            count[v.path] -= 1
+                            v.path = i
+                            ct.set(k, v)
+                            count[i] += 1
+                            moved += 1
             self._recount(ct, now, expiry)
             if moved:
                 self._count_event("ev_released", moved)

@@ -26,7 +26,8 @@ def _lab(name: str):
     if not st.exists():
         raise typer.BadParameter(f"no lab {name!r} is up (rlblab up)")
     s = json.loads(st.read_text())
-    return FabricLab(s["fabric"], name, mode=s["mode"], shape=s["shape"], monitor=s.get("monitor", False))
+    return FabricLab(s["fabric"], name, mode=s["mode"], shape=s["shape"], monitor=s.get("monitor", False),
+                     coordinator=s.get("coordinator", False))
 
 
 @app.command()
@@ -42,6 +43,9 @@ def up(
     shape: bool = typer.Option(False, help="tbf on fabric links at their configured rate."),
     monitor: bool = typer.Option(False, help="A management network (<name>-mon, fd00:99::/64) with "
                                  "a real Prometheus scraping every agent (needs Debian's prometheus)."),
+    coordinator: bool = typer.Option(True, help="The fabric coordinator (rlbcoord) in <name>-mon: "
+                                     "hosts report QPs and take its placements. --no-coordinator "
+                                     "shows the hosts' local rule alone."),
     name: str = typer.Option("rlb", help="Lab name (namespace prefix)."),
 ):
     """Build the fabric: namespaces, links, bird2 everywhere, agents; wait until converged."""
@@ -52,11 +56,12 @@ def up(
         fabric = RUN_DIR / f"lab-{name}.toml"
         fabric.write_text(make_fabric(spines, leaves, hosts, stages, parallel=parallel))
     fabric = (fabric or DEFAULT_FABRIC).resolve()
-    lab = FabricLab(fabric, name, mode=mode, shape=shape, monitor=monitor)
-    typer.echo(f"==> building {lab.fabric.stages}-stage fabric from {fabric} ({mode})")
+    lab = FabricLab(fabric, name, mode=mode, shape=shape, monitor=monitor, coordinator=coordinator)
+    typer.echo(f"==> building {lab.fabric.stages}-stage fabric from {fabric} ({mode}"
+               f"{', coordinator' if lab.coordinator else ''})")
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     _state(name).write_text(json.dumps({"fabric": str(fabric), "mode": mode, "shape": shape,
-                                        "monitor": monitor}))
+                                        "monitor": monitor, "coordinator": lab.coordinator}))
     lab.up()
     typer.echo("==> waiting for BGP to converge")
     lab.wait_converged(120)
@@ -64,6 +69,8 @@ def up(
         lab.start_prometheus()
         typer.echo(f"Prometheus: ip netns exec {lab.ns('mon')} curl -s 127.0.0.1:9090/api/v1/targets "
                    f"(config {lab.work / 'prometheus.yml'}; dashboards in grafana/)")
+    if lab.coordinator:
+        typer.echo(f"coordinator: {lab.coordinator_url} in {lab.ns('mon')} (rlblab coordinator)")
     typer.echo(f"up: {', '.join(lab.namespaces())}; logs and bird sockets in {lab.work}")
 
 
@@ -102,22 +109,65 @@ def status(name: str = typer.Option("rlb", help="Lab name.")):
 
 @app.command()
 def traffic(
-    src: str = typer.Option("h1", "--from", help="Sending GPU host."),
-    dst: str = typer.Option("h3", "--to", help="Receiving GPU host."),
-    qps: int = typer.Option(4, min=1, max=256, help="Queue pairs between them."),
-    packets: int = typer.Option(200, min=1, help="Packets per QP."),
-    seed: int = typer.Option(1, help="Source ports and QP numbers come from this seed."),
+    src: Optional[str] = typer.Option(None, "--from", help="One sending GPU host (with --to)."),
+    dst: Optional[str] = typer.Option(None, "--to", help="One receiving GPU host."),
+    workload: Optional[str] = typer.Option(None, help="A traffic matrix instead: pairs, all-to-all, "
+                                           "ring, permutation, moe, tree."),
+    hosts: Optional[str] = typer.Option(None, help="With --workload: the hosts taking part, "
+                                        "comma-separated, in order (default: all)."),
+    qps: int = typer.Option(4, min=1, max=256, help="QPs per connection."),
+    packets: int = typer.Option(200, min=1, help="Packets per QP and burst."),
+    bursts: int = typer.Option(2, min=1, max=20, help="Bursts (iterations of the collective); the last "
+                               "is reported. Between bursts QPs go idle and take placements."),
+    seed: int = typer.Option(1, help="Source ports, QP numbers and random matrices come from this seed."),
+    compare: Optional[str] = typer.Option(None, help="Another lab (e.g. one brought up with --mode "
+                                          "baseline) to run the same matrix through, side by side."),
     name: str = typer.Option("rlb", help="Lab name."),
 ):
-    """Send RoCEv2-like QPs (raw frames, as a NIC would) and show the source leaf's uplink load
-    from the spines' kernel counters."""
-    from .fabriclab import balance
+    """Send RoCEv2-like QPs (raw frames, as a NIC would) and show every leaf uplink and spine
+    downlink from the spines' kernel counters, next to the best possible for that matrix.
+
+    Examples:\n
+      rlblab traffic --from h1 --to h3 --qps 8\n
+      rlblab traffic --workload all-to-all --qps 2\n
+      rlblab up --mode baseline --name ecmp; rlblab traffic --workload ring --qps 3 --compare ecmp"""
+    import random
+    from rlbfabric import workloads
+    from .matrix import report, run_matrix
     lab = _lab(name)
-    r = lab.run_qps(src, dst, qps, packets, seed)
-    b = balance(r["links"])
-    for link, v in r["links"].items():
-        typer.echo(f"  uplink to {link:<6} {v:>12} bytes")
-    typer.echo(f"max/mean {b['max_mean']:.2f}, links used {b['links_used']:.0%}")
+    if workload:
+        members = hosts.split(",") if hosts else lab.hosts
+        unknown = [h for h in members if h not in lab.hosts]
+        if unknown:
+            raise typer.BadParameter(f"no hosts {unknown} in this lab (have {', '.join(lab.hosts)})")
+        try:
+            conns = workloads.connections(workload, members, random.Random(seed))
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    elif src and dst:
+        conns = [(src, dst)]
+    else:
+        raise typer.BadParameter("give --from and --to, or --workload")
+    labs = [lab] + ([_lab(compare)] if compare else [])
+    for lb in labs:
+        r = run_matrix(lb, conns, qps, packets, seed, bursts)
+        typer.echo(f"==> {lb.name} ({lb.mode}{', coordinator' if lb.coordinator else ''}): "
+                   f"{workload or f'{src} -> {dst}'}, {qps} QPs per connection, burst {len(r.bursts)} of {bursts}")
+        for line in report(lb, r):
+            typer.echo(line)
+
+
+@app.command()
+def coordinator(name: str = typer.Option("rlb", help="Lab name."),
+                as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """The lab coordinator's view: hosts reporting, QPs placed per link, balance."""
+    from rlbcommon import netns
+    from rlbfabric.coordcli import status
+    lab = _lab(name)
+    if not lab.coordinator:
+        raise typer.BadParameter(f"lab {name} runs without a coordinator")
+    with netns.inside(lab.ns("mon")):
+        status(lab.coordinator_url, as_json)
 
 
 def _set_link(name: str, leaf: str, spine: str, link: int, state: str):

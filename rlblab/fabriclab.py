@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from rlbcommon import netns
 from rlbcommon.netns import run
 from rlbswitch.birdconf import initial_includes, render
 from rlbfabric.fabric import Fabric, load
@@ -24,18 +25,21 @@ class FabricLab:
     MGMT = "fd00:99::"
 
     def __init__(self, fabric_file: str | Path, name: str = "rlbf", hosts_agent: bool = True,
-                 mode: str = "rlb", shape: bool = False, monitor: bool = False):
+                 mode: str = "rlb", shape: bool = False, monitor: bool = False, coordinator: bool = True):
         """mode "rlb": XDP switches fed by bird, rlbhost on hosts. mode "baseline": the same
         fabric as people run it today: bird merges equal paths into kernel ECMP routes, the
         kernel forwards with fib_multipath_hash_policy=1, no XDP, no rlbhost.
         shape: tbf on every fabric link at its fabric-file rate (real bandwidth for kernel
-        forwarding; XDP-redirected frames bypass qdiscs)."""
+        forwarding; XDP-redirected frames bypass qdiscs).
+        coordinator (rlb mode): rlbcoord in <lab>-mon on the management network, host agents
+        reporting to it, leaves telling it their uplinks; without it hosts use the local rule."""
         if mode not in ("rlb", "baseline"):
             raise ValueError(f"mode {mode!r}: rlb or baseline")
         self.fabric_file = Path(fabric_file).resolve()
         self.fabric: Fabric = load(self.fabric_file)
         self.name, self.mode, self.shape, self.monitor = name, mode, shape, monitor
         self.hosts_agent = hosts_agent and mode == "rlb"
+        self.coordinator = coordinator and self.hosts_agent
         self.work = Path(f"/tmp/{name}")
         self.birds: dict[str, Bird] = {}
         self.agents: dict[str, subprocess.Popen] = {}
@@ -49,7 +53,17 @@ class FabricLab:
 
     @property
     def hosts(self) -> list[str]:
-        return [h for leaf in self.fabric.leaves for h in leaf.hosts]
+        return self.fabric.hosts
+
+    @property
+    def mgmt(self) -> bool:
+        """A management network exists for Prometheus and the coordinator."""
+        return self.monitor or self.coordinator
+
+    @property
+    def coordinator_url(self) -> str:
+        from rlbcommon.coordapi import url_for
+        return url_for(f"{self.MGMT}1")
 
     def namespaces(self) -> list[str]:
         return [self.ns(n.name) for n in self.switches] + [self.ns(h) for h in self.hosts] + [self.ns("mon")]
@@ -78,8 +92,10 @@ class FabricLab:
             topo.add_ns(ns)
             for key in ("all", "default"):
                 topo.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")   # fast restore on link-up
-        if self.monitor:
+        if self.mgmt:
             self._mgmt_network()
+        if self.coordinator:
+            self.start_coordinator()
         for sw in self.switches:
             topo.sysctl(self.ns(sw.name), "net.ipv6.conf.all.forwarding", "1")
             if self.mode == "baseline":
@@ -138,13 +154,29 @@ class FabricLab:
             cmd += ["--control-only"]
         if self.monitor:
             cmd += ["--metrics-addr", self.mgmt_addr(node)]
+        if self.coordinator and self.fabric.node(node).role == "leaf":
+            cmd += ["--coordinator", self.coordinator_url]
         self._spawn(node, cmd, "following links")
 
     def start_host_agent(self, host: str):
-        cmd = [sys.executable, "-m", "rlbhost", "--netns", self.ns(host), "attach", "eth0"]
+        cmd = [sys.executable, "-m", "rlbhost", "--netns", self.ns(host), "attach", "eth0",
+               "--fabric", str(self.fabric_file), "--node", host]
         if self.monitor:
             cmd += ["--metrics-addr", self.mgmt_addr(host)]
+        if self.coordinator:
+            cmd += ["--coordinator", self.coordinator_url]
         self._spawn(host, cmd, "following addresses")
+
+    def start_coordinator(self):
+        """rlbcoord in <lab>-mon, listening on the management network's first address."""
+        cmd = ["ip", "netns", "exec", self.ns("mon"), sys.executable, "-m", "rlbfabric.coordcli", "run",
+               "--fabric", str(self.fabric_file), "--listen", f"{self.MGMT}1"]
+        self._spawn("coordinator", cmd, "listening on")
+
+    def coordinator_status(self) -> dict:
+        from rlbcommon import coordapi
+        with netns.inside(self.ns("mon")):
+            return coordapi.call(self.coordinator_url, coordapi.STATUS)
 
     def start_prometheus(self, port: int = 9090):
         """A real Prometheus (Debian's) in <lab>-mon scraping every agent every second; its API

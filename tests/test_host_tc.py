@@ -245,6 +245,17 @@ def test_ties_start_at_the_hosts_rotation(ab, rotation):
     assert got == [(rotation + j) % 4 + 1 for j in range(6)]
 
 
+def test_sweep_leaves_a_split_within_one_qp_of_the_shares_alone(ab):
+    """6 QPs from rotation 2 land 3,4,1,2,3,4: every path within one QP of 1.5, so the agent's
+    sweep must not move any (it once pulled them back towards path 1 every 100 ms)."""
+    a, _ = ab
+    a.dp.set_config(rotation=2)
+    frames = qp_frames(6, seed=21)
+    assert paths_of(a, frames) == [3, 4, 1, 2, 3, 4]
+    assert a.dp.rebalance() == 0
+    assert paths_of(a, frames) == [3, 4, 1, 2, 3, 4]
+
+
 @pytest.mark.parametrize("weights", [[1, 1, 1, 1], [2, 1, 1, 1], [3, 0, 1, 2], [1, 2, 2, 1]])
 def test_program_follows_the_local_rule_model(ab, weights):
     """bpf/rlb_host.c and rlbfabric.localrule.choose take the same decisions, QP by QP."""

@@ -1,0 +1,121 @@
+"""Traffic matrices through a namespace fabric: every host of the matrix sends its QPs at once (raw
+RoCEv2 frames from its NIC, as a NIC would), burst after burst like a collective's iterations;
+every leaf uplink and every spine->leaf downlink is read from the spines' kernel counters.
+
+Between bursts the QPs fall idle: that is when RLB hosts take the coordinator's placements, so
+the first burst shows the local rule and the later ones the coordinated placement."""
+from __future__ import annotations
+
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+
+from rlbcommon import netns
+from rlbcommon.packets import ROCE_PORT, roce_frame
+from rlbfabric import balance
+
+from . import topo
+from .traffic import open_raw
+
+BURST_GAP_S = 1.2     # > conntrack expiry (200 ms) + two coordinator report periods (250 ms)
+FORGET_S = 3.5        # > the hosts' QP memory (3 s): an earlier matrix's QPs have left the coordinator
+
+
+@dataclass
+class MatrixRun:
+    qps: list[tuple[str, str]]                       # (source, destination) per QP
+    qp_bytes: int                                    # one QP's bytes per burst
+    bursts: list[dict] = field(default_factory=list)  # per burst: {"up": {leaf: [bytes]}, "down": ...}
+    sent: int = 0
+
+    def figures(self, burst: int = -1) -> tuple[float, float]:
+        """(uplinks, downlinks) worst leaf's max/mean in bytes; a leaf side with less than half a
+        QP's bytes is idle (BGP, BFD and ND alone)."""
+        b = self.bursts[burst]
+        return balance.figures(b["up"], b["down"], idle_below=self.qp_bytes / 2)
+
+    def best(self, fabric) -> tuple[float, float]:
+        return balance.best_figures(fabric, self.qps)
+
+
+def link_bytes(lab) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """Bytes so far on every leaf's uplinks (received by the spine) and downlinks (sent by the
+    spine), in uplink (colour) order."""
+    up, down = {}, {}
+    for lf in lab.fabric.leaves:
+        up[lf.name], down[lf.name] = [], []
+        for p in lab.fabric.ports_up(lf):
+            c = topo.counters(lab.ns(p.peer.name), p.peer_ifname)
+            up[lf.name].append(c["rx_bytes"])
+            down[lf.name].append(c["tx_bytes"])
+    return up, down
+
+
+def run_matrix(lab, connections: list[tuple[str, str]], qps_per_connection: int = 1, packets: int = 200,
+               seed: int = 1, bursts: int = 2, gap_s: float = BURST_GAP_S, payload_len: int = 512) -> MatrixRun:
+    """Send the matrix `bursts` times (the same QPs each time, fresh ports and QP numbers per
+    seed) and read every fabric link's bytes per burst."""
+    rnd = random.Random(seed)
+    addrs = {h: lab.host_addresses(h)[1] for h in {x for c in connections for x in c}}
+    socks, macs = {}, {}
+    sinks = [s for s in (sink(lab.ns(d)) for d in sorted({d for _, d in connections})) if s]
+    qps, frames = [], []
+    # source ports unique across the matrix: equal ones would look like one QP's two directions
+    ports = iter(rnd.sample(range(49152, 65536), len(connections) * qps_per_connection))
+    try:
+        for src, dst in connections:
+            if src not in socks:
+                leaf, _ = lab.fabric.leaf_of_host(src)
+                socks[src] = open_raw(lab.ns(src), "eth0")
+                macs[src] = (topo.mac(lab.ns(leaf.name), f"eth-{src}"), topo.mac(lab.ns(src), "eth0"))
+            for _ in range(qps_per_connection):
+                qps.append((src, dst))
+                dmac, smac = macs[src]
+                frames.append((socks[src], roce_frame(addrs[src], addrs[dst], next(ports),
+                                                      rnd.getrandbits(24), dmac=dmac, smac=smac,
+                                                      payload_len=payload_len)))
+        out = MatrixRun(qps, packets * len(frames[0][1]) if frames else 0)
+        for b in range(bursts):
+            if b:
+                time.sleep(gap_s)
+            up0, down0 = link_bytes(lab)
+            for _ in range(packets):
+                for sock, frame in frames:
+                    sock.send(frame)
+                    out.sent += 1
+            time.sleep(0.3)
+            up1, down1 = link_bytes(lab)
+            out.bursts.append({"up": {k: [a - b for a, b in zip(up1[k], up0[k])] for k in up1},
+                               "down": {k: [a - b for a, b in zip(down1[k], down0[k])] for k in down1}})
+        return out
+    finally:
+        for s in [*socks.values(), *sinks]:
+            s.close()
+
+
+def sink(ns: str) -> socket.socket | None:
+    """A UDP socket on the RoCE port that reads nothing: the host's stack drops what arrives
+    instead of answering port unreachable, which would load the reverse links."""
+    with netns.inside(ns):
+        s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        try:
+            s.bind(("::", ROCE_PORT))
+        except OSError:           # something listens there already: no answers either
+            s.close()
+            return None
+    return s
+
+
+def report(lab, run: MatrixRun, burst: int = -1) -> list[str]:
+    """Per leaf, bytes on each uplink and downlink, then the figures next to the best possible."""
+    names = [p.peer.name + (f"-{p.link}" if lab.fabric.parallel > 1 else "") for p in lab.fabric.ports_up(lab.fabric.leaves[0])]
+    b = run.bursts[burst]
+    out = [f"{'leaf':<6}{'uplinks to ' + ', '.join(names) + ' (kB)':<40}{'downlinks from them (kB)':<36}"]
+    for lf in lab.fabric.leaves:
+        out.append(f"{lf.name:<6}{' '.join(f'{x / 1000:>7.0f}' for x in b['up'][lf.name]):<40}"
+                   f"{' '.join(f'{x / 1000:>7.0f}' for x in b['down'][lf.name]):<36}")
+    got, best = run.figures(burst), run.best(lab.fabric)
+    out.append(f"worst leaf max/mean: uplinks {got[0]:.2f} (best possible {best[0]:.2f}), "
+               f"downlinks {got[1]:.2f} (best possible {best[1]:.2f}); {len(run.qps)} QPs")
+    return out
