@@ -68,7 +68,7 @@ def local(fabric, qps, rnd):
 
 def coordinated(fabric, qps, start):
     placer = QpPlacer(fabric)
-    every = frozenset(range(1, fabric.paths + 1))
+    every = {k: 1.0 for k in range(1, fabric.paths + 1)}
     for i, ((s, d), (_, _, c)) in enumerate(zip(qps, start)):
         placer.add(i, QpInfo(s, d, None if c is None else c + 1, every))
     t = time.perf_counter()
@@ -82,7 +82,7 @@ def coordinated(fabric, qps, start):
 def timing(fabric, rnd, qps_per_host: int):
     """Full placement from nothing, then incremental changes on the placed fabric."""
     hosts = fabric.hosts
-    every = frozenset(range(1, fabric.paths + 1))
+    every = {k: 1.0 for k in range(1, fabric.paths + 1)}
     conns = workloads.connections("moe", hosts, rnd, fanout=qps_per_host)
     placer = QpPlacer(fabric)
     for i, (s, d) in enumerate(conns):

@@ -5,9 +5,9 @@ import math
 from typing import Sequence
 
 
-def apportion(weights: Sequence[float], total: int) -> list[int]:
-    """Split total by weight, largest remainder first (ties to the lower index).
-    Every share is within one unit of its exact value."""
+def apportion(weights: Sequence[float], total: int, first: int = 0) -> list[int]:
+    """Split total by weight, largest remainder first (ties to the member first met going round
+    from index `first`). Every share is within one unit of its exact value."""
     if any(w < 0 for w in weights):
         raise ValueError("weights must not be negative")
     wsum = sum(weights)
@@ -15,7 +15,8 @@ def apportion(weights: Sequence[float], total: int) -> list[int]:
         raise ValueError("at least one member needs a positive weight")
     exact = [w * total / wsum for w in weights]
     counts = [int(x) for x in exact]
-    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    n = len(weights)
+    order = sorted(range(n), key=lambda i: (-(exact[i] - counts[i]), (i - first) % n))
     for i in order[: total - sum(counts)]:
         counts[i] += 1
     return counts

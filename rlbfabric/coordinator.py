@@ -95,8 +95,9 @@ class Coordinator:
             dst = self.placer.host_of(str(peer))
             if dst is None:
                 continue                       # a peer outside the fabric: nothing to place
-            allowed = frozenset(k for k in valid if _lookup(tables, peer).get(k, 1.0) > 0)
-            seen[(host, str(peer), sport, qpn)] = QpInfo(host, dst, path, allowed, nbytes)
+            ws = _lookup(tables, peer)
+            weights = {k: max(0.0, ws.get(k, 1.0)) for k in valid}
+            seen[(host, str(peer), sport, qpn)] = QpInfo(host, dst, path, weights, nbytes)
         with self.lock:
             now = self.clock()
             entry = self.hosts.setdefault(host, {"seen": now, "keys": set()})

@@ -23,7 +23,10 @@ loads, so every chain lowers the total distance to the targets by at least one: 
 and moves are few. Dead links and per-QP restrictions can leave no two-colour chain; then a chain
 may turn to a third colour where a vertex has room for it.
 
-Work is done on counts per (source leaf, destination leaf, allowed colours) group, so a full
+A QP may also carry weights of its own per colour (its host's view of each path: 0 = not allowed,
+0.5 = half the capacity); they multiply its path weights.
+
+Work is done on counts per (source leaf, destination leaf, QP weights) group, so a full
 placement of 16 k QPs over 64 leaves costs a few thousand group operations, not per-QP searches."""
 from __future__ import annotations
 
@@ -38,9 +41,10 @@ EPS = 1e-9
 
 @dataclass
 class _Group:
-    """QPs from leaf a to leaf b that may use the colours in mask, by colour."""
+    """QPs from leaf a to leaf b with the same weights per colour, by colour."""
     a: int
     b: int
+    weights: tuple[float, ...]
     mask: int
     members: list[list] = field(default_factory=list)    # per colour: QP keys (newest last)
     size: int = 0                                        # QPs in the group, placed or not
@@ -74,6 +78,7 @@ class Placement:
         self.load = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
         self.lo = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
         self.hi = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
+        self.share = [[[0.0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
         self.groups: dict[tuple[int, int, int], _Group] = {}
         self.at: list[list[list[_Group]]] = [[[] for _ in range(n_leaves)] for _ in (UP, DOWN)]
         self.qps: dict[Hashable, _Qp] = {}
@@ -91,17 +96,28 @@ class Placement:
             self.cap[side][leaf] = caps
             self._caps_changed = True
 
-    def add(self, key: Hashable, a: int, b: int, allowed: int | None = None, colour: int | None = None):
-        """A QP from leaf a to leaf b (a != b), allowed colours as a bit mask (default all), its
-        current colour if it has one (kept when that colour is allowed and alive)."""
+    def add(self, key: Hashable, a: int, b: int, allowed: int | None = None, colour: int | None = None,
+            weights: Iterable[float] | None = None):
+        """A QP from leaf a to leaf b (a != b): the colours it may use as a bit mask (default all)
+        or its own weight per colour (0: not allowed), and its current colour if it has one
+        (kept when that colour is allowed and alive)."""
         if key in self.qps:
             raise KeyError(f"QP {key!r} is already placed")
         if a == b or not (0 <= a < self.n_leaves and 0 <= b < self.n_leaves):
             raise ValueError(f"QP {key!r}: leaves {a} -> {b}: must be two different leaves")
-        mask = self.all_colours if allowed is None else allowed & self.all_colours
-        g = self.groups.get((a, b, mask))
+        if weights is None:
+            mask = self.all_colours if allowed is None else allowed & self.all_colours
+            w = tuple(1.0 if mask >> c & 1 else 0.0 for c in range(self.n_colours))
+        else:
+            w = tuple(float(x) for x in weights)
+            if len(w) != self.n_colours or any(x < 0 or math.isnan(x) for x in w):
+                raise ValueError(f"QP {key!r}: {self.n_colours} non-negative weights expected, got {w}")
+            top = max(w) or 1.0
+            w = tuple(round(x / top, 6) for x in w)     # equal ratios share a group
+        g = self.groups.get((a, b, w))
         if g is None:
-            g = self.groups[(a, b, mask)] = _Group(a, b, mask, [[] for _ in range(self.n_colours)])
+            mask = sum(1 << c for c, x in enumerate(w) if x > 0)
+            g = self.groups[(a, b, w)] = _Group(a, b, w, mask, [[] for _ in range(self.n_colours)])
             self._weigh(g)
             self.at[UP][a].append(g)
             self.at[DOWN][b].append(g)
@@ -160,9 +176,9 @@ class Placement:
         return bool(g.mask >> c & 1) and self.cap[UP][g.a][c] > 0 and self.cap[DOWN][g.b][c] > 0
 
     def _weigh(self, g: _Group):
-        """A path's weight is its narrowest link (FARE); one QP's share of each colour."""
-        w = [min(self.cap[UP][g.a][c], self.cap[DOWN][g.b][c]) if g.mask >> c & 1 else 0.0
-             for c in range(self.n_colours)]
+        """A path's weight is its narrowest link (FARE), times the QP's own weight; one QP's
+        share of each colour."""
+        w = [min(self.cap[UP][g.a][c], self.cap[DOWN][g.b][c]) * g.weights[c] for c in range(self.n_colours)]
         total = sum(w)
         g.frac = [x / total for x in w] if total > 0 else [0.0] * self.n_colours
 
@@ -179,6 +195,7 @@ class Placement:
                 if g.size:
                     for c, f in enumerate(g.frac):
                         share[c] += g.size * f
+            self.share[side][v] = share
             self.lo[side][v] = [math.floor(x + EPS) for x in share]
             self.hi[side][v] = [math.ceil(x - EPS) for x in share]
         self._dirty = set()
@@ -241,14 +258,17 @@ class Placement:
         return changed
 
     def _greedy(self, g: _Group) -> int | None:
-        """The usable colour with the most room at both ends (after adding one)."""
+        """The usable colour that keeps both ends within their targets and nearest their exact
+        shares (2 QPs over a 10 and a 5 Gb/s path: one each, not both on the faster)."""
         best, best_key = None, None
         up, dn = self.load[UP][g.a], self.load[DOWN][g.b]
         hu, hd = self.hi[UP][g.a], self.hi[DOWN][g.b]
+        su, sd = self.share[UP][g.a], self.share[DOWN][g.b]
         for c in range(self.n_colours):
             if not self._usable(g, c):
                 continue
-            k = (max(up[c] + 1 - hu[c], dn[c] + 1 - hd[c]), up[c] + dn[c] - hu[c] - hd[c])
+            k = (max(0, up[c] + 1 - hu[c]) + max(0, dn[c] + 1 - hd[c]),
+                 max(up[c] + 1 - su[c], dn[c] + 1 - sd[c]))
             if best_key is None or k < best_key:
                 best, best_key = c, k
         return best

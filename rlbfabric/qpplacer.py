@@ -16,8 +16,12 @@ class QpInfo:
     src: str                      # sending host
     dst: str                      # receiving host
     path: int | None              # path value (k) it is on now, as its host reported
-    allowed: frozenset[int]       # path values the sender may use for this peer (weight > 0)
+    weights: dict[int, float]     # path value -> the sender's weight for this peer (0: not usable)
     bytes: int = 0
+
+    @property
+    def allowed(self) -> frozenset[int]:
+        return frozenset(k for k, w in self.weights.items() if w > 0)
 
 
 class QpPlacer:
@@ -70,12 +74,14 @@ class QpPlacer:
         net = ipaddress.IPv6Network(f"{address}/64", strict=False)
         return self.prefix_host.get(net)
 
-    def mask(self, allowed: frozenset[int]) -> int:
-        m = 0
-        for k in allowed:
-            if k in self.colour_of_path:
-                m |= 1 << self.colour_of_path[k]
-        return m
+    def colour_weights(self, weights: dict[int, float]) -> list[float]:
+        """A QP's path weights per colour (the best path of each colour when paths > uplinks)."""
+        out = [0.0] * self.n_colours
+        for k, w in weights.items():
+            c = self.colour_of_path.get(k)
+            if c is not None:
+                out[c] = max(out[c], w)
+        return out
 
     def add(self, key: Hashable, qp: QpInfo):
         if key in self.qps or key in self.local:
@@ -86,7 +92,7 @@ class QpPlacer:
             return
         self.qps[key] = qp
         colour = self.colour_of_path.get(qp.path) if qp.path in qp.allowed else None
-        self.placement.add(key, a, b, self.mask(qp.allowed), colour)
+        self.placement.add(key, a, b, colour=colour, weights=self.colour_weights(qp.weights))
 
     def remove(self, key: Hashable) -> bool:
         if self.local.pop(key, None) is not None:
@@ -98,9 +104,10 @@ class QpPlacer:
 
     def update(self, key: Hashable, qp: QpInfo):
         """A QP seen again: only its bytes and current path change; its placement stays unless its
-        peer or allowed paths changed."""
+        peer or its host's weights changed. Then it starts again from the path its host put it
+        on (a host releases QPs from a degraded path at once; the placement follows from there)."""
         old = self.qps.get(key) or self.local.get(key)
-        if old is None or (old.dst, old.allowed) != (qp.dst, qp.allowed):
+        if old is None or (old.dst, old.weights) != (qp.dst, qp.weights):
             self.add(key, qp)
             return
         old.bytes, old.path = qp.bytes, qp.path

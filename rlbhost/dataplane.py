@@ -19,7 +19,7 @@ from pathlib import Path
 from rlbcommon import addrplan
 from rlbcommon.pinnedstate import PinnedState
 from rlbcommon.cheader import constants, enum_names
-from rlbcommon.weights import share_bounds
+from rlbcommon.weights import apportion, share_bounds
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class HostDataplane(PinnedState):
             if self.maps["weights"].get(self._wkey("::/0")) is None:
                 self._set_weights_locked("::/0", {}, False)
         if changed:
-            self.rebalance()
+            self.rebalance(release=True)
         return changed
 
     def paths(self) -> list[Path_]:
@@ -231,7 +231,7 @@ class HostDataplane(PinnedState):
             raise HostError(f"prefix: {e}") from None
         with self.locked():
             self._set_weights_locked(prefix, weights, spray)
-        self.rebalance()
+        self.rebalance(release=True)
 
     def _set_weights_locked(self, prefix: str, weights: dict[int, float], spray: bool):
         wm = self.maps["weights"]
@@ -265,7 +265,7 @@ class HostDataplane(PinnedState):
             raise HostError("the default weights (::/0) cannot be removed; set them instead")
         with self.locked():
             ok = self.maps["weights"].delete(self._wkey(prefix))
-        self.rebalance()
+        self.rebalance(release=True)
         return ok
 
     def weights(self) -> list[dict]:
@@ -282,18 +282,24 @@ class HostDataplane(PinnedState):
         valid = {p.index for p in self.paths() if p.valid}
         return [entry.weight[i] if i in valid else 0 for i in range(MAX_PATHS)]
 
-    def rebalance(self, now_ns: int | None = None) -> int:
-        """Move the fewest QPs so each weight entry's live QPs match its weights: only paths
-        above their share rounded up give QPs (the newest first), to paths below their share
-        rounded down, then to those below it rounded up. Any split within one QP of the shares
-        is left as it is (the local rule's rotation decides those), and so are QPs on the path
-        the coordinator placed them on (unless that path became unusable). Also drops idle
-        entries and rewrites the active counters from the table. Returns the QPs moved."""
+    def rebalance(self, now_ns: int | None = None, release: bool = False) -> int:
+        """Move the fewest QPs so each weight entry's live QPs match its weights. The periodic
+        sweep (release False) only takes QPs from paths above their share rounded up and gives
+        them to paths below it rounded down, then rounded up: a split within one QP of the
+        shares is the local rule's to decide. After a change of capacity (release True) each
+        path gets exactly its largest-remainder share (ties going round from the host's
+        rotation, as the local rule fills them): the proportional QPs are released from a
+        degraded path, and reinstated when it recovers (draft-fare-scale-up §3.1), placed by the
+        coordinator or not (a moved QP's placement is dropped; the coordinator starts again from
+        where the host put it). The sweep leaves QPs on the path the coordinator placed them
+        on (unless that path became unusable). The newest QPs move first. Also drops idle entries and rewrites the active
+        counters from the table. Returns the QPs moved."""
         now = now_ns or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         moved = 0
         with self.locked():
             ct = self.maps["conntrack"]
-            expiry = self.maps["config"].get(0).expiry_ns
+            cfg = self.maps["config"].get(0)
+            expiry = cfg.expiry_ns
             entries = {v.id: (v, self._effective(v)) for _, v in self.maps["weights"].items()}
             placed = {self._qp_id(k): v.value for k, v in self.maps["placed"].items()}
             live: dict[int, list] = {wid: [] for wid in entries}
@@ -306,11 +312,15 @@ class HostDataplane(PinnedState):
                 flows = live[wid]
                 if entry.flags & SPRAY or not flows or not any(eff):
                     continue
-                lo, hi = share_bounds(eff, len(flows))
+                if release:
+                    lo = hi = apportion(eff, len(flows), cfg.rotation)
+                else:
+                    lo, hi = share_bounds(eff, len(flows))
                 on = {i: [f for f in flows if f[1].path == i] for i in range(MAX_PATHS)}
                 surplus = []
                 for i in range(MAX_PATHS):
-                    movable = [f for f in on[i] if not eff[i] or placed.get(self._qp_id(f[0])) != i]
+                    movable = [f for f in on[i]
+                               if release or not eff[i] or placed.get(self._qp_id(f[0])) != i]
                     extra = min(len(on[i]) - hi[i], len(movable))
                     if extra > 0:
                         surplus += sorted(movable, key=lambda f: f[1].created_ns)[-extra:]
@@ -322,6 +332,8 @@ class HostDataplane(PinnedState):
                             count[v.path] -= 1
                             v.path = i
                             ct.set(k, v)
+                            if self._qp_id(k) in placed:      # the host's own capacity rules
+                                self.maps["placed"].delete(k)
                             count[i] += 1
                             moved += 1
             self._recount(ct, now, expiry)

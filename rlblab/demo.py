@@ -77,6 +77,40 @@ def failure(lab: FabricLab, rate: int = 2000, seconds: float = 3.0) -> dict:
             "interval_ms": 1000 * len(flows) / rate}
 
 
+MANY = (("h1->h3 + h2->h4, 1 QP each", [("h1", "h3"), ("h2", "h4")], 1),
+        ("h1->h3 + h2->h4, 2 QPs each", [("h1", "h3"), ("h2", "h4")], 2),
+        ("all-to-all h1-h4, 1 QP per pair", "all-to-all", 1),
+        ("all-to-all h1-h4, 3 QPs per pair", "all-to-all", 3))
+MANY_SEEDS = range(3)
+
+
+def many_to_many(lab: FabricLab) -> dict:
+    """Every host of the matrix sends at once; the worst leaf's max/mean on uplinks and downlinks.
+    RLB: the first burst is the hosts' local rule, the second the coordinator's placement."""
+    from rlbfabric import workloads
+    from .matrix import FORGET_S, run_matrix
+    out = {}
+    for label, conns, per in MANY:
+        if isinstance(conns, str):
+            conns = workloads.connections(conns, lab.hosts)
+        runs = []
+        for seed in MANY_SEEDS:
+            runs.append(run_matrix(lab, conns, per, packets=150, seed=seed, bursts=1 if lab.mode == "baseline" else 2))
+            if lab.mode != "baseline":
+                time.sleep(FORGET_S)
+        worst = lambda b: statistics.mean(max(r.figures(b)) for r in runs)   # noqa: E731
+        out[label] = {"best": max(runs[0].best(lab.fabric)), "first": worst(0), "last": worst(-1)}
+    return out
+
+
+def many_table(base: dict, rlb: dict) -> list[str]:
+    out = [f"{'':<34}{'best':>6}{'kernel ECMP':>13}{'RLB local':>11}{'RLB coordinated':>17}"]
+    for label in base:
+        out.append(f"{label:<34}{base[label]['best']:>6.2f}{base[label]['first']:>13.2f}"
+                   f"{rlb[label]['first']:>11.2f}{rlb[label]['last']:>17.2f}")
+    return out
+
+
 def table(results: dict) -> list[str]:
     spines = list(next(iter(results.values()))["links"])
     out = [f"{'':<22}" + "".join(f"{'to ' + s:>10}" for s in spines) + f"{'max/mean':>10}{'worst':>8}{'used':>7}"]
@@ -88,7 +122,7 @@ def table(results: dict) -> list[str]:
 
 def main(keep: bool = False, chart: Path | None = Path("rlb-demo.png")) -> int:
     t0 = time.time()
-    results = {}
+    results, many = {}, {}
     for mode, label in (("baseline", "kernel ECMP"), ("rlb", "RLB")):
         step(f"building the fabric as {label} ({'bird ECMP into the kernel, hash policy 1' if mode == 'baseline' else 'bird + XDP switches + rlbhost'})")
         lab = FabricLab(FABRIC, "rlbdemo", mode=mode)
@@ -97,11 +131,17 @@ def main(keep: bool = False, chart: Path | None = Path("rlb-demo.png")) -> int:
         for n in (4, 8):
             step(f"{label}: {n} QPs {SRC} -> {DST}, {len(SEEDS)} runs with different source ports")
             results[f"{label}, {n} QPs"] = measure(lab, n)
+        step(f"{label}: every host sending at once ({len(MANY)} matrices, {len(MANY_SEEDS)} runs each)")
+        many[mode] = many_to_many(lab)
         if mode == "baseline":
             lab.down()
     order = ["kernel ECMP, 4 QPs", "RLB, 4 QPs", "kernel ECMP, 8 QPs", "RLB, 8 QPs"]
     print("\nuplink load of leaf l1 (kB, first run), max/mean (mean and worst of the runs), links used")
     for line in table({k: results[k] for k in order}):
+        print(line)
+    print("\nmany-to-many: the worst leaf's max/mean over uplinks and downlinks (mean of the runs; "
+          "RLB local = the hosts alone, first burst; coordinated = after one burst)")
+    for line in many_table(many["baseline"], many["rlb"]):
         print(line)
     if chart:
         from .chart import load_chart

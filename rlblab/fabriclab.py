@@ -185,6 +185,8 @@ class FabricLab:
         targets = {n.name: (self.mgmt_addr(n.name), n.role) for n in self.switches}
         if self.hosts_agent:
             targets.update({h: (self.mgmt_addr(h), "host") for h in self.hosts})
+        if self.coordinator:
+            targets["coordinator"] = (f"{self.MGMT}1", "coordinator")
         conf = self.work / "prometheus.yml"
         conf.write_text(scrape_config(targets))
         import shutil

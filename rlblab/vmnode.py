@@ -5,9 +5,11 @@
     python -m rlblab.vmnode net --fabric F --node N     # every boot (rlb-net.service): links up,
                                                         # sysctls, a leaf's gateway addresses
 
-Units: switches run bird2 (rlb-bird) and `rlbswitch run` (rlb-switch); hosts run `rlbhost attach`
-(rlb-host) and get a Soft-RoCE device rxe0 on their fabric port (rlb-rxe); the monitor runs
-Prometheus (rlb-prometheus) scraping every agent, and Grafana with the dashboards if installed."""
+Units: switches run bird2 (rlb-bird) and `rlbswitch run` (rlb-switch, leaves telling the
+coordinator their uplinks); hosts run `rlbhost attach` (rlb-host, reporting to the coordinator)
+and get a Soft-RoCE device rxe0 on their fabric port (rlb-rxe); the monitor runs the fabric
+coordinator (rlb-coord), Prometheus (rlb-prometheus) scraping every agent and the coordinator,
+and Grafana with the dashboards if installed."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlbcommon import coordapi
 from rlbcommon.netns import run
 from rlbfabric.fabric import FabricError, load
 
@@ -97,6 +100,7 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0):
     LINK_DIR.mkdir(parents=True, exist_ok=True)
     name_nics(vm)
     args = f"--fabric {fabric_file} --node {name}"
+    coord = coordapi.url_for(node(vms, MONITOR).mgmt_ip)
     units = []
     if vm.role != "monitor":
         unit("rlb-net", f"""[Unit]
@@ -129,7 +133,7 @@ Description=RLB switch agent (XDP data plane fed by bird2) on {name}
 Wants=rlb-bird.service
 After=rlb-bird.service
 [Service]
-ExecStart={VENV}/rlbswitch run {ports} {args} --run-dir {RUN} --metrics-addr {vm.mgmt_ip} --speed-mbps {fab.link_mbps}{' --generic' if xdp == 'generic' else ''}
+ExecStart={VENV}/rlbswitch run {ports} {args} --run-dir {RUN} --metrics-addr {vm.mgmt_ip} --speed-mbps {fab.link_mbps}{' --generic' if xdp == 'generic' else ''}{f' --coordinator {coord}' if vm.role == 'leaf' else ''}
 Restart=always
 RestartSec=1
 [Install]
@@ -143,7 +147,7 @@ Description=RLB host agent (per-QP path selection) on {port}
 Requires=rlb-net.service
 After=rlb-net.service
 [Service]
-ExecStart={VENV}/rlbhost attach {port} --metrics-addr {vm.mgmt_ip}
+ExecStart={VENV}/rlbhost attach {port} {args} --coordinator {coord} --metrics-addr {vm.mgmt_ip}
 Restart=always
 RestartSec=1
 [Install]
@@ -164,7 +168,8 @@ WantedBy=multi-user.target
         units += ["rlb-host", "rlb-rxe"]
     else:
         monitor(fab, vms, vm)
-        units.append("rlb-prometheus")
+        coordinator(fabric_file, vm)
+        units += ["rlb-prometheus", "rlb-coord"]
     sh("systemctl", "daemon-reload")
     for u in units:
         sh("systemctl", "enable", f"{u}.service")
@@ -174,9 +179,23 @@ WantedBy=multi-user.target
         grafana(vm)
 
 
+def coordinator(fabric_file: Path, vm: VmNode):
+    unit("rlb-coord", f"""[Unit]
+Description=RLB fabric coordinator (QP placements for the whole fabric)
+After=network-online.target
+[Service]
+ExecStart={VENV}/rlbcoord run --fabric {fabric_file} --listen {vm.mgmt_ip}
+Restart=always
+RestartSec=1
+[Install]
+WantedBy=multi-user.target
+""")
+
+
 def monitor(fab, vms: list[VmNode], vm: VmNode):
     from rlbmonitor.prometheus import scrape_config
     targets = {v.name: (v.mgmt_ip, v.role) for v in vms if v.role != "monitor"}
+    targets["coordinator"] = (vm.mgmt_ip, "coordinator")
     (ETC / "prometheus.yml").write_text(scrape_config(targets))
     unit("rlb-prometheus", f"""[Unit]
 Description=Prometheus scraping the RLB lab's agents

@@ -1,15 +1,17 @@
-"""Prometheus scrape configuration for a fabric: every switch agent (:9471) and host agent
-(:9472), labelled with the node's name and role."""
+"""Prometheus scrape configuration for a fabric: every switch agent (:9471), host agent (:9472)
+and the coordinator (:9473), labelled with the node's name and role."""
 from __future__ import annotations
 
 import json
 
 
 def scrape_config(targets: dict[str, tuple[str, str]], interval: str = "2s") -> str:
-    """targets: {node: (IPv6 or IPv4 address, role)}; role 'host' is scraped on 9472, switches on 9471.
-    Returned as YAML (JSON is valid YAML, and needs no YAML library)."""
+    """targets: {node: (IPv6 or IPv4 address, role)}; role 'host' is scraped on 9472, switches on
+    9471, 'coordinator' on 9473. Returned as YAML (JSON is valid YAML, and needs no YAML library)."""
+    from rlbcommon.coordapi import DEFAULT_PORT
     jobs = []
-    for job, port, roles in (("rlbswitch", 9471, ("leaf", "spine", "superspine")), ("rlbhost", 9472, ("host",))):
+    for job, port, roles in (("rlbswitch", 9471, ("leaf", "spine", "superspine")), ("rlbhost", 9472, ("host",)),
+                             ("rlbcoord", DEFAULT_PORT, ("coordinator",))):
         static = [{"targets": [f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"],
                    "labels": {"instance_node": node, "role": role}}
                   for node, (addr, role) in sorted(targets.items()) if role in roles]

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rlbswitch import birdconf, fabric
+from rlbfabric import fabric
+from rlbswitch import birdconf
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 

@@ -314,6 +314,21 @@ def test_sweep_keeps_placed_qps_where_the_coordinator_put_them(ab):
     assert 1 not in paths_of(a, frames)
 
 
+def test_a_capacity_drop_releases_placed_qps_too_and_drops_their_placements(ab):
+    """The host's own capacity change is immediate (§3.1): placed or not, the proportional QPs
+    leave the degraded path; the moved one loses its placement (the coordinator starts again
+    from where the host put it)."""
+    a, _ = ab
+    frames = qp_frames(8, seed=41)
+    keys = [(B[1], P.parse(f).sport, P.parse(f).qp) for f in frames]
+    a.dp.set_placements({k: j % 4 for j, k in enumerate(keys)})   # 2 per path
+    assert sorted(paths_of(a, frames)) == [1, 1, 2, 2, 3, 3, 4, 4]
+    a.dp.set_weights({4: 0.5})                                     # 8 x (1,1,1,.5)/3.5: 3,2,2,1
+    after = paths_of(a, frames)
+    assert [after.count(k) for k in (1, 2, 3, 4)] == [3, 2, 2, 1]
+    assert len(a.dp.placements()) == 7
+
+
 def test_bytes_per_qp_are_counted(ab):
     a, _ = ab
     frame = qp_frame(sport=50104, qp=11, payload_len=100)

@@ -18,6 +18,12 @@ def lab(*args: str) -> str:
     return res.stdout
 
 
+def uplinks_kb(traffic: str, leaf: str) -> list[float]:
+    """A leaf's uplink kB from `rlblab traffic`'s table (2 spines: the first two numbers)."""
+    row = next(line for line in traffic.splitlines() if line.startswith(leaf + " "))
+    return [float(x) for x in row.split()[1:3]]
+
+
 def test_up_status_traffic_fail_restore_down():
     try:
         out = lab("up", "--spines", "2", "--leaves", "2", "--hosts", "1")
@@ -25,10 +31,13 @@ def test_up_status_traffic_fail_restore_down():
         status = lab("status")
         assert status.count("BGP 2 established") == 4 and "l1: 2 pinned" in status   # 2 spines, 2 leaves
         traffic = lab("traffic", "--from", "h1", "--to", "h2", "--qps", "2", "--packets", "50")
-        assert "max/mean 1.00, links used 100%" in traffic
+        assert "uplinks 1.00 (best possible 1.00), downlinks 1.00 (best possible 1.00); 2 QPs" in traffic
+        up = uplinks_kb(traffic, "l1")
+        assert up[0] == pytest.approx(up[1], rel=0.05) and up[0] > 25   # 50 frames of ~570 B each
         assert "eth-s2 down" in lab("fail-link", "l1", "s2")
         traffic = lab("traffic", "--from", "h1", "--to", "h2", "--qps", "2", "--packets", "50")
-        assert "links used 50%" in traffic            # everything on s1 while s2's link is down
+        up = uplinks_kb(traffic, "l1")
+        assert up[0] > 50 and up[1] < 2               # everything on s1 while s2's link is down
         assert "eth-s2 up" in lab("restore-link", "l1", "s2")
     finally:
         lab("down")

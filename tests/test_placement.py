@@ -187,7 +187,7 @@ def test_placer_maps_hosts_and_paths_through_the_fabric_file():
     fab = load(LAB / "fabric.toml")
     pl = QpPlacer(fab)
     assert pl.host_of("fc00:2:1:3:a8c0:ffff:fe00:1") == "h3" and pl.host_of("fc00:9::1") is None
-    every = frozenset(range(1, 5))
+    every = {k: 1.0 for k in range(1, 5)}
     for i in range(4):
         pl.add(("h1", i), QpInfo("h1", "h3", 1, every))      # all four on path 1 now
     pl.add(("h1", "local"), QpInfo("h1", "h2", 1, every))     # same leaf: nothing to place
@@ -209,17 +209,33 @@ def test_placer_with_two_paths_per_uplink_and_parallel_links():
                  "leaf": [{"name": "l1", "asn": 65001, "hosts": ["h1"]}, {"name": "l2", "asn": 65002, "hosts": ["h2"]}]})
     pl = QpPlacer(fab)
     for i in range(8):
-        pl.add(i, QpInfo("h1", "h2", None, frozenset(range(1, 9))))
+        pl.add(i, QpInfo("h1", "h2", None, {k: 1.0 for k in range(1, 9)}))
     pl.solve()
     assert pl.link_loads()["l1"]["up"] == [2, 2, 2, 2]
     par = QpPlacer(load(LAB / "fabric-parallel.toml"))       # 2 spines x 2 links = 4 colours
     assert par.n_colours == 4 and par.colour_of_path == {1: 0, 2: 1, 3: 2, 4: 3}
 
 
+def test_host_weights_scale_its_paths():
+    """A host that reports path 4 at half weight (a degraded sub-path, §3.1) gets half a share
+    there; the two-QP, 10:5 Gb/s case splits one each, the nearest to 1.33:0.67."""
+    fab = load(LAB / "fabric.toml")
+    pl = QpPlacer(fab)
+    for i in range(7):
+        pl.add(i, QpInfo("h1", "h3", None, {1: 1.0, 2: 1.0, 3: 1.0, 4: 0.5}))
+    pl.solve()
+    assert pl.link_loads()["l1"]["up"] == [2, 2, 2, 1]
+    two = QpPlacer(load(LAB / "fabric-2x2.toml"))
+    for i in range(2):
+        two.add(i, QpInfo("h1", "h2", None, {1: 1.0, 2: 1.0}))
+    two.solve()
+    assert two.link_loads()["l1"]["up"] == [1, 1]
+
+
 def test_half_speed_link_gets_half_the_qps():
     fab = load(LAB / "fabric-2x2.toml")          # l1-s2 at 5 Gb/s, the rest 10
     pl = QpPlacer(fab)
-    every = frozenset((1, 2))
+    every = {1: 1.0, 2: 1.0}
     for i in range(9):
         pl.add(i, QpInfo("h1", "h2", None, every))
     pl.solve()
