@@ -29,6 +29,9 @@ LAB = Path(__file__).resolve().parent.parent / "lab"
 MATRICES = ("pairs", "all-to-all", "ring", "permutation")
 
 
+LATENCY: list[float] = []      # first packet -> every QP of the matrix placed (coordinated runs)
+
+
 def trials(lab, kind: str, per_conn: int, n: int, bursts: int, pause: float) -> list[tuple[float, float]]:
     out = []
     for t in range(n):
@@ -36,6 +39,8 @@ def trials(lab, kind: str, per_conn: int, n: int, bursts: int, pause: float) -> 
         conns = workloads.connections(kind, lab.hosts, random.Random(seed))
         r = run_matrix(lab, conns, per_conn, packets=150, seed=seed, bursts=bursts)
         out.append(r.figures())
+        if r.placed_after_s is not None:
+            LATENCY.append(r.placed_after_s)
         time.sleep(pause)
     return out
 
@@ -103,6 +108,9 @@ def main() -> int:
             worst_ecmp = max(r["ecmp"], key=lambda v: max(v))
             print(f"{f:<17}{m:<13}{c:>4}{r['best'][0]:>7.2f}/{r['best'][1]:.2f}{fmt(r['ecmp']):>12}"
                   f"{worst_ecmp[0]:>7.2f}/{worst_ecmp[1]:.2f}{fmt(r['local']):>12}{fmt(r['coord']):>12}")
+    if LATENCY:
+        print(f"\nplacements in effect (every QP of the matrix placed, from its first packet): median "
+              f"{statistics.median(LATENCY):.2f} s, worst {max(LATENCY):.2f} s over {len(LATENCY)} matrices")
     print(f"\ndone in {time.time() - t0:.0f} s")
     return 0
 

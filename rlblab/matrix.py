@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ class MatrixRun:
     qp_bytes: int                                    # one QP's bytes per burst
     bursts: list[dict] = field(default_factory=list)  # per burst: {"up": {leaf: [bytes]}, "down": ...}
     sent: int = 0
+    placed_after_s: float | None = None              # first packet -> every QP has a placement
 
     def figures(self, burst: int = -1) -> tuple[float, float]:
         """(uplinks, downlinks) worst leaf's max/mean in bytes; a leaf side with less than half a
@@ -61,6 +63,7 @@ def run_matrix(lab, connections: list[tuple[str, str]], qps_per_connection: int 
     socks, macs = {}, {}
     sinks = [s for s in (sink(lab.ns(d)) for d in sorted({d for _, d in connections})) if s]
     qps, frames = [], []
+    keys: dict[str, set] = {}        # host -> its fabric-crossing QPs (placements expected)
     # source ports unique across the matrix: equal ones would look like one QP's two directions
     ports = iter(rnd.sample(range(49152, 65536), len(connections) * qps_per_connection))
     try:
@@ -72,14 +75,22 @@ def run_matrix(lab, connections: list[tuple[str, str]], qps_per_connection: int 
             for _ in range(qps_per_connection):
                 qps.append((src, dst))
                 dmac, smac = macs[src]
-                frames.append((socks[src], roce_frame(addrs[src], addrs[dst], next(ports),
-                                                      rnd.getrandbits(24), dmac=dmac, smac=smac,
-                                                      payload_len=payload_len)))
+                sport, qpn = next(ports), rnd.getrandbits(24)
+                frames.append((socks[src], roce_frame(addrs[src], addrs[dst], sport, qpn, dmac=dmac,
+                                                      smac=smac, payload_len=payload_len)))
+                if lab.fabric.leaf_of_host(src)[0] is not lab.fabric.leaf_of_host(dst)[0]:
+                    keys.setdefault(src, set()).add((addrs[dst], sport, qpn))
         out = MatrixRun(qps, packets * len(frames[0][1]) if frames else 0)
+        watch = PlacementWatch(lab, keys) if lab.coordinator and bursts > 1 else None
         for b in range(bursts):
             if b:
                 time.sleep(gap_s)
+                if watch:
+                    out.placed_after_s = watch.stop()
+                    watch = None
             up0, down0 = link_bytes(lab)
+            if watch:
+                watch.start()
             for _ in range(packets):
                 for sock, frame in frames:
                     sock.send(frame)
@@ -92,6 +103,36 @@ def run_matrix(lab, connections: list[tuple[str, str]], qps_per_connection: int 
     finally:
         for s in [*socks.values(), *sinks]:
             s.close()
+
+
+class PlacementWatch:
+    """Polls the hosts' placement maps (pinned, readable from here) from the first packet until
+    every fabric-crossing QP of the matrix has a placement."""
+
+    def __init__(self, lab, keys: dict[str, set]):
+        from rlbhost.dataplane import HostDataplane
+        self.dps = {h: HostDataplane(lab.ns(h)) for h in keys}
+        self.keys, self.done = keys, threading.Event()
+        self.t0 = self.t1 = None
+
+    def start(self):
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self):
+        while not self.done.is_set():
+            if all(k <= set(self.dps[h].placements()) for h, k in self.keys.items()):
+                self.t1 = time.monotonic()
+                return
+            time.sleep(0.02)
+
+    def stop(self) -> float | None:
+        self.done.set()
+        self.thread.join()
+        for dp in self.dps.values():
+            dp.close()
+        return None if self.t1 is None else self.t1 - self.t0
 
 
 def sink(ns: str) -> socket.socket | None:
