@@ -40,6 +40,7 @@ class QpPlacer:
         self.placement = Placement(len(fabric.leaves), self.n_colours)
         self.qps: dict[Hashable, QpInfo] = {}
         self.local: dict[Hashable, QpInfo] = {}      # QPs inside one leaf: no fabric link to place
+        self.by_host: dict[str, set] = {}            # sending host -> its fabric-crossing QPs
         self.link_up: dict[tuple[int, int], bool] = {}
         for lf in fabric.leaves:
             self._apply_caps(self.leaf_index[lf.name])
@@ -91,14 +92,17 @@ class QpPlacer:
             self.local[key] = qp
             return
         self.qps[key] = qp
+        self.by_host.setdefault(qp.src, set()).add(key)
         colour = self.colour_of_path.get(qp.path) if qp.path in qp.allowed else None
         self.placement.add(key, a, b, colour=colour, weights=self.colour_weights(qp.weights))
 
     def remove(self, key: Hashable) -> bool:
         if self.local.pop(key, None) is not None:
             return True
-        if self.qps.pop(key, None) is None:
+        qp = self.qps.pop(key, None)
+        if qp is None:
             return False
+        self.by_host[qp.src].discard(key)
         self.placement.remove(key)
         return True
 
@@ -134,11 +138,10 @@ class QpPlacer:
 
     def placements(self, host: str) -> dict[Hashable, int]:
         out = {}
-        for key, qp in self.qps.items():
-            if qp.src == host:
-                p = self.path(key)
-                if p is not None:
-                    out[key] = p
+        for key in self.by_host.get(host, ()):
+            p = self.path(key)
+            if p is not None:
+                out[key] = p
         return out
 
     # ---- reading ------------------------------------------------------------------------

@@ -87,23 +87,15 @@ def net(fabric_file: Path, name: str):
                 sh("ip", "addr", "replace", f"{net_.network_address + 1}/64", "dev", ifname, "nodad")
 
 
-def unit(name: str, body: str):
-    (UNITS / f"{name}.service").write_text(body)
-
-
-def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0):
-    fab = load(fabric_file)
-    vms = plan(fab)
-    vm = node(vms, name)
-    fabric_file = fabric_file.resolve()
-    ETC.mkdir(parents=True, exist_ok=True)
-    LINK_DIR.mkdir(parents=True, exist_ok=True)
-    name_nics(vm)
+def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, xdp: str = "native",
+          bfd_ms: int = 0) -> dict[str, str]:
+    """{unit name: unit file} for one VM of the lab."""
+    name = vm.name
     args = f"--fabric {fabric_file} --node {name}"
     coord = coordapi.url_for(node(vms, MONITOR).mgmt_ip)
-    units = []
+    out = {}
     if vm.role != "monitor":
-        unit("rlb-net", f"""[Unit]
+        out["rlb-net"] = f"""[Unit]
 Description=RLB fabric links of {name} ({vm.role})
 After=systemd-udev-settle.service networking.service
 [Service]
@@ -112,11 +104,10 @@ RemainAfterExit=yes
 ExecStart={VENV}/python -m rlblab.vmnode net {args}
 [Install]
 WantedBy=multi-user.target
-""")
-        units.append("rlb-net")
+"""
     if vm.role in SWITCH_ROLES:
         ports = " ".join(l.ifname for l in vm.links)
-        unit("rlb-bird", f"""[Unit]
+        out["rlb-bird"] = f"""[Unit]
 Description=bird2 for fabric switch {name}
 Requires=rlb-net.service
 After=rlb-net.service
@@ -127,8 +118,8 @@ ExecReload=/usr/sbin/birdc -s {RUN}/{name}.ctl configure
 Restart=on-failure
 [Install]
 WantedBy=multi-user.target
-""")
-        unit("rlb-switch", f"""[Unit]
+"""
+        out["rlb-switch"] = f"""[Unit]
 Description=RLB switch agent (XDP data plane fed by bird2) on {name}
 Wants=rlb-bird.service
 After=rlb-bird.service
@@ -138,11 +129,10 @@ Restart=always
 RestartSec=1
 [Install]
 WantedBy=multi-user.target
-""")
-        units += ["rlb-bird", "rlb-switch"]
+"""
     elif vm.role == "host":
         port = vm.links[0].ifname
-        unit("rlb-host", f"""[Unit]
+        out["rlb-host"] = f"""[Unit]
 Description=RLB host agent (per-QP path selection) on {port}
 Requires=rlb-net.service
 After=rlb-net.service
@@ -152,8 +142,8 @@ Restart=always
 RestartSec=1
 [Install]
 WantedBy=multi-user.target
-""")
-        unit("rlb-rxe", f"""[Unit]
+"""
+        out["rlb-rxe"] = f"""[Unit]
 Description=Soft-RoCE device rxe0 on {port}
 Requires=rlb-net.service
 After=rlb-net.service
@@ -164,23 +154,17 @@ ExecStart=/sbin/modprobe rdma_rxe
 ExecStart=/bin/sh -c 'rdma link show rxe0/1 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev {port}'
 [Install]
 WantedBy=multi-user.target
-""")
-        units += ["rlb-host", "rlb-rxe"]
+"""
     else:
-        monitor(fab, vms, vm)
-        coordinator(fabric_file, vm)
-        units += ["rlb-prometheus", "rlb-coord"]
-    sh("systemctl", "daemon-reload")
-    for u in units:
-        sh("systemctl", "enable", f"{u}.service")
-        sh("systemctl", "restart", f"{u}.service")
-        log.info("%s started", u)
-    if vm.role == "monitor":
-        grafana(vm)
-
-
-def coordinator(fabric_file: Path, vm: VmNode):
-    unit("rlb-coord", f"""[Unit]
+        out["rlb-prometheus"] = f"""[Unit]
+Description=Prometheus scraping the RLB lab's agents
+[Service]
+ExecStart=/usr/bin/prometheus --config.file={ETC}/prometheus.yml --storage.tsdb.path=/var/lib/rlb-prometheus --web.listen-address=:9090
+Restart=always
+[Install]
+WantedBy=multi-user.target
+"""
+        out["rlb-coord"] = f"""[Unit]
 Description=RLB fabric coordinator (QP placements for the whole fabric)
 After=network-online.target
 [Service]
@@ -189,22 +173,38 @@ Restart=always
 RestartSec=1
 [Install]
 WantedBy=multi-user.target
-""")
+"""
+    return out
 
 
-def monitor(fab, vms: list[VmNode], vm: VmNode):
+def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0):
+    fab = load(fabric_file)
+    vms = plan(fab)
+    vm = node(vms, name)
+    fabric_file = fabric_file.resolve()
+    ETC.mkdir(parents=True, exist_ok=True)
+    LINK_DIR.mkdir(parents=True, exist_ok=True)
+    name_nics(vm)
+    todo = units(fab, vms, vm, fabric_file, xdp, bfd_ms)
+    for u, body in todo.items():
+        (UNITS / f"{u}.service").write_text(body)
+    if vm.role == "monitor":
+        (ETC / "prometheus.yml").write_text(scrape_targets(vms, vm))
+    sh("systemctl", "daemon-reload")
+    for u in todo:
+        sh("systemctl", "enable", f"{u}.service")
+        sh("systemctl", "restart", f"{u}.service")
+        log.info("%s started", u)
+    if vm.role == "monitor":
+        grafana(vm)
+
+
+def scrape_targets(vms: list[VmNode], vm: VmNode) -> str:
+    """Prometheus on the monitor scrapes every agent and the coordinator beside it."""
     from rlbmonitor.prometheus import scrape_config
     targets = {v.name: (v.mgmt_ip, v.role) for v in vms if v.role != "monitor"}
     targets["coordinator"] = (vm.mgmt_ip, "coordinator")
-    (ETC / "prometheus.yml").write_text(scrape_config(targets))
-    unit("rlb-prometheus", f"""[Unit]
-Description=Prometheus scraping the RLB lab's agents
-[Service]
-ExecStart=/usr/bin/prometheus --config.file={ETC}/prometheus.yml --storage.tsdb.path=/var/lib/rlb-prometheus --web.listen-address=:9090
-Restart=always
-[Install]
-WantedBy=multi-user.target
-""")
+    return scrape_config(targets)
 
 
 GRAFANA_DASHBOARDS = Path("/var/lib/grafana/dashboards/rlb")

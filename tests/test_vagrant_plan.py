@@ -109,3 +109,22 @@ def test_vm_leaf_setup_names_nics_by_mac_and_configures_links(tmp_path, monkeypa
         assert Path("/proc/sys/net/ipv6/conf/all/forwarding").read_text().strip() == "1"
         assert Path("/proc/sys/net/ipv6/conf/eth-s1/accept_dad").read_text().strip() == "0"
         vmnode.net(fabric, "l1")    # at every boot: idempotent
+
+
+def test_units_wire_every_agent_to_the_coordinator_on_the_monitor():
+    from rlblab.vmnode import scrape_targets, units
+    fab_file = LAB / "fabric-2x2.toml"
+    fab = load(fab_file)
+    vms = plan(fab)
+    mon = node(vms, "mon")
+    url = f"http://{mon.mgmt_ip}:9473"
+    u = units(fab, vms, mon, fab_file)
+    assert sorted(u) == ["rlb-coord", "rlb-prometheus"]
+    assert f"rlbcoord run --fabric {fab_file} --listen {mon.mgmt_ip}" in u["rlb-coord"]
+    host = units(fab, vms, node(vms, "h1"), fab_file)["rlb-host"]
+    assert f"rlbhost attach eth-l1 --fabric {fab_file} --node h1 --coordinator {url}" in host
+    leaf = units(fab, vms, node(vms, "l1"), fab_file)["rlb-switch"]
+    spine = units(fab, vms, node(vms, "s1"), fab_file)["rlb-switch"]
+    assert leaf.rstrip().count(f"--coordinator {url}") == 1 and "--coordinator" not in spine
+    jobs = {j["job_name"]: j for j in json.loads(scrape_targets(vms, mon))["scrape_configs"]}
+    assert jobs["rlbcoord"]["static_configs"][0]["targets"] == [f"{mon.mgmt_ip}:9473"]
