@@ -55,6 +55,7 @@ class Coordinator:
         self.counters = {"reports": 0, "refused": 0, "bad": 0, "link_reports": 0, "moves": 0,
                          "solves": 0, "solve_seconds": 0.0, "hosts_expired": 0}
         self.last_solve_s = 0.0
+        self.prefixes: dict[str, list] = {}         # host -> its /64 per path
         leaves = {lf.name: lf for lf in fabric.leaves}
         self.uplink_colour = {name: {p.ifname: p.colour - 1 for p in fabric.ports_up(lf)}
                               for name, lf in leaves.items()}
@@ -102,7 +103,6 @@ class Coordinator:
             now = self.clock()
             entry = self.hosts.setdefault(host, {"seen": now, "keys": set()})
             entry["seen"] = now
-            self._expire(now)
             for key in entry["keys"] - set(seen):
                 self.placer.remove(key)
             for key, info in seen.items():
@@ -118,8 +118,9 @@ class Coordinator:
         """The path values the host reports, each address inside its prefix for that path."""
         if not isinstance(paths, dict) or not paths:
             raise BadRequest("paths must be an object {path value: address}")
-        leaf, port = self.fabric.leaf_of_host(host)
-        nets = self.fabric.host_prefixes(leaf, port)
+        nets = self.prefixes.get(host)
+        if nets is None:
+            nets = self.prefixes[host] = self.fabric.host_prefixes(*self.fabric.leaf_of_host(host))
         out = set()
         for k, addr in paths.items():
             try:

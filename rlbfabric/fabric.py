@@ -94,6 +94,7 @@ class Fabric:
     # arrive: it is sent transitive and every spine deletes it on export (it travels one hop).
     linkbw_subtype: int = 0x89
     bfd_ms: int = 50      # BFD tx/rx interval (x3 to detect); emulated VMs need slower timers
+    _host_index: dict | None = field(default=None, repr=False, compare=False)
 
     # ---- lookups ----------------------------------------------------------------------
     @property
@@ -190,11 +191,14 @@ class Fabric:
         return len(self.pod_spines(self.leaves[0].pod)) * self.parallel
 
     def leaf_of_host(self, host: str) -> tuple[Node, int]:
-        for leaf in self.leaves:
-            for port, h, _ in self.host_ports(leaf):
-                if h == host:
-                    return leaf, port
-        raise FabricError(f"no host {host!r}")
+        """(leaf, port) of a host; indexed on first use (a description is not changed after
+        loading)."""
+        if self._host_index is None:
+            self._host_index = {h: (leaf, port) for leaf in self.leaves for port, h, _ in self.host_ports(leaf)}
+        try:
+            return self._host_index[host]
+        except KeyError:
+            raise FabricError(f"no host {host!r}") from None
 
     def all_prefixes(self):
         """(leaf, port, path k, prefix) for every host prefix in the fabric."""

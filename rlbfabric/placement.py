@@ -86,6 +86,8 @@ class Placement:
         self.unplaced: dict = {}          # keys without a colour, in arrival order
         self._caps_changed = False
         self._dirty: set[tuple[int, int]] = set()     # vertices whose targets need recomputing
+        self._touched: set[tuple[int, int]] = set()   # vertices whose loads changed since solve()
+        self._unsettled: set[tuple[int, int]] = set() # vertices solve() left outside their targets
 
     # ---- demand and capacity ------------------------------------------------------------
     def set_capacity(self, leaf: int, side: int, caps: Iterable[float]):
@@ -157,12 +159,14 @@ class Placement:
         g.members[c].append(key)
         self.load[UP][g.a][c] += 1
         self.load[DOWN][g.b][c] += 1
+        self._touched |= {(UP, g.a), (DOWN, g.b)}
 
     def _unset(self, key, q: _Qp):
         g, c = q.group, q.colour
         g.members[c].remove(key)
         self.load[UP][g.a][c] -= 1
         self.load[DOWN][g.b][c] -= 1
+        self._touched |= {(UP, g.a), (DOWN, g.b)}
         q.colour = None
 
     def _move_one(self, g: _Group, frm: int, to: int):
@@ -184,10 +188,12 @@ class Placement:
 
     # ---- targets ------------------------------------------------------------------------
     def _retarget(self):
+        self._touched |= self._dirty
         if self._caps_changed:
             for g in self.groups.values():
                 self._weigh(g)
             self._dirty = {(s, v) for s in (UP, DOWN) for v in range(self.n_leaves)}
+            self._touched |= self._dirty
             self._caps_changed = False
         for side, v in self._dirty:
             share = [0.0] * self.n_colours
@@ -243,18 +249,28 @@ class Placement:
                 self._set(key, q, c)
                 self.unplaced.pop(key, None)
                 changed.add(key)
-        progress = True
-        while progress:
-            progress = False
-            for side in (UP, DOWN):
-                for v in range(self.n_leaves):
-                    for c in range(self.n_colours):
-                        while _viol(self.load[side][v][c], self.lo[side][v][c], self.hi[side][v][c]):
-                            chain = self._repair(side, v, c)
-                            if chain is None:
-                                break
-                            changed |= {self._move_one(g, frm, to) for g, frm, to in chain}
-                            progress = True
+        # Only links whose load or target changed, or that were left outside their targets, can
+        # be outside them now. A round repairs what it can; the links its chains touched, and the
+        # stuck ones (a chain may have made the room they lacked), are looked at again.
+        todo = self._touched | self._unsettled
+        self._touched = set()
+        unsettled: set = set()
+        while todo:
+            moved = False
+            for side, v in sorted(todo):
+                for c in range(self.n_colours):
+                    while _viol(self.load[side][v][c], self.lo[side][v][c], self.hi[side][v][c]):
+                        chain = self._repair(side, v, c)
+                        if chain is None:
+                            unsettled.add((side, v))
+                            break
+                        changed |= {self._move_one(g, frm, to) for g, frm, to in chain}
+                        moved = True
+            todo = (self._touched | unsettled) if moved else set()
+            self._touched = set()
+            if moved:
+                unsettled = set()
+        self._unsettled = unsettled
         return changed
 
     def _greedy(self, g: _Group) -> int | None:

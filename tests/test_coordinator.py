@@ -132,6 +132,7 @@ def test_silent_host_is_forgotten_and_ended_qps_leave(coord):
     assert coordapi.call(coord.url, coordapi.STATUS)["qps"]["fabric"] == 2
     coord.test_clock.t += 6
     coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", [("h3", 1, 1, 1)]))
+    coord.expire()                                       # the service does this every second
     s = coordapi.call(coord.url, coordapi.STATUS)
     assert list(s["hosts"]) == ["h1"] and s["qps"]["fabric"] == 1 and s["counters"]["hosts_expired"] == 1
 
