@@ -30,6 +30,7 @@ class MatrixRun:
     bursts: list[dict] = field(default_factory=list)  # per burst: {"up": {leaf: [bytes]}, "down": ...}
     sent: int = 0
     placed_after_s: float | None = None              # first packet -> every QP has a placement
+    unplaced: dict = field(default_factory=dict)     # host -> QPs still without one, if any
 
     def figures(self, burst: int = -1) -> tuple[float, float]:
         """(uplinks, downlinks) worst leaf's max/mean in bytes; a leaf side with less than half a
@@ -87,6 +88,7 @@ def run_matrix(lab, connections: list[tuple[str, str]], qps_per_connection: int 
                 time.sleep(gap_s)
                 if watch:
                     out.placed_after_s = watch.stop()
+                    out.unplaced = {h: n for h, n in watch.missing.items() if n}
                     watch = None
             up0, down0 = link_bytes(lab)
             if watch:
@@ -114,6 +116,7 @@ class PlacementWatch:
         self.dps = {h: HostDataplane(lab.ns(h)) for h in keys}
         self.keys, self.done = keys, threading.Event()
         self.t0 = self.t1 = None
+        self.missing: dict = {}
 
     def start(self):
         self.t0 = time.monotonic()
@@ -122,9 +125,14 @@ class PlacementWatch:
 
     def _poll(self):
         while not self.done.is_set():
-            if all(k <= set(self.dps[h].placements()) for h, k in self.keys.items()):
-                self.t1 = time.monotonic()
-                return
+            try:
+                self.missing = {h: len(k - set(self.dps[h].placements())) for h, k in self.keys.items()}
+            except Exception as e:     # a map read racing the agent's writes: read again
+                self.missing = {"error": repr(e)}
+            else:
+                if not any(self.missing.values()):
+                    self.t1 = time.monotonic()
+                    return
             time.sleep(0.02)
 
     def stop(self) -> float | None:

@@ -61,7 +61,7 @@ def test_wide_fabric_coordinated_reaches_the_best(wide, kind, per_conn):
     print(f"\n{kind} x{per_conn}: best {best}, local (burst 1) {r.figures(0)}, coordinated {got}, "
           f"placed after {r.placed_after_s} s")
     assert got[0] <= best[0] + 0.05 and got[1] <= best[1] + 0.05, (got, best)
-    assert r.placed_after_s is not None and r.placed_after_s < 1.0
+    assert r.placed_after_s is not None and r.placed_after_s < 1.0, r.unplaced
     s = wide.coordinator_status()
     assert len(s["hosts"]) == 8 and s["over_target"] == 0
 
