@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import socket
 
 from pyroute2 import IPRoute
 
@@ -64,10 +65,11 @@ class PinnedState:
         return self.bpf
 
     def ifindex(self, ifname: str) -> int:
-        idx = self.ipr.link_lookup(ifname=ifname)
-        if not idx:
-            raise self.error(f"no interface {ifname!r} here")
-        return idx[0]
+        """The interface's index in this namespace (one ioctl: route programming asks per next hop)."""
+        try:
+            return socket.if_nametoindex(ifname)
+        except OSError:
+            raise self.error(f"no interface {ifname!r} here") from None
 
     def close(self):
         """Close fds only: attached programs and pinned maps stay."""

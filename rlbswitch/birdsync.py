@@ -41,7 +41,7 @@ class BirdSync:
         self.run_dir, self.poll = run_dir, poll
         self.stop = threading.Event()
         self.last_table = None
-        self.programmed: dict[str, str] = {}       # prefix -> description of what is programmed
+        self.programmed: set[str] = set()          # prefixes this agent owns (bird's routes)
         self.explain: dict[str, str] = {}
         self.stats = {"syncs": 0, "errors": 0, "last_sync_seconds": 0.0, "sessions": {}}
         self._written: dict[Path, str] = {}
@@ -145,27 +145,25 @@ class BirdSync:
             out[net] = min(min(carried), total)
         return out
 
-    def sync_routes(self, paths):
+    def sync_routes(self, paths) -> bool:
+        """Program bird's routes (compiled by policy) in one batch; routes this agent did not
+        program (connected, local, an operator's) are left alone. False if some route could not
+        be programmed yet (it is retried next round)."""
         t0 = time.perf_counter()
         compiled = self.compile(paths)
-        for net, c in compiled.items():
-            desc = repr(c.route.to_dict())
-            if self.programmed.get(net) != desc:
-                try:
-                    self.dp.add_route(c.route)
-                except DataplaneError as e:   # e.g. a port not attached yet: retried next round
-                    log.warning("cannot program %s: %s", net, e)
-                    continue
-                self.programmed[net] = desc
-            self.explain[net] = c.why
-        for net in list(self.programmed):
-            if net not in compiled:
-                self.dp.del_route(net)
-                del self.programmed[net]
-                self.explain.pop(net, None)
+        owned = set(self.programmed) | set(compiled)
+        ch = self.dp.apply_routes([c.route for c in compiled.values()],
+                                  scope=lambda net: str(net) in owned, keep_going=True)
+        for net, why in ch.failed.items():
+            log.warning("cannot program %s: %s (retrying)", net, why)
+        self.programmed = set(compiled)            # failed ones too: still bird's, retried
+        self.explain = {net: c.why for net, c in compiled.items()}
+        if ch:
+            log.info("routes from bird: %s", ch.summary())
         self.stats["last_sync_seconds"] = time.perf_counter() - t0
         self.stats["syncs"] += 1
         self._write(why_file(self.dp.instance), json.dumps(self.explain))
+        return not ch.failed
 
     def compile(self, paths):
         """Leaves (and spines for their own pod): the fabric's policy. A spine's routes learnt from
@@ -181,11 +179,11 @@ class BirdSync:
         return out
 
     def adopt(self):
-        """A restarted agent takes over what the previous one programmed (not connected/local)."""
-        for e in self.dp.routes():
-            if e["mode"] not in ("connected", "local"):
-                spec = self.dp.route_spec(e["prefix"])
-                self.programmed[e["prefix"]] = repr(spec.to_dict()) if spec else ""
+        """A restarted agent takes over what the previous one programmed (not connected/local);
+        the first sync then changes only what bird's table says differently."""
+        for net, rt in self.dp.tables.routes.items():
+            if rt.mode not in ("connected", "local"):
+                self.programmed.add(str(net))
 
     def step(self):
         table = self.bird.routes()
@@ -193,8 +191,8 @@ class BirdSync:
         if self.node.role in ("spine", "superspine"):
             self.sync_pathbw(table)
         if key != self.last_table and self.program:
-            self.sync_routes(table)
-            self.last_table = key
+            if self.sync_routes(table):
+                self.last_table = key
         if time.monotonic() >= self._next_sessions:   # metrics and discovery back-off: 1 s is enough
             self.stats["sessions"] = {p["name"]: p["info"] for p in self.bird.protocols() if p["proto"] == "BGP"}
             self._next_sessions = time.monotonic() + 1.0

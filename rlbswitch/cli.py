@@ -79,7 +79,7 @@ def route_add(
                   [NextHop.parse(b) for b in backup or []], dev)
     dp = ctx.dataplane()
     dp.add_route(route)
-    typer.echo(f"{route.prefix}: {dp._describe(route)}")
+    typer.echo(f"{route.prefix}: {dp.describe(route)}")
 
 
 @route_app.command("del")

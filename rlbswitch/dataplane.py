@@ -20,7 +20,6 @@ from rlbcommon.pinnedstate import PinnedState
 from rlbcommon.cheader import constants, enum_names
 
 from .model import NextHop, Route, RouteError
-from .slots import build_slots
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +74,24 @@ class SwitchDataplane(PinnedState):
     component, source, marker = "switch", SOURCE, "routes"
     error = DataplaneError
     hint = "run 'rlbswitch attach IFACE' first"
+    # what the routing model (tables.py) needs of the layout
+    C, MODE_IDS, MODE_NAMES = C, MODE_IDS, MODE_NAMES
+    NH_VALID, NH_RESOLVED, NH_STATIC = NH_VALID, NH_RESOLVED, NH_STATIC
+    mac_str, mac_bytes = staticmethod(mac_str), staticmethod(mac_bytes)
 
     def __init__(self, instance: str | None = None):
         super().__init__(instance)
         self.prog_fd = None
         self._names: dict[int, str] = {}   # ifindex -> name, for listings and scrapes
+        self._tables = None
+
+    @property
+    def tables(self):
+        """The routing model: the only writer of routes, groups and next hops."""
+        if self._tables is None:
+            from .tables import SwitchTables
+            self._tables = SwitchTables(self)
+        return self._tables
 
     def load(self):
         """Compile and load the program; its maps are created or adopted from the pins."""
@@ -94,6 +106,7 @@ class SwitchDataplane(PinnedState):
     def close(self):
         super().close()
         self.prog_fd = None
+        self._tables = None
 
     def _init_config(self):
         cfg_map = self.maps["config"]
@@ -198,13 +211,14 @@ class SwitchDataplane(PinnedState):
 
     def set_port_up(self, ifindex: int, up: bool) -> bool:
         """Liveness from netlink; returns True when the state changed."""
-        ports = self.maps["ports"]
-        port = ports.get(ifindex)
-        if port is None or bool(port.up) == up:
-            return False
-        port.up = int(up)
-        ports.set(ifindex, port)
-        return True
+        with self.locked():
+            ports = self.maps["ports"]
+            port = ports.get(ifindex)
+            if port is None or bool(port.up) == up:
+                return False
+            port.up = int(up)
+            ports.set(ifindex, port)
+            return True
 
     def ports(self) -> list[PortInfo]:
         out = []
@@ -236,85 +250,34 @@ class SwitchDataplane(PinnedState):
         with contextlib.suppress(OSError):
             self.pins.parent.rmdir()
 
-    # ---- next hops ------------------------------------------------------------------
-    def _lookup_neighbour(self, ifindex: int, gateway: str) -> str | None:
+    # ---- neighbours -------------------------------------------------------------------
+    def lookup_neighbour(self, ifindex: int, gateway: str) -> str | None:
         for n in self.ipr.get_neighbours(family=socket.AF_INET6, ifindex=ifindex):
             if n.get_attr("NDA_DST") == gateway and n["state"] & NUD_USABLE and n.get_attr("NDA_LLADDR"):
                 return n.get_attr("NDA_LLADDR")
         return None
 
-    def _solicit(self, ifname: str, gateway: str):
+    def solicit(self, ifname: str, gateway: str):
         """Make the kernel resolve a neighbour: send it one datagram (discard port)."""
         with contextlib.suppress(OSError), socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
             scope = socket.if_nametoindex(ifname) if ipaddress.IPv6Address(gateway).is_link_local else 0
             s.sendto(b"", (gateway, 9, 0, scope))
 
-    def _ensure_nexthop(self, spec: NextHop) -> int:
-        nhs = self.maps["nexthops"]
-        ifindex = self.ifindex(spec.ifname)
-        port = self.maps["ports"].get(ifindex)
-        if port is None:
-            raise DataplaneError(f"{spec.ifname} is not attached: run 'rlbswitch attach {spec.ifname}'")
-        gw = ipaddress.IPv6Address(spec.gateway).packed if spec.gateway else bytes(16)
-        free = None
-        for i, nh in enumerate(nhs.array_values()):
-            if i == 0:
-                continue
-            if nh is None or not nh.flags & NH_VALID:
-                free = free or i
-                continue
-            if nh.ifindex == ifindex and bytes(nh.gateway) == gw and \
-                    (spec.gateway or mac_str(nh.dmac) == spec.mac):
-                return i
-        if free is None:
-            raise DataplaneError("next-hop table full")
-        nh = nhs.leaf_type()
-        nh.ifindex, nh.flags = ifindex, NH_VALID
-        nh.gateway[:] = gw
-        nh.smac[:] = bytes(port.mac)
-        if spec.mac:
-            nh.dmac[:] = mac_bytes(spec.mac)
-            nh.flags |= NH_RESOLVED | NH_STATIC
-        else:
-            mac = self._lookup_neighbour(ifindex, spec.gateway)
-            if mac:
-                nh.dmac[:] = mac_bytes(mac)
-                nh.flags |= NH_RESOLVED
-            else:
-                self._solicit(spec.ifname, spec.gateway)
-                log.info("next hop %s unresolved: asked the kernel to resolve it", spec)
-        self.maps["nh_stats"].zero(free)
-        nhs.set(free, nh)
-        return free
-
     def update_neighbour(self, ifindex: int, address: str, mac: str | None) -> int:
         """Neighbour table change: fix next hops and connected hosts. Returns entries changed."""
-        changed = 0
-        gw = ipaddress.IPv6Address(address).packed
-        nhs = self.maps["nexthops"]
-        for i, nh in enumerate(nhs.array_values()):
-            if i == 0 or nh is None or not nh.flags & NH_VALID or nh.flags & NH_STATIC:
-                continue
-            if nh.ifindex != ifindex or bytes(nh.gateway) != gw:
-                continue
-            if mac:
-                nh.dmac[:] = mac_bytes(mac)
-                nh.flags |= NH_RESOLVED
-            else:
-                nh.flags &= ~NH_RESOLVED
-            nhs.set(i, nh)
-            changed += 1
-        neigh = self.maps["neighbors"]
-        key = neigh.key_type()
-        key.addr[:] = gw
-        if mac and self._connected_port(address) == ifindex:
-            val = neigh.leaf_type()
-            val.ifindex = ifindex
-            val.dmac[:] = mac_bytes(mac)
-            neigh.set(key, val)
-            changed += 1
-        elif not mac and neigh.delete(key):
-            changed += 1
+        changed = self.tables.update_neighbour(ifindex, address, mac)
+        with self.locked():
+            neigh = self.maps["neighbors"]
+            key = neigh.key_type()
+            key.addr[:] = ipaddress.IPv6Address(address).packed
+            if mac and self._connected_port(address) == ifindex:
+                val = neigh.leaf_type()
+                val.ifindex = ifindex
+                val.dmac[:] = mac_bytes(mac)
+                neigh.set(key, val)
+                changed += 1
+            elif not mac and neigh.delete(key):
+                changed += 1
         return changed
 
     def _connected_port(self, address: str) -> int | None:
@@ -334,35 +297,7 @@ class SwitchDataplane(PinnedState):
             changed += self.update_neighbour(n["ifindex"], dst, n.get_attr("NDA_LLADDR") if usable else None)
         return changed
 
-    # ---- groups ---------------------------------------------------------------------
-    def _alloc_group(self, exclude: set[int]) -> int:
-        used = {r.group for _, r in self.maps["routes"].items()} | exclude
-        for gid, g in enumerate(self.maps["groups"].array_values()):
-            if gid and gid not in used and (g is None or g.n_members == 0):
-                return gid
-        raise DataplaneError("group table full")
-
-    def _write_group(self, members: list[int], weights: list[int], previous_gid: int,
-                     exclude: set[int]) -> int:
-        if len(members) > C["RLB_MAX_MEMBERS"]:
-            raise RouteError(f"at most {C['RLB_MAX_MEMBERS']} next hops per route")
-        groups = self.maps["groups"]
-        prev_table = None
-        old = groups.get(previous_gid) if previous_gid else None
-        if old is not None and old.n_members:
-            prev_table = [old.member_nh[s] for s in old.slot]
-        table = build_slots(members, weights, C["RLB_SLOTS"], prev_table)
-        gid = self._alloc_group(exclude)
-        g = groups.leaf_type()
-        g.n_members = len(members)
-        g.generation = (old.generation + 1) if old is not None else 1
-        for i, (m, w) in enumerate(zip(members, weights)):
-            g.member_nh[i], g.weight[i] = m, w
-        g.slot[:] = bytes(table)
-        groups.set(gid, g)
-        return gid
-
-    # ---- routes ---------------------------------------------------------------------
+    # ---- routes (written by the model in tables.py) ----------------------------------------
     def _lpm_key(self, prefix: ipaddress.IPv6Network):
         k = self.maps["routes"].key_type()
         k.prefixlen = prefix.prefixlen
@@ -370,36 +305,22 @@ class SwitchDataplane(PinnedState):
         return k
 
     def add_route(self, route: Route):
-        """Install or replace a route, make-before-break."""
-        with self.locked():
-            routes = self.maps["routes"]
-            key = self._lpm_key(route.prefix)
-            old = routes.get(key)
-            new = routes.leaf_type()
-            new.mode = MODE_IDS["weighted" if route.mode == "ecmp" else route.mode]
-            prev_gid = old.group if old is not None else 0
-            if route.mode == "connected":
-                new.ifindex = self.ifindex(route.dev)
-                if self.maps["ports"].get(new.ifindex) is None:
-                    raise DataplaneError(f"{route.dev} is not attached")
-            elif route.mode == "pinned":
-                new.nexthop = self._ensure_nexthop(route.nexthops[0])
-                if route.backups:
-                    ids = [self._ensure_nexthop(b) for b in route.backups]
-                    new.group = self._write_group(ids, [b.weight for b in route.backups], prev_gid, {prev_gid})
-            elif route.mode != "local":
-                ids = [self._ensure_nexthop(h) for h in route.nexthops]
-                new.group = self._write_group(ids, [h.weight for h in route.nexthops], prev_gid, {prev_gid})
-            routes.set(key, new)             # the switch-over: one atomic map update
-            if prev_gid and prev_gid != new.group:
-                self.maps["groups"].zero(prev_gid)
-            self._gc_nexthops()
+        """Install or replace one route, make-before-break."""
+        ch = self.tables.apply([route], merge=True)
         if route.mode == "connected":
             self.sync_neighbours()
-        log.info("route %s %s", route.prefix, self._describe(route))
+        if ch:
+            log.info("route %s %s", route.prefix, self.describe(route))
+
+    def apply_routes(self, routes: list[Route], scope=None, merge: bool = False, keep_going: bool = False):
+        """Make the table equal to `routes` (see SwitchTables.apply); returns the changes."""
+        ch = self.tables.apply(routes, scope, merge, keep_going)
+        if any(r.mode == "connected" for r in routes) and ch:
+            self.sync_neighbours()
+        return ch
 
     @staticmethod
-    def _describe(route: Route) -> str:
+    def describe(route: Route) -> str:
         if route.mode == "connected":
             return f"connected dev {route.dev}"
         via = " ".join(str(h) for h in route.nexthops)
@@ -408,39 +329,23 @@ class SwitchDataplane(PinnedState):
 
     def del_route(self, prefix) -> bool:
         prefix = ipaddress.IPv6Network(prefix)
-        with self.locked():
-            key = self._lpm_key(prefix)
-            old = self.maps["routes"].get(key)
-            if old is None:
-                return False
-            self.maps["routes"].delete(key)
-            if old.group:
-                self.maps["groups"].zero(old.group)
-            self._gc_nexthops()
+        if not self.tables.delete(prefix):
+            return False
         log.info("route %s removed", prefix)
         return True
 
-    def _gc_nexthops(self):
-        used = set()
-        for _, r in self.maps["routes"].items():
-            used.add(r.nexthop)
-            if r.group:
-                g = self.maps["groups"].get(r.group)
-                used.update(g.member_nh[:g.n_members])
-        nhs = self.maps["nexthops"]
-        for i, nh in enumerate(nhs.array_values()):
-            if i and nh is not None and nh.flags & NH_VALID and i not in used:
-                nhs.zero(i)
-
-    def _nexthop_spec(self, nh_id: int, weight: int = 1) -> NextHop:
-        nh = self.maps["nexthops"].get(nh_id)
+    def _nexthop_spec(self, nh, weight: int = 1) -> NextHop:
         ifname = self.ifname(nh.ifindex)
         if nh.flags & NH_STATIC:
             return NextHop(ifname, mac=mac_str(nh.dmac), weight=weight)
         return NextHop(ifname, gateway=str(ipaddress.IPv6Address(bytes(nh.gateway))), weight=weight)
 
     def routes(self) -> list[dict]:
-        """Programmed routes with their next hops' ids and state, for show and the agent."""
+        """Programmed routes with their next hops' ids and state, for show and the agent. Each
+        map is read once (next hops and ports whole, each group once)."""
+        nhs = self.maps["nexthops"].array_values()
+        ports = {k.value: p for k, p in self.maps["ports"].items()}
+        groups: dict[int, object] = {}
         out = []
         for k, r in self.maps["routes"].items():
             prefix = ipaddress.IPv6Network((bytes(k.addr), k.prefixlen))
@@ -449,24 +354,28 @@ class SwitchDataplane(PinnedState):
             if mode == "connected":
                 entry["dev"] = self.ifname(r.ifindex)
             if r.nexthop:
-                entry["nexthop"] = self._nh_state(r.nexthop)
+                entry["nexthop"] = self._nh_state(nhs, ports, r.nexthop)
             if r.group:
-                g = self.maps["groups"].get(r.group)
-                slots = list(g.slot)
+                g = groups.get(r.group)
+                if g is None:
+                    g = groups[r.group] = self.maps["groups"].get(r.group)
+                counts = [0] * g.n_members
+                for s in g.slot:
+                    counts[s] += 1
                 members = []
                 for i in range(g.n_members):
-                    st = self._nh_state(g.member_nh[i], g.weight[i])
-                    st["slots"] = slots.count(i)
+                    st = self._nh_state(nhs, ports, g.member_nh[i], g.weight[i])
+                    st["slots"] = counts[i]
                     members.append(st)
                 entry["backups" if mode == "pinned" else "members"] = members
                 entry["group"] = r.group
             out.append(entry)
         return sorted(out, key=lambda e: ipaddress.IPv6Network(e["prefix"]))
 
-    def _nh_state(self, nh_id: int, weight: int | None = None) -> dict:
-        nh = self.maps["nexthops"].get(nh_id)
-        port = self.maps["ports"].get(nh.ifindex)
-        d = {"id": nh_id, "via": str(self._nexthop_spec(nh_id)), "mac": mac_str(nh.dmac),
+    def _nh_state(self, nhs, ports, nh_id: int, weight: int | None = None) -> dict:
+        nh = nhs[nh_id]
+        port = ports.get(nh.ifindex)
+        d = {"id": nh_id, "via": str(self._nexthop_spec(nh)), "mac": mac_str(nh.dmac),
              "resolved": bool(nh.flags & NH_RESOLVED), "port_up": bool(port and port.up)}
         if weight is not None:
             d["weight"] = weight
@@ -476,16 +385,8 @@ class SwitchDataplane(PinnedState):
         """The Route object that would reproduce what is programmed for prefix."""
         prefix = str(ipaddress.IPv6Network(prefix))
         for e in self.routes():
-            if e["prefix"] != prefix:
-                continue
-            if e["mode"] == "connected":
-                return Route(prefix, "connected", dev=e["dev"])
-            if e["mode"] == "local":
-                return Route(prefix, "local")
-            via = [NextHop.parse(e["nexthop"]["via"])] if "nexthop" in e else []
-            members = [NextHop.parse(f"{m['via']}={m['weight']}") for m in e.get("members", [])]
-            backups = [NextHop.parse(f"{m['via']}={m['weight']}") for m in e.get("backups", [])]
-            return Route(prefix, e["mode"], via or members, backups)
+            if e["prefix"] == prefix:
+                return Route.from_json(e)
         return None
 
     # ---- counters -------------------------------------------------------------------
@@ -501,10 +402,12 @@ class SwitchDataplane(PinnedState):
             ports.append({"interface": p.ifname, "ifindex": p.ifindex, "up": p.up,
                           "speed_mbps": p.speed_mbps, **s})
         nexthops = []
-        for i, nh in enumerate(self.maps["nexthops"].array_values()):
+        nhs = self.maps["nexthops"].array_values()
+        port_map = {k.value: p for k, p in self.maps["ports"].items()}
+        for i, nh in enumerate(nhs):
             if i and nh is not None and nh.flags & NH_VALID:
                 s = percpu_sum(self.maps["nh_stats"], i, ("packets", "bytes"))
-                nexthops.append({**self._nh_state(i), **s})
+                nexthops.append({**self._nh_state(nhs, port_map, i), **s})
         reasons = {}
         for rid, name in REASONS.items():
             if name == "max":

@@ -93,6 +93,38 @@ class Route:
         if len({(h.ifname, h.gateway, h.mac) for h in self.nexthops}) != n:
             raise RouteError("the same next hop is given twice")
 
+    @classmethod
+    def from_json(cls, e: dict) -> "Route":
+        """A route from JSON: what `route show --json` prints (programmed state, with ids and
+        counters, which are ignored) or the plain form of to_dict()."""
+        if not isinstance(e, dict) or "prefix" not in e or "mode" not in e:
+            raise RouteError(f"a route needs a prefix and a mode: {e!r}")
+        mode = e["mode"]
+        if mode == "connected":
+            return cls(e["prefix"], mode, dev=e.get("dev"))
+        if mode == "local":
+            return cls(e["prefix"], mode)
+
+        def hops(items):
+            out = []
+            for h in items or []:
+                if isinstance(h, str):
+                    out.append(NextHop.parse(h))
+                elif isinstance(h, dict) and "via" in h:
+                    w = h.get("weight", 1)
+                    out.append(NextHop.parse(h["via"] if w == 1 else f"{h['via']}={w}"))
+                else:
+                    raise RouteError(f"{e['prefix']}: next hop {h!r}: a string or an object with 'via'")
+            return out
+
+        if "nexthops" in e:
+            via = hops(e["nexthops"])
+        elif "nexthop" in e:
+            via = hops([e["nexthop"]])
+        else:
+            via = hops(e.get("members"))
+        return cls(e["prefix"], mode, via, hops(e.get("backups")), e.get("dev"))
+
     def to_dict(self) -> dict:
         return {"prefix": str(self.prefix), "mode": self.mode,
                 "nexthops": [str(h) for h in self.nexthops],

@@ -1,0 +1,445 @@
+"""The switch's routing state in user space (Katran's shape): typed shadows of routes, groups and
+next hops with reference counts, and the only code that writes those maps.
+
+- Next hops are keyed by (port, gateway) or (port, static MAC); groups by their sorted members
+  and weights, so routes with identical member sets (a leaf's thousands of pinned prefixes have
+  a handful of backup sets) share one group. Ids come from free lists.
+- A change is a diff: the desired routes are compared with the shadows in canonical form (ECMP
+  is weighted with weights 1, so an adopted ECMP route compares equal), and only what differs is
+  written, in an order that never lets the data path see a half-written state: new next hops,
+  then new groups, then the route entries (one map update each: the switch-over), then groups and
+  next hops nobody references any more are zeroed and their ids freed.
+- Adoption reads the pinned maps once. Whatever a crash left between those steps is an orphan
+  (a group or next hop no route reaches) and is reclaimed then.
+- Several processes may program one switch (the agent, the CLI): each write batch happens under
+  the pinned state's lock and leaves a stamp; a model that finds another writer's stamp reloads."""
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlbcommon.paths import RUN_DIR
+
+from .model import NextHop, Route, RouteError
+from .slots import build_slots
+
+log = logging.getLogger(__name__)
+
+NhKey = tuple            # (ifindex, gateway bytes or b"", static MAC or "")
+GroupKey = tuple         # ((NhKey, weight), ...) sorted
+
+
+@dataclass
+class _Nh:
+    id: int
+    key: NhKey
+    refs: int = 0        # routes naming it as pinned primary + groups holding it
+
+
+@dataclass
+class _Group:
+    id: int
+    key: GroupKey
+    members: list[int]   # next-hop ids, in slot-table order
+    refs: int = 0        # routes using it
+    generation: int = 1
+
+
+@dataclass
+class _Route:
+    mode: str            # pinned | weighted | dlb | connected | local
+    nexthop: int = 0
+    group: int = 0
+    ifindex: int = 0
+
+
+@dataclass
+class Changes:
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    unchanged: int = 0
+    failed: dict[str, str] = field(default_factory=dict)    # prefix -> why (left as it was)
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.changed or self.removed)
+
+    def summary(self) -> str:
+        return (f"{len(self.added)} added, {len(self.changed)} changed, {len(self.removed)} removed, "
+                f"{self.unchanged} unchanged" + (f", {len(self.failed)} failed" if self.failed else ""))
+
+
+class _FreeIds:
+    """Ids 1..n-1 (0 means none), lowest first."""
+
+    def __init__(self, n: int, used: set[int]):
+        self.free = sorted(set(range(1, n)) - used, reverse=True)
+
+    def take(self, what: str) -> int:
+        if not self.free:
+            raise RouteError(f"{what} table full")
+        return self.free.pop()
+
+    def give(self, i: int):
+        self.free.append(i)     # reused last: a freed id is not rewritten at once
+
+    def __len__(self):
+        return len(self.free)
+
+
+class SwitchTables:
+    def __init__(self, dp):
+        self.dp = dp
+        self.C = dp.C
+        self.stamp_path = RUN_DIR / f"{dp.instance}-switch.stamp"
+        self.stamp = None
+        self.writes = 0
+        self._keys: dict | None = None     # next hop -> key, within one batch
+        self.load()
+
+    # ---- adoption -----------------------------------------------------------------------
+    def load(self):
+        """Read the pinned maps; reclaim orphans (what a crash between steps left behind)."""
+        m = self.dp.maps
+        self.nh_by_id: dict[int, _Nh] = {}
+        self.nh_by_key: dict[NhKey, _Nh] = {}
+        for i, nh in enumerate(m["nexthops"].array_values()):
+            if i and nh is not None and nh.flags & self.dp.NH_VALID:
+                key = self._nh_key_of_entry(nh)
+                n = _Nh(i, key)
+                self.nh_by_id[i] = n
+                self.nh_by_key.setdefault(key, n)
+        self.group_by_id: dict[int, _Group] = {}
+        self.group_by_key: dict[GroupKey, _Group] = {}
+        for gid, g in enumerate(m["groups"].array_values()):
+            if gid and g is not None and g.n_members:
+                members = list(g.member_nh[:g.n_members])
+                if not all(x in self.nh_by_id for x in members):
+                    members = []          # points at freed next hops: an orphan, reclaimed below
+                key = self._group_key(members, list(g.weight[:g.n_members])) if members else ("orphan", gid)
+                grp = _Group(gid, key, members, 0, g.generation)
+                self.group_by_id[gid] = grp
+                if members:
+                    self.group_by_key.setdefault(key, grp)
+        self.routes: dict[ipaddress.IPv6Network, _Route] = {}
+        for k, r in m["routes"].items():
+            net = ipaddress.IPv6Network((bytes(k.addr), k.prefixlen))
+            self.routes[net] = _Route(self.dp.MODE_NAMES.get(r.mode, f"mode{r.mode}"), r.nexthop, r.group, r.ifindex)
+        for rt in self.routes.values():
+            self._ref(rt, +1)
+        orphans = [g for g in self.group_by_id.values() if g.refs == 0]
+        for g in orphans:
+            self._free_group(g)
+        for g in self.group_by_id.values():
+            for nid in g.members:
+                self.nh_by_id[nid].refs += 1
+        lost = [n for n in self.nh_by_id.values() if n.refs == 0]
+        for n in lost:
+            self._free_nh(n)
+        self.free_nh = _FreeIds(self.C["RLB_MAX_NEXTHOPS"], set(self.nh_by_id))
+        self.free_group = _FreeIds(self.C["RLB_MAX_GROUPS"], set(self.group_by_id))
+        if orphans or lost:
+            log.info("adoption reclaimed %d orphan groups and %d orphan next hops", len(orphans), len(lost))
+        self.stamp = self._read_stamp()
+        return len(orphans), len(lost)
+
+    def _nh_key_of_entry(self, nh) -> NhKey:
+        if nh.flags & self.dp.NH_STATIC:
+            return (nh.ifindex, b"", self.dp.mac_str(nh.dmac))
+        return (nh.ifindex, bytes(nh.gateway), "")
+
+    @staticmethod
+    def _group_key(members: list, weights: list[int]) -> GroupKey:
+        return tuple(sorted(zip(members, weights)))
+
+    def _ref(self, rt: _Route, step: int):
+        """A route's references to its primary next hop and group."""
+        if rt.nexthop and rt.nexthop in self.nh_by_id:
+            self.nh_by_id[rt.nexthop].refs += step
+        if rt.group and rt.group in self.group_by_id:
+            self.group_by_id[rt.group].refs += step
+
+    # ---- cross-process ------------------------------------------------------------------
+    def _read_stamp(self) -> str | None:
+        try:
+            return self.stamp_path.read_text()
+        except OSError:
+            return None
+
+    def _sync_with_other_writers(self):
+        """Under the lock: reload if another process wrote since we last did."""
+        if self._read_stamp() != self.stamp:
+            log.info("the tables changed under us (another writer): reloading")
+            self.load()
+
+    def _leave_stamp(self):
+        self.writes += 1
+        self.stamp = f"{os.getpid()}:{id(self)}:{self.writes}\n"
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = self.stamp_path.with_suffix(".tmp")
+        tmp.write_text(self.stamp)
+        tmp.replace(self.stamp_path)
+
+    # ---- canonical form ------------------------------------------------------------------
+    def _spec_key(self, h: NextHop) -> NhKey:
+        spec = (h.ifname, h.gateway, h.mac)          # the weight is not part of it
+        key = self._keys.get(spec) if self._keys is not None else None
+        if key is None:
+            ifindex = self.dp.ifindex(h.ifname)
+            key = (ifindex, b"", h.mac.lower()) if h.mac else (ifindex, ipaddress.IPv6Address(h.gateway).packed, "")
+            if self._keys is not None:
+                self._keys[spec] = key
+        return key
+
+    def _canonical(self, route: Route) -> tuple:
+        """What a route means in map terms, comparable with what is programmed."""
+        mode = "weighted" if route.mode == "ecmp" else route.mode
+        if mode == "connected":
+            return (mode, None, None, self.dp.ifindex(route.dev))
+        if mode == "local":
+            return (mode, None, None, 0)
+        if mode == "pinned":
+            group = [(self._spec_key(b), b.weight) for b in route.backups]
+            return (mode, self._spec_key(route.nexthops[0]), tuple(sorted(group)) or None, 0)
+        group = [(self._spec_key(h), 1 if route.mode == "ecmp" else h.weight) for h in route.nexthops]
+        return (mode, None, tuple(sorted(group)), 0)
+
+    def _canonical_of(self, rt: _Route) -> tuple:
+        nh = self.nh_by_id[rt.nexthop].key if rt.nexthop else None
+        group = None
+        if rt.group:
+            g = self.group_by_id[rt.group]
+            group = tuple(sorted((self.nh_by_id[nid].key, w) for nid, w in g.key))
+        return (rt.mode, nh, group, rt.ifindex if rt.mode == "connected" else 0)
+
+    # ---- writing ------------------------------------------------------------------------
+    def _acquire_nh(self, key: NhKey, spec: NextHop) -> _Nh:
+        n = self.nh_by_key.get(key)
+        if n is not None:
+            return n
+        ifindex = key[0]
+        port = self.dp.maps["ports"].get(ifindex)
+        if port is None:
+            raise self.dp.error(f"{spec.ifname} is not attached: run 'rlbswitch attach {spec.ifname}'")
+        i = self.free_nh.take("next-hop")
+        m = self.dp.maps["nexthops"]
+        e = m.leaf_type()
+        e.ifindex, e.flags = ifindex, self.dp.NH_VALID
+        e.smac[:] = bytes(port.mac)
+        if spec.mac:
+            e.dmac[:] = self.dp.mac_bytes(spec.mac)
+            e.flags |= self.dp.NH_RESOLVED | self.dp.NH_STATIC
+        else:
+            e.gateway[:] = key[1]
+            mac = self.dp.lookup_neighbour(ifindex, spec.gateway)
+            if mac:
+                e.dmac[:] = self.dp.mac_bytes(mac)
+                e.flags |= self.dp.NH_RESOLVED
+            else:
+                self.dp.solicit(spec.ifname, spec.gateway)
+                log.info("next hop %s unresolved: asked the kernel to resolve it", spec)
+        self.dp.maps["nh_stats"].zero(i)
+        m.set(i, e)
+        n = _Nh(i, key)
+        self.nh_by_id[i] = n
+        self.nh_by_key[key] = n
+        return n
+
+    def _acquire_group(self, members: list[tuple[_Nh, int]], previous: int) -> _Group:
+        if len(members) > self.C["RLB_MAX_MEMBERS"]:
+            raise RouteError(f"at most {self.C['RLB_MAX_MEMBERS']} next hops per route")
+        key = self._group_key([n.id for n, _ in members], [w for _, w in members])
+        g = self.group_by_key.get(key)
+        if g is not None:
+            return g
+        gid = self.free_group.take("group")
+        ordered = sorted(members, key=lambda m: m[0].id)
+        ids, weights = [n.id for n, _ in ordered], [w for _, w in ordered]
+        prev = self.group_by_id.get(previous)
+        prev_table, generation = None, 1
+        if prev is not None:
+            old = self.dp.maps["groups"].get(prev.id)
+            prev_table = [old.member_nh[s] for s in old.slot]
+            generation = prev.generation + 1
+        table = build_slots(ids, weights, self.C["RLB_SLOTS"], prev_table)
+        m = self.dp.maps["groups"]
+        e = m.leaf_type()
+        e.n_members, e.generation = len(ids), generation
+        for i, (nid, w) in enumerate(zip(ids, weights)):
+            e.member_nh[i], e.weight[i] = nid, w
+        e.slot[:] = bytes(table)
+        m.set(gid, e)
+        g = _Group(gid, key, ids, 0, generation)
+        for nid in ids:
+            self.nh_by_id[nid].refs += 1
+        self.group_by_id[gid] = g
+        self.group_by_key[key] = g
+        return g
+
+    def _free_group(self, g: _Group):
+        self.dp.maps["groups"].zero(g.id)
+        self.group_by_id.pop(g.id, None)
+        if self.group_by_key.get(g.key) is g:
+            del self.group_by_key[g.key]
+        if hasattr(self, "free_group"):
+            self.free_group.give(g.id)
+            for nid in g.members:
+                self.nh_by_id[nid].refs -= 1
+
+    def _free_nh(self, n: _Nh):
+        self.dp.maps["nexthops"].zero(n.id)
+        self.nh_by_id.pop(n.id, None)
+        if self.nh_by_key.get(n.key) is n:
+            del self.nh_by_key[n.key]
+        if hasattr(self, "free_nh"):
+            self.free_nh.give(n.id)
+
+    def _lpm_key(self, net: ipaddress.IPv6Network):
+        k = self.dp.maps["routes"].key_type()
+        k.prefixlen = net.prefixlen
+        k.addr[:] = net.network_address.packed
+        return k
+
+    def _build(self, route: Route, previous: _Route | None) -> _Route:
+        """Steps 1 and 2 for one route: its next hops and group exist (refs taken)."""
+        mode = "weighted" if route.mode == "ecmp" else route.mode
+        rt = _Route(mode)
+        prev_group = previous.group if previous else 0
+        if mode == "connected":
+            rt.ifindex = self.dp.ifindex(route.dev)
+            if self.dp.maps["ports"].get(rt.ifindex) is None:
+                raise self.dp.error(f"{route.dev} is not attached")
+        elif mode == "pinned":
+            rt.nexthop = self._acquire_nh(self._spec_key(route.nexthops[0]), route.nexthops[0]).id
+            if route.backups:
+                members = [(self._acquire_nh(self._spec_key(b), b), b.weight) for b in route.backups]
+                rt.group = self._acquire_group(members, prev_group).id
+        elif mode != "local":
+            members = [(self._acquire_nh(self._spec_key(h), h), 1 if route.mode == "ecmp" else h.weight)
+                       for h in route.nexthops]
+            rt.group = self._acquire_group(members, prev_group).id
+        self._ref(rt, +1)
+        return rt
+
+    def _release(self, rt: _Route):
+        """Steps 4 and 5: drop a replaced or removed route's references; free what is unused."""
+        self._ref(rt, -1)
+        g = self.group_by_id.get(rt.group) if rt.group else None
+        if g is not None and g.refs == 0:
+            self._free_group(g)
+        for nid in ([rt.nexthop] if rt.nexthop else []) + (g.members if g is not None and g.refs == 0 else []):
+            n = self.nh_by_id.get(nid)
+            if n is not None and n.refs == 0:
+                self._free_nh(n)
+
+    def apply(self, desired: list[Route], scope=None, merge: bool = False, keep_going: bool = False) -> Changes:
+        """Make the programmed routes equal to `desired`. Routes outside `scope` (a predicate on
+        the prefix; default: all) are left alone, as are, with merge, routes not in `desired`.
+        keep_going: a route that cannot be programmed (its port is not attached yet) stays as it
+        was and is reported in Changes.failed; otherwise the first such error stops the batch."""
+        want: dict[ipaddress.IPv6Network, Route] = {}
+        for r in desired:
+            if r.prefix in want:
+                raise RouteError(f"{r.prefix} is given twice")
+            want[r.prefix] = r
+        ch = Changes()
+        with self.dp.locked(), self._batch():
+            self._sync_with_other_writers()
+            todo = []
+            for net, route in want.items():
+                cur = self.routes.get(net)
+                if cur is not None and self._canonical_of(cur) == self._canonical(route):
+                    ch.unchanged += 1
+                    continue
+                todo.append((net, route, cur))
+            gone = [] if merge else [net for net in self.routes if net not in want
+                                     and (scope is None or scope(net))]
+            if not todo and not gone:
+                return ch
+            try:
+                routes_map = self.dp.maps["routes"]
+                for net, route, cur in todo:
+                    try:
+                        rt = self._build(route, cur)                  # steps 1, 2
+                    except (RouteError, self.dp.error) as e:
+                        if not keep_going:
+                            raise
+                        self._collect()
+                        ch.failed[str(net)] = str(e)
+                        continue
+                    v = routes_map.leaf_type()
+                    v.mode = self.dp.MODE_IDS[rt.mode]
+                    v.nexthop, v.group, v.ifindex = rt.nexthop, rt.group, rt.ifindex
+                    routes_map.set(self._lpm_key(net), v)             # step 3: the switch-over
+                    self.routes[net] = rt
+                    if cur is not None:
+                        self._release(cur)                           # steps 4, 5
+                    (ch.changed if cur is not None else ch.added).append(str(net))
+                for net in gone:
+                    routes_map.delete(self._lpm_key(net))
+                    self._release(self.routes.pop(net))
+                    ch.removed.append(str(net))
+            except Exception:
+                self._collect()      # what a failed route acquired and nobody references
+                raise
+            finally:
+                self._leave_stamp()
+        if log.isEnabledFor(logging.DEBUG):
+            for p in ch.added + ch.changed:
+                log.debug("route %s %s", p, self.dp.describe(want[ipaddress.IPv6Network(p)]))
+        return ch
+
+    @contextlib.contextmanager
+    def _batch(self):
+        """Within one batch each distinct next hop is resolved to its key once."""
+        self._keys = {}
+        try:
+            yield
+        finally:
+            self._keys = None
+
+    def delete(self, prefix) -> bool:
+        net = ipaddress.IPv6Network(prefix)
+        with self.dp.locked():
+            self._sync_with_other_writers()
+            rt = self.routes.pop(net, None)
+            if rt is None:
+                return False
+            self.dp.maps["routes"].delete(self._lpm_key(net))
+            self._release(rt)
+            self._leave_stamp()
+        return True
+
+    def _collect(self):
+        for g in [g for g in self.group_by_id.values() if g.refs == 0]:
+            self._free_group(g)
+        for n in [n for n in self.nh_by_id.values() if n.refs == 0]:
+            self._free_nh(n)
+
+    # ---- neighbours -----------------------------------------------------------------------
+    def update_neighbour(self, ifindex: int, address: str, mac: str | None) -> int:
+        """A neighbour's MAC appeared, changed or went: the next hops through it follow."""
+        with self.dp.locked():
+            self._sync_with_other_writers()
+            n = self.nh_by_key.get((ifindex, ipaddress.IPv6Address(address).packed, ""))
+            changed = 0
+            if n is not None:
+                m = self.dp.maps["nexthops"]
+                e = m.get(n.id)
+                if mac:
+                    e.dmac[:] = self.dp.mac_bytes(mac)
+                    e.flags |= self.dp.NH_RESOLVED
+                else:
+                    e.flags &= ~self.dp.NH_RESOLVED
+                m.set(n.id, e)
+                changed = 1
+            return changed
+
+    # ---- reading ----------------------------------------------------------------------------
+    def usage(self) -> dict:
+        return {"routes": len(self.routes), "groups": len(self.group_by_id), "nexthops": len(self.nh_by_id),
+                "groups_free": len(self.free_group), "nexthops_free": len(self.free_nh)}
