@@ -90,6 +90,40 @@ def route_del(prefix: str = typer.Argument(..., help="The route's prefix, exactl
     typer.echo(f"removed {prefix}")
 
 
+@route_app.command("apply")
+def route_apply(
+    file: str = typer.Argument(..., help="JSON list of routes ('-' for stdin): what 'route show "
+                               "--json' prints, or {prefix, mode, nexthops: [...], backups: [...], dev}."),
+    merge: bool = typer.Option(False, help="Only add and replace the routes given; keep the rest."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the file and show nothing but errors."),
+):
+    """Make the route table equal to a file, in one batch (make-before-break); print what changed.
+
+    Without --merge every route not in the file is removed, connected and local ones included:
+    start from 'rlbswitch route show --json' to keep them."""
+    text = sys.stdin.read() if file == "-" else Path(file).read_text()
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise RouteError(f"{file}: not JSON ({e})") from None
+    if not isinstance(data, list):
+        raise RouteError(f"{file}: a JSON list of routes expected")
+    routes = []
+    for i, e in enumerate(data):
+        try:
+            routes.append(Route.from_json(e))
+        except RouteError as err:
+            raise RouteError(f"{file}: route {i + 1}: {err}") from None
+    if dry_run:
+        typer.echo(f"{len(routes)} routes read; nothing applied")
+        return
+    ch = ctx.dataplane().apply_routes(routes, merge=merge)
+    for label, items in (("added", ch.added), ("changed", ch.changed), ("removed", ch.removed)):
+        for p in items:
+            typer.echo(f"{label:<8} {p}")
+    typer.echo(ch.summary())
+
+
 @route_app.command("show")
 def route_show(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
     """Show programmed routes: mode, pinned next hop, backups, weights and slot shares."""

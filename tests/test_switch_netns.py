@@ -151,3 +151,34 @@ def test_agent_restart_keeps_forwarding_and_adopts_state(lab):
     assert all(1500 <= got[k] <= 1500 + NOISE for k in lab.uplinks()), got   # nothing lost
     assert json.loads(lab.cli("route", "show", "--json")) == routes_before
     assert "adopted pinned state" in lab.log_path.read_text()
+
+
+def test_route_apply_takes_back_what_route_show_prints(lab, tmp_path):
+    """An operator's round trip: save the table, empty it, apply the file: the same routes, in one
+    batch; --merge adds without removing; a bad file changes nothing."""
+    clear(lab)
+    program_pinned(lab)
+    before = json.loads(lab.cli("route", "show", "--json"))
+    saved = tmp_path / "routes.json"
+    saved.write_text(json.dumps(before))
+    for r in before:
+        if r["mode"] == "pinned":
+            lab.cli("route", "del", r["prefix"])
+    out = lab.cli("route", "apply", str(saved))
+    assert "4 added, 0 changed, 0 removed" in out
+    after = json.loads(lab.cli("route", "show", "--json"))
+
+    def meaning(rows):
+        return sorted((r["prefix"], r["mode"], r.get("nexthop", {}).get("via"),
+                       tuple(sorted(b["via"] for b in r.get("backups", [])))) for r in rows)
+    assert meaning(after) == meaning(before)
+    assert "0 added, 0 changed, 0 removed, " in lab.cli("route", "apply", str(saved))
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps([{"prefix": "fc00:9::/64", "mode": "dlb", "nexthops": [lab.nexthop(1), lab.nexthop(2)]}]))
+    assert "1 added, 0 changed, 0 removed" in lab.cli("route", "apply", "--merge", str(extra))
+    assert len(json.loads(lab.cli("route", "show", "--json"))) == len(before) + 1
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"prefix": "fc00:9::/64", "mode": "pinned", "nexthops": []}]))
+    with pytest.raises(RuntimeError, match="route 1: pinned needs exactly one"):
+        lab.cli("route", "apply", str(bad))
+    assert len(json.loads(lab.cli("route", "show", "--json"))) == len(before) + 1
