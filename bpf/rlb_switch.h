@@ -4,9 +4,9 @@
 #ifndef RLB_SWITCH_H
 #define RLB_SWITCH_H
 
-#define RLB_MAX_ROUTES      65536
+#define RLB_MAX_ROUTES      262144  /* a spine of 256 leaves x 64 hosts x 8 paths = 131072, twice over */
 #define RLB_MAX_NEXTHOPS    4096    /* id 0 is "none" */
-#define RLB_MAX_GROUPS      1024    /* id 0 is "none" */
+#define RLB_MAX_GROUPS      1024    /* id 0 is "none"; shared by identical member sets */
 #define RLB_MAX_MEMBERS     64      /* next hops per group */
 #define RLB_SLOTS           4096    /* weighted slot table per group, power of two */
 #define RLB_MAX_PORTS       256     /* devmap slots */
