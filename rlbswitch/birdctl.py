@@ -38,8 +38,9 @@ class BirdClient:
         except OSError as e:
             raise BirdError(f"bird control socket {self.path}: {e}") from e
 
-    def routes(self) -> list["BirdPath"]:
-        return parse_routes(self.command("show route all"))
+    def routes(self, net: str | None = None) -> list["BirdPath"]:
+        """Every path bird has (not only the best), of one prefix or of all."""
+        return parse_routes(self.command(f"show route {net} all" if net else "show route all"))
 
     def protocols(self) -> list[dict]:
         return parse_protocols(self.command("show protocols"))

@@ -1,9 +1,11 @@
 """The bird-fed part of the switch agent: bird's routes -> BPF maps, and back to bird what it
 cannot compute itself (a leaf's discovered neighbours, a spine's FARE path bandwidth).
 
-Polls bird every 50 ms (bird has no push interface); a changed route table is compiled and
-applied make-before-break. A dead socket or unparsable reply is logged and retried; the last
-good state stays programmed."""
+Bird has no push interface, but its kernel protocol exports every best route into the kernel:
+a netlink route event from bird is the trigger, and only the prefixes it names are read back
+(every path, not just the best) and compiled. A full read every resync_s catches what moves no
+best path (a backup withdrawn, a path bandwidth changed). A dead socket or unparsable reply is
+logged and retried; the last good state stays programmed."""
 from __future__ import annotations
 
 import contextlib
@@ -25,6 +27,7 @@ from rlbfabric.fabric import Fabric
 from . import pathbw as pbw
 
 log = logging.getLogger(__name__)
+RTPROT_BIRD = 12        # rtnetlink protocol id of routes bird installs
 
 
 def why_file(instance: str) -> Path:
@@ -34,16 +37,21 @@ def why_file(instance: str) -> Path:
 
 class BirdSync:
     def __init__(self, dp: SwitchDataplane, fabric: Fabric, node: str, socket_path: str, run_dir: Path,
-                 poll: float = 0.05, program: bool = True):
+                 resync_s: float = 1.0, program: bool = True):
         self.program = program   # False: only feed bird (discovery, path bandwidth); no XDP
         self.dp, self.fabric, self.node = dp, fabric, fabric.node(node)
         self.bird = BirdClient(socket_path)
-        self.run_dir, self.poll = run_dir, poll
+        self.run_dir, self.resync_s = run_dir, resync_s
         self.stop = threading.Event()
+        self.wake = threading.Event()
+        self.dirty: set[str] = set()            # prefixes whose kernel route bird changed
+        self.dirty_lock = threading.Lock()
+        self.table: dict[str, list] = {}        # prefix -> bird's paths, as last read
         self.last_table = None
         self.programmed: set[str] = set()          # prefixes this agent owns (bird's routes)
         self.explain: dict[str, str] = {}
-        self.stats = {"syncs": 0, "errors": 0, "last_sync_seconds": 0.0, "sessions": {}}
+        self.stats = {"syncs": 0, "errors": 0, "last_sync_seconds": 0.0, "sessions": {},
+                      "events": 0, "partial_syncs": 0}
         self._written: dict[Path, str] = {}
         self._next_sessions = 0.0
 
@@ -145,21 +153,28 @@ class BirdSync:
             out[net] = min(min(carried), total)
         return out
 
-    def sync_routes(self, paths) -> bool:
+    def sync_routes(self, paths, only: set[str] | None = None) -> bool:
         """Program bird's routes (compiled by policy) in one batch; routes this agent did not
-        program (connected, local, an operator's) are left alone. False if some route could not
-        be programmed yet (it is retried next round)."""
+        program (connected, local, an operator's) are left alone. With `only`, paths are those
+        prefixes' (after an event) and nothing else is touched. False if some route could not
+        be programmed yet (it is retried)."""
         t0 = time.perf_counter()
         compiled = self.compile(paths)
-        owned = set(self.programmed) | set(compiled)
+        scope = (set(self.programmed) | set(compiled)) if only is None else only
         ch = self.dp.apply_routes([c.route for c in compiled.values()],
-                                  scope=lambda net: str(net) in owned, keep_going=True)
+                                  scope=lambda net: str(net) in scope, keep_going=True)
         for net, why in ch.failed.items():
             log.warning("cannot program %s: %s (retrying)", net, why)
-        self.programmed = set(compiled)            # failed ones too: still bird's, retried
-        self.explain = {net: c.why for net, c in compiled.items()}
+        if only is None:
+            self.programmed = set(compiled)          # failed ones too: still bird's, retried
+            self.explain = {net: c.why for net, c in compiled.items()}
+        else:
+            self.programmed = (self.programmed - only) | set(compiled)
+            for net in only:
+                self.explain.pop(net, None)
+            self.explain.update({net: c.why for net, c in compiled.items()})
         if ch:
-            log.info("routes from bird: %s", ch.summary())
+            log.info("routes from bird%s: %s", f" ({len(only)} changed)" if only is not None else "", ch.summary())
         self.stats["last_sync_seconds"] = time.perf_counter() - t0
         self.stats["syncs"] += 1
         self._write(why_file(self.dp.instance), json.dumps(self.explain))
@@ -186,7 +201,12 @@ class BirdSync:
                 self.programmed.add(str(net))
 
     def step(self):
+        """A full read of bird's table (start, resync)."""
         table = self.bird.routes()
+        by_net: dict[str, list] = {}
+        for p in table:
+            by_net.setdefault(p.net, []).append(p)
+        self.table = by_net
         key = repr(table)
         if self.node.role in ("spine", "superspine"):
             self.sync_pathbw(table)
@@ -197,10 +217,60 @@ class BirdSync:
             self.stats["sessions"] = {p["name"]: p["info"] for p in self.bird.protocols() if p["proto"] == "BGP"}
             self._next_sessions = time.monotonic() + 1.0
 
+    def changed(self, nets: set[str]):
+        """bird changed these prefixes' best routes: read them back and program them now."""
+        for net in nets:
+            paths = self.bird.routes(net)
+            if paths:
+                self.table[net] = paths
+            else:
+                self.table.pop(net, None)
+        paths = [p for net in nets for p in self.table.get(net, [])]
+        if self.node.role in ("spine", "superspine"):
+            self.sync_pathbw([p for ps in self.table.values() for p in ps])
+        if self.program:
+            self.sync_routes(paths, only=nets)
+            self.last_table = None         # the next full read compares afresh
+        self.stats["partial_syncs"] += 1
+
+    def on_route_event(self, msg):
+        """Netlink: bird (proto 12) added, changed or removed a kernel route."""
+        if msg["proto"] != RTPROT_BIRD or msg["family"] != socket.AF_INET6:
+            return
+        dst = msg.get_attr("RTA_DST")
+        if not dst:
+            return
+        with self.dirty_lock:
+            self.dirty.add(f"{dst}/{msg['dst_len']}")
+        self.stats["events"] += 1
+        self.wake.set()
+
+    def _follow_routes(self, ready: threading.Event):
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.rtnl import RTMGRP_IPV6_ROUTE
+        while not self.stop.is_set():
+            try:
+                with IPRoute() as mon:
+                    mon.bind(groups=RTMGRP_IPV6_ROUTE)
+                    ready.set()
+                    while not self.stop.is_set():
+                        for msg in mon.get():
+                            self.on_route_event(msg)
+            except Exception as e:   # ENOBUFS in a storm: events were lost, so read everything
+                log.warning("route events: %s; full resync", e)
+                self.last_table = None
+                self._resync_now = True
+                self.wake.set()
+                self.stop.wait(0.1)
+
     def run(self):
         if self.program:
             self.adopt()
-        next_discovery = 0.0
+        ready = threading.Event()
+        threading.Thread(target=self._follow_routes, args=(ready,), name="bird-routes", daemon=True).start()
+        ready.wait(5)
+        next_discovery, next_resync = 0.0, 0.0
+        self._resync_now = False
         while not self.stop.is_set():
             try:
                 uplinks = self.fabric.ports_up(self.node)
@@ -209,9 +279,18 @@ class BirdSync:
                     up = [s for s, i in self.stats["sessions"].items()
                           if i.startswith("Established") and s in {u.bgp_name for u in uplinks}]
                     next_discovery = time.time() + (30 if len(up) >= len(uplinks) else 1)
-                self.step()
+                with self.dirty_lock:
+                    nets, self.dirty = self.dirty, set()
+                self.wake.clear()
+                if time.monotonic() >= next_resync or self._resync_now or len(nets) > 256:
+                    self._resync_now = False
+                    self.step()
+                    next_resync = time.monotonic() + self.resync_s
+                elif nets:
+                    self.changed(nets)
             except (BirdError, OSError) as e:
                 self.stats["errors"] += 1
                 log.warning("bird: %s (keeping the last good state)", e)
+                self.last_table = None
                 self.stop.wait(1.0)
-            self.stop.wait(self.poll)
+            self.wake.wait(max(0.0, min(next_resync - time.monotonic(), 1.0)))

@@ -253,6 +253,9 @@ def run(
     run_dir: Path = typer.Option(Path("/run/rlb"), help="Where bird's config and includes live."),
     control_only: bool = typer.Option(False, help="Only serve bird (neighbour discovery, path "
         "bandwidth): no XDP, the kernel forwards. For comparing with today's fabrics."),
+    resync_s: float = typer.Option(1.0, min=0.1, help="Full read of bird's table this often; changes "
+        "of best routes are followed at once from netlink, this catches the rest (backup paths, "
+        "path bandwidth)."),
     coordinator: Optional[str] = typer.Option(None, help="A leaf: tell the fabric coordinator at "
         "this URL (e.g. http://[fd00:99::1]:9473) which uplinks are up, so it never places QPs on "
         "a dead one. Needs --fabric and --node."),
@@ -287,7 +290,7 @@ def run(
         from .birdsync import BirdSync
         from rlbfabric.fabric import load
         sync = BirdSync(dp, load(fabric_file), node, bird_socket or str(run_dir / f"{node}.ctl"), run_dir,
-                        program=not control_only)
+                        resync_s=resync_s, program=not control_only)
         threading.Thread(target=sync.run, name="bird", daemon=True).start()
         log.info("following bird2 at %s for %s", sync.bird.path, node)
     if coordinator:
