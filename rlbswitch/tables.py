@@ -439,6 +439,10 @@ class SwitchTables:
                 changed = 1
             return changed
 
+    def gateways(self, ifindex: int) -> list[str]:
+        """Neighbours the next hops on a port go through (to resolve them again after a flap)."""
+        return [str(ipaddress.IPv6Address(k[1])) for k in self.nh_by_key if k[0] == ifindex and k[1]]
+
     # ---- reading ----------------------------------------------------------------------------
     def usage(self) -> dict:
         return {"routes": len(self.routes), "groups": len(self.group_by_id), "nexthops": len(self.nh_by_id),

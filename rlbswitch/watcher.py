@@ -25,6 +25,7 @@ class Watcher:
         self.dp = dp
         self.stop = threading.Event()
         self.events = 0
+        self.errors = 0
 
     def resync(self):
         """Bring the maps in line with the kernel: links, addresses, neighbours."""
@@ -34,6 +35,9 @@ class Watcher:
                 log.info("port %s is %s", p.ifname, "up" if self.dp._link_up(links[0]) else "down")
         self.sync_addresses()
         self.dp.sync_neighbours()
+        for p in self.dp.ports():
+            if p.up:
+                self.resolve(p.ifindex)    # next hops whose neighbour a flap flushed
 
     def sync_addresses(self):
         """A global address on an attached port means: its prefix is connected there and the
@@ -65,6 +69,13 @@ class Watcher:
         up = msg["event"] == "RTM_NEWLINK" and self.dp._link_up(msg)
         if self.dp.set_port_up(msg["index"], up):
             log.info("port %s is %s", msg.get_attr("IFLA_IFNAME"), "up" if up else "down")
+            if up:      # carrier loss flushed its neighbours: resolve the next hops again now
+                self.resolve(msg["index"])
+
+    def resolve(self, ifindex: int, gateways: list[str] | None = None):
+        ifname = self.dp.ifname(ifindex)
+        for gw in gateways if gateways is not None else self.dp.tables.gateways(ifindex):
+            self.dp.solicit(ifname, gw)
 
     def on_other(self, msg):
         event = msg["event"]
@@ -76,20 +87,32 @@ class Watcher:
             usable = event == "RTM_NEWNEIGH" and msg["state"] & NUD_USABLE and mac
             if self.dp.update_neighbour(msg["ifindex"], dst, mac if usable else None):
                 log.debug("neighbour %s on %d: %s", dst, msg["ifindex"], mac if usable else "gone")
+                if event == "RTM_DELNEIGH" and dst in self.dp.tables.gateways(msg["ifindex"]):
+                    self.resolve(msg["ifindex"], [dst])    # a next hop needs it: ask again
         elif event in ("RTM_NEWADDR", "RTM_DELADDR"):
             self.sync_addresses()
 
     def _follow(self, groups: int, handler, ready: threading.Event):
-        with IPRoute() as mon:
-            mon.bind(groups=groups)
-            ready.set()
-            while not self.stop.is_set():
-                for msg in mon.get():
-                    self.events += 1
-                    try:
-                        handler(msg)
-                    except Exception:  # one bad event must not stop the watcher
-                        log.exception("handling %s", msg.get("event"))
+        """Apply netlink events as they come. If the socket fails (ENOBUFS: events were dropped
+        in a storm), bind a new one and resynchronise from the kernel, so nothing is missed."""
+        while not self.stop.is_set():
+            try:
+                with IPRoute() as mon:
+                    mon.bind(groups=groups)
+                    if ready.is_set():
+                        self.resync()          # after a failure: whatever was missed
+                    ready.set()
+                    while not self.stop.is_set():
+                        for msg in mon.get():
+                            self.events += 1
+                            try:
+                                handler(msg)
+                            except Exception:  # one bad event must not stop the watcher
+                                log.exception("handling %s", msg.get("event"))
+            except Exception as e:
+                self.errors += 1
+                log.warning("netlink: %s; resubscribing and resynchronising from the kernel", e)
+                self.stop.wait(0.05)
 
     def run(self):
         """Follow netlink until stop is set (liveness in a thread of its own)."""

@@ -182,3 +182,36 @@ def test_route_apply_takes_back_what_route_show_prints(lab, tmp_path):
     with pytest.raises(RuntimeError, match="route 1: pinned needs exactly one"):
         lab.cli("route", "apply", str(bad))
     assert len(json.loads(lab.cli("route", "show", "--json"))) == len(before) + 1
+
+
+def test_netlink_storm_leaves_the_agent_alive_and_its_state_equal_to_the_kernels(lab, tmp_path):
+    """1000 link flaps and neighbour churn as fast as `ip -batch` can make them: the agent lives,
+    and afterwards every port's liveness and every next hop's resolution match the kernel."""
+    clear(lab)
+    program_pinned(lab)
+    cmds = []
+    for i in range(1000):
+        k = lab.uplinks()[i % lab.n]
+        cmds += [f"link set up{k} down", f"link set up{k} up"]
+    for i in range(500):
+        cmds.append(f"neigh replace fc00:99::{i:x} lladdr 02:00:00:00:{i // 256:02x}:{i % 256:02x} dev h1")
+    batch = tmp_path / "storm"
+    batch.write_text("\n".join(cmds) + "\n")
+    topo.run(lab.sw, "ip", "-batch", str(batch))
+    topo.run(lab.sw, "ip", "link", "set", "up3", "down")        # and end with one port down
+    time.sleep(1.5)
+    assert lab.agent.poll() is None
+    with lab.dataplane() as dp:
+        ports = {p.ifname: p.up for p in dp.ports()}
+        kernel = {name: "LOWER_UP" in topo.run(lab.sw, "ip", "-o", "link", "show", name) and
+                  ",UP" in topo.run(lab.sw, "ip", "-o", "link", "show", name) for name in ports}
+        assert ports == kernel and ports["up3"] is False
+        hops = [h for r in dp.routes() for h in [r.get("nexthop"), *r.get("backups", [])] if h]
+        assert hops
+        for h in hops:                       # resolved exactly where the kernel has the neighbour
+            gw, _, ifname = h["via"].partition("%")
+            assert h["resolved"] == (dp.lookup_neighbour(dp.ifindex(ifname), gw) is not None), h
+        assert any(not h["resolved"] for h in hops if h["via"].endswith("%up3"))
+    topo.run(lab.sw, "ip", "link", "set", "up3", "up")
+    topo.run(lab.sw, "ip", "-6", "neigh", "flush", "dev", "h1", "to", "fc00:99::/64")
+    lab.wait_resolved()
