@@ -26,7 +26,7 @@ from rlbcommon import netns  # noqa: E402
 from rlblab import topo  # noqa: E402
 from rlblab.fabriclab import FabricLab  # noqa: E402
 from rlblab.traffic import Flow, QpReceiver, open_raw, send  # noqa: E402
-from rlbswitch.birdctl import BirdClient  # noqa: E402
+from rlbfabric.bird.ctl import BirdClient  # noqa: E402
 from rlbswitch.dataplane import SwitchDataplane  # noqa: E402
 
 FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric-2x2.toml"

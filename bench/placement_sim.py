@@ -18,9 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rlbfabric import balance, localrule, workloads  # noqa: E402
+from rlbfabric import balance, workloads
+from rlbfabric.policy import localrule  # noqa: E402
 from rlbfabric.fabric import parse  # noqa: E402
-from rlbfabric.qpplacer import QpInfo, QpPlacer  # noqa: E402
+from rlbfabric.policy.qpplacer import QpInfo, QpPlacer  # noqa: E402
 
 
 def model_fabric(leaves: int, hosts: int, spines: int):
@@ -109,7 +110,7 @@ def timing(fabric, rnd, qps_per_host: int):
 def report_cost(fabric, rnd, qps_per_host: int, rounds: int = 3) -> float:
     """Seconds the coordinator's model spends on one host's report (validation, update, solve,
     answer; no HTTP), every host reporting its QPs in turn as the agents do."""
-    from rlbfabric.coordinator import Coordinator
+    from rlbfabric.coord.service import Coordinator
     coord = Coordinator(fabric)
     hosts = fabric.hosts
     iid = {h: i + 1 for i, h in enumerate(hosts)}

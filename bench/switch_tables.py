@@ -30,7 +30,10 @@ from pathlib import Path
 from rlbcommon import netns
 from rlblab import topo
 from rlbswitch.dataplane import SwitchDataplane
-from rlbswitch.model import NextHop, Route
+try:
+    from rlbfabric.routes import NextHop, Route
+except ImportError:                     # versions before the control plane moved to rlbfabric
+    from rlbswitch.model import NextHop, Route
 
 n_routes, instance = int(sys.argv[1]), sys.argv[2]
 NH = [f"p{k}@02:00:00:00:01:0{k}" for k in range(4)]

@@ -30,7 +30,7 @@ from rlbcommon import packets as P  # noqa: E402
 from rlbcommon.testrun import XDP_PASS, XDP_REDIRECT, prog_test_run  # noqa: E402
 from rlbhost.dataplane import HostDataplane  # noqa: E402
 from rlbswitch.dataplane import SwitchDataplane  # noqa: E402
-from rlbswitch.model import NextHop, Route  # noqa: E402
+from rlbfabric.routes import NextHop, Route  # noqa: E402
 from rlblab import topo  # noqa: E402
 
 

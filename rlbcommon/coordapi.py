@@ -14,7 +14,8 @@ import json
 import urllib.error
 import urllib.request
 
-DEFAULT_PORT = 9473
+from rlbfabric.constants import COORDINATOR_PORT as DEFAULT_PORT
+
 REPORT = "/v1/hosts/{}/report"
 LINKS = "/v1/switches/{}/links"
 STATUS = "/v1/status"

@@ -8,9 +8,10 @@ import ipaddress
 import struct
 from dataclasses import dataclass
 
+from rlbfabric.constants import ROCE_PORT
+
 ETH_P_IPV6 = 0x86DD
 ETH_P_IP = 0x0800
-ROCE_PORT = 4791
 BTH_OPCODE_RC_SEND_ONLY = 0x04
 PROTO_TCP, PROTO_UDP, PROTO_ICMPV6 = 6, 17, 58
 

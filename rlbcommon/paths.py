@@ -4,10 +4,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rlbfabric.constants import RUN_DIR
+
 BPF_DIR = Path(os.environ.get("RLB_BPF_DIR", Path(__file__).resolve().parent.parent / "bpf"))
 BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "rlb"
-RUN_DIR = Path(os.environ.get("RLB_RUN_DIR", "/run/rlb"))
 
 
 def pin_dir(component: str, instance: str | None = None) -> Path:

@@ -44,6 +44,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import addrplan
+
 NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 POLICIES = ("dpf", "fare", "ecmp", "dlb")
 
@@ -158,6 +160,11 @@ class Fabric:
         """Ports towards the peers that connect to this node (dynamic BGP, passive)."""
         return self._ports(node, self.downlinks(node))
 
+    def switch_ports(self, node: Node) -> list[str]:
+        """Every port of a switch: towards its uplinks, its downlinks, and (a leaf) its hosts."""
+        hosts = [i for _, _, i in self.host_ports(node)] if node.role == "leaf" else []
+        return [p.ifname for p in self.ports_up(node) + self.ports_down(node)] + hosts
+
     def port(self, node: Node, ifname: str) -> Port | None:
         return next((p for p in self.ports_up(node) + self.ports_down(node) if p.ifname == ifname), None)
 
@@ -169,14 +176,12 @@ class Fabric:
         return [(i + 1, h, f"eth-{h}") for i, h in enumerate(leaf.hosts)]
 
     def host_prefixes(self, leaf: Node, port: int) -> list[ipaddress.IPv6Network]:
-        """One /64 per path on a host port; path k is colour k, and k is the path field's value
-        (written in hex, as the field is read: path 10 is fc00:1:1:a::/64)."""
-        return [ipaddress.IPv6Network(f"{self.prefix}:{leaf.index}:{port}:{k:x}::/64")
-                for k in range(1, self.paths + 1)]
+        """One /64 per path on a host port; path k is colour k (the plan: addrplan)."""
+        return [addrplan.host_prefix(self.prefix, leaf.index, port, k) for k in range(1, self.paths + 1)]
 
     def leaf_prefix(self, leaf: Node) -> ipaddress.IPv6Network:
         """Every host prefix behind one leaf (the /32 of the address plan)."""
-        return ipaddress.IPv6Network(f"{self.prefix}:{leaf.index}::/32")
+        return addrplan.leaf_prefix(self.prefix, leaf.index)
 
     @property
     def hosts(self) -> list[str]:
@@ -307,7 +312,7 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
         raise FabricError(f"{where}: bfd_ms {bfd_ms!r}: an interval in ms, 10 to 10000")
     prefix = f.get("prefix", "fc00")
     try:
-        ipaddress.IPv6Network(f"{prefix}:1:1:1::/64")
+        addrplan.host_prefix(prefix, 1, 1, 1)
     except ValueError:
         raise FabricError(f"{where}: prefix {prefix!r} must be one hextet, e.g. 'fc00'") from None
     return Fabric(spines, leaves, supers, paths, prefix, policy, int(f.get("link_mbps", 10000)),

@@ -11,7 +11,7 @@ import threading
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR
 
-from rlbfabric import localrule
+from rlbfabric.policy import localrule
 from rlbfabric.fabric import Fabric
 
 from .dataplane import HostDataplane, HostError

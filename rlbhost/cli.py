@@ -13,6 +13,7 @@ from typing import List, Optional
 import typer
 
 from rlbcommon import cli as common
+from rlbfabric.constants import METRICS_PORT
 
 from .dataplane import HostDataplane, HostError
 
@@ -44,7 +45,7 @@ def attach(
     report_ms: int = typer.Option(250, min=50, help="How often to report to the coordinator."),
     qp_memory_s: float = typer.Option(3.0, min=0.1, help="QPs idle up to this long are still "
         "reported (a collective's QPs return burst after burst); then they are forgotten."),
-    metrics_port: int = typer.Option(9472, help="Prometheus port (0: none)."),
+    metrics_port: int = typer.Option(METRICS_PORT["host"], help="Prometheus port (0: none)."),
     metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics bind to."),
     once: bool = typer.Option(False, help="Attach and exit instead of running the agent."),
 ):

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-from rlbcommon import addrplan
+from rlbfabric import addrplan
+from rlbfabric.constants import ROCE_PORT
 from rlbcommon.pinnedstate import PinnedState
 from rlbcommon.cheader import constants, enum_names
 from rlbcommon.weights import apportion, share_bounds
@@ -32,7 +33,7 @@ TC_EGRESS, TC_INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
 TC_PRIO, TC_HANDLE = 0xC0DE, 0x1
 IFA_F_TENTATIVE, IFA_F_DADFAILED = 0x40, 0x08
 DEFAULT_EXPIRY_MS = 200
-DEFAULT_ROCE_PORT = 4791
+DEFAULT_ROCE_PORT = ROCE_PORT
 WEIGHT_SCALE = 1000   # weights are stored as integers: 0.5 -> 500
 
 
@@ -76,7 +77,7 @@ class HostDataplane(PinnedState):
         cfg = self.maps["config"].get(0)
         if cfg.expiry_ns == 0:
             cfg.expiry_ns = DEFAULT_EXPIRY_MS * 1_000_000
-            cfg.field = 3
+            cfg.field = addrplan.PATH_FIELD
             cfg.roce_ports[0] = DEFAULT_ROCE_PORT
             self.maps["config"].set(0, cfg)
 

@@ -90,7 +90,7 @@ def down(name: str = typer.Option("rlb", help="Lab name.")):
 @app.command()
 def status(name: str = typer.Option("rlb", help="Lab name.")):
     """Namespaces, BGP sessions and what each leaf programmed."""
-    from rlbswitch.birdctl import BirdClient, BirdError
+    from rlbfabric.bird.ctl import BirdClient, BirdError
     lab = _lab(name)
     typer.echo(f"{lab.fabric.stages}-stage, mode {lab.mode}, fabric {lab.fabric_file}")
     for sw in lab.switches:
@@ -162,7 +162,7 @@ def coordinator(name: str = typer.Option("rlb", help="Lab name."),
                 as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
     """The lab coordinator's view: hosts reporting, QPs placed per link, balance."""
     from rlbcommon import netns
-    from rlbfabric.coordcli import status
+    from rlbfabric.coord.cli import status
     lab = _lab(name)
     if not lab.coordinator:
         raise typer.BadParameter(f"lab {name} runs without a coordinator")

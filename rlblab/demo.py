@@ -144,10 +144,13 @@ def main(keep: bool = False, chart: Path | None = Path("rlb-demo.png")) -> int:
     for line in many_table(many["baseline"], many["rlb"]):
         print(line)
     if chart:
-        from .chart import load_chart
-        load_chart(results, chart, "Leaf l1 uplink load from the spines' kernel counters "
-                   f"(bars: first run; max/mean: mean of {len(SEEDS)} runs)")
-        print(f"chart: {chart.resolve()}")
+        try:
+            from .chart import load_chart
+            load_chart(results, chart, "Leaf l1 uplink load from the spines' kernel counters "
+                       f"(bars: first run; max/mean: mean of {len(SEEDS)} runs)")
+            print(f"chart: {chart.resolve()}")
+        except ImportError:
+            print("chart skipped: matplotlib is not installed (pip install 'rlb[lab]')")
     print()
     try:
         step("failing l1's uplink to s4 during traffic: 4 QPs at 2000 packets/s")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rlbcommon import netns
 from rlbcommon.netns import run
-from rlbswitch.birdconf import initial_includes, render
+from rlbfabric.bird.conf import initial_includes, render
 from rlbfabric.fabric import Fabric, load
 
 from . import topo
@@ -130,9 +130,7 @@ class FabricLab:
         return self
 
     def ports(self, node: str) -> list[str]:
-        n = self.fabric.node(node)
-        hosts = [i for _, _, i in self.fabric.host_ports(n)] if n.role == "leaf" else []
-        return [p.ifname for p in self.fabric.ports_up(n) + self.fabric.ports_down(n)] + hosts
+        return self.fabric.switch_ports(self.fabric.node(node))
 
     def _spawn(self, key: str, cmd: list[str], ready: str, timeout: float = 30.0):
         log = self.work / f"agent-{key}.log"
@@ -169,7 +167,7 @@ class FabricLab:
 
     def start_coordinator(self):
         """rlbcoord in <lab>-mon, listening on the management network's first address."""
-        cmd = ["ip", "netns", "exec", self.ns("mon"), sys.executable, "-m", "rlbfabric.coordcli", "run",
+        cmd = ["ip", "netns", "exec", self.ns("mon"), sys.executable, "-m", "rlbfabric.coord.cli", "run",
                "--fabric", str(self.fabric_file), "--listen", f"{self.MGMT}1"]
         self._spawn("coordinator", cmd, "listening on")
 

@@ -8,10 +8,10 @@ import json
 def scrape_config(targets: dict[str, tuple[str, str]], interval: str = "2s") -> str:
     """targets: {node: (IPv6 or IPv4 address, role)}; role 'host' is scraped on 9472, switches on
     9471, 'coordinator' on 9473. Returned as YAML (JSON is valid YAML, and needs no YAML library)."""
-    from rlbcommon.coordapi import DEFAULT_PORT
+    from rlbfabric.constants import METRICS_PORT as P
     jobs = []
-    for job, port, roles in (("rlbswitch", 9471, ("leaf", "spine", "superspine")), ("rlbhost", 9472, ("host",)),
-                             ("rlbcoord", DEFAULT_PORT, ("coordinator",))):
+    for job, port, roles in (("rlbswitch", P["switch"], ("leaf", "spine", "superspine")),
+                             ("rlbhost", P["host"], ("host",)), ("rlbcoord", P["coordinator"], ("coordinator",))):
         static = [{"targets": [f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"],
                    "labels": {"instance_node": node, "role": role}}
                   for node, (addr, role) in sorted(targets.items()) if role in roles]

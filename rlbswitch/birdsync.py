@@ -19,12 +19,12 @@ from pathlib import Path
 
 from rlbcommon.paths import RUN_DIR, write_atomic
 
-from .birdconf import neighbors_file, pathbw_file, render_neighbors, render_pathbw
-from .birdctl import BirdClient, BirdError
-from .compiler import compile_all
+from rlbfabric.bird.conf import neighbors_file, pathbw_file, render_neighbors, render_pathbw
+from rlbfabric.bird.ctl import BirdClient, BirdError
+from rlbfabric.policy.compiler import compile_for_node
 from .dataplane import NUD_USABLE, DataplaneError, SwitchDataplane
 from rlbfabric.fabric import Fabric
-from . import pathbw as pbw
+from rlbfabric.policy import pathbw as pbw
 
 log = logging.getLogger(__name__)
 RTPROT_BIRD = 12        # rtnetlink protocol id of routes bird installs
@@ -181,17 +181,7 @@ class BirdSync:
         return not ch.failed
 
     def compile(self, paths):
-        """Leaves (and spines for their own pod): the fabric's policy. A spine's routes learnt from
-        super-spines (other pods): FARE on the super-spines' link bandwidth, ECMP without it."""
-        if self.node.role != "spine" or not self.fabric.uplinks(self.node):
-            return compile_all(paths, self.fabric.policy_for, self.link_bw, self.fabric.pathbw_subtype)
-        up = self._up_ports()
-        remote = {p.net for p in paths if p.iface in up}
-        local = [p for p in paths if p.net not in remote]
-        out = compile_all(local, self.fabric.policy_for, self.link_bw, self.fabric.pathbw_subtype)
-        out.update(compile_all([p for p in paths if p.net in remote], lambda n: "fare", self.link_bw,
-                               self.fabric.linkbw_subtype, lambda n: 1))
-        return out
+        return compile_for_node(self.fabric, self.node, paths, self.link_bw)
 
     def adopt(self):
         """A restarted agent takes over what the previous one programmed (not connected/local);

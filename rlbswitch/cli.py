@@ -14,9 +14,10 @@ from typing import List, Optional
 import typer
 
 from rlbcommon import cli as common
+from rlbfabric.constants import METRICS_PORT
 
 from .dataplane import DataplaneError, SwitchDataplane
-from .model import MODES, NextHop, Route, RouteError
+from rlbfabric.routes import MODES, NextHop, Route, RouteError
 
 log = logging.getLogger("rlbswitch")
 app, ctx = common.agent_app(__doc__, SwitchDataplane, log)
@@ -162,7 +163,7 @@ def bird_config(
 ):
     """Render a complete bird.conf for one node of the fabric (and the include files the agent
     keeps up to date, empty to start with)."""
-    from .birdconf import initial_includes, render
+    from rlbfabric.bird.conf import initial_includes, render
     from rlbfabric.fabric import load
     fab = load(fabric_file)
     if bfd_ms:
@@ -243,7 +244,7 @@ def run(
     generic: bool = typer.Option(False, help="Generic XDP for the ports given here."),
     speed_mbps: Optional[int] = typer.Option(None, min=1, help="Capacity of the ports given here "
         "(for DLB quality bands) when the driver reports none or a wrong one."),
-    metrics_port: int = typer.Option(9471, help="Prometheus port (0: no metrics)."),
+    metrics_port: int = typer.Option(METRICS_PORT["switch"], help="Prometheus port (0: no metrics)."),
     metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics bind to."),
     fabric_file: Optional[Path] = typer.Option(None, "--fabric", help="Fabric description: with "
         "--node, follow bird2's routes and program them by the fabric's policy."),
@@ -315,6 +316,6 @@ def run(
 
 
 def main():
-    from .birdctl import BirdError
+    from rlbfabric.bird.ctl import BirdError
     from rlbfabric.fabric import FabricError
     common.run(app, "rlbswitch", (DataplaneError, RouteError, FabricError, BirdError))

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 
 from rlbcommon.pinnedstate import PinnedState
+from rlbfabric.constants import ROCE_PORT
 from rlbcommon.cheader import constants, enum_names
 
-from .model import NextHop, Route, RouteError
+from rlbfabric.routes import NextHop, Route, RouteError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
 # Neighbour states whose MAC can be used: REACHABLE STALE DELAY PROBE NOARP PERMANENT
 NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80
 
-DEFAULTS = {"flowlet_timeout_ns": 256_000, "load_halflife_ns": 100_000, "roce_port": 4791}
+DEFAULTS = {"flowlet_timeout_ns": 256_000, "load_halflife_ns": 100_000, "roce_port": ROCE_PORT}
 DEFAULT_SPEED_MBPS = 10_000
 
 

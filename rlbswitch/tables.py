@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rlbcommon.paths import RUN_DIR
 
-from .model import NextHop, Route, RouteError
+from rlbfabric.routes import NextHop, Route, RouteError
 from .slots import build_slots
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR, RTMGRP_LINK, RTMGRP_NEIGH
 
 from .dataplane import NUD_USABLE, SwitchDataplane
-from .model import Route
+from rlbfabric.routes import Route
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -e "$stamp" ]; then
   log "installing the package and its dependencies into $VENV"
   "$VENV/bin/pip" install -q --upgrade pip >/dev/null
-  "$VENV/bin/pip" install -q -e '.[test]'
+  "$VENV/bin/pip" install -q -e '.[test,lab]'
   rm -f "$VENV"/.installed-*; touch "$stamp"
 fi
 "$VENV/bin/python" -c 'import bcc, pyroute2, typer, prometheus_client' \

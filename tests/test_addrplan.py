@@ -3,7 +3,7 @@ import ipaddress
 
 import pytest
 
-from rlbcommon import addrplan
+from rlbfabric import addrplan
 from rlbhost.dataplane import rdma_gid_indexes
 
 

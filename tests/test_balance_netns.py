@@ -6,12 +6,14 @@ from __future__ import annotations
 import random
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from rlbcommon import netns
-from rlbfabric import balance, localrule, workloads
+from rlbfabric import balance, workloads
+from rlbfabric.policy import localrule
 from rlbhost.dataplane import HostDataplane
 from rlblab.matrix import FORGET_S, run_matrix
 from rlblab.traffic import Flow, QpReceiver, open_raw, send
@@ -52,6 +54,19 @@ def test_default_fabric_local_rule_and_coordinator_reach_the_best(default, kind,
         assert got[0] <= best[0] + 0.05 and got[1] <= best[1] + 0.05, (got, best)
 
 
+def diagnose(lab, unplaced: dict) -> str:
+    """What the coordinator and the hosts said about QPs that got no placement in time."""
+    s = lab.coordinator_status()
+    out = [f"unplaced {unplaced}; coordinator: hosts {s['hosts']}, qps {s['qps']}, counters {s['counters']}"]
+    for h in unplaced:
+        if h in lab.hosts:
+            with netns.inside(lab.ns(h)):
+                metrics = urllib.request.urlopen("http://127.0.0.1:9472/metrics", timeout=5).read().decode()
+            out.append(f"{h}: " + "; ".join(line for line in metrics.splitlines()
+                                             if "coordinator" in line or "placements" in line or "ev_placed" in line))
+    return "\n".join(out)
+
+
 @pytest.mark.parametrize("kind", ["pairs", "all-to-all", "ring"])
 @pytest.mark.parametrize("per_conn", [1, 3])
 def test_wide_fabric_coordinated_reaches_the_best(wide, kind, per_conn):
@@ -61,7 +76,7 @@ def test_wide_fabric_coordinated_reaches_the_best(wide, kind, per_conn):
     print(f"\n{kind} x{per_conn}: best {best}, local (burst 1) {r.figures(0)}, coordinated {got}, "
           f"placed after {r.placed_after_s} s")
     assert got[0] <= best[0] + 0.05 and got[1] <= best[1] + 0.05, (got, best)
-    assert r.placed_after_s is not None and r.placed_after_s < 1.0, r.unplaced
+    assert r.placed_after_s is not None and r.placed_after_s < 1.0, diagnose(wide, r.unplaced)
     s = wide.coordinator_status()
     assert len(s["hosts"]) == 8 and s["over_target"] == 0
 

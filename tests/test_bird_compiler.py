@@ -3,9 +3,9 @@ import struct
 
 import pytest
 
-from rlbswitch import pathbw
-from rlbswitch.birdctl import BirdError, BirdPath, parse_protocols, parse_reply, parse_routes
-from rlbswitch.compiler import compile_all, compile_prefix, homing
+from rlbfabric.policy import pathbw
+from rlbfabric.bird.ctl import BirdError, BirdPath, parse_protocols, parse_reply, parse_routes
+from rlbfabric.policy.compiler import compile_all, compile_prefix, homing
 
 # Raw lines of `show route all` from a bird 2.0.12 run in namespaces (shared/notes)
 RAW = [

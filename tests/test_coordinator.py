@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rlbcommon import coordapi
-from rlbfabric.coordinator import Coordinator, make_server
-from rlbfabric.coordmetrics import exposition
+from rlbfabric.coord.service import Coordinator, make_server
+from rlbfabric.coord.metrics import exposition
 from rlbfabric.fabric import load
 
 FABRIC = load(Path(__file__).resolve().parent.parent / "lab" / "fabric.toml")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlblab.traffic import QpReceiver, QpSender
-from rlbswitch.birdctl import BirdClient
+from rlbfabric.bird.ctl import BirdClient
 
 from .conftest import fabric_lab
 

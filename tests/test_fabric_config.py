@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlbfabric import fabric
-from rlbswitch import birdconf
+from rlbfabric.bird import conf as birdconf
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 

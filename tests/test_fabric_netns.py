@@ -14,7 +14,7 @@ from rlbcommon import netns
 from rlbcommon.netns import run
 from rlblab import topo
 from rlblab.traffic import QpReceiver, QpSender
-from rlbswitch.birdctl import BirdClient
+from rlbfabric.bird.ctl import BirdClient
 
 from .conftest import fabric_lab
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rlbcommon import addrplan
+from rlbfabric import addrplan
 from rlbcommon import packets as P
 from rlbcommon.netns import run
 from rlblab import topo

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from rlbcommon import addrplan
+from rlbfabric import addrplan
 from rlbcommon import packets as P
 from rlbcommon.testrun import TC_ACT_OK, prog_test_run
-from rlbfabric import localrule
+from rlbfabric.policy import localrule
 from rlbhost.dataplane import HostDataplane, HostError
 
 from .conftest import scratch_netns

@@ -1,7 +1,7 @@
 """Route and next-hop input: what operators type, and the errors they get."""
 import pytest
 
-from rlbswitch.model import NextHop, Route, RouteError
+from rlbfabric.routes import NextHop, Route, RouteError
 
 
 def test_nexthop_forms():

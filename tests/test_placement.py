@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rlbfabric import balance, localrule, workloads
+from rlbfabric import balance, workloads
+from rlbfabric.policy import localrule
 from rlbfabric.fabric import load, parse
-from rlbfabric.placement import DOWN, UP, Placement
-from rlbfabric.qpplacer import QpInfo, QpPlacer
+from rlbfabric.policy.placement import DOWN, UP, Placement
+from rlbfabric.policy.qpplacer import QpInfo, QpPlacer
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 

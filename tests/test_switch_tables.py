@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rlbswitch.dataplane import NH_VALID, SwitchDataplane
-from rlbswitch.model import NextHop, Route
+from rlbfabric.routes import NextHop, Route
 
 NH = [f"p{k}@02:00:00:00:01:0{k}" for k in range(4)]
 
@@ -172,7 +172,7 @@ import random, sys
 from rlbcommon import netns
 netns.enter(sys.argv[1])
 from rlbswitch.dataplane import SwitchDataplane
-from rlbswitch.model import NextHop, Route
+from rlbfabric.routes import NextHop, Route
 NH = [f"p{k}@02:00:00:00:01:0{k}" for k in range(4)]
 rnd = random.Random(int(sys.argv[2]))
 dp = SwitchDataplane(sys.argv[1])

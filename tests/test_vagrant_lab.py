@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlblab.vagrantlab import LOCAL_BOX, VAGRANT_DIR, VagrantLab
+from rlblab.vm.driver import LOCAL_BOX, VAGRANT_DIR, VagrantLab
 from rlbmonitor import dashboards
 
 pytestmark = [pytest.mark.vagrant,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlblab.vagrantplan import node, plan
+from rlblab.vm.plan import node, plan
 from rlbmonitor.prometheus import scrape_config
 from rlbfabric.fabric import FabricError, load
 
@@ -56,12 +56,12 @@ def test_small_management_network_is_refused():
 
 
 def test_cli_prints_json_and_rejects_bad_fabric(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "rlblab.vagrantplan", "--fabric", str(LAB / "fabric-2x2.toml")],
+    out = subprocess.run([sys.executable, "-m", "rlblab.vm.plan", "--fabric", str(LAB / "fabric-2x2.toml")],
                          capture_output=True, text=True, check=True).stdout
     assert [n["name"] for n in json.loads(out)["nodes"]][-1] == "mon"
     bad = tmp_path / "bad.toml"
     bad.write_text("[fabric]\npaths = 2\n")
-    res = subprocess.run([sys.executable, "-m", "rlblab.vagrantplan", "--fabric", str(bad)],
+    res = subprocess.run([sys.executable, "-m", "rlblab.vm.plan", "--fabric", str(bad)],
                          capture_output=True, text=True)
     assert res.returncode != 0 and res.stderr.startswith("vagrantplan: ")
 
@@ -74,7 +74,7 @@ def test_scrape_config_takes_ipv4_management_addresses():
 
 def test_grafana_provisioning_points_at_prometheus_and_the_dashboards(tmp_path):
     yaml = pytest.importorskip("yaml")   # Debian's python3-yaml, through the system site packages
-    from rlblab.vmnode import grafana_provisioning
+    from rlblab.vm.node import grafana_provisioning
     files = {k: yaml.safe_load(v) for k, v in grafana_provisioning(tmp_path).items()}
     (ds,) = files["datasources/rlb.yaml"]["datasources"]
     assert (ds["type"], ds["url"], ds["isDefault"]) == ("prometheus", "http://localhost:9090", True)
@@ -89,7 +89,7 @@ def test_grafana_provisioning_points_at_prometheus_and_the_dashboards(tmp_path):
 @pytest.mark.netns
 def test_vm_leaf_setup_names_nics_by_mac_and_configures_links(tmp_path, monkeypatch):
     """What rlb-net does in a leaf VM, run in a namespace with NICs carrying the planned MACs."""
-    from rlblab import vmnode
+    from rlblab.vm import node as vmnode
     from .conftest import scratch_netns
     fabric = LAB / "fabric-2x2.toml"
     vm = node(plan(load(fabric)), "l1")
@@ -112,7 +112,7 @@ def test_vm_leaf_setup_names_nics_by_mac_and_configures_links(tmp_path, monkeypa
 
 
 def test_units_wire_every_agent_to_the_coordinator_on_the_monitor():
-    from rlblab.vmnode import scrape_targets, units
+    from rlblab.vm.node import scrape_targets, units
     fab_file = LAB / "fabric-2x2.toml"
     fab = load(fab_file)
     vms = plan(fab)
@@ -128,3 +128,37 @@ def test_units_wire_every_agent_to_the_coordinator_on_the_monitor():
     assert leaf.rstrip().count(f"--coordinator {url}") == 1 and "--coordinator" not in spine
     jobs = {j["job_name"]: j for j in json.loads(scrape_targets(vms, mon))["scrape_configs"]}
     assert jobs["rlbcoord"]["static_configs"][0]["targets"] == [f"{mon.mgmt_ip}:9473"]
+
+
+def test_deployment_units_of_every_role():
+    """rlbfabric.deploy: what an operator installs, rendered from the fabric file."""
+    from rlbfabric import deploy
+    fab_file = LAB / "fabric-5stage.toml"
+    fab = load(fab_file)
+    url = "http://10.0.0.2:9473"
+    leaf = deploy.units(fab, fab_file, "l1", "10.0.0.11", url)
+    assert sorted(leaf) == ["rlb-bird", "rlb-net", "rlb-switch"]
+    assert f"rlbswitch run {' '.join(fab.switch_ports(fab.node('l1')))} --fabric {fab_file} --node l1" in leaf["rlb-switch"]
+    assert f"--coordinator {url}" in leaf["rlb-switch"] and "--metrics-addr 10.0.0.11" in leaf["rlb-switch"]
+    spine = deploy.units(fab, fab_file, "s11", "10.0.0.12", url)
+    assert "--coordinator" not in spine["rlb-switch"] and "eth-ss1" in spine["rlb-switch"]
+    host = deploy.units(fab, fab_file, "h1", "10.0.0.21", url)
+    assert sorted(host) == ["rlb-host", "rlb-net"]
+    assert f"rlbhost attach eth-l1 --fabric {fab_file} --node h1 --coordinator {url}" in host["rlb-host"]
+    assert "rlbcoord run --fabric" in deploy.coordinator_unit(fab_file, "10.0.0.2")["rlb-coord"]
+    cmds = deploy.net_commands(fab, "l1")
+    gateways = [c[3] for c in cmds if c[:3] == ["ip", "addr", "replace"]]
+    assert len(gateways) == fab.paths * len(fab.node("l1").hosts) and gateways[0].endswith("::1/64")
+    assert ["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"] in cmds
+    assert ["sysctl", "-qw", "net.ipv6.conf.eth-l1.accept_ra=2"] in deploy.net_commands(fab, "h1")
+
+
+def test_deploy_cli_writes_units(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rlbfabric.deploy", "units", "--fabric", str(LAB / "fabric.toml"),
+                          "--node", "h3", "--mgmt-ip", "10.1.0.3", "--coordinator", "http://10.1.0.1:9473",
+                          "-o", str(tmp_path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rlb-host.service", "rlb-net.service"]
+    bad = subprocess.run([sys.executable, "-m", "rlbfabric.deploy", "units", "--fabric", str(LAB / "fabric.toml"),
+                          "--node", "h9", "--mgmt-ip", "10.1.0.3"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "no node 'h9'" in bad.stderr

@@ -9,7 +9,7 @@ import pytest
 
 from rlbcommon import packets as P
 from rlbcommon.testrun import XDP_PASS, XDP_REDIRECT
-from rlbswitch.model import NextHop, Route
+from rlbfabric.routes import NextHop, Route
 
 from .conftest import roce
 

@@ -24,6 +24,6 @@ if ! modinfo rdma_rxe >/dev/null 2>&1; then
          "apt-get install linux-image-amd64, reboot, vagrant provision $node" >&2
 fi
 cd /
-$venv/bin/python -m rlblab.vmnode setup --fabric "$src/$fabric" --node "$node" --xdp "$xdp" --bfd-ms "$bfd_ms"
+$venv/bin/python -m rlblab.vm.node setup --fabric "$src/$fabric" --node "$node" --xdp "$xdp" --bfd-ms "$bfd_ms"
 systemctl reset-failed    # the boot-time ifup of unconfigured NICs fails harmlessly
 echo "provision: $node ready"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from rlbfabric.fabric import load
 
-from .vagrantplan import VmNode, node, plan
+from .plan import VmNode, node, plan
 
-VAGRANT_DIR = Path(__file__).resolve().parent.parent / "vagrant"
+VAGRANT_DIR = Path(__file__).resolve().parents[2] / "vagrant"
 LOCAL_BOX = "rlb/bookworm-lab"
 
 

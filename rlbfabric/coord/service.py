@@ -17,9 +17,9 @@ from typing import Callable
 
 from rlbcommon import coordapi
 
-from . import balance
-from .fabric import Fabric
-from .qpplacer import QpInfo, QpPlacer
+from .. import balance
+from ..fabric import Fabric
+from ..policy.qpplacer import QpInfo, QpPlacer
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from . import pathbw
-from .birdctl import DEFAULT_PATHBW_SUBTYPE, BirdPath
-from .model import NextHop, Route
+from rlbfabric.bird.ctl import DEFAULT_PATHBW_SUBTYPE, BirdPath
+from ..routes import NextHop, Route
 
 POLICIES = ("dpf", "fare", "ecmp", "dlb")
 INFINITE = float("inf")
@@ -83,4 +83,20 @@ def compile_all(paths: Iterable[BirdPath], policy_for: Callable[[str], str],
         c = compile_prefix(net, ps, policy_for(net), link_bw, subtype, homes_of(net))
         if c is not None:
             out[net] = c
+    return out
+
+
+def compile_for_node(fabric, node, paths: list[BirdPath], link_bw: Callable[[str], float]) -> dict[str, Compiled]:
+    """A switch's whole policy: leaves (and spines for their own pod) follow the fabric's policy
+    per prefix. A spine's routes learnt from super-spines (other pods) are weighted by FARE on the
+    link bandwidth the super-spines attached (each pod's prefix is homed on one leaf), ECMP
+    without it."""
+    if node.role != "spine" or not fabric.uplinks(node):
+        return compile_all(paths, fabric.policy_for, link_bw, fabric.pathbw_subtype)
+    up = {p.ifname for p in fabric.ports_up(node)}
+    remote = {p.net for p in paths if p.iface in up}
+    out = compile_all([p for p in paths if p.net not in remote], fabric.policy_for, link_bw,
+                      fabric.pathbw_subtype)
+    out.update(compile_all([p for p in paths if p.net in remote], lambda n: "fare", link_bw,
+                           fabric.linkbw_subtype, lambda n: 1))
     return out

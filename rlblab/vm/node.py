@@ -1,8 +1,8 @@
-"""Inside a Vagrant lab VM: give the node its fabric role from the lab plan (rlblab.vagrantplan).
+"""Inside a Vagrant lab VM: give the node its fabric role from the lab plan (rlblab.vm.plan).
 
-    python -m rlblab.vmnode setup --fabric F --node N   # once, by the provisioner: names the
+    python -m rlblab.vm.node setup --fabric F --node N   # once, by the provisioner: names the
                                                         # fabric NICs, writes and starts units
-    python -m rlblab.vmnode net --fabric F --node N     # every boot (rlb-net.service): links up,
+    python -m rlblab.vm.node net --fabric F --node N     # every boot (rlb-net.service): links up,
                                                         # sysctls, a leaf's gateway addresses
 
 Units: switches run bird2 (rlb-bird) and `rlbswitch run` (rlb-switch, leaves telling the
@@ -23,10 +23,10 @@ from pathlib import Path
 
 from rlbcommon import coordapi
 from rlbcommon.netns import run
+from rlbfabric import deploy
 from rlbfabric.fabric import FabricError, load
 
-from . import topo
-from .vagrantplan import MONITOR, VmNode, node, plan
+from .plan import MONITOR, VmNode, node, plan
 
 log = logging.getLogger("rlb.vmnode")
 VENV = Path("/opt/rlb/venv/bin")
@@ -34,7 +34,6 @@ UNITS = Path("/etc/systemd/system")
 RUN = Path("/run/rlb")
 ETC = Path("/etc/rlb")
 LINK_DIR = Path("/etc/systemd/network")   # .link files: NIC names that survive a reboot
-SWITCH_ROLES = ("leaf", "spine", "superspine")
 
 
 sh = functools.partial(run, None)   # commands here, in the VM's own namespace
@@ -67,82 +66,28 @@ def name_nics(vm: VmNode):
 
 
 def net(fabric_file: Path, name: str):
-    """Boot-time link setup (idempotent)."""
-    fab = load(fabric_file)
-    vm = node(plan(fab), name)
-    if vm.role in SWITCH_ROLES:
-        topo.sysctl(None, "net.ipv6.conf.all.forwarding", "1")
-    for link in vm.links:
-        if vm.role in SWITCH_ROLES:
-            topo.sysctl(None, f"net.ipv6.conf.{link.ifname}.accept_dad", "0")   # fast restore on link-up
-        else:
-            topo.sysctl(None, f"net.ipv6.conf.{link.ifname}.accept_ra", "2")    # SLAAC from the leaf's RAs
-        sh("ip", "link", "set", link.ifname, "up")
-        # XDP on virtio needs no LRO; redirected frames must not carry partial checksums
-        sh("ethtool", "-K", link.ifname, "tx", "off", check=False)
-    if vm.role == "leaf":
-        leaf = fab.node(name)
-        for port, _, ifname in fab.host_ports(leaf):
-            for net_ in fab.host_prefixes(leaf, port):
-                sh("ip", "addr", "replace", f"{net_.network_address + 1}/64", "dev", ifname, "nodad")
+    """Boot-time link setup (idempotent): the deployment's own (rlbfabric.deploy)."""
+    deploy.net(load(fabric_file), name)
 
 
 def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, xdp: str = "native",
           bfd_ms: int = 0) -> dict[str, str]:
-    """{unit name: unit file} for one VM of the lab."""
-    name = vm.name
-    args = f"--fabric {fabric_file} --node {name}"
-    coord = coordapi.url_for(node(vms, MONITOR).mgmt_ip)
-    out = {}
-    if vm.role != "monitor":
-        out["rlb-net"] = f"""[Unit]
-Description=RLB fabric links of {name} ({vm.role})
-After=systemd-udev-settle.service networking.service
+    """{unit name: unit file} for one VM: what an operator installs (rlbfabric.deploy), plus the
+    lab's own: Soft-RoCE on the hosts, Prometheus beside the coordinator on the monitor."""
+    site = deploy.Site(bin=VENV, run_dir=RUN, xdp=xdp, bfd_ms=bfd_ms)
+    mon = node(vms, MONITOR)
+    if vm.role == "monitor":
+        return {**deploy.coordinator_unit(fabric_file, vm.mgmt_ip, site), "rlb-prometheus": f"""[Unit]
+Description=Prometheus scraping the RLB lab's agents
 [Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart={VENV}/python -m rlblab.vmnode net {args}
-[Install]
-WantedBy=multi-user.target
-"""
-    if vm.role in SWITCH_ROLES:
-        ports = " ".join(l.ifname for l in vm.links)
-        out["rlb-bird"] = f"""[Unit]
-Description=bird2 for fabric switch {name}
-Requires=rlb-net.service
-After=rlb-net.service
-[Service]
-ExecStartPre={VENV}/rlbswitch bird-config {args} --run-dir {RUN} -o {RUN}/{name}.conf{f' --bfd-ms {bfd_ms}' if bfd_ms else ''}
-ExecStart=/usr/sbin/bird -f -c {RUN}/{name}.conf -s {RUN}/{name}.ctl
-ExecReload=/usr/sbin/birdc -s {RUN}/{name}.ctl configure
-Restart=on-failure
-[Install]
-WantedBy=multi-user.target
-"""
-        out["rlb-switch"] = f"""[Unit]
-Description=RLB switch agent (XDP data plane fed by bird2) on {name}
-Wants=rlb-bird.service
-After=rlb-bird.service
-[Service]
-ExecStart={VENV}/rlbswitch run {ports} {args} --run-dir {RUN} --metrics-addr {vm.mgmt_ip} --speed-mbps {fab.link_mbps}{' --generic' if xdp == 'generic' else ''}{f' --coordinator {coord}' if vm.role == 'leaf' else ''}
+ExecStart=/usr/bin/prometheus --config.file={ETC}/prometheus.yml --storage.tsdb.path=/var/lib/rlb-prometheus --web.listen-address=:9090
 Restart=always
-RestartSec=1
 [Install]
 WantedBy=multi-user.target
-"""
-    elif vm.role == "host":
-        port = vm.links[0].ifname
-        out["rlb-host"] = f"""[Unit]
-Description=RLB host agent (per-QP path selection) on {port}
-Requires=rlb-net.service
-After=rlb-net.service
-[Service]
-ExecStart={VENV}/rlbhost attach {port} {args} --coordinator {coord} --metrics-addr {vm.mgmt_ip}
-Restart=always
-RestartSec=1
-[Install]
-WantedBy=multi-user.target
-"""
+"""}
+    out = deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip, coordapi.url_for(mon.mgmt_ip), site)
+    if vm.role == "host":
+        port = deploy.host_port(fab, vm.name)
         out["rlb-rxe"] = f"""[Unit]
 Description=Soft-RoCE device rxe0 on {port}
 Requires=rlb-net.service
@@ -152,25 +97,6 @@ Type=oneshot
 RemainAfterExit=yes
 ExecStart=/sbin/modprobe rdma_rxe
 ExecStart=/bin/sh -c 'rdma link show rxe0/1 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev {port}'
-[Install]
-WantedBy=multi-user.target
-"""
-    else:
-        out["rlb-prometheus"] = f"""[Unit]
-Description=Prometheus scraping the RLB lab's agents
-[Service]
-ExecStart=/usr/bin/prometheus --config.file={ETC}/prometheus.yml --storage.tsdb.path=/var/lib/rlb-prometheus --web.listen-address=:9090
-Restart=always
-[Install]
-WantedBy=multi-user.target
-"""
-        out["rlb-coord"] = f"""[Unit]
-Description=RLB fabric coordinator (QP placements for the whole fabric)
-After=network-online.target
-[Service]
-ExecStart={VENV}/rlbcoord run --fabric {fabric_file} --listen {vm.mgmt_ip}
-Restart=always
-RestartSec=1
 [Install]
 WantedBy=multi-user.target
 """
@@ -235,7 +161,7 @@ def grafana(vm: VmNode):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     GRAFANA_DASHBOARDS.mkdir(parents=True, exist_ok=True)
-    for f in (Path(__file__).resolve().parent.parent / "grafana").glob("*.json"):
+    for f in (Path(__file__).resolve().parents[2] / "grafana").glob("*.json"):
         shutil.copy(f, GRAFANA_DASHBOARDS / f.name)
     sh("systemctl", "enable", "grafana-server.service")
     sh("systemctl", "restart", "grafana-server.service")
@@ -243,7 +169,7 @@ def grafana(vm: VmNode):
 
 
 def main(argv: list[str] | None = None):
-    ap = argparse.ArgumentParser(prog="python -m rlblab.vmnode", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m rlblab.vm.node", description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=("setup", "net"))
     ap.add_argument("--fabric", required=True, type=Path)
     ap.add_argument("--node", required=True)

@@ -6,7 +6,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from rlbcommon.metrics import counter, gauge
 
-from .coordinator import Coordinator
+from .service import Coordinator
 
 
 class CoordinatorCollector:

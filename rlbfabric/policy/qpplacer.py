@@ -7,7 +7,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Hashable
 
-from .fabric import Fabric
+from ..fabric import Fabric
 from .placement import DOWN, UP, Placement
 
 

@@ -41,8 +41,8 @@ def run(
 ):
     """Run the coordinator in the foreground (systemd-friendly)."""
     from rlbfabric.fabric import load
-    from .coordinator import Coordinator, make_server
-    from .coordmetrics import exposition
+    from .service import Coordinator, make_server
+    from .metrics import exposition
     fab = load(fabric)
     coord = Coordinator(fab, host_timeout_s)
     try:

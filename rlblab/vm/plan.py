@@ -3,7 +3,7 @@ their management addresses and their point-to-point fabric links (UDP tunnels un
 internal networks under VirtualBox). The Vagrantfile reads it as JSON on the host and the
 provisioning reads the same plan inside each VM, so both sides agree on names, MACs and ports.
 
-    python3 -m rlblab.vagrantplan --fabric lab/fabric-2x2.toml        # JSON on stdout
+    python3 -m rlblab.vm.plan --fabric lab/fabric-2x2.toml        # JSON on stdout
 
 Interfaces in the VMs: eth0 is Vagrant's, eth1 the lab's management network (metrics,
 Prometheus, the perftest handshake), then one NIC per fabric link, renamed after its MAC to
@@ -91,7 +91,7 @@ def node(vms: list[VmNode], name: str) -> VmNode:
 
 
 def main(argv: list[str] | None = None):
-    ap = argparse.ArgumentParser(prog="python3 -m rlblab.vagrantplan", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m rlblab.vm.plan", description=__doc__.split("\n\n")[0])
     ap.add_argument("--fabric", required=True, type=Path, help="Fabric description (TOML).")
     ap.add_argument("--mgmt-net", default="10.77.0.0/24", help="IPv4 network for the lab's management NICs.")
     args = ap.parse_args(argv)

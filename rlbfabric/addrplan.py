@@ -1,15 +1,28 @@
-"""The address plan: one /64 per fabric path, the paths differing in one hextet (the path field).
+"""The address plan, all of it: one /64 per fabric path, the paths differing in one hextet (the
+path field).
 
-    fc00:1:1:1::/64  fc00:1:1:2::/64  fc00:1:1:3::/64  fc00:1:1:4::/64   -> field 3, values 1..4
+    <prefix>:<leaf>:<port>:<path>::/64     fc00:1:1:1::/64 .. fc00:1:1:4::/64 -> field 3, values 1..4
 
 A host's address on path k is its base address with the path field set to k (SLAAC keeps the
-interface ID), and so is its peer's."""
+interface ID), and so is its peer's. Leaf and port are written as decimal digits (read as hex
+they stay distinct); the path is written in hex so that the field's value is the path number."""
 from __future__ import annotations
 
 import ipaddress
 from typing import Iterable
 
 IPv6 = ipaddress.IPv6Address
+PATH_FIELD = 3            # the hextet that numbers the paths in this plan
+
+
+def host_prefix(prefix: str, leaf: int, port: int, path: int) -> ipaddress.IPv6Network:
+    """The /64 of path `path` on host port `port` of leaf `leaf` (all 1-based)."""
+    return ipaddress.IPv6Network(f"{prefix}:{leaf}:{port}:{path:x}::/64")
+
+
+def leaf_prefix(prefix: str, leaf: int) -> ipaddress.IPv6Network:
+    """Every host prefix behind one leaf."""
+    return ipaddress.IPv6Network(f"{prefix}:{leaf}::/32")
 
 
 def hextets(addr) -> list[int]:

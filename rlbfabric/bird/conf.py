@@ -14,9 +14,9 @@ import struct
 from pathlib import Path
 
 from rlbfabric.fabric import Fabric, Node
-from .pathbw import MAX_BANDWIDTH
+from ..constants import COLOUR_COMMUNITY
+from ..policy.pathbw import MAX_BANDWIDTH
 
-COLOUR_HI = 0x030B0000
 NO_AIGP_METRIC = 2147483648
 
 
@@ -71,7 +71,7 @@ def _leaf_import(fabric: Fabric, leaf: Node) -> str:
         return ""
     lines = []
     for k in range(1, fabric.paths + 1):
-        lines.append(f"  if uplink = {fabric.port_id(k, leaf)} && (generic, {COLOUR_HI:#x}, {k}) ~ bgp_ext_community "
+        lines.append(f"  if uplink = {fabric.port_id(k, leaf)} && (generic, {COLOUR_COMMUNITY:#x}, {k}) ~ bgp_ext_community "
                      f"then bgp_local_pref = 200;")
     return "function leaf_import(int uplink)\n{\n" + "\n".join(lines) + "\n  return true;\n}\n"
 
@@ -107,7 +107,7 @@ int k; int uplink_k;
 {chr(10).join(cases)}
   if k = 0 then return false;
 {port_of_k}
-  bgp_ext_community.add((generic, {COLOUR_HI:#x}, k));
+  bgp_ext_community.add((generic, {COLOUR_COMMUNITY:#x}, k));
   bgp_ext_community.add((generic, {hi:#x}, {float_bits(MAX_BANDWIDTH):#x}));
   {aigp}
   return true;

@@ -1,0 +1,14 @@
+"""Every fabric-wide constant, in one place: what all agents, configs and labs must agree on."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROCE_PORT = 4791                    # RoCEv2's UDP destination port (IANA)
+METRICS_PORT = {"switch": 9471, "host": 9472, "coordinator": 9473}
+COORDINATOR_PORT = METRICS_PORT["coordinator"]   # the coordinator's API and /metrics share it
+# Colour k travels as the generic ext community (COLOUR_COMMUNITY, k): transitive, type 0x03,
+# sub-type 0x0b (RFC 9012's colour extended community).
+COLOUR_COMMUNITY = 0x030B0000
+# Runtime files (bird includes, sockets, locks, layouts); RLB_RUN_DIR moves them (tests, labs).
+RUN_DIR = Path(os.environ.get("RLB_RUN_DIR", "/run/rlb"))

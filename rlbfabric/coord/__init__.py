@@ -1,0 +1,2 @@
+"""The fabric coordinator: the service and its HTTP API (service), Prometheus (metrics), the
+rlbcoord command (cli)."""

@@ -1,0 +1,186 @@
+"""What an operator installs on real switches and GPU hosts, rendered from the fabric file: the
+systemd units of every role and the boot-time link setup. The Vagrant lab installs exactly these.
+
+    python -m rlbfabric.deploy units --fabric F --node l1 --mgmt-ip 10.0.0.11 \\
+        --coordinator http://10.0.0.2:9473 -o /etc/systemd/system
+    python -m rlbfabric.deploy net --fabric F --node l1        # what rlb-net.service runs at boot
+
+Roles and units:
+    leaf, spine, super-spine   rlb-net (forwarding, fabric ports up, a leaf's gateway addresses),
+                               rlb-bird (bird2, config rendered at start), rlb-switch (the agent;
+                               leaves also tell the coordinator their uplinks)
+    host                       rlb-net (SLAAC on the fabric port), rlb-host (the agent, reporting
+                               to the coordinator)
+    coordinator (any machine on the management network)   rlb-coord"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .constants import RUN_DIR
+from .fabric import Fabric, FabricError, load
+
+SWITCH_ROLES = ("leaf", "spine", "superspine")
+
+
+@dataclass
+class Site:
+    """What the fabric file does not say: where things are on the machines."""
+    bin: Path = Path("/opt/rlb/venv/bin")     # rlbswitch, rlbhost, rlbcoord, python
+    run_dir: Path = RUN_DIR
+    xdp: str = "native"                       # or generic, for NICs without native XDP
+    bfd_ms: int = 0                           # instead of the fabric file's (slow emulation)
+
+
+def role(fabric: Fabric, node: str) -> str:
+    if node in fabric.hosts:
+        return "host"
+    return fabric.node(node).role
+
+
+def host_port(fabric: Fabric, host: str) -> str:
+    """A host's fabric port is named after its leaf, as a switch's ports are after their peers."""
+    return f"eth-{fabric.leaf_of_host(host)[0].name}"
+
+
+def units(fabric: Fabric, fabric_file: Path, node: str, mgmt_ip: str, coordinator: str | None,
+          site: Site = Site()) -> dict[str, str]:
+    """{unit name: unit file} for one machine of the fabric."""
+    r = role(fabric, node)
+    args = f"--fabric {fabric_file} --node {node}"
+    coord = f" --coordinator {coordinator}" if coordinator else ""
+    out = {"rlb-net": f"""[Unit]
+Description=RLB fabric links of {node} ({r})
+After=systemd-udev-settle.service networking.service
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={site.bin}/python -m rlbfabric.deploy net {args}
+[Install]
+WantedBy=multi-user.target
+"""}
+    if r in SWITCH_ROLES:
+        ports = " ".join(fabric.switch_ports(fabric.node(node)))
+        run = site.run_dir
+        out["rlb-bird"] = f"""[Unit]
+Description=bird2 for fabric switch {node}
+Requires=rlb-net.service
+After=rlb-net.service
+[Service]
+ExecStartPre={site.bin}/rlbswitch bird-config {args} --run-dir {run} -o {run}/{node}.conf{f' --bfd-ms {site.bfd_ms}' if site.bfd_ms else ''}
+ExecStart=/usr/sbin/bird -f -c {run}/{node}.conf -s {run}/{node}.ctl
+ExecReload=/usr/sbin/birdc -s {run}/{node}.ctl configure
+Restart=on-failure
+[Install]
+WantedBy=multi-user.target
+"""
+        out["rlb-switch"] = f"""[Unit]
+Description=RLB switch agent (XDP data plane fed by bird2) on {node}
+Wants=rlb-bird.service
+After=rlb-bird.service
+[Service]
+ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {fabric.link_mbps}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}
+Restart=always
+RestartSec=1
+[Install]
+WantedBy=multi-user.target
+"""
+    else:
+        out["rlb-host"] = f"""[Unit]
+Description=RLB host agent (per-QP path selection) on {host_port(fabric, node)}
+Requires=rlb-net.service
+After=rlb-net.service
+[Service]
+ExecStart={site.bin}/rlbhost attach {host_port(fabric, node)} {args}{coord} --metrics-addr {mgmt_ip}
+Restart=always
+RestartSec=1
+[Install]
+WantedBy=multi-user.target
+"""
+    return out
+
+
+def coordinator_unit(fabric_file: Path, listen: str, site: Site = Site()) -> dict[str, str]:
+    return {"rlb-coord": f"""[Unit]
+Description=RLB fabric coordinator (QP placements for the whole fabric)
+After=network-online.target
+[Service]
+ExecStart={site.bin}/rlbcoord run --fabric {fabric_file} --listen {listen}
+Restart=always
+RestartSec=1
+[Install]
+WantedBy=multi-user.target
+"""}
+
+
+def net_commands(fabric: Fabric, node: str) -> list[list[str]]:
+    """Boot-time link setup of one machine (idempotent): switches forward, their fabric ports come
+    up without DAD delay (fast restore on link-up), a leaf carries its gateway address of every
+    host prefix (bird's radv advertises the prefixes of its addresses); a host takes SLAAC on its
+    fabric port. Transmit checksum offload off: redirected frames must not carry partial ones."""
+    r = role(fabric, node)
+    out = []
+    ports = fabric.switch_ports(fabric.node(node)) if r in SWITCH_ROLES else [host_port(fabric, node)]
+    if r in SWITCH_ROLES:
+        out.append(["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])
+    for p in ports:
+        key = "accept_dad=0" if r in SWITCH_ROLES else "accept_ra=2"
+        out += [["sysctl", "-qw", f"net.ipv6.conf.{p}.{key}"], ["ip", "link", "set", p, "up"],
+                ["ethtool", "-K", p, "tx", "off"]]
+    if r == "leaf":
+        leaf = fabric.node(node)
+        for port, _, ifname in fabric.host_ports(leaf):
+            for net in fabric.host_prefixes(leaf, port):
+                out.append(["ip", "addr", "replace", f"{net.network_address + 1}/64", "dev", ifname, "nodad"])
+    return out
+
+
+def net(fabric: Fabric, node: str):
+    for cmd in net_commands(fabric, node):
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode and cmd[0] != "ethtool":           # a NIC may not let tx offload be set
+            raise RuntimeError(f"{' '.join(cmd)}: {res.stderr.strip()}")
+
+
+def main(argv: list[str] | None = None):
+    ap = argparse.ArgumentParser(prog="python -m rlbfabric.deploy", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    u = sub.add_parser("units", help="Write the systemd units of one machine.")
+    u.add_argument("--fabric", required=True, type=Path)
+    u.add_argument("--node", required=True, help="The machine's name in the fabric file (or 'coordinator').")
+    u.add_argument("--mgmt-ip", required=True, help="Its management address (metrics, coordinator).")
+    u.add_argument("--coordinator", help="The coordinator's URL (hosts report to it, leaves tell it their uplinks).")
+    u.add_argument("--bin", type=Path, default=Site.bin, help="Where rlbswitch, rlbhost, rlbcoord are.")
+    u.add_argument("--xdp", choices=("native", "generic"), default="native")
+    u.add_argument("-o", "--out", type=Path, help="Directory to write to (default: print them).")
+    n = sub.add_parser("net", help="Set the machine's fabric links up (what rlb-net.service runs).")
+    n.add_argument("--fabric", required=True, type=Path)
+    n.add_argument("--node", required=True)
+    args = ap.parse_args(argv)
+    try:
+        fab = load(args.fabric)
+        if args.command == "net":
+            net(fab, args.node)
+            return
+        site = Site(bin=args.bin, xdp=args.xdp)
+        fabric_file = args.fabric.resolve()
+        if args.node == "coordinator":
+            out = coordinator_unit(fabric_file, args.mgmt_ip, site)
+        else:
+            out = units(fab, fabric_file, args.node, args.mgmt_ip, args.coordinator, site)
+        for name, text in out.items():
+            if args.out:
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / f"{name}.service").write_text(text)
+                print(f"wrote {args.out / f'{name}.service'}")
+            else:
+                print(f"# {name}.service\n{text}")
+    except (FabricError, RuntimeError, OSError) as e:
+        sys.exit(f"rlbfabric.deploy: {e}")
+
+
+if __name__ == "__main__":
+    main()
