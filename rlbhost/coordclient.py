@@ -31,6 +31,12 @@ class CoordinatorClient:
     def body(self) -> dict:
         now = time.monotonic()
         paths = {p.index: p for p in self.dp.paths() if p.valid}
+        swept, self.dp.swept = self.dp.swept, {}
+        mono_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        for key, v in swept.items():          # gone idle since the last read
+            if v["path"] in paths:
+                self.memory[key] = {"path": paths[v["path"]].value, "bytes": v["bytes"],
+                                    "seen": now - (mono_ns - v["last_ns"]) / 1e9}
         for q in self.dp.qps():
             if q["path"] in paths:
                 self.memory[(q["peer"], q["sport"], q["qp"])] = {

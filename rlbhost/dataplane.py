@@ -57,6 +57,9 @@ class HostDataplane(PinnedState):
     def __init__(self, instance: str | None = None):
         super().__init__(instance)
         self.fns = {}
+        # QPs the sweep removed as idle, for whoever keeps their memory (the coordinator client):
+        # a short burst can go idle and be swept between two of its reads
+        self.swept: dict[tuple[str, int, int], dict] = {}
 
     def load(self):
         if self.bpf is None:
@@ -307,6 +310,7 @@ class HostDataplane(PinnedState):
             for k, v in list(ct.items()):
                 if now - v.last_ns >= expiry or v.wid not in entries:
                     ct.delete(k)          # idle: re-assigned on its next packet anyway
+                    self.swept[self._qp_id(k)] = {"path": v.path, "bytes": v.bytes, "last_ns": v.last_ns}
                     continue
                 live[v.wid].append((k, v))
             for wid, (entry, eff) in entries.items():

@@ -343,7 +343,12 @@ class SwitchDataplane(PinnedState):
 
     def routes(self) -> list[dict]:
         """Programmed routes with their next hops' ids and state, for show and the agent. Each
-        map is read once (next hops and ports whole, each group once)."""
+        map is read once (next hops and ports whole, each group once), under the lock: a route
+        read after the next hops must not name one written in between."""
+        with self.locked():
+            return self._routes()
+
+    def _routes(self) -> list[dict]:
         nhs = self.maps["nexthops"].array_values()
         ports = {k.value: p for k, p in self.maps["ports"].items()}
         groups: dict[int, object] = {}

@@ -160,6 +160,7 @@ class FakeHostDataplane:
     def __init__(self, host, qps):
         self._paths = [self.P(k - 1, k, addr(host, k)) for k in range(1, 5)]
         self._qps, self.placed = qps, {}
+        self.swept = {}
 
     def paths(self):
         return self._paths
@@ -198,3 +199,16 @@ def test_client_reports_remembers_idle_qps_and_falls_back(coord):
     client.url = "http://[::1]:1"                                  # coordinator gone
     client._failed(coordapi.CoordinatorError("gone"))
     assert dp.placed == {} and client.counters["fallbacks"] == 1
+
+
+def test_client_reports_a_qp_the_sweep_removed_before_it_looked(coord):
+    """A burst shorter than the report period: the agent's sweep drops the QP's idle entry before
+    the client reads the table; the client still learns it from the sweep and gets a placement."""
+    import time as _t
+    from rlbhost.coordclient import CoordinatorClient
+    dp = FakeHostDataplane("h1", [])
+    dp.swept = {(addr("h3", 1), 50001, 5): {"path": 2, "bytes": 900,
+                                            "last_ns": _t.clock_gettime_ns(_t.CLOCK_MONOTONIC) - 250_000_000}}
+    client = CoordinatorClient(dp, "h1", coord.url)
+    assert client.report_once() == 1 and dp.swept == {}
+    assert list(dp.placed) == [(addr("h3", 1), 50001, 5)]
