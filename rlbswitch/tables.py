@@ -131,15 +131,22 @@ class SwitchTables:
             self.routes[net] = _Route(self.dp.MODE_NAMES.get(r.mode, f"mode{r.mode}"), r.nexthop, r.group, r.ifindex)
         for rt in self.routes.values():
             self._ref(rt, +1)
+        # orphans: what a crash left between writing and switching (or before freeing)
         orphans = [g for g in self.group_by_id.values() if g.refs == 0]
         for g in orphans:
-            self._free_group(g)
+            self.dp.maps["groups"].zero(g.id)
+            del self.group_by_id[g.id]
+            if self.group_by_key.get(g.key) is g:
+                del self.group_by_key[g.key]
         for g in self.group_by_id.values():
             for nid in g.members:
                 self.nh_by_id[nid].refs += 1
         lost = [n for n in self.nh_by_id.values() if n.refs == 0]
         for n in lost:
-            self._free_nh(n)
+            self.dp.maps["nexthops"].zero(n.id)
+            del self.nh_by_id[n.id]
+            if self.nh_by_key.get(n.key) is n:
+                del self.nh_by_key[n.key]
         self.free_nh = _FreeIds(self.C["RLB_MAX_NEXTHOPS"], set(self.nh_by_id))
         self.free_group = _FreeIds(self.C["RLB_MAX_GROUPS"], set(self.group_by_id))
         if orphans or lost:
@@ -285,18 +292,16 @@ class SwitchTables:
         self.group_by_id.pop(g.id, None)
         if self.group_by_key.get(g.key) is g:
             del self.group_by_key[g.key]
-        if hasattr(self, "free_group"):
-            self.free_group.give(g.id)
-            for nid in g.members:
-                self.nh_by_id[nid].refs -= 1
+        self.free_group.give(g.id)
+        for nid in g.members:
+            self.nh_by_id[nid].refs -= 1
 
     def _free_nh(self, n: _Nh):
         self.dp.maps["nexthops"].zero(n.id)
         self.nh_by_id.pop(n.id, None)
         if self.nh_by_key.get(n.key) is n:
             del self.nh_by_key[n.key]
-        if hasattr(self, "free_nh"):
-            self.free_nh.give(n.id)
+        self.free_nh.give(n.id)
 
     def _lpm_key(self, net: ipaddress.IPv6Network):
         k = self.dp.maps["routes"].key_type()
