@@ -21,10 +21,11 @@ from rlbcommon.paths import RUN_DIR, write_atomic
 
 from rlbfabric.bird.conf import neighbors_file, pathbw_file, render_neighbors, render_pathbw
 from rlbfabric.bird.ctl import BirdClient, BirdError
-from rlbfabric.policy.compiler import compile_for_node
-from .dataplane import NUD_USABLE, DataplaneError, SwitchDataplane
 from rlbfabric.fabric import Fabric
 from rlbfabric.policy import pathbw as pbw
+from rlbfabric.policy.compiler import compile_for_node
+
+from .dataplane import NUD_USABLE, DataplaneError, SwitchDataplane
 
 log = logging.getLogger(__name__)
 RTPROT_BIRD = 12        # rtnetlink protocol id of routes bird installs
@@ -101,58 +102,14 @@ class BirdSync:
         if self._write(neighbors_file(self.run_dir, self.node.name), text):
             self._configure(f"neighbours {found}")
 
-    # ---- spines: FARE path bandwidth --------------------------------------------------
-    def _up_ports(self) -> set[str]:
-        return {p.ifname for p in self.fabric.ports_up(self.node)}
-
-    def _down_ports(self) -> set[str]:
-        return {p.ifname for p in self.fabric.ports_down(self.node)}
-
+    # ---- spines and super-spines: FARE path bandwidth back into bird --------------------
     def sync_pathbw(self, paths):
-        """Spine: path bandwidth of the prefixes its own leaves advertise (sum of min(link,
-        received)). Super-spine: the bandwidth of its link towards the advertising spine."""
-        values: dict[str, float] = {}
-        by_net: dict[str, list] = {}
-        down = self._down_ports()
-        for p in paths:
-            if p.source == "BGP" and p.iface in down:
-                by_net.setdefault(p.net, []).append(p)
-        for net, ps in by_net.items():
-            if self.node.role == "superspine":
-                best = next((p for p in ps if p.best), ps[0])
-                values[net] = pbw.superspine_nontransitive(self.link_bw(best.iface))
-                continue
-            v = pbw.readvertised([self.link_bw(p.iface) for p in ps],
-                                 [p.path_bandwidth(self.fabric.pathbw_subtype) for p in ps])
-            if v is not None:
-                values[net] = v
-        if self.node.role == "spine":
-            values.update(self._remote_pod_values(paths))
+        values = pbw.node_values(self.fabric, self.node, paths, self.link_bw)
         text = render_pathbw(self.fabric, self.node, values)
         if self._write(pathbw_file(self.run_dir, self.node.name), text):
             self._configure(f"path bandwidth for {len(values)} prefixes")
 
     # ---- routes -> data plane ---------------------------------------------------------
-    def _remote_pod_values(self, paths) -> dict[str, float]:
-        """§4.2 option: a spine lowers the transitive path bandwidth of another pod's prefix to the
-        total towards the next-next hop (its super-spine routes, each min(link, link bandwidth
-        the super-spine attached)) when that is smaller. Without every route carrying the link
-        bandwidth the value passes untouched."""
-        up = self._up_ports()
-        by_net: dict[str, list] = {}
-        for p in paths:
-            if p.source == "BGP" and p.iface in up:
-                by_net.setdefault(p.net, []).append(p)
-        out = {}
-        for net, ps in by_net.items():
-            total = pbw.readvertised([self.link_bw(p.iface) for p in ps],
-                                     [p.path_bandwidth(self.fabric.linkbw_subtype) for p in ps])
-            carried = [p.path_bandwidth(self.fabric.pathbw_subtype) for p in ps]
-            if total is None or None in carried:
-                continue
-            out[net] = min(min(carried), total)
-        return out
-
     def sync_routes(self, paths, only: set[str] | None = None) -> bool:
         """Program bird's routes (compiled by policy) in one batch; routes this agent did not
         program (connected, local, an operator's) are left alone. With `only`, paths are those

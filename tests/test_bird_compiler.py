@@ -165,3 +165,17 @@ def test_ecmp_and_dlb_policies_and_connected_routes_skipped():
     ecmp = compile_all(paths, lambda n: "ecmp", lambda i: 1e9)
     assert set(ecmp) == {"fc00:1::/64"} and ecmp["fc00:1::/64"].route.mode == "ecmp"
     assert compile_all(paths, lambda n: "dlb", lambda i: 1e9)["fc00:1::/64"].route.mode == "dlb"
+
+
+def test_spine_readvertises_fare_path_bandwidth_from_its_leaves():
+    """§4.1 on a spine: a prefix of its own leaf, received with the leaf's maximum, goes on with
+    min(link, received) summed over the routes; a prefix from elsewhere is not the spine's to set."""
+    from rlbfabric.fabric import load
+    from pathlib import Path
+    fab = load(Path(__file__).resolve().parent.parent / "lab" / "fabric-2x2.toml")
+    s2 = fab.node("s2")
+    link = {"eth-l1": 0.625e9, "eth-l2": 1.25e9}           # l1-s2 at 5 Gb/s, l2-s2 at 10
+    paths = [BirdPath("fc00:1:1:1::/64", "l1_1", True, "fe80::1", "eth-l1", "BGP", [65001],
+                      [(0x00880000 | 65001, int.from_bytes(struct.pack(">f", pathbw.MAX_BANDWIDTH), "big"))]),
+             BirdPath("fc00:2:1:1::/64", "l2_1", True, "fe80::2", "eth-l2", "BGP", [65002], [])]
+    assert pathbw.node_values(fab, s2, paths, link.__getitem__) == {"fc00:1:1:1::/64": pytest.approx(0.625e9)}
