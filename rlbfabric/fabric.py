@@ -96,6 +96,11 @@ class Fabric:
     # arrive: it is sent transitive and every spine deletes it on export (it travels one hop).
     linkbw_subtype: int = 0x89
     bfd_ms: int = 50      # BFD tx/rx interval (x3 to detect); emulated VMs need slower timers
+    # BGP graceful restart (RFC 4724): how long peers keep a restarting switch's routes, and how
+    # long an agent keeps what is programmed while its bird restarts. Long enough for bird to
+    # start, find its neighbours and converge (seconds here; a loaded switch with a full table
+    # takes longer), short enough that a switch whose bird stays down is routed around soon.
+    graceful_restart_s: int = 30
     _host_index: dict | None = field(default=None, repr=False, compare=False)
 
     # ---- lookups ----------------------------------------------------------------------
@@ -310,6 +315,9 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
     bfd_ms = f.get("bfd_ms", 50)
     if not isinstance(bfd_ms, int) or not 10 <= bfd_ms <= 10000:
         raise FabricError(f"{where}: bfd_ms {bfd_ms!r}: an interval in ms, 10 to 10000")
+    gr_s = f.get("graceful_restart_s", 30)
+    if not isinstance(gr_s, int) or not 1 <= gr_s <= 4095:
+        raise FabricError(f"{where}: graceful_restart_s {gr_s!r}: seconds, 1 to 4095 (RFC 4724's 12 bits)")
     prefix = f.get("prefix", "fc00")
     try:
         addrplan.host_prefix(prefix, 1, 1, 1)
@@ -317,4 +325,4 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
         raise FabricError(f"{where}: prefix {prefix!r} must be one hextet, e.g. 'fc00'") from None
     return Fabric(spines, leaves, supers, paths, prefix, policy, int(f.get("link_mbps", 10000)),
                   bool(f.get("bfd", True)), int(f.get("pathbw_subtype", 0x88)), links, overrides,
-                  parallel, int(f.get("linkbw_subtype", 0x89)), bfd_ms)
+                  parallel, int(f.get("linkbw_subtype", 0x89)), bfd_ms, graceful_restart_s=gr_s)

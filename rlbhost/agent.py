@@ -11,6 +11,7 @@ import threading
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR
 
+from rlbcommon.health import Health
 from rlbfabric.policy import localrule
 from rlbfabric.fabric import Fabric
 
@@ -21,10 +22,12 @@ log = logging.getLogger(__name__)
 
 class HostAgent:
     def __init__(self, dp: HostDataplane, ifname: str, path_field: int | None = None,
-                 base_value: int | None = None, fabric: Fabric | None = None, node: str | None = None):
+                 base_value: int | None = None, fabric: Fabric | None = None, node: str | None = None,
+                 health: Health | None = None):
         self.dp, self.ifname = dp, ifname
         self.path_field, self.base_value = path_field, base_value
         self.fabric, self.node = fabric, node
+        self.health = health or Health()
         self.stop = threading.Event()
 
     def sync(self):
@@ -32,8 +35,9 @@ class HostAgent:
             self.dp.sync_paths(self.ifname, self.path_field, self.base_value)
             if self.fabric:
                 self.place()
-        except Exception:
-            log.exception("syncing paths of %s", self.ifname)
+            self.health.ok("addresses")
+        except Exception as e:
+            self.health.failed("addresses", e, log, (HostError, OSError))
 
     def place(self):
         """The host's place in the fabric: the rotation where its ties start, and a weight entry
@@ -51,13 +55,22 @@ class HostAgent:
             log.info("QPs to %s (hosts on %s) counted apart", own, leaf.name)
 
     def _addresses(self, ready: threading.Event):
-        with IPRoute() as mon:
-            mon.bind(groups=RTMGRP_IPV6_IFADDR)
-            ready.set()
-            while not self.stop.is_set():
-                msgs = mon.get()
-                if any(m["event"] in ("RTM_NEWADDR", "RTM_DELADDR") for m in msgs):
-                    self.sync()   # DAD completing also arrives as RTM_NEWADDR
+        """Follow address events; if the socket fails (ENOBUFS: events were dropped), bind a new
+        one and read the addresses afresh, so no change is missed."""
+        while not self.stop.is_set():
+            try:
+                with IPRoute() as mon:
+                    mon.bind(groups=RTMGRP_IPV6_IFADDR)
+                    if ready.is_set():
+                        self.sync()
+                    ready.set()
+                    while not self.stop.is_set():
+                        msgs = mon.get()
+                        if any(m["event"] in ("RTM_NEWADDR", "RTM_DELADDR") for m in msgs):
+                            self.sync()   # DAD completing also arrives as RTM_NEWADDR
+            except Exception as e:
+                self.health.failed("addresses", e, log)
+                self.stop.wait(0.1)
 
     def run(self):
         ready = threading.Event()
@@ -71,8 +84,9 @@ class HostAgent:
             self.stop.wait(period)
             try:
                 self.dp.rebalance()
-            except Exception:
-                log.exception("sweeping connection tracking")
+                self.health.ok("sweep")
+            except Exception as e:
+                self.health.failed("sweep", e, log, (HostError, OSError))
 
 
 def check_place(fabric: Fabric, node: str):

@@ -66,7 +66,9 @@ def attach(
     dp.attach(interface, path_field, base_path)
     if expiry_ms is not None or roce_port:
         dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
-    agent = HostAgent(dp, interface, path_field, base_path, fab, node if fab else None)
+    from rlbcommon.health import Health
+    health = Health(health_file(dp.instance))
+    agent = HostAgent(dp, interface, path_field, base_path, fab, node if fab else None, health)
     if fab:
         agent.place()
     paths = [p for p in dp.paths() if p.valid]
@@ -77,9 +79,10 @@ def attach(
     from rlbcommon.metrics import serve
     from .coordclient import CoordinatorClient
     from .metrics import HostCollector
-    client = CoordinatorClient(dp, node, coordinator, report_ms / 1000, qp_memory_s) if coordinator else None
+    client = CoordinatorClient(dp, node, coordinator, report_ms / 1000, qp_memory_s, health=health) \
+        if coordinator else None
     if metrics_port:
-        serve(HostCollector(dp, ctx.node_label, client), metrics_port, metrics_addr)
+        serve(HostCollector(dp, ctx.node_label, client, health), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if client:
         client.start()
@@ -88,6 +91,12 @@ def attach(
     except KeyboardInterrupt:
         pass
     log.info("agent stopping; the programs and QP table stay in place")
+
+
+def health_file(instance: str) -> Path:
+    """Where the running agent keeps its loops' health (read by `rlbhost status`)."""
+    from rlbcommon.paths import RUN_DIR
+    return RUN_DIR / f"{instance}-host-health.json"
 
 
 @app.command()
@@ -99,8 +108,11 @@ def detach(interface: Optional[str] = typer.Argument(None, help="The interface a
 
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Paths, addresses, weights, active QPs per path and counters."""
-    s = ctx.dataplane().status()
+    """Paths, addresses, weights, active QPs per path, counters, and the agent's loops."""
+    from rlbcommon import health
+    dp = ctx.dataplane()
+    s = dp.status()
+    s["agent_loops"] = health.read(health_file(dp.instance))
     if as_json:
         typer.echo(json.dumps(s, indent=2))
         return
@@ -117,6 +129,9 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
         if w["prefix"] != "::/0" or w["spray"]:
             typer.echo(f"weights {w['prefix']}: {w['weights']}{' spray' if w['spray'] else ''}")
     typer.echo("counters: " + ", ".join(f"{k} {v}" for k, v in s["reasons"].items() if v))
+    typer.echo("agent loops" + ("" if s["agent_loops"] else ": no agent has run here"))
+    for line in health.describe(s["agent_loops"]):
+        typer.echo(line)
 
 
 @app.command()

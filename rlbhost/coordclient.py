@@ -10,6 +10,7 @@ import threading
 import time
 
 from rlbcommon import coordapi
+from rlbcommon.health import Health
 
 from .dataplane import HostDataplane
 
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 class CoordinatorClient:
     def __init__(self, dp: HostDataplane, node: str, url: str, period_s: float = 0.25,
-                 memory_s: float = 3.0, fallback_s: float = 3.0):
+                 memory_s: float = 3.0, fallback_s: float = 3.0, health: Health | None = None):
         self.dp, self.node, self.url = dp, node, url
         self.period_s, self.memory_s, self.fallback_s = period_s, memory_s, fallback_s
         self.memory: dict[tuple[str, int, int], dict] = {}
@@ -26,6 +27,7 @@ class CoordinatorClient:
         self.reachable = False
         self.last_ok = 0.0
         self.counters = {"reports": 0, "failures": 0, "fallbacks": 0}
+        self.health = health or Health()
         self._down_since: float | None = None
 
     def body(self) -> dict:
@@ -82,11 +84,15 @@ class CoordinatorClient:
                 if not self.reachable:
                     log.info("coordinator %s: reporting as %s", self.url, self.node)
                 self.reachable, self._down_since = True, None
+                self.health.ok("coordinator")
             except coordapi.CoordinatorError as e:
                 self._failed(e)
-            except Exception:
-                log.exception("reporting to the coordinator")
-                self._failed(RuntimeError("internal error"))
+            except Exception as e:
+                self.health.failed("coordinator", e, log, ())
+                try:
+                    self._failed(RuntimeError("internal error"))
+                except Exception as e2:
+                    self.health.failed("coordinator", e2, log, ())
             self.stop.wait(self.period_s)
 
     def start(self) -> threading.Thread:

@@ -7,8 +7,8 @@ from .dataplane import HostDataplane
 
 
 class HostCollector:
-    def __init__(self, dp: HostDataplane, node: str, coordinator=None):
-        self.dp, self.node, self.coordinator = dp, node, coordinator
+    def __init__(self, dp: HostDataplane, node: str, coordinator=None, health=None):
+        self.dp, self.node, self.coordinator, self.health = dp, node, coordinator, health
 
     def collect(self):
         s = self.dp.status()
@@ -28,6 +28,8 @@ class HostCollector:
         for name, v in s["reasons"].items():
             events.add_metric([self.node, name], v)
         yield from (*fams.values(), qps, weight, events)
+        if self.health is not None:
+            yield from self.health.metrics("rlb_host", self.node)
         placed = gauge("rlb_host_placements", "QPs with a coordinator placement", ["node"])
         placed.add_metric([self.node], len(self.dp.placements()))
         yield placed

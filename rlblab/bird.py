@@ -22,7 +22,8 @@ class Bird:
         check = subprocess.run(["bird", "-p", "-c", str(self.conf)], capture_output=True, text=True)
         if check.returncode:
             raise RuntimeError(f"bird config {self.conf} invalid: {check.stderr.strip()}")
-        with open(self.log, "w") as log:
+        self.sock.unlink(missing_ok=True)    # a killed bird leaves its socket behind
+        with open(self.log, "a") as log:
             self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, "bird", "-f", "-c", str(self.conf),
                                           "-s", str(self.sock)], stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + timeout
@@ -30,6 +31,13 @@ class Bird:
             if self.proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"bird in {self.ns} did not start: {self.log.read_text()[-1000:]}")
             time.sleep(0.05)
+
+    def kill(self):
+        """SIGKILL, as a crash would: kernel routes and the socket file stay behind."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
 
     def stop(self):
         if self.proc and self.proc.poll() is None:

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from rlbcommon.health import Health
 from rlbcommon.paths import RUN_DIR, write_atomic
 
 from rlbfabric.bird.conf import neighbors_file, pathbw_file, render_neighbors, render_pathbw
@@ -38,8 +39,9 @@ def why_file(instance: str) -> Path:
 
 class BirdSync:
     def __init__(self, dp: SwitchDataplane, fabric: Fabric, node: str, socket_path: str, run_dir: Path,
-                 resync_s: float = 1.0, program: bool = True):
+                 resync_s: float = 1.0, program: bool = True, health: Health | None = None):
         self.program = program   # False: only feed bird (discovery, path bandwidth); no XDP
+        self.health = health or Health()
         self.dp, self.fabric, self.node = dp, fabric, fabric.node(node)
         self.bird = BirdClient(socket_path)
         self.run_dir, self.resync_s = run_dir, resync_s
@@ -52,7 +54,11 @@ class BirdSync:
         self.programmed: set[str] = set()          # prefixes this agent owns (bird's routes)
         self.explain: dict[str, str] = {}
         self.stats = {"syncs": 0, "errors": 0, "last_sync_seconds": 0.0, "sessions": {},
-                      "events": 0, "partial_syncs": 0}
+                      "events": 0, "partial_syncs": 0, "bad_paths": 0, "holding": 0, "bird_restarts": 0}
+        self.boot: str | None = None            # bird's start time, as last seen
+        self.hold_since: float | None = None    # a restarted bird is converging since
+        self._hold_table, self._hold_stable_since = None, None
+        self._reported: set = set()
         self._written: dict[Path, str] = {}
         self._next_sessions = 0.0
 
@@ -104,7 +110,7 @@ class BirdSync:
 
     # ---- spines and super-spines: FARE path bandwidth back into bird --------------------
     def sync_pathbw(self, paths):
-        values = pbw.node_values(self.fabric, self.node, paths, self.link_bw)
+        values = pbw.node_values(self.fabric, self.node, self.usable(paths), self.link_bw)
         text = render_pathbw(self.fabric, self.node, values)
         if self._write(pathbw_file(self.run_dir, self.node.name), text):
             self._configure(f"path bandwidth for {len(values)} prefixes")
@@ -137,8 +143,24 @@ class BirdSync:
         self._write(why_file(self.dp.instance), json.dumps(self.explain))
         return not ch.failed
 
+    def usable(self, paths):
+        """Paths whose attributes can be trusted; each bad one is logged once and left out."""
+        subtypes = (self.fabric.pathbw_subtype, self.fabric.linkbw_subtype)
+        out = []
+        for p in paths:
+            problems = p.check(subtypes)
+            if not problems:
+                out.append(p)
+                continue
+            key = (p.net, p.proto, tuple(problems))
+            if key not in self._reported:
+                self._reported.add(key)
+                log.warning("%s via %s from %s ignored: %s", p.net, p.iface, p.proto, "; ".join(problems))
+            self.stats["bad_paths"] += 1
+        return out
+
     def compile(self, paths):
-        return compile_for_node(self.fabric, self.node, paths, self.link_bw)
+        return compile_for_node(self.fabric, self.node, self.usable(paths), self.link_bw)
 
     def adopt(self):
         """A restarted agent takes over what the previous one programmed (not connected/local);
@@ -147,14 +169,71 @@ class BirdSync:
             if rt.mode not in ("connected", "local"):
                 self.programmed.add(str(net))
 
+    # ---- a restarted bird ------------------------------------------------------------
+    def bird_boot(self) -> str:
+        """bird's own start time: a new value means a new bird (restarted or replaced)."""
+        for _, text in self.bird.command("show status"):
+            if text.startswith("Last reboot on "):
+                return text[len("Last reboot on "):].strip()
+        return ""
+
+    def _expected_sessions_up(self) -> bool:
+        """Every fabric port whose link is up has an Established session again (a spine's
+        dynamic sessions are named <port>_<n>)."""
+        sessions = {p["name"]: p["info"] for p in self.bird.protocols() if p["proto"] == "BGP"}
+        self.stats["sessions"] = sessions
+        links = {p.ifname: p.up for p in self.dp.ports()} if self.program else {}
+        for port in self.fabric.ports_up(self.node) + self.fabric.ports_down(self.node):
+            if links and not links.get(port.ifname, False):
+                continue                        # a dead link has no session to wait for
+            names = [n for n in sessions if n == port.bgp_name or n.startswith(port.bgp_name + "_")]
+            if not any(sessions[n].startswith("Established") for n in names):
+                return False
+        return True
+
+    def holding(self, table_key: str | None = None) -> bool:
+        """After bird restarted, keep everything programmed (stale) until its sessions are back
+        and its table has stopped changing for a second, or the restart time is over."""
+        if self.hold_since is None:
+            return False
+        now = time.monotonic()
+        if table_key is not None and table_key != self._hold_table:
+            self._hold_table, self._hold_stable_since = table_key, now
+        waited = now - self.hold_since
+        if waited >= self.fabric.graceful_restart_s:
+            log.warning("bird restarted %.0f s ago and has not converged: programming what it has", waited)
+        elif not (self._expected_sessions_up() and self._hold_stable_since is not None
+                  and now - self._hold_stable_since >= 1.0):
+            return True
+        else:
+            log.info("bird has recovered after %.1f s: programming its table", waited)
+        self.hold_since = None
+        self.stats["holding"] = 0
+        return False
+
+    def _check_bird(self):
+        boot = self.bird_boot()
+        if self.boot is not None and boot != self.boot:
+            self.hold_since = time.monotonic()
+            self._hold_table, self._hold_stable_since = None, None
+            self.stats["holding"] = 1
+            self.stats["bird_restarts"] += 1
+            log.warning("bird restarted (%s): holding %d programmed routes until it has converged "
+                        "(at most %d s)", boot, len(self.programmed), self.fabric.graceful_restart_s)
+        self.boot = boot
+
+    # ---- reading bird -------------------------------------------------------------------
     def step(self):
         """A full read of bird's table (start, resync)."""
+        self._check_bird()
         table = self.bird.routes()
         by_net: dict[str, list] = {}
         for p in table:
             by_net.setdefault(p.net, []).append(p)
         self.table = by_net
         key = repr(table)
+        if self.holding(key):
+            return                          # neither path bandwidth nor routes from half a table
         if self.node.role in ("spine", "superspine"):
             self.sync_pathbw(table)
         if key != self.last_table and self.program:
@@ -166,12 +245,15 @@ class BirdSync:
 
     def changed(self, nets: set[str]):
         """bird changed these prefixes' best routes: read them back and program them now."""
+        self._check_bird()
         for net in nets:
             paths = self.bird.routes(net)
             if paths:
                 self.table[net] = paths
             else:
                 self.table.pop(net, None)
+        if self.hold_since is not None:
+            return                          # the next full read decides when the hold ends
         paths = [p for net in nets for p in self.table.get(net, [])]
         if self.node.role in ("spine", "superspine"):
             self.sync_pathbw([p for ps in self.table.values() for p in ps])
@@ -204,7 +286,7 @@ class BirdSync:
                         for msg in mon.get():
                             self.on_route_event(msg)
             except Exception as e:   # ENOBUFS in a storm: events were lost, so read everything
-                log.warning("route events: %s; full resync", e)
+                self.health.failed("bird-events", e, log)
                 self.last_table = None
                 self._resync_now = True
                 self.wake.set()
@@ -218,6 +300,7 @@ class BirdSync:
         ready.wait(5)
         next_discovery, next_resync = 0.0, 0.0
         self._resync_now = False
+        failures = 0
         while not self.stop.is_set():
             try:
                 uplinks = self.fabric.ports_up(self.node)
@@ -235,9 +318,12 @@ class BirdSync:
                     next_resync = time.monotonic() + self.resync_s
                 elif nets:
                     self.changed(nets)
-            except (BirdError, OSError) as e:
+                self.health.ok("bird")
+                failures = 0
+            except Exception as e:        # whatever it is, the last good state stays programmed
                 self.stats["errors"] += 1
-                log.warning("bird: %s (keeping the last good state)", e)
+                failures += 1
+                self.health.failed("bird", e, log, (BirdError, OSError))
                 self.last_table = None
-                self.stop.wait(1.0)
+                self.stop.wait(min(2.0, 0.25 * 2 ** min(failures, 3)))    # back off, retry
             self.wake.wait(max(0.0, min(next_resync - time.monotonic(), 1.0)))

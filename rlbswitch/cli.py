@@ -205,8 +205,12 @@ def routes(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
 
 @app.command()
 def stats(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Per-port, per-next-hop and per-reason counters (summed over CPUs)."""
-    s = ctx.dataplane().stats()
+    """Per-port, per-next-hop and per-reason counters (summed over CPUs), and the health of the
+    running agent's loops."""
+    from rlbcommon import health
+    dp = ctx.dataplane()
+    s = dp.stats()
+    s["agent_loops"] = health.read(health_file(dp.instance))
     if as_json:
         typer.echo(json.dumps(s, indent=2))
         return
@@ -221,6 +225,9 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Machine-readable o
     for k, v in s["reasons"].items():
         if v:
             typer.echo(f"  {k:<24}{v:>12}")
+    typer.echo("\nagent loops" + ("" if s["agent_loops"] else ": no agent has run here"))
+    for line in health.describe(s["agent_loops"]):
+        typer.echo(line)
 
 
 @app.command("config")
@@ -269,7 +276,9 @@ def run(
     from .watcher import Watcher
     from rlbcommon.metrics import serve
 
+    from rlbcommon.health import Health
     dp = ctx.dataplane()
+    health = Health(health_file(dp.instance))
     adopted = dp.exists()
     for ifname in interfaces or []:   # all must exist before anything is loaded
         dp.ifindex(ifname)
@@ -291,7 +300,7 @@ def run(
         from .birdsync import BirdSync
         from rlbfabric.fabric import load
         sync = BirdSync(dp, load(fabric_file), node, bird_socket or str(run_dir / f"{node}.ctl"), run_dir,
-                        resync_s=resync_s, program=not control_only)
+                        resync_s=resync_s, program=not control_only, health=health)
         threading.Thread(target=sync.run, name="bird", daemon=True).start()
         log.info("following bird2 at %s for %s", sync.bird.path, node)
     if coordinator:
@@ -299,20 +308,28 @@ def run(
             raise DataplaneError("--coordinator needs --fabric and --node")
         from .linkreport import LinkReporter
         try:
-            LinkReporter(sync.fabric, node, coordinator).start()
+            LinkReporter(sync.fabric, node, coordinator, health=health).start()
         except ValueError as e:
             raise DataplaneError(str(e)) from None
     if metrics_port:
-        serve(SwitchCollector(dp, ctx.node_label, sync), metrics_port, metrics_addr)
+        serve(SwitchCollector(dp, ctx.node_label, sync, health), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         if control_only:
             log.info("following links, neighbours and addresses (control only: the kernel forwards)")
             threading.Event().wait()
-        Watcher(dp).run()
+        if not Watcher(dp, health).run():
+            log.critical("a netlink follower stopped: exiting so that systemd restarts the agent")
+            sys.exit(1)
     except KeyboardInterrupt:
         pass
     log.info("agent stopping; forwarding continues from the pinned maps")
+
+
+def health_file(instance: str) -> Path:
+    """Where the running agent keeps its loops' health (read by `rlbswitch stats`)."""
+    from rlbcommon.paths import RUN_DIR
+    return RUN_DIR / f"{instance}-switch-health.json"
 
 
 def main():

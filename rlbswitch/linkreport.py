@@ -10,6 +10,7 @@ import time
 from pyroute2 import IPRoute
 
 from rlbcommon import coordapi
+from rlbcommon.health import Health
 from rlbfabric.fabric import Fabric
 
 log = logging.getLogger(__name__)
@@ -17,7 +18,8 @@ IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
 
 
 class LinkReporter:
-    def __init__(self, fabric: Fabric, node: str, url: str, poll_s: float = 0.1, refresh_s: float = 2.0):
+    def __init__(self, fabric: Fabric, node: str, url: str, poll_s: float = 0.1, refresh_s: float = 2.0,
+                 health: Health | None = None):
         n = fabric.node(node)
         if n.role != "leaf":
             raise ValueError(f"{node} is a {n.role}: only leaves report uplinks")
@@ -25,6 +27,7 @@ class LinkReporter:
         self.ifnames = [p.ifname for p in fabric.ports_up(n)]
         self.stop = threading.Event()
         self.reachable = False
+        self.health = health or Health()
 
     def state(self, ipr: IPRoute) -> dict[str, bool]:
         up = {}
@@ -35,6 +38,14 @@ class LinkReporter:
         return {i: up.get(i, False) for i in self.ifnames}
 
     def run(self):
+        while not self.stop.is_set():
+            try:
+                self._run()
+            except Exception as e:          # netlink itself failed: start over
+                self.health.failed("uplinks", e, log)
+                self.stop.wait(0.5)
+
+    def _run(self):
         sent, last = None, 0.0
         with IPRoute() as ipr:
             while not self.stop.is_set():
@@ -51,6 +62,7 @@ class LinkReporter:
                         if self.reachable or sent is None:
                             log.warning("coordinator: %s", e)
                         self.reachable, sent, last = False, None, now
+                self.health.ok("uplinks")
                 self.stop.wait(self.poll_s)
 
     def start(self) -> threading.Thread:

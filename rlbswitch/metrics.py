@@ -7,8 +7,8 @@ from .dataplane import SwitchDataplane
 
 
 class SwitchCollector:
-    def __init__(self, dp: SwitchDataplane, node: str, sync=None):
-        self.dp, self.node, self.sync = dp, node, sync
+    def __init__(self, dp: SwitchDataplane, node: str, sync=None, health=None):
+        self.dp, self.node, self.sync, self.health = dp, node, sync, health
 
     def collect(self):
         s = self.dp.stats()
@@ -44,6 +44,8 @@ class SwitchCollector:
         for m, n in by_mode.items():
             routes.add_metric([self.node, m], n)
         yield from (*fams.values(), up, cap, nh_p, nh_b, reasons, routes)
+        if self.health is not None:
+            yield from self.health.metrics("rlb_switch", self.node)
         if self.sync is not None:
             st = self.sync.stats
             sess = gauge("rlb_switch_bgp_session_up", "BGP sessions (1 = Established)", ["node", "session"])
@@ -55,4 +57,12 @@ class SwitchCollector:
             syncs.add_metric([self.node], st["syncs"])
             errs = counter("rlb_switch_bird_errors", "failed reads of bird's control socket", ["node"])
             errs.add_metric([self.node], st["errors"])
-            yield from (sess, lat, syncs, errs)
+            hold = gauge("rlb_switch_bird_holding", "1 while a restarted bird converges and the "
+                         "programmed routes are kept (stale)", ["node"])
+            hold.add_metric([self.node], st["holding"])
+            restarts = counter("rlb_switch_bird_restarts", "restarts of bird the agent noticed", ["node"])
+            restarts.add_metric([self.node], st["bird_restarts"])
+            bad = counter("rlb_switch_bird_bad_paths", "paths ignored for attributes that cannot be "
+                          "used (NaN or negative path bandwidth, AIGP without metric)", ["node"])
+            bad.add_metric([self.node], st["bad_paths"])
+            yield from (sess, lat, syncs, errs, hold, restarts, bad)

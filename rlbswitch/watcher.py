@@ -14,6 +14,8 @@ import threading
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR, RTMGRP_LINK, RTMGRP_NEIGH
 
+from rlbcommon.health import Health
+
 from .dataplane import NUD_USABLE, SwitchDataplane
 from rlbfabric.routes import Route
 
@@ -21,8 +23,9 @@ log = logging.getLogger(__name__)
 
 
 class Watcher:
-    def __init__(self, dp: SwitchDataplane):
+    def __init__(self, dp: SwitchDataplane, health: Health | None = None):
         self.dp = dp
+        self.health = health or Health()
         self.stop = threading.Event()
         self.events = 0
         self.errors = 0
@@ -92,7 +95,7 @@ class Watcher:
         elif event in ("RTM_NEWADDR", "RTM_DELADDR"):
             self.sync_addresses()
 
-    def _follow(self, groups: int, handler, ready: threading.Event):
+    def _follow(self, groups: int, handler, ready: threading.Event, name: str):
         """Apply netlink events as they come. If the socket fails (ENOBUFS: events were dropped
         in a storm), bind a new one and resynchronise from the kernel, so nothing is missed."""
         while not self.stop.is_set():
@@ -107,26 +110,29 @@ class Watcher:
                             self.events += 1
                             try:
                                 handler(msg)
-                            except Exception:  # one bad event must not stop the watcher
-                                log.exception("handling %s", msg.get("event"))
-            except Exception as e:
+                            except Exception as e:  # one bad event must not stop the watcher
+                                self.health.failed(name, e, log, ())
+                        self.health.ok(name)
+            except Exception as e:     # the socket itself (ENOBUFS): rebind and resynchronise
                 self.errors += 1
-                log.warning("netlink: %s; resubscribing and resynchronising from the kernel", e)
+                self.health.failed(name, e, log)
                 self.stop.wait(0.05)
 
     def run(self):
         """Follow netlink until stop is set (liveness in a thread of its own)."""
         ready = threading.Event()
-        links = threading.Thread(target=self._follow, args=(RTMGRP_LINK, self.on_link, ready),
+        links = threading.Thread(target=self._follow, args=(RTMGRP_LINK, self.on_link, ready, "liveness"),
                                  name="liveness", daemon=True)
         links.start()
         ready.wait()
         bound = threading.Event()
         rest = threading.Thread(target=self._follow, name="neighbours",
-                                args=(RTMGRP_NEIGH | RTMGRP_IPV6_IFADDR, self.on_other, bound), daemon=True)
+                                args=(RTMGRP_NEIGH | RTMGRP_IPV6_IFADDR, self.on_other, bound, "neighbours"),
+                                daemon=True)
         rest.start()
         bound.wait()
         self.resync()   # after binding, so nothing that changes meanwhile is missed
         log.info("following links, neighbours and addresses")
         while not self.stop.is_set() and links.is_alive() and rest.is_alive():
             self.stop.wait(0.5)
+        return self.stop.is_set()       # False: a follower died, which must not pass unnoticed

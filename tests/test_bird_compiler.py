@@ -179,3 +179,29 @@ def test_spine_readvertises_fare_path_bandwidth_from_its_leaves():
                       [(0x00880000 | 65001, int.from_bytes(struct.pack(">f", pathbw.MAX_BANDWIDTH), "big"))]),
              BirdPath("fc00:2:1:1::/64", "l2_1", True, "fe80::2", "eth-l2", "BGP", [65002], [])]
     assert pathbw.node_values(fab, s2, paths, link.__getitem__) == {"fc00:1:1:1::/64": pytest.approx(0.625e9)}
+
+
+def test_poison_from_a_peer_spoils_one_path_not_the_table():
+    """An AIGP attribute without a metric, a NaN or -inf path bandwidth: that path is flagged (and
+    left out by the agent), the rest of the table parses and compiles."""
+    lines = RAW[:-1] + [
+        "1007-fc00:9::/64         unicast [s1 01:53:50.840] * (100/12) [AS65009i]",
+        " \tvia fe80::1 on eth-s1",
+        "1008-\tType: BGP univ",
+        " \tBGP.aigp: ?",
+        "1007-fc00:8::/64         unicast [s1 01:53:50.840] * (100) [AS65008i]",
+        " \tvia fe80::1 on eth-s1",
+        "1008-\tType: BGP univ",
+        " \tBGP.ext_community: (unknown 0x88, 65000, 4286578688)",          # -inf as a float
+        "0000 ",
+    ]
+    paths = parse_routes(parse_reply(iter(lines)))
+    by_net = {p.net: p for p in paths}
+    assert by_net["fc00:9::/64"].check() == ["AIGP '?'"] and by_net["fc00:9::/64"].aigp is None
+    bad = by_net["fc00:8::/64"]
+    assert bad.path_bandwidth() is None and bad.check() == ["path bandwidth -inf"]
+    nan = BirdPath("fc00:7::/64", "s1", True, "fe80::1", "eth-s1", "BGP", [65000], [(0x00880000 | 65000, 0x7FC00000)])
+    assert nan.path_bandwidth() is None and nan.check() == ["path bandwidth nan"]
+    good = [p for p in paths if not p.check()]
+    compiled = compile_all(good, lambda n: "fare", lambda i: 1.25e9)
+    assert "fc00:1:1:1::/64" in compiled and "fc00:9::/64" not in compiled and "fc00:8::/64" not in compiled

@@ -48,6 +48,7 @@ protocol device {{ scan time 1; }}
 protocol kernel {{
   {"merge paths on;    # baseline: the kernel's own ECMP" if ecmp else
    "merge paths off;   # on would ECMP AIGP and non-AIGP paths (bgp_rte_mergable ignores AIGP)"}
+  graceful restart on; # after a restart, leave the kernel's routes until BGP has recovered
   ipv6 {{ import none; export where source = RTS_BGP; }};
 }}
 """
@@ -60,8 +61,13 @@ def _bfd(fabric: Fabric, pattern: str) -> str:
 
 
 def _timers(fabric: Fabric) -> str:
+    """Fast timers; graceful restart (peers keep a restarting switch's routes for
+    graceful_restart_s, and it keeps theirs), with BFD loss handled as a restart too: a dead bird
+    stops its BFD, which must not tear routes down while the switch still forwards. A link that
+    loses carrier still drops its sessions at once."""
     return ("hold time 3; keepalive time 1; connect delay time 1; connect retry time 2; "
-            "error wait time 1, 5;" + (" bfd on;" if fabric.bfd else ""))
+            f"error wait time 1, 5; graceful restart on; graceful restart time {fabric.graceful_restart_s};"
+            + (" bfd graceful;" if fabric.bfd else ""))
 
 
 def _leaf_import(fabric: Fabric, leaf: Node) -> str:

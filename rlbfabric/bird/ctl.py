@@ -5,6 +5,7 @@ final "CODE text"; codes 0xxx are success, 8xxx/9xxx errors. Every path of every
 read, not only the best, with the attributes RLB compiles from."""
 from __future__ import annotations
 
+import math
 import re
 import socket
 import struct
@@ -84,18 +85,31 @@ class BirdPath:
     ext_communities: list[tuple[int, int]] = field(default_factory=list)
     aigp: int | None = None
     local_pref: int | None = None
+    bad: list[str] = field(default_factory=list)   # attributes that could not be used: ignore the path
 
     @property
     def colours(self) -> list[int]:
         return [lo for hi, lo in self.ext_communities if hi == COLOUR_HI]
 
     def path_bandwidth(self, subtype: int = DEFAULT_PATHBW_SUBTYPE, transitive: bool = True) -> float | None:
-        """FARE path bandwidth (bytes/s) from the AS-specific ext community, if present."""
+        """FARE path bandwidth (bytes/s) from the AS-specific ext community, if present and sane
+        (a peer can send NaN, an infinity or a negative float: those count as absent)."""
         want = 0x00 if transitive else 0x40
         for hi, lo in self.ext_communities:
             if hi >> 24 == want and (hi >> 16) & 0xFF == subtype:
-                return struct.unpack(">f", lo.to_bytes(4, "big"))[0]
+                v = struct.unpack(">f", lo.to_bytes(4, "big"))[0]
+                return v if math.isfinite(v) and v >= 0 else None
         return None
+
+    def check(self, subtypes: tuple[int, ...] = (DEFAULT_PATHBW_SUBTYPE,)) -> list[str]:
+        """What is wrong with this path's attributes (empty: usable)."""
+        out = list(self.bad)
+        for hi, lo in self.ext_communities:
+            if (hi >> 16) & 0xFF in subtypes and hi >> 24 in (0x00, 0x40):
+                v = struct.unpack(">f", lo.to_bytes(4, "big"))[0]
+                if not math.isfinite(v) or v < 0:
+                    out.append(f"path bandwidth {v}")
+        return out
 
 
 _ROUTE = re.compile(r"^(?P<net>\S+)?\s+(?P<kind>unicast|unreachable|blackhole|prohibit)\s+"
@@ -137,9 +151,17 @@ def parse_routes(reply: list[tuple[int, str]]) -> list[BirdPath]:
         elif t.startswith("BGP.as_path:"):
             p.as_path = [int(x) for x in t.split(":", 1)[1].split() if x.isdigit()]
         elif t.startswith("BGP.aigp:"):
-            p.aigp = int(t.split(":", 1)[1])
+            value = t.split(":", 1)[1].strip()
+            if value.isdigit():
+                p.aigp = int(value)
+            else:                          # e.g. an AIGP attribute without a metric TLV
+                p.bad.append(f"AIGP {value!r}")
         elif t.startswith("BGP.local_pref:"):
-            p.local_pref = int(t.split(":", 1)[1])
+            value = t.split(":", 1)[1].strip()
+            if value.isdigit():
+                p.local_pref = int(value)
+            else:
+                p.bad.append(f"local preference {value!r}")
         elif t.startswith("BGP.ext_community:"):
             for kind, hi, lo in _EC.findall(t):
                 if kind == "generic":

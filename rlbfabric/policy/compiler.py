@@ -9,6 +9,7 @@
 Only BGP paths with a next hop are compiled; connected prefixes come from interface addresses."""
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -17,6 +18,7 @@ from . import pathbw
 from rlbfabric.bird.ctl import DEFAULT_PATHBW_SUBTYPE, BirdPath
 from ..routes import NextHop, Route
 
+log = logging.getLogger(__name__)
 POLICIES = ("dpf", "fare", "ecmp", "dlb")
 INFINITE = float("inf")
 
@@ -80,7 +82,11 @@ def compile_all(paths: Iterable[BirdPath], policy_for: Callable[[str], str],
         by_net[p.net].append(p)
     out = {}
     for net, ps in by_net.items():
-        c = compile_prefix(net, ps, policy_for(net), link_bw, subtype, homes_of(net))
+        try:
+            c = compile_prefix(net, ps, policy_for(net), link_bw, subtype, homes_of(net))
+        except (ValueError, ArithmeticError) as e:     # one prefix, never the table
+            log.warning("%s: not compiled (%s); left as programmed", net, e)
+            continue
         if c is not None:
             out[net] = c
     return out

@@ -1,0 +1,114 @@
+"""Control-plane faults during traffic, on the default fabric with real bird2, XDP switches and
+rlbhost: 4 QPs h1 -> h3 at 2000 packets/s, every packet counted by the receiving application on h3.
+Each fault prints packets lost and the longest gap in arrivals."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rlbfabric.fabric import load
+from rlblab import topo
+from rlblab.traffic import Flow, QpReceiver, open_raw, send
+
+from .conftest import fabric_lab
+
+pytestmark = pytest.mark.netns
+FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"
+RATE = 2000                      # packets/s, all 4 QPs together
+RESULTS: dict[str, tuple[int, int, float]] = {}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    # a short restart time, so that "down for longer than the restart time" fits in a test
+    f = tmp_path_factory.mktemp("fab") / "fabric.toml"
+    f.write_text(FABRIC.read_text().replace("bfd = true", "bfd = true\ngraceful_restart_s = 6"))
+    with fabric_lab(f, "rlbfx", coordinator=False) as lab:
+        yield lab
+    print("\nfault                                   sent   lost  longest gap (ms)")
+    for name, (sent, lost, gap) in RESULTS.items():
+        print(f"{name:<38}{sent:>6}{lost:>7}{gap:>18.1f}")
+
+
+def traffic(lab, seconds: float, during, seed: int):
+    """Send for `seconds` while `during` runs; (sent, received, longest gap in ms)."""
+    rnd = random.Random(seed)
+    a, b = lab.host_addresses("h1")[1], lab.host_addresses("h3")[1]
+    flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(4)]
+    rx = QpReceiver(lab.ns("h3"))
+    sock = open_raw(lab.ns("h1"), "eth0")
+    dmac, smac = topo.mac(lab.ns("l1"), "eth-h1"), topo.mac(lab.ns("h1"), "eth0")
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("sent", send(
+        sock, flows, int(RATE * seconds / 4), dmac, smac, 128, rate_pps=RATE, burst=4)))
+    t.start()
+    try:
+        time.sleep(0.5)
+        during()
+        t.join()
+        time.sleep(0.3)
+    finally:
+        rx.close()
+        sock.close()
+    times = sorted(tm for tm, _ in rx.arrivals)
+    gap = max((y - x for x, y in zip(times, times[1:])), default=0.0) * 1000
+    return out["sent"], len(rx.seen), gap
+
+
+def record(name, sent, got, gap):
+    RESULTS[name] = (sent, sent - got, gap)
+    print(f"\n{name}: {sent - got} of {sent} lost, longest gap {gap:.1f} ms")
+
+
+def converged_again(lab):
+    lab.wait_converged(60)
+    time.sleep(2)
+
+
+@pytest.mark.parametrize("switch", ["l1", "l2", "s1"])
+def test_bird_killed_and_restarted_loses_nothing(lab, switch):
+    """kill -9 and a new bird 1 s later on the source leaf, the destination leaf, a spine: peers
+    keep the routes (graceful restart) and the agent keeps what is programmed until the new bird
+    has converged."""
+    def fault():
+        lab.birds[switch].kill()
+        time.sleep(1.0)
+        lab.birds[switch].start()
+    sent, got, gap = traffic(lab, 5.0, fault, seed=hash(switch) % 1000)
+    record(f"bird kill -9 + restart on {switch}", sent, got, gap)
+    assert got == sent
+    with open(lab.work / f"agent-{switch}.log") as f:
+        log = f.read()
+    assert "bird restarted" in log and "bird has recovered" in log
+    converged_again(lab)
+
+
+def test_bird_down_longer_than_the_restart_time_routes_around_a_spine(lab):
+    """A spine whose bird stays dead: its peers keep its routes for the restart time (6 s here) while
+    its data plane goes on forwarding, then routes move off it; nothing is lost on the way."""
+    fab = load(lab.fabric_file)
+    moved = {}
+
+    def fault():
+        lab.birds["s1"].kill()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < fab.graceful_restart_s + 6:
+            r = lab.routes("l1")["fc00:2:1:1::/64"]
+            if not r.get("nexthop", {}).get("via", "").endswith("%eth-s1"):
+                moved["after_s"] = time.monotonic() - t0
+                break
+            time.sleep(0.2)
+    try:
+        sent, got, gap = traffic(lab, fab.graceful_restart_s + 5.0, fault, seed=7)
+    finally:
+        lab.birds["s1"].start()
+    record("bird on s1 down past the restart time", sent, got, gap)
+    print(f"l1 moved colour 1 off s1 {moved.get('after_s', float('nan')):.1f} s after the kill "
+          f"(restart time {fab.graceful_restart_s} s)")
+    assert fab.graceful_restart_s - 1 <= moved["after_s"] <= fab.graceful_restart_s + 4
+    assert got == sent
+    converged_again(lab)
