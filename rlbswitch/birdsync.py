@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import socket
 import struct
 import threading
@@ -37,6 +38,32 @@ def why_file(instance: str) -> Path:
     return RUN_DIR / f"{instance}-switch-routes.json"
 
 
+def echo_peer(ifname: str, ifindex: int, own: set[str], timeout: float = 0.3) -> str | None:
+    """Who else answers an ICMPv6 echo request to all-nodes on this port (its link-local source),
+    or None. Our own answer (multicast loopback) is not a peer."""
+    ident = os.getpid() & 0xFFFF
+    with socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6) as s:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_LOOP, 0)
+        with contextlib.suppress(OSError):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
+        s.settimeout(timeout)
+        try:
+            s.sendto(struct.pack("!BBHHH", 128, 0, 0, ident, 1), ("ff02::1", 0, 0, ifindex))
+        except OSError:
+            return None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                data, (src, _, _, scope) = s.recvfrom(1500)
+            except (socket.timeout, OSError):
+                return None
+            src = src.split("%")[0]
+            if (len(data) >= 8 and data[0] == 129 and struct.unpack("!H", data[4:6])[0] == ident
+                    and scope == ifindex and src.lower().startswith("fe80:") and src not in own):
+                return src
+    return None
+
+
 class BirdSync:
     def __init__(self, dp: SwitchDataplane, fabric: Fabric, node: str, socket_path: str, run_dir: Path,
                  resync_s: float = 1.0, program: bool = True, health: Health | None = None):
@@ -59,6 +86,7 @@ class BirdSync:
         self.hold_since: float | None = None    # a restarted bird is converging since
         self._hold_table, self._hold_stable_since = None, None
         self._reported: set = set()
+        self._found: dict[str, str] = {}          # uplink -> the peer that answered on it
         self._written: dict[Path, str] = {}
         self._next_sessions = 0.0
 
@@ -83,24 +111,20 @@ class BirdSync:
 
     # ---- leaves: neighbour discovery --------------------------------------------------
     def discover(self) -> dict[str, str]:
-        """Spine link-local addresses per uplink: an echo request to all-nodes on the port makes
-        the spine answer (and the kernel learn it); then read the neighbour table."""
-        found = {}
+        """The link-local address of the peer on each uplink: an echo request to all-nodes on the
+        port, and the source of the echo reply that comes back on that port (not whatever the
+        neighbour table holds). A port with no answer keeps what was found before."""
         for port in self.fabric.ports_up(self.node):
-            ifname = port.ifname
             try:
-                ifindex = self.dp.ifindex(ifname)
+                ifindex = self.dp.ifindex(port.ifname)
             except DataplaneError:
                 continue
-            with socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6) as s:
-                with contextlib.suppress(OSError):
-                    s.sendto(struct.pack("!BBHHH", 128, 0, 0, 0x524c, 1), ("ff02::1", 0, 0, ifindex))
-            for n in self.dp.ipr.get_neighbours(family=socket.AF_INET6, ifindex=ifindex):
-                dst = n.get_attr("NDA_DST") or ""
-                if dst.startswith("fe80:") and n["state"] & NUD_USABLE:
-                    found[port.bgp_name] = dst
-                    break
-        return found
+            own = {a.get_attr("IFA_ADDRESS") for a in self.dp.ipr.get_addr(family=socket.AF_INET6, index=ifindex)}
+            addr = echo_peer(port.ifname, ifindex, own)
+            if addr and self._found.get(port.bgp_name) != addr:
+                log.info("%s: peer %s answered on %s", port.bgp_name, addr, port.ifname)
+                self._found[port.bgp_name] = addr
+        return dict(self._found)
 
     def sync_neighbours(self):
         found = self.discover()

@@ -42,7 +42,13 @@ def test_leaf_config_carries_the_traps_found_on_2_0_12():
     assert "merge paths off" in conf and "aigp originate" in conf
     assert 'interface "eth-h1"' in conf and "radv" in conf
     spine = birdconf.render(fab, "s1", Path("/run/rlb"))
-    assert "neighbor range fe80::/10 external" in spine and "aigp on" in spine
+    assert "aigp on" in spine
+    # only the fabric's own peers: each port's expected AS, a cap on prefixes per session
+    assert 'interface "eth-l1"; neighbor range fe80::/10 as 65001;' in spine
+    assert 'interface "eth-l2"; neighbor range fe80::/10 as 65002;' in spine
+    assert spine.count("import limit 96 action restart") == 1 and conf.count("import limit 96 action restart") == 1
+    assert "graceful restart on; graceful restart time 30; bfd graceful;" in spine
+    assert "neighbor fe80::1 as 65000;" in birdconf.render_neighbors(fab, fab.node("l1"), {"s1": "fe80::1"})
 
 
 def test_five_stage_topology():

@@ -201,3 +201,25 @@ def test_bird_fed_agent_restart_adopts_and_keeps_forwarding(lab):
     after = lab.routes("l1")
     assert {p: (r["mode"], r.get("nexthop", {}).get("via")) for p, r in after.items()} == \
         {p: (r["mode"], r.get("nexthop", {}).get("via")) for p, r in before.items()}
+
+
+def test_a_leaf_peers_only_with_the_neighbour_that_answers_on_its_port(lab):
+    """A stray entry in the leaf's neighbour table (another device once seen on the port) must not
+    become a BGP peer: discovery uses the source of the echo reply that came back on that port."""
+    real = topo.link_local(lab.ns("s1"), "eth-l1")
+    run(lab.ns("l1"), "ip", "-6", "neigh", "replace", "fe80::bad", "lladdr", "02:00:00:00:0b:ad",
+        "dev", "eth-s1", "nud", "permanent")
+    try:
+        lab.kill_agent("l1")
+        (lab.work / "l1.neighbors.conf").write_text("# emptied by the test\n")
+        lab.start_agent("l1")
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            inc = (lab.work / "l1.neighbors.conf").read_text()
+            if "protocol bgp s1" in inc:
+                break
+            time.sleep(0.2)
+        assert f"neighbor {real} as 65000" in inc and "fe80::bad" not in inc
+    finally:
+        run(lab.ns("l1"), "ip", "-6", "neigh", "del", "fe80::bad", "dev", "eth-s1")
+    lab.wait_converged(60)

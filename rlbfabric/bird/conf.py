@@ -60,6 +60,12 @@ def _bfd(fabric: Fabric, pattern: str) -> str:
     return f'protocol bfd {{ interface "{pattern}" {{ min rx interval {fabric.bfd_ms} ms; min tx interval {fabric.bfd_ms} ms; multiplier 3; }}; }}\n'
 
 
+def _limit(fabric: Fabric) -> int:
+    """Prefixes one session may bring before bird restarts it: twice every host prefix of the
+    fabric (no peer legitimately sends more), so a runaway or foreign peer cannot fill the tables."""
+    return 2 * sum(1 for _ in fabric.all_prefixes()) + 64
+
+
 def _timers(fabric: Fabric) -> str:
     """Fast timers; graceful restart (peers keep a restarting switch's routes for
     graceful_restart_s, and it keeps theirs), with BFD loss handled as a restart too: a dead bird
@@ -123,7 +129,7 @@ int k; int uplink_k;
 template bgp spine {{
   local as {leaf.asn};
   {_timers(fabric)}
-  ipv6 {{ import all; aigp originate; }};
+  ipv6 {{ import all; import limit {_limit(fabric)} action restart; aigp originate; }};
 }}
 include "{neighbors_file(run_dir, leaf.name)}";   # written by the agent from neighbour discovery
 """
@@ -132,7 +138,7 @@ include "{neighbors_file(run_dir, leaf.name)}";   # written by the agent from ne
 def _dynamic(ports, template: str) -> str:
     """One passive, unnumbered protocol per port: whoever connects on it over link-local."""
     return "\n".join(f'protocol bgp {p.bgp_name} from {template} {{ interface "{p.ifname}"; '
-                     f'neighbor range fe80::/10 external; dynamic name "{p.bgp_name}_"; }}' for p in ports)
+                     f'neighbor range fe80::/10 as {p.peer.asn}; dynamic name "{p.bgp_name}_"; }}' for p in ports)
 
 
 def render_spine(fabric: Fabric, spine: Node, run_dir: Path, baseline: bool = False) -> str:
@@ -142,7 +148,7 @@ def render_spine(fabric: Fabric, spine: Node, run_dir: Path, baseline: bool = Fa
 template bgp superspine {{
   local as {spine.asn};
   {_timers(fabric)}
-  ipv6 {{ import all; export where pathbw_export(); aigp on; next hop self; }};
+  ipv6 {{ import all; import limit {_limit(fabric)} action restart; export where pathbw_export(); aigp on; next hop self; }};
 }}
 include "{neighbors_file(run_dir, spine.name)}";   # super-spines: written by the agent
 """
@@ -152,7 +158,7 @@ include "{pathbw_file(run_dir, spine.name)}";   # FARE: written by the agent
 template bgp leaf {{
   local as {spine.asn};
   {_timers(fabric)}
-  ipv6 {{ import all; export where pathbw_export(); aigp on; next hop self; }};
+  ipv6 {{ import all; import limit {_limit(fabric)} action restart; export where pathbw_export(); aigp on; next hop self; }};
 }}
 {_dynamic(fabric.ports_down(spine), "leaf")}
 {up}"""
@@ -165,7 +171,7 @@ include "{pathbw_file(run_dir, ss.name)}";   # FARE link bandwidth: written by t
 template bgp spine {{
   local as {ss.asn};
   {_timers(fabric)}
-  ipv6 {{ import all; export where pathbw_export(); aigp on; next hop self; }};
+  ipv6 {{ import all; import limit {_limit(fabric)} action restart; export where pathbw_export(); aigp on; next hop self; }};
 }}
 {_dynamic(fabric.ports_down(ss), "spine")}
 """
@@ -211,10 +217,10 @@ def render_neighbors(fabric: Fabric, node: Node, found: dict[str, str]) -> str:
         if node.role == "leaf":
             imp = f"import where leaf_import({port.colour}); " if fabric.parallel > 1 else ""
             out.append(f'protocol bgp {port.bgp_name} from spine {{ interface "{port.ifname}"; '
-                       f'neighbor {addr} external; ipv6 {{ {imp}export where leaf_export({port.colour}); }}; }}')
+                       f'neighbor {addr} as {port.peer.asn}; ipv6 {{ {imp}export where leaf_export({port.colour}); }}; }}')
         else:
             out.append(f'protocol bgp {port.bgp_name} from superspine {{ interface "{port.ifname}"; '
-                       f'neighbor {addr} external; }}')
+                       f'neighbor {addr} as {port.peer.asn}; }}')
     return "\n".join(out) + "\n"
 
 
