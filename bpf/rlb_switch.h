@@ -56,11 +56,20 @@ struct rlb_lpm_key {
     u8  addr[16];
 };
 
+/* Who programmed a route (user space only): survives agent restarts with the route itself. */
+enum rlb_owner {
+    RLB_OWNER_UNKNOWN  = 0,
+    RLB_OWNER_AGENT    = 1,  /* the bird-fed agent: bird's routes, compiled by policy */
+    RLB_OWNER_OPERATOR = 2,  /* rlbswitch route add/apply: never touched by the agent */
+    RLB_OWNER_KERNEL   = 3,  /* connected and local routes from interface addresses */
+};
+
 struct rlb_route {
     u32 mode;      /* enum rlb_mode */
     u32 nexthop;   /* PINNED: primary next hop id */
     u32 group;     /* PINNED: backup group; WEIGHTED, DLB: the group */
     u32 ifindex;   /* CONNECTED: egress port */
+    u32 owner;     /* enum rlb_owner */
 };
 
 struct rlb_nexthop {

@@ -147,9 +147,16 @@ class BirdSync:
         be programmed yet (it is retried)."""
         t0 = time.perf_counter()
         compiled = self.compile(paths)
+        tables = self.dp.tables
+        tables.refresh()                           # owners as they are now, not as last loaded
+        for net in [n for n in compiled if tables.owner(n) not in (None, "agent")]:
+            if ("owner", net) not in self._reported:
+                self._reported.add(("owner", net))
+                log.warning("%s is the %s's route: bird's is not programmed over it", net, tables.owner(net))
+            del compiled[net]
         scope = (set(self.programmed) | set(compiled)) if only is None else only
-        ch = self.dp.apply_routes([c.route for c in compiled.values()],
-                                  scope=lambda net: str(net) in scope, keep_going=True)
+        ch = self.dp.apply_routes([c.route for c in compiled.values()], keep_going=True, owner="agent",
+                                  scope=lambda net: str(net) in scope and tables.owner(net) in (None, "agent"))
         for net, why in ch.failed.items():
             log.warning("cannot program %s: %s (retrying)", net, why)
         if only is None:
@@ -187,11 +194,10 @@ class BirdSync:
         return compile_for_node(self.fabric, self.node, self.usable(paths), self.link_bw)
 
     def adopt(self):
-        """A restarted agent takes over what the previous one programmed (not connected/local);
-        the first sync then changes only what bird's table says differently."""
-        for net, rt in self.dp.tables.routes.items():
-            if rt.mode not in ("connected", "local"):
-                self.programmed.add(str(net))
+        """A restarted agent takes over what the previous one programmed (the routes recorded as
+        the agent's; an operator's stay theirs); the first sync then changes only what bird's
+        table says differently."""
+        self.programmed = self.dp.tables.owned_by("agent")
 
     # ---- a restarted bird ------------------------------------------------------------
     def bird_boot(self) -> str:
@@ -260,8 +266,8 @@ class BirdSync:
             return                          # neither path bandwidth nor routes from half a table
         if self.node.role in ("spine", "superspine"):
             self.sync_pathbw(table)
-        if key != self.last_table and self.program:
-            if self.sync_routes(table):
+        if self.program and (key != self.last_table or self.dp.tables.changed_elsewhere()):
+            if self.sync_routes(table):        # bird changed, or somebody else changed the maps
                 self.last_table = key
         if time.monotonic() >= self._next_sessions:   # metrics and discovery back-off: 1 s is enough
             self.stats["sessions"] = {p["name"]: p["info"] for p in self.bird.protocols() if p["proto"] == "BGP"}

@@ -98,10 +98,10 @@ def route_apply(
     merge: bool = typer.Option(False, help="Only add and replace the routes given; keep the rest."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the file and show nothing but errors."),
 ):
-    """Make the route table equal to a file, in one batch (make-before-break); print what changed.
-
-    Without --merge every route not in the file is removed, connected and local ones included:
-    start from 'rlbswitch route show --json' to keep them."""
+    """Make the operator's routes equal to a file, in one batch (make-before-break); print what
+    changed. Routes in the file that are programmed already, by anyone, stay as they are; without
+    --merge the operator's routes not in the file are removed. The agent's routes (bird's) and the
+    connected ones are left to their owners, unless the file changes them."""
     text = sys.stdin.read() if file == "-" else Path(file).read_text()
     try:
         data = json.loads(text)
@@ -118,7 +118,9 @@ def route_apply(
     if dry_run:
         typer.echo(f"{len(routes)} routes read; nothing applied")
         return
-    ch = ctx.dataplane().apply_routes(routes, merge=merge)
+    dp = ctx.dataplane()
+    ch = dp.apply_routes(routes, merge=merge, owner="operator",
+                         scope=lambda net: dp.tables.owner(net) == "operator")
     for label, items in (("added", ch.added), ("changed", ch.changed), ("removed", ch.removed)):
         for p in items:
             typer.echo(f"{label:<8} {p}")

@@ -30,6 +30,8 @@ MODE_IDS = {"pinned": C["RLB_MODE_PINNED"], "weighted": C["RLB_MODE_WEIGHTED"],
             "dlb": C["RLB_MODE_DLB"], "connected": C["RLB_MODE_CONNECTED"],
             "local": C["RLB_MODE_LOCAL"]}
 MODE_NAMES = {v: k for k, v in MODE_IDS.items()}
+OWNER_NAMES = enum_names(HEADER, "RLB_OWNER_")                      # id -> name
+OWNERS = {v: k for k, v in OWNER_NAMES.items()}                      # name -> id
 REASONS = enum_names(HEADER, "RLB_R_")
 NH_VALID, NH_RESOLVED, NH_STATIC = C["RLB_NH_VALID"], C["RLB_NH_RESOLVED"], C["RLB_NH_STATIC"]
 
@@ -76,7 +78,7 @@ class SwitchDataplane(PinnedState):
     error = DataplaneError
     hint = "run 'rlbswitch attach IFACE' first"
     # what the routing model (tables.py) needs of the layout
-    C, MODE_IDS, MODE_NAMES = C, MODE_IDS, MODE_NAMES
+    C, MODE_IDS, MODE_NAMES, OWNERS, OWNER_NAMES = C, MODE_IDS, MODE_NAMES, OWNERS, OWNER_NAMES
     NH_VALID, NH_RESOLVED, NH_STATIC = NH_VALID, NH_RESOLVED, NH_STATIC
     mac_str, mac_bytes = staticmethod(mac_str), staticmethod(mac_bytes)
 
@@ -305,17 +307,18 @@ class SwitchDataplane(PinnedState):
         k.addr[:] = prefix.network_address.packed
         return k
 
-    def add_route(self, route: Route):
+    def add_route(self, route: Route, owner: str = "operator"):
         """Install or replace one route, make-before-break."""
-        ch = self.tables.apply([route], merge=True)
+        ch = self.tables.apply([route], merge=True, owner=owner)
         if route.mode == "connected":
             self.sync_neighbours()
         if ch:
             log.info("route %s %s", route.prefix, self.describe(route))
 
-    def apply_routes(self, routes: list[Route], scope=None, merge: bool = False, keep_going: bool = False):
+    def apply_routes(self, routes: list[Route], scope=None, merge: bool = False, keep_going: bool = False,
+                     owner: str = "operator"):
         """Make the table equal to `routes` (see SwitchTables.apply); returns the changes."""
-        ch = self.tables.apply(routes, scope, merge, keep_going)
+        ch = self.tables.apply(routes, scope, merge, keep_going, owner)
         if any(r.mode == "connected" for r in routes) and ch:
             self.sync_neighbours()
         return ch
@@ -356,7 +359,7 @@ class SwitchDataplane(PinnedState):
         for k, r in self.maps["routes"].items():
             prefix = ipaddress.IPv6Network((bytes(k.addr), k.prefixlen))
             mode = MODE_NAMES.get(r.mode, f"mode{r.mode}")
-            entry = {"prefix": str(prefix), "mode": mode}
+            entry = {"prefix": str(prefix), "mode": mode, "owner": OWNER_NAMES.get(r.owner, "unknown")}
             if mode == "connected":
                 entry["dev"] = self.ifname(r.ifindex)
             if r.nexthop:

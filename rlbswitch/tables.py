@@ -55,6 +55,7 @@ class _Route:
     nexthop: int = 0
     group: int = 0
     ifindex: int = 0
+    owner: str = "unknown"   # agent | operator | kernel: who may change or remove it
 
 
 @dataclass
@@ -128,7 +129,8 @@ class SwitchTables:
         self.routes: dict[ipaddress.IPv6Network, _Route] = {}
         for k, r in m["routes"].items():
             net = ipaddress.IPv6Network((bytes(k.addr), k.prefixlen))
-            self.routes[net] = _Route(self.dp.MODE_NAMES.get(r.mode, f"mode{r.mode}"), r.nexthop, r.group, r.ifindex)
+            self.routes[net] = _Route(self.dp.MODE_NAMES.get(r.mode, f"mode{r.mode}"), r.nexthop, r.group,
+                                      r.ifindex, self.dp.OWNER_NAMES.get(r.owner, "unknown"))
         for rt in self.routes.values():
             self._ref(rt, +1)
         # orphans: what a crash left between writing and switching (or before freeing)
@@ -176,6 +178,15 @@ class SwitchTables:
             return self.stamp_path.read_text()
         except OSError:
             return None
+
+    def refresh(self):
+        """Reload if another process wrote since (before deciding anything from the model)."""
+        with self.dp.locked():
+            self._sync_with_other_writers()
+
+    def changed_elsewhere(self) -> bool:
+        """Another process wrote the tables since this model last did (or read them)."""
+        return self._read_stamp() != self.stamp
 
     def _sync_with_other_writers(self):
         """Under the lock: reload if another process wrote since we last did."""
@@ -341,11 +352,21 @@ class SwitchTables:
             if n is not None and n.refs == 0:
                 self._free_nh(n)
 
-    def apply(self, desired: list[Route], scope=None, merge: bool = False, keep_going: bool = False) -> Changes:
+    def owned_by(self, owner: str) -> set[str]:
+        return {str(n) for n, rt in self.routes.items() if rt.owner == owner}
+
+    def owner(self, prefix) -> str | None:
+        rt = self.routes.get(ipaddress.IPv6Network(prefix))
+        return None if rt is None else rt.owner
+
+    def apply(self, desired: list[Route], scope=None, merge: bool = False, keep_going: bool = False,
+              owner: str = "operator") -> Changes:
         """Make the programmed routes equal to `desired`. Routes outside `scope` (a predicate on
         the prefix; default: all) are left alone, as are, with merge, routes not in `desired`.
         keep_going: a route that cannot be programmed (its port is not attached yet) stays as it
-        was and is reported in Changes.failed; otherwise the first such error stops the batch."""
+        was and is reported in Changes.failed; otherwise the first such error stops the batch.
+        owner: recorded in each route written, so that a restarted agent knows which are its own."""
+        owner_id = self.dp.OWNERS[owner]
         want: dict[ipaddress.IPv6Network, Route] = {}
         for r in desired:
             if r.prefix in want:
@@ -357,7 +378,7 @@ class SwitchTables:
             todo = []
             for net, route in want.items():
                 cur = self.routes.get(net)
-                if cur is not None and self._canonical_of(cur) == self._canonical(route):
+                if cur is not None and self._canonical_of(cur) == self._canonical(route):   # keeps its owner
                     ch.unchanged += 1
                     continue
                 todo.append((net, route, cur))
@@ -376,9 +397,10 @@ class SwitchTables:
                         self._collect()
                         ch.failed[str(net)] = str(e)
                         continue
+                    rt.owner = owner
                     v = routes_map.leaf_type()
                     v.mode = self.dp.MODE_IDS[rt.mode]
-                    v.nexthop, v.group, v.ifindex = rt.nexthop, rt.group, rt.ifindex
+                    v.nexthop, v.group, v.ifindex, v.owner = rt.nexthop, rt.group, rt.ifindex, owner_id
                     routes_map.set(self._lpm_key(net), v)             # step 3: the switch-over
                     self.routes[net] = rt
                     if cur is not None:

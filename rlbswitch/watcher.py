@@ -63,7 +63,7 @@ class Watcher:
             if e is not None and e["mode"] not in ("connected", "local"):
                 continue  # an operator route of another mode owns this prefix
             if e is None or e["mode"] != route.mode or e.get("dev") != route.dev:
-                self.dp.add_route(route)
+                self.dp.add_route(route, owner="kernel")
         for prefix, e in routes.items():
             if e["mode"] in ("connected", "local") and prefix not in want:
                 self.dp.del_route(prefix)

@@ -223,3 +223,28 @@ def test_a_leaf_peers_only_with_the_neighbour_that_answers_on_its_port(lab):
     finally:
         run(lab.ns("l1"), "ip", "-6", "neigh", "del", "fe80::bad", "dev", "eth-s1")
     lab.wait_converged(60)
+
+
+def test_operator_routes_survive_agent_restarts_and_win_over_birds(lab):
+    """Ownership is recorded in the route entry: a restarted agent adopts only its own routes; an
+    operator's route for a prefix bird also has is left alone until the operator removes it."""
+    mine, overlap = "fc00:99::/64", "fc00:2:1:1::/64"
+    lab.cli("l1", "route", "add", mine, "-m", "dlb", "--via", "eth-s1@02:00:00:00:09:91")
+    lab.cli("l1", "route", "add", overlap, "-m", "dlb", "--via", "eth-s1@02:00:00:00:09:91",
+            "--via", "eth-s2@02:00:00:00:09:92")
+    try:
+        lab.kill_agent("l1")
+        lab.start_agent("l1")
+        time.sleep(2.5)                                  # adoption, a full read, a resync
+        routes = lab.routes("l1")
+        assert routes[mine]["owner"] == "operator" and routes[mine]["mode"] == "dlb"
+        assert routes[overlap]["owner"] == "operator" and routes[overlap]["mode"] == "dlb"
+        assert routes["fc00:2:1:2::/64"]["owner"] == "agent"
+    finally:
+        lab.cli("l1", "route", "del", mine)
+        lab.cli("l1", "route", "del", overlap)
+    deadline = time.time() + 5                           # bird's own route comes back
+    while time.time() < deadline and lab.routes("l1").get(overlap, {}).get("mode") != "pinned":
+        time.sleep(0.2)
+    r = lab.routes("l1")[overlap]
+    assert r["mode"] == "pinned" and r["owner"] == "agent"
