@@ -88,6 +88,7 @@ class BirdSync:
         self._reported: set = set()
         self._found: dict[str, str] = {}          # uplink -> the peer that answered on it
         self._written: dict[Path, str] = {}
+        self._pending: set[Path] = set()        # includes written but not yet configured
         self._next_sessions = 0.0
 
     # ---- helpers --------------------------------------------------------------------
@@ -98,15 +99,24 @@ class BirdSync:
         return self.fabric.link_mbps_between(self.node.name, peer) * 1e6 / 8
 
     def _write(self, path: Path, text: str) -> bool:
-        if self._written.get(path) == text or (path.exists() and path.read_text() == text):
+        if path not in self._pending and (self._written.get(path) == text
+                                          or (path.exists() and path.read_text() == text)):
             self._written[path] = text
             return False
         write_atomic(path, text)
         self._written[path] = text
         return True
 
-    def _configure(self, why: str):
-        reply = self.bird.configure()
+    def _configure(self, why: str, path: Path):
+        """Tell bird to read its includes again. If that fails, the include counts as not yet
+        given to bird, so the next round writes and configures again (the loop backs off)."""
+        try:
+            reply = self.bird.configure()
+        except Exception:
+            self._written.pop(path, None)
+            self._pending.add(path)
+            raise
+        self._pending.discard(path)
         log.info("bird reconfigured (%s): %s", why, reply.strip())
 
     # ---- leaves: neighbour discovery --------------------------------------------------
@@ -130,14 +140,14 @@ class BirdSync:
         found = self.discover()
         text = render_neighbors(self.fabric, self.node, found)
         if self._write(neighbors_file(self.run_dir, self.node.name), text):
-            self._configure(f"neighbours {found}")
+            self._configure(f"neighbours {found}", neighbors_file(self.run_dir, self.node.name))
 
     # ---- spines and super-spines: FARE path bandwidth back into bird --------------------
     def sync_pathbw(self, paths):
         values = pbw.node_values(self.fabric, self.node, self.usable(paths), self.link_bw)
         text = render_pathbw(self.fabric, self.node, values)
         if self._write(pathbw_file(self.run_dir, self.node.name), text):
-            self._configure(f"path bandwidth for {len(values)} prefixes")
+            self._configure(f"path bandwidth for {len(values)} prefixes", pathbw_file(self.run_dir, self.node.name))
 
     # ---- routes -> data plane ---------------------------------------------------------
     def sync_routes(self, paths, only: set[str] | None = None) -> bool:

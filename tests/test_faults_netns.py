@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rlbfabric.bird.ctl import BirdClient
 from rlbfabric.fabric import load
 from rlblab import topo
 from rlblab.traffic import Flow, QpReceiver, open_raw, send
@@ -112,3 +113,48 @@ def test_bird_down_longer_than_the_restart_time_routes_around_a_spine(lab):
     assert fab.graceful_restart_s - 1 <= moved["after_s"] <= fab.graceful_restart_s + 4
     assert got == sent
     converged_again(lab)
+
+
+def test_a_peer_sending_poison_spoils_its_path_only(lab):
+    """A test-only export filter on s1 adds a NaN FARE path bandwidth to l2's colour-1 prefix: l1
+    ignores that path (one log line), DLBs the prefix over the other spines without loss, and
+    keeps programming the rest; when s1 is sane again the prefix is pinned through it again."""
+    poisoned = "fc00:2:1:1::/64"
+    lab.kill_agent("s1")                          # or it would rewrite its export filter
+    inc = lab.work / "s1.pathbw.conf"
+    saved = inc.read_text()
+    inc.write_text("function pathbw_export()\n{\n"
+                   f"  if net = {poisoned} then bgp_ext_community.add((generic, 0x88fde8, 0x7fc00000));\n"
+                   "  return true;\n}\n")
+
+    def fault():
+        BirdClient(str(lab.work / "s1.ctl")).configure()
+        time.sleep(2.0)
+    try:
+        sent, got, gap = traffic(lab, 4.0, fault, seed=11)
+        record("peer sends a NaN path bandwidth", sent, got, gap)
+        assert got == sent
+        with open(lab.work / "agent-l1.log") as f:
+            assert f"{poisoned} via eth-s1 from s1 ignored: path bandwidth nan" in f.read()
+        routes = lab.routes("l1")
+        assert routes[poisoned]["mode"] == "dlb"
+        assert all(r["mode"] == "pinned" for p, r in routes.items() if p.startswith("fc00:2:") and p != poisoned)
+    finally:
+        inc.write_text(saved)
+        lab.start_agent("s1")
+        BirdClient(str(lab.work / "s1.ctl")).configure()
+    deadline = time.time() + 20
+    while time.time() < deadline and lab.routes("l1")[poisoned]["mode"] != "pinned":
+        time.sleep(0.3)
+    assert lab.routes("l1")[poisoned]["mode"] == "pinned"
+
+
+def test_host_agent_killed_mid_traffic_loses_nothing(lab):
+    """The TC programs and the QP table stay; a new agent adopts them."""
+    def fault():
+        lab.kill_agent("h1")
+        time.sleep(1.0)
+        lab.start_host_agent("h1")
+    sent, got, gap = traffic(lab, 4.0, fault, seed=13)
+    record("host agent kill -9 + restart on h1", sent, got, gap)
+    assert got == sent

@@ -1,0 +1,33 @@
+"""The bird follower's bookkeeping that needs no bird: includes whose configure failed are given
+to bird again."""
+from __future__ import annotations
+
+import pytest
+
+from rlbfabric.bird.ctl import BirdError
+from rlbswitch.birdsync import BirdSync
+
+
+class FlakyBird:
+    def __init__(self):
+        self.calls = 0
+
+    def configure(self) -> str:
+        self.calls += 1
+        if self.calls == 1:
+            raise BirdError("bird control socket: Connection refused")
+        return "Reconfigured"
+
+
+def test_an_include_whose_configure_failed_is_configured_again(tmp_path):
+    sync = BirdSync.__new__(BirdSync)          # only the include bookkeeping is exercised
+    sync._written, sync._pending, sync.bird = {}, set(), FlakyBird()
+    inc = tmp_path / "l1.neighbors.conf"
+    assert sync._write(inc, "protocol bgp s1 ...\n")
+    with pytest.raises(BirdError):
+        sync._configure("neighbours", inc)
+    # the same content is on disk, but bird never read it: written and configured again
+    assert sync._write(inc, "protocol bgp s1 ...\n")
+    sync._configure("neighbours", inc)
+    assert sync.bird.calls == 2
+    assert not sync._write(inc, "protocol bgp s1 ...\n")
