@@ -305,6 +305,11 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
     for p in [policy, *overrides.values()]:
         if p not in POLICIES:
             raise FabricError(f"{where}: policy {p!r}: choose one of {', '.join(POLICIES)}")
+    for key in overrides:
+        try:
+            ipaddress.IPv6Network(key)
+        except ValueError as e:
+            raise FabricError(f"{where}: [policy] key {key!r} is not an IPv6 prefix ({e})") from None
     links = {}
     for ln in data.get("link", []):
         a, b = ln.get("between", [None, None])

@@ -96,3 +96,10 @@ def test_bfd_interval_from_the_file_and_the_command_line(tmp_path):
                           "--node", "s1", "--run-dir", str(tmp_path), "--bfd-ms", "300"],
                          capture_output=True, text=True, check=True).stdout
     assert "min rx interval 300 ms; min tx interval 300 ms; multiplier 3" in out
+
+
+def test_a_bad_policy_prefix_is_refused_when_the_fabric_is_loaded(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text((LAB / "fabric.toml").read_text() + '\n[policy]\n"fc00:zz::/32" = "fare"\n')
+    with pytest.raises(fabric.FabricError, match="key 'fc00:zz::/32' is not an IPv6 prefix"):
+        fabric.load(bad)
