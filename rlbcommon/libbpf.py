@@ -78,3 +78,34 @@ _lib.bpf_prog_test_run_opts.argtypes = [ct.c_int, ct.POINTER(TestRunOpts)]
 _lib.bpf_prog_test_run_opts.restype = ct.c_int
 
 lib = _lib
+
+
+class ProgInfo(ct.Structure):
+    # struct bpf_prog_info from the kernel UAPI, up to the run-time statistics
+    _fields_ = [("type", ct.c_uint32), ("id", ct.c_uint32), ("tag", ct.c_uint8 * 8),
+                ("jited_prog_len", ct.c_uint32), ("xlated_prog_len", ct.c_uint32),
+                ("jited_prog_insns", ct.c_uint64), ("xlated_prog_insns", ct.c_uint64),
+                ("load_time", ct.c_uint64), ("created_by_uid", ct.c_uint32),
+                ("nr_map_ids", ct.c_uint32), ("map_ids", ct.c_uint64), ("name", ct.c_char * 16),
+                ("ifindex", ct.c_uint32), ("gpl_compatible", ct.c_uint32),
+                ("netns_dev", ct.c_uint64), ("netns_ino", ct.c_uint64),
+                ("nr_jited_ksyms", ct.c_uint32), ("nr_jited_func_lens", ct.c_uint32),
+                ("jited_ksyms", ct.c_uint64), ("jited_func_lens", ct.c_uint64),
+                ("btf_id", ct.c_uint32), ("func_info_rec_size", ct.c_uint32),
+                ("func_info", ct.c_uint64), ("nr_func_info", ct.c_uint32),
+                ("nr_line_info", ct.c_uint32), ("line_info", ct.c_uint64),
+                ("jited_line_info", ct.c_uint64), ("nr_jited_line_info", ct.c_uint32),
+                ("line_info_rec_size", ct.c_uint32), ("jited_line_info_rec_size", ct.c_uint32),
+                ("nr_prog_tags", ct.c_uint32), ("prog_tags", ct.c_uint64),
+                ("run_time_ns", ct.c_uint64), ("run_cnt", ct.c_uint64),
+                ("recursion_misses", ct.c_uint64), ("verified_insns", ct.c_uint32),
+                ("attach_btf_obj_id", ct.c_uint32), ("attach_btf_id", ct.c_uint32)]
+
+
+def prog_info(fd: int) -> ProgInfo:
+    """The kernel's view of a loaded program; run_time_ns/run_cnt count only while
+    sysctl kernel.bpf_stats_enabled=1."""
+    info = ProgInfo()
+    size = ct.c_uint32(ct.sizeof(info))
+    check(_lib.bpf_obj_get_info_by_fd(fd, ct.byref(info), ct.byref(size)), "program info")
+    return info

@@ -32,3 +32,25 @@ def prog_test_run(prog_fd: int, packet: bytes, repeat: int = 1, ctx: bytes | Non
         opts.ctx_size_in = len(ctx)
     check(lib.bpf_prog_test_run_opts(prog_fd, ct.byref(opts)), "BPF_PROG_TEST_RUN")
     return RunResult(opts.retval, outbuf.raw[:opts.data_size_out], opts.duration)
+
+
+BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
+
+
+class XdpMd(ct.Structure):
+    _fields_ = [("data", ct.c_uint32), ("data_end", ct.c_uint32), ("data_meta", ct.c_uint32),
+                ("ingress_ifindex", ct.c_uint32), ("rx_queue_index", ct.c_uint32),
+                ("egress_ifindex", ct.c_uint32)]
+
+
+def live_frames(prog_fd: int, frame: bytes, count: int, ifindex: int, batch: int = 0) -> None:
+    """Run an XDP program `count` times on real frames received on `ifindex` (in the caller's
+    network namespace): XDP_TX and XDP_REDIRECT really transmit. The kernel recycles the pages,
+    so the program must rewrite every frame it sends (they come back as the receiver left them)."""
+    inbuf = ct.create_string_buffer(bytes(frame), len(frame))
+    md = XdpMd(data=0, data_end=len(frame), ingress_ifindex=ifindex)
+    opts = TestRunOpts(sz=ct.sizeof(TestRunOpts), data_in=ct.cast(inbuf, ct.c_void_p),
+                       data_size_in=len(frame), ctx_in=ct.cast(ct.pointer(md), ct.c_void_p),
+                       ctx_size_in=ct.sizeof(md), repeat=count, flags=BPF_F_TEST_XDP_LIVE_FRAMES,
+                       batch_size=batch)
+    check(lib.bpf_prog_test_run_opts(prog_fd, ct.byref(opts)), "BPF_PROG_RUN (live frames)")

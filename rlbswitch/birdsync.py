@@ -78,6 +78,7 @@ class BirdSync:
         self.dirty_lock = threading.Lock()
         self.table: dict[str, list] = {}        # prefix -> bird's paths, as last read
         self.last_table = None
+        self._synced_loads = -1
         self.programmed: set[str] = set()          # prefixes this agent owns (bird's routes)
         self.explain: dict[str, str] = {}
         self.stats = {"syncs": 0, "errors": 0, "last_sync_seconds": 0.0, "sessions": {},
@@ -159,6 +160,8 @@ class BirdSync:
         compiled = self.compile(paths)
         tables = self.dp.tables
         tables.refresh()                           # owners as they are now, not as last loaded
+        if only is None:
+            self._synced_loads = tables.loads      # a full sync has seen every writer's change
         for net in [n for n in compiled if tables.owner(n) not in (None, "agent")]:
             if ("owner", net) not in self._reported:
                 self._reported.add(("owner", net))
@@ -276,7 +279,11 @@ class BirdSync:
             return                          # neither path bandwidth nor routes from half a table
         if self.node.role in ("spine", "superspine"):
             self.sync_pathbw(table)
-        if self.program and (key != self.last_table or self.dp.tables.changed_elsewhere()):
+        # Another writer's change may have been read in by someone else (a neighbour update
+        # reloads the model too): what counts is whether routes were synced since that read.
+        tables = self.dp.tables
+        if self.program and (key != self.last_table or tables.changed_elsewhere()
+                             or tables.loads != self._synced_loads):
             if self.sync_routes(table):        # bird changed, or somebody else changed the maps
                 self.last_table = key
         if time.monotonic() >= self._next_sessions:   # metrics and discovery back-off: 1 s is enough

@@ -100,11 +100,13 @@ class SwitchTables:
         self.stamp = None
         self.writes = 0
         self._keys: dict | None = None     # next hop -> key, within one batch
+        self.loads = 0                      # reads of the maps: another writer's change seen
         self.load()
 
     # ---- adoption -----------------------------------------------------------------------
     def load(self):
         """Read the pinned maps; reclaim orphans (what a crash between steps left behind)."""
+        self.loads += 1
         m = self.dp.maps
         self.nh_by_id: dict[int, _Nh] = {}
         self.nh_by_key: dict[NhKey, _Nh] = {}

@@ -1,0 +1,323 @@
+"""Real packets through real forwarders, side by side in one run.
+
+    generator ns            forwarder ns                          sink ns
+    g0 (xdp_gen, XDP_TX) -> in0 [forwarder] -> out0/out1/out2 -> s0/s1/s2 (xdp_sink: count, drop)
+
+The generator is an XDP program run with BPF_PROG_RUN + BPF_F_TEST_XDP_LIVE_FRAMES: each run
+rewrites its page into the next frame (IPv6/UDP 4791/BTH, the source port and QP cycling over
+--flows flows) and sends it out of g0. veth NAPI runs on the sending CPU and the bench pins
+itself to one CPU, so that CPU runs the whole chain: the chain's rate compares forwarders
+fairly. Program cost is the kernel's own accounting (kernel.bpf_stats_enabled=1,
+run_time_ns / run_cnt of the forwarder's program).
+
+Forwarders: a bare devmap redirect (the floor), Linux IPv6 forwarding (no XDP), rlbswitch in
+each mode, and rlbhost's TC programs against an empty TC program in the same place (a Linux
+forwarder with the program on its egress or ingress hook). Each case with 1 and with --flows
+flows; the switch cases again with --routes extra /64 routes installed.
+Ratios are against the bare redirect and Linux measured in this run; absolute figures are for
+this machine only."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes as ct
+import os
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rlbcommon import netns  # noqa: E402
+from rlbcommon import packets as P  # noqa: E402
+from rlbcommon.libbpf import prog_info  # noqa: E402
+from rlbcommon.testrun import live_frames  # noqa: E402
+from rlblab import topo  # noqa: E402
+
+GEN_HDR = 80
+IN_MAC, GEN_MAC = "02:00:00:00:0a:01", "02:00:00:00:0a:02"
+SINK_MAC = {k: f"02:00:00:00:0b:0{k}" for k in range(3)}
+OUT_MAC = {k: f"02:00:00:00:0c:0{k}" for k in range(3)}
+SRC = "fc00:1:1:1::a"
+DST = {"pinned": "fc00:2:0:1::1", "weighted": "fc00:2:0:2::1", "dlb": "fc00:2:0:3::1",
+       "pinned failing over": "fc00:2:0:4::1", "connected": "fc00:9::5"}
+HOST_PATHS = {k: f"fc00:1:1:{k}::a" for k in range(1, 5)}
+STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+@dataclass
+class Result:
+    case: str
+    flows: int
+    routes: int
+    mpps: list[float] = field(default_factory=list)
+    ns: list[float] = field(default_factory=list)
+    delivered: list[float] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.mpps)
+
+    @property
+    def prog_ns(self) -> float | None:
+        return statistics.median(self.ns) if self.ns else None
+
+
+class Chain:
+    """The three namespaces, the generator and the sinks; forwarders are swapped in per case."""
+
+    def __init__(self, size: int):
+        from bcc import BPF
+        tag = uuid.uuid4().hex[:5]
+        self.gen, self.fwd, self.sink = f"wgen-{tag}", f"wfwd-{tag}", f"wsink-{tag}"
+        self.instance = f"wire-{tag}"
+        for ns in (self.gen, self.fwd, self.sink):
+            topo.add_ns(ns)
+        topo.link(self.gen, "g0", self.fwd, "in0", GEN_MAC, IN_MAC)
+        for k in range(3):
+            topo.link(self.fwd, f"out{k}", self.sink, f"s{k}", OUT_MAC[k], SINK_MAC[k])
+        self.bpf = BPF(src_file=str(Path(__file__).with_name("wire.c")).encode())
+        self.gen_fd = self.bpf.load_func(b"xdp_gen", BPF.XDP).fd
+        sink = self.bpf.load_func(b"xdp_sink", BPF.XDP)
+        with netns.inside(self.sink):
+            for k in range(3):
+                BPF.attach_xdp(f"s{k}".encode(), sink, 1 << 2)
+        with netns.inside(self.gen):
+            self.g0 = self._ifindex("g0")
+        self.size = size
+
+    @staticmethod
+    def _ifindex(name: str) -> int:
+        import socket
+        return socket.if_nametoindex(name)
+
+    def frame(self, dst: str, src: str = SRC) -> bytes:
+        payload = max(0, self.size - 74)
+        return P.roce_frame(src, dst, 49152, 1, dmac=IN_MAC, smac=GEN_MAC, payload_len=payload,
+                            hop_limit=64, zero_checksum=True)
+
+    def set_traffic(self, frame: bytes, flows: int):
+        cfg = self.bpf[b"gen_cfg"]
+        v = cfg.Leaf()
+        v.n_flows = flows
+        ct.memmove(ct.addressof(v.tmpl), frame[:GEN_HDR], GEN_HDR)
+        cfg[ct.c_int(0)] = v
+        self.bpf[b"gen_seq"].clear()
+
+    def delivered(self) -> int:
+        return self.bpf[b"sink_count"].sum(ct.c_int(0)).value
+
+    def measure(self, frame: bytes, flows: int, packets: int, prog_fd: int | None) -> tuple[float, float | None, float]:
+        """One run: chain rate (Mpps), the program's ns per packet, delivered fraction."""
+        self.set_traffic(frame, flows)
+        self.bpf[b"sink_count"].clear()
+        before = prog_info(prog_fd) if prog_fd is not None else None
+        with netns.inside(self.gen):
+            t0 = time.perf_counter()
+            live_frames(self.gen_fd, frame, packets, self.g0)
+            elapsed = time.perf_counter() - t0
+        time.sleep(0.05)                       # the last batch drains
+        got = self.delivered()
+        ns = None
+        if before is not None:
+            after = prog_info(prog_fd)
+            runs = after.run_cnt - before.run_cnt
+            ns = (after.run_time_ns - before.run_time_ns) / runs if runs else None
+        return got / elapsed / 1e6, ns, got / packets
+
+    def close(self):
+        for ns in (self.gen, self.fwd, self.sink):
+            topo.del_ns(ns)
+
+
+def fwd_sh(chain: Chain, *cmd: str):
+    topo.run(chain.fwd, *cmd)
+
+
+@contextlib.contextmanager
+def linux_forwarding(chain: Chain):
+    """The forwarder namespace as a plain IPv6 router: routes via the sink, a static neighbour."""
+    fwd_sh(chain, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+    fwd_sh(chain, "ip", "-6", "neigh", "replace", "fe80::5", "lladdr", SINK_MAC[0], "dev", "out0",
+           "nud", "permanent")
+    fwd_sh(chain, "ip", "-6", "route", "replace", "fc00::/16", "via", "fe80::5", "dev", "out0")
+    try:
+        yield
+    finally:
+        fwd_sh(chain, "ip", "-6", "route", "del", "fc00::/16")
+        fwd_sh(chain, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=0")
+
+
+@contextlib.contextmanager
+def xdp_on_in0(chain: Chain, fn):
+    from bcc import BPF
+    with netns.inside(chain.fwd):
+        BPF.attach_xdp(b"in0", fn, 1 << 2)
+    try:
+        yield
+    finally:
+        with netns.inside(chain.fwd):
+            BPF.remove_xdp(b"in0", 1 << 2)
+
+
+@contextlib.contextmanager
+def tc_prog(chain: Chain, ifname: str, direction: str, fd: int, name: str):
+    from pyroute2 import NetNS
+    parent = {"ingress": 0xFFFFFFF2, "egress": 0xFFFFFFF3}[direction]
+    with NetNS(chain.fwd) as ipr:
+        idx = ipr.link_lookup(ifname=ifname)[0]
+        with contextlib.suppress(Exception):
+            ipr.tc("add", "clsact", idx)
+        ipr.tc("replace-filter", "bpf", idx, handle=1, prio=1, fd=fd, name=name, parent=parent,
+               classid=1, direct_action=True)
+        try:
+            yield
+        finally:
+            ipr.tc("del-filter", "bpf", idx, handle=1, prio=1, parent=parent)
+
+
+def run_case(chain: Chain, args, results: list, case: str, frame: bytes, prog_fd, routes: int = 0):
+    for flows in (1, args.flows):
+        r = Result(case, flows, routes)
+        for _ in range(args.rounds):
+            mpps, ns, frac = chain.measure(frame, flows, args.packets, prog_fd)
+            r.mpps.append(mpps)
+            if ns is not None:
+                r.ns.append(ns)
+            r.delivered.append(frac)
+        results.append(r)
+        print(f"  {case:<34}{flows:>6} flows {routes:>6} routes  {r.rate:6.2f} Mpps"
+              + (f"  {r.prog_ns:6.1f} ns" if r.prog_ns is not None else "")
+              + f"  delivered {min(r.delivered):.3f}", file=sys.stderr)
+
+
+def switch_cases(chain: Chain, args, results: list):
+    from rlbfabric.routes import NextHop, Route
+    from rlbswitch.dataplane import SwitchDataplane
+    with netns.inside(chain.fwd):
+        dp = SwitchDataplane(chain.instance)
+        try:
+            for name in ("in0", "out0", "out1", "out2"):
+                dp.attach(name)
+            nh = [NextHop.parse(f"out{k}@{SINK_MAC[k]}") for k in range(3)]
+            dp.add_route(Route("fc00:2:0:1::/64", "pinned", [nh[0]], [nh[1]]))
+            dp.add_route(Route("fc00:2:0:2::/64", "weighted", [NextHop(h.ifname, mac=h.mac, weight=1)
+                                                                for h in nh[:2]]))
+            dp.add_route(Route("fc00:2:0:3::/64", "dlb", nh[:2]))
+            dp.add_route(Route("fc00:2:0:4::/64", "pinned", [nh[2]], nh[:2]))
+            dp.add_route(Route("fc00:9::/64", "connected", dev="out0"))
+            dp.update_neighbour(dp.ifindex("out0"), "fc00:9::5", SINK_MAC[0])
+            dp.set_port_up(dp.ifindex("out2"), False)     # the failover route's primary is down
+            fd = dp.prog_fd
+            for extra in (0, args.routes):
+                if extra:
+                    many = [Route(f"fc00:3:{i >> 16:x}:{i & 0xffff:x}::/64", "pinned", [nh[i % 2]])
+                            for i in range(extra)]
+                    dp.apply_routes(many, merge=True)
+                for mode, dst in DST.items():
+                    run_case(chain, args, results, f"rlbswitch {mode}", chain.frame(dst), fd, extra)
+        finally:
+            dp.destroy()
+
+
+def host_cases(chain: Chain, args, results: list):
+    """rlbhost's TC programs on a Linux forwarder, against an empty TC program in their place."""
+    from rlbhost.dataplane import HostDataplane
+    empty = chain.bpf.load_func(b"tc_empty", chain.bpf.SCHED_CLS)
+    out = chain.frame("fc00:1:2:1::b")                            # base -> base: egress moves it
+    back = chain.frame(HOST_PATHS[3], src="fc00:1:2:3::b")       # path 3 -> ingress restores
+    with netns.inside(chain.fwd):
+        host = HostDataplane(chain.instance)
+        try:
+            host.load()
+            host.set_paths(HOST_PATHS, field=3, base_value=1)
+            host.set_config(expiry_ms=3_600_000)
+            host.set_weights({1: 0, 2: 0, 3: 1, 4: 0})
+            with linux_forwarding(chain):
+                for direction, ifname, frame in (("egress", "out0", out), ("ingress", "in0", back)):
+                    for label, fd, name in ((f"empty TC {direction}", empty.fd, "tc_empty"),
+                                            (f"rlbhost {direction}", host.prog_fd(direction),
+                                             f"rlb_host_{direction}")):
+                        with tc_prog(chain, ifname, direction, fd, name):
+                            run_case(chain, args, results, label, frame, fd)
+        finally:
+            host.detach(None)
+
+
+def report(results: list[Result], args):
+    def find(case, flows, routes=0):
+        return next(r for r in results if r.case == case and r.flows == flows and r.routes == routes)
+
+    print(f"Real packets, {args.size}-byte frames, one CPU (cpu {args.cpu}) runs generator, forwarder "
+          f"and sink; median of {args.rounds} runs of {args.packets} packets")
+    print(f"{'forwarder in the middle':<34}{'flows':>6}{'routes':>7}{'Mpps':>7}{'x bare':>8}"
+          f"{'x linux':>8}{'prog ns':>9}{'ns x bare':>10}")
+    for r in results:
+        if r.case.startswith(("empty TC", "rlbhost")):
+            continue
+        bare, linux = find("bare devmap redirect", r.flows), find("Linux IPv6 forwarding", r.flows)
+        ns = f"{r.prog_ns:9.1f}{r.prog_ns / bare.prog_ns:10.2f}" if r.prog_ns is not None else f"{'-':>9}{'-':>10}"
+        print(f"{r.case:<34}{r.flows:>6}{r.routes:>7}{r.rate:7.2f}{r.rate / bare.rate:8.2f}"
+              f"{r.rate / linux.rate:8.2f}{ns}")
+    host = [r for r in results if r.case.startswith("rlbhost")]
+    if host:
+        print(f"\n{'host TC on a Linux forwarder':<34}{'flows':>6}{'Mpps':>7}{'x empty':>8}{'prog ns':>9}"
+              f"{'empty ns':>9}")
+        for r in host:
+            ref = find(r.case.replace("rlbhost", "empty TC"), r.flows)
+            print(f"{r.case:<34}{r.flows:>6}{r.rate:7.2f}{r.rate / ref.rate:8.2f}{r.prog_ns:9.1f}"
+                  f"{ref.prog_ns:9.1f}")
+    lost = [r for r in results if min(r.delivered) < 0.99]
+    for r in lost:
+        print(f"note: {r.case} ({r.flows} flows) delivered only {min(r.delivered):.3f} of what was sent")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--packets", type=int, default=2_000_000, help="packets per run")
+    ap.add_argument("--rounds", type=int, default=3, help="runs per case (median taken)")
+    ap.add_argument("--flows", type=int, default=10_000, help="flows in the many-flow runs (<= 16384)")
+    ap.add_argument("--routes", type=int, default=16_384, help="extra /64 routes for the table-size runs")
+    ap.add_argument("--size", type=int, default=128, help="frame size in bytes (>= 80)")
+    ap.add_argument("--cpu", type=int, default=os.cpu_count() - 1, help="the CPU that runs the chain")
+    ap.add_argument("--only", choices=("switch", "host"), help="run only one half")
+    args = ap.parse_args()
+    if not 1 <= args.flows <= 16384:
+        ap.error("--flows must be 1..16384 (source ports cycle over 16384 values)")
+    if not 80 <= args.size <= 3000:
+        ap.error("--size must be 80..3000 bytes")
+    if args.packets < 10_000 or args.rounds < 1:
+        ap.error("--packets must be >= 10000 and --rounds >= 1")
+    if os.geteuid():
+        ap.error("run as root (namespaces, XDP)")
+
+    os.sched_setaffinity(0, {args.cpu})
+    stats_was = STATS_SYSCTL.read_text().strip()
+    STATS_SYSCTL.write_text("1")
+    chain = Chain(args.size)
+    results: list[Result] = []
+    try:
+        from bcc import BPF
+        if args.only != "host":
+            with netns.inside(chain.fwd):
+                chain.bpf[b"bare_tx"][ct.c_int(0)] = ct.c_int(Chain._ifindex("out0"))
+            bare = chain.bpf.load_func(b"xdp_bare", BPF.XDP)
+            with xdp_on_in0(chain, bare):
+                run_case(chain, args, results, "bare devmap redirect", chain.frame(DST["pinned"]), bare.fd)
+            with linux_forwarding(chain):
+                run_case(chain, args, results, "Linux IPv6 forwarding", chain.frame(DST["pinned"]), None)
+            switch_cases(chain, args, results)
+        if args.only != "switch":
+            host_cases(chain, args, results)
+    finally:
+        chain.close()
+        STATS_SYSCTL.write_text(stats_was)
+    report(results, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
