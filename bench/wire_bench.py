@@ -212,12 +212,14 @@ def switch_cases(chain: Chain, args, results: list):
             dp.update_neighbour(dp.ifindex("out0"), "fc00:9::5", SINK_MAC[0])
             dp.set_port_up(dp.ifindex("out2"), False)     # the failover route's primary is down
             fd = dp.prog_fd
-            for extra in (0, args.routes):
+            for extra in (0, args.routes) if args.routes else (0,):
                 if extra:
                     many = [Route(f"fc00:3:{i >> 16:x}:{i & 0xffff:x}::/64", "pinned", [nh[i % 2]])
                             for i in range(extra)]
                     dp.apply_routes(many, merge=True)
                 for mode, dst in DST.items():
+                    if mode not in args.modes.split(","):
+                        continue
                     run_case(chain, args, results, f"rlbswitch {mode}", chain.frame(dst), fd, extra)
         finally:
             dp.destroy()
@@ -284,6 +286,7 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=128, help="frame size in bytes (>= 80)")
     ap.add_argument("--cpu", type=int, default=os.cpu_count() - 1, help="the CPU that runs the chain")
     ap.add_argument("--only", choices=("switch", "host"), help="run only one half")
+    ap.add_argument("--modes", default=",".join(DST), help="rlbswitch modes to run (comma-separated)")
     args = ap.parse_args()
     if not 1 <= args.flows <= 16384:
         ap.error("--flows must be 1..16384 (source ports cycle over 16384 values)")

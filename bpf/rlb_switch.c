@@ -1,26 +1,23 @@
-/* RLB switch: IPv6 forwarding in XDP from BPF maps, with per-route pinned (BGP-DPF),
- * weighted and flowlet-DLB next-hop selection. Compiled by bcc with -DRLB_PIN_DIR="..."
- * so every map is pinned and a restarted agent (or a new program) reuses the same state. */
+/* RLB switch: IPv6 forwarding in XDP from pinned BPF maps, per route pinned (BGP-DPF),
+ * weighted or flowlet-DLB; reads as parse -> punt -> lookup -> select -> forward. */
 #include <uapi/linux/bpf.h>
-#include <uapi/linux/if_ether.h>
-#include <uapi/linux/ipv6.h>
-#include <uapi/linux/in.h>
-#include <uapi/linux/udp.h>
-#include <uapi/linux/tcp.h>
-#include <uapi/linux/icmpv6.h>
 #include "rlb_switch.h"
 
-#define PIN(name) RLB_PIN_DIR "/" #name
+#include "lib/pin.h"
+#include "lib/parse.h"
+#include "lib/hash.h"
 
 BPF_TABLE_PINNED7("lpm_trie", struct rlb_lpm_key, struct rlb_route, routes, RLB_MAX_ROUTES,
                   PIN(routes), BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED7("hash", struct rlb_key64, struct rlb_route, routes64, RLB_MAX_ROUTES,
+                  PIN(routes64), BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("array", u32, struct rlb_nexthop, nexthops, RLB_MAX_NEXTHOPS, PIN(nexthops));
 BPF_TABLE_PINNED("array", u32, struct rlb_group, groups, RLB_MAX_GROUPS, PIN(groups));
-BPF_TABLE_PINNED("hash", u32, struct rlb_port, ports, RLB_MAX_PORTS, PIN(ports));
+BPF_TABLE_PINNED("array", u32, struct rlb_port, ports, RLB_MAX_PORTS, PIN(ports));
 BPF_TABLE_PINNED("array", u32, struct rlb_port_load, port_load, RLB_MAX_PORTS, PIN(port_load));
 BPF_TABLE_PINNED("hash", struct rlb_in6, struct rlb_neighbor, neighbors, RLB_MAX_NEIGHBORS,
                  PIN(neighbors));
-BPF_TABLE_PINNED("array", u32, struct rlb_flowlet, flowlets, RLB_FLOWLETS, PIN(flowlets));
+BPF_TABLE_PINNED("array", u32, struct rlb_flowlet_set, flowlets, RLB_FLOWLET_SETS, PIN(flowlets));
 BPF_TABLE_PINNED("array", u32, struct rlb_config, config, 1, PIN(config));
 BPF_TABLE_PINNED("percpu_array", u32, struct rlb_port_stats, port_stats, RLB_MAX_PORTS,
                  PIN(port_stats));
@@ -29,18 +26,11 @@ BPF_TABLE_PINNED("percpu_array", u32, struct rlb_counter, nh_stats, RLB_MAX_NEXT
 BPF_TABLE_PINNED("percpu_array", u32, u64, reasons, RLB_R_MAX, PIN(reasons));
 BPF_XDP_REDIRECT_MAP("devmap:" PIN(tx_ports), int, tx_ports, RLB_MAX_PORTS);
 
-struct pkt {
-    u32 hash;
-    u32 len;
-    u64 now;
-    struct rlb_config *cfg;
-};
+#include "lib/stats.h"
 
 static __always_inline void count(u32 reason)
 {
-    u64 *c = reasons.lookup(&reason);
-    if (c)
-        *c += 1;
+    bump(reasons.lookup(&reason));
 }
 
 static __always_inline int pass(u32 reason)
@@ -49,70 +39,131 @@ static __always_inline int pass(u32 reason)
     return XDP_PASS;
 }
 
-/* murmur3 rounds: cheap, well mixed, and seedable so switches do not polarise. */
-static __always_inline u32 mix(u32 h, u32 k)
+/* What the stages pass along. The flow hash is computed only by the modes that need it
+ * (a pinned route whose primary is up never does). */
+struct pkt {
+    struct rlb_l3 l3;
+    struct rlb_config *cfg;
+    u64 now;
+    u32 len;
+    u32 ports;         /* L4 source << 16 | dest, 0 when none */
+    u32 qp;            /* RoCEv2 BTH destination QP, 0 when none */
+    u32 hash;
+};
+
+static __always_inline void hash_packet(struct pkt *pk)
 {
-    k *= 0xcc9e2d51;
-    k = (k << 15) | (k >> 17);
-    k *= 0x1b873593;
-    h ^= k;
-    h = (h << 13) | (h >> 19);
-    return h * 5 + 0xe6546b64;
+    struct ipv6hdr *ip6 = pk->l3.ip6;
+    pk->hash = flow_hash(pk->cfg->hash_seed, ip6->saddr.in6_u.u6_addr8, ip6->daddr.in6_u.u6_addr8,
+                         proto_label(ip6), pk->ports, pk->qp);
 }
 
-static __always_inline u32 fmix(u32 h)
+/* ---- punt: what the kernel must see (returns a reason, or -1 to forward) ---------------- */
+static __always_inline int punt(struct pkt *pk, void *data_end)
 {
-    h ^= h >> 16;
-    h *= 0x85ebca6b;
-    h ^= h >> 13;
-    h *= 0xc2b2ae35;
-    h ^= h >> 16;
-    return h;
+    struct ipv6hdr *ip6 = pk->l3.ip6;
+    u8 *dst = ip6->daddr.in6_u.u6_addr8;
+    if (dst[0] == 0xff)
+        return RLB_R_PASS_MULTICAST;
+    if (is_link_local(dst) || is_link_local(ip6->saddr.in6_u.u6_addr8))
+        return RLB_R_PASS_LINK_LOCAL;  /* never routed off-link */
+    switch (pk->l3.proto) {
+    case IPPROTO_HOPOPTS:
+        return RLB_R_PASS_CONTROL;     /* router alert & co. need the kernel */
+    case IPPROTO_ICMPV6: {
+        struct icmp6hdr *ic = pk->l3.l4;
+        if ((void *)(ic + 1) > data_end)
+            return RLB_R_PASS_MALFORMED;
+        if (ic->icmp6_type >= 133 && ic->icmp6_type <= 137)
+            return RLB_R_PASS_CONTROL; /* RS, RA, NS, NA, redirect */
+        break;
+    }
+    case IPPROTO_TCP: {
+        struct tcphdr *th = pk->l3.l4;
+        if ((void *)(th + 1) > data_end)
+            return RLB_R_PASS_MALFORMED;
+        if (th->source == htons(179) || th->dest == htons(179))
+            return RLB_R_PASS_CONTROL; /* BGP */
+        pk->ports = ((u32)ntohs(th->source) << 16) | ntohs(th->dest);
+        break;
+    }
+    case IPPROTO_UDP: {
+        struct udphdr *uh = pk->l3.l4;
+        if ((void *)(uh + 1) > data_end)
+            return RLB_R_PASS_MALFORMED;
+        pk->ports = ((u32)ntohs(uh->source) << 16) | ntohs(uh->dest);
+        if (uh->dest == htons(pk->cfg->roce_port)) {
+            s32 qp = bth_dest_qp((u8 *)(uh + 1), data_end);
+            if (qp > 0)
+                pk->qp = qp;
+        }
+        break;
+    }
+    }
+    if (ip6->hop_limit <= 1)
+        return RLB_R_PASS_HOP_LIMIT;   /* the kernel sends Time Exceeded */
+    return -1;
 }
 
-static __always_inline u32 load32(const u8 *p)
+/* ---- lookup: the exact /64 first, the trie for everything else ------------------------- */
+static __always_inline struct rlb_route *lookup(struct pkt *pk)
 {
-    return ((u32)p[0] << 24) | ((u32)p[1] << 16) | ((u32)p[2] << 8) | p[3];
+    u8 *dst = pk->l3.ip6->daddr.in6_u.u6_addr8;
+    struct rlb_key64 k64;
+    __builtin_memcpy(k64.addr, dst, 8);
+    struct rlb_route *rt = routes64.lookup(&k64);
+    if (rt)
+        return rt;
+    struct rlb_lpm_key key = {.prefixlen = 128};
+    __builtin_memcpy(key.addr, dst, 16);
+    return routes.lookup(&key);
 }
 
-/* Decayed recent tx bytes of a port, quantised into a quality band (0 = idle). */
-static __always_inline u32 port_band(struct rlb_port *port, struct pkt *pk)
+/* ---- ports and their load ------------------------------------------------------------- */
+static __always_inline struct rlb_port *live_port(u32 slot, u32 ifindex)
 {
-    u32 slot = port->tx_slot;
+    struct rlb_port *port = ports.lookup(&slot);
+    if (!port || !port->up || port->ifindex != ifindex || !ifindex)
+        return 0;   /* down, removed, or the slot now belongs to another port */
+    return port;
+}
+
+/* A port's recent tx bytes, decayed to now, quantised into a quality band (0 = idle). Bytes
+ * sent since the last look count as recent; after a gap longer than the half-life only the
+ * share that fell in the last half-life does. Racing readers write the same kind of value. */
+static __always_inline u32 port_band(u32 slot, struct rlb_port *port, struct pkt *pk)
+{
     struct rlb_port_load *ld = port_load.lookup(&slot);
     if (!ld)
         return RLB_LOAD_BANDS - 1;
-    u64 recent = ld->recent_bytes;
-    u64 half = pk->cfg->load_halflife_ns;
-    if (half && pk->now > ld->last_ns) {
-        u64 shifts = (pk->now - ld->last_ns) / half;
-        recent = shifts >= 63 ? 0 : recent >> shifts;
+    u64 now = pk->now, half = pk->cfg->load_halflife_ns;
+    u64 recent = ld->recent_bytes, last = ld->seen_ns, total = ld->tx_bytes;
+    if (half && now > last) {
+        u64 dt = now - last, shifts = dt / half;
+        if (shifts) {
+            recent = shifts >= 63 ? 0 : recent >> shifts;
+            ld->seen_ns = shifts >= 63 ? now : last + shifts * half;
+        }
+        u64 delta = total - ld->seen_bytes;
+        if (dt > half)
+            delta = delta / (dt / half);
+        recent += delta;
+        ld->recent_bytes = recent;
+        ld->seen_bytes = total;
     }
     u32 unit = port->band_bytes ? port->band_bytes : pk->cfg->default_band_bytes;
-    if (!unit)
-        unit = 1;
-    u64 band = recent / unit;
+    u64 band = recent / (unit ? unit : 1);
     return band >= RLB_LOAD_BANDS ? RLB_LOAD_BANDS - 1 : (u32)band;
 }
 
-static __always_inline void port_add_load(struct rlb_port *port, struct pkt *pk)
+static __always_inline void port_add_load(u32 slot, struct pkt *pk)
 {
-    u32 slot = port->tx_slot;
     struct rlb_port_load *ld = port_load.lookup(&slot);
-    if (!ld)
-        return;
-    u64 half = pk->cfg->load_halflife_ns;
-    if (half && pk->now > ld->last_ns) {
-        u64 shifts = (pk->now - ld->last_ns) / half;
-        if (shifts) {
-            ld->recent_bytes = shifts >= 63 ? 0 : ld->recent_bytes >> shifts;
-            ld->last_ns = pk->now;
-        }
-    }
-    ld->recent_bytes += pk->len;
+    if (ld)
+        __sync_fetch_and_add(&ld->tx_bytes, pk->len);
 }
 
-/* A next hop is usable only with a resolved MAC on a registered port that is up. */
+/* A next hop is usable only with a resolved MAC on a live port. */
 static __always_inline struct rlb_nexthop *usable_nh(u32 id, struct rlb_port **portp)
 {
     if (!id)
@@ -120,36 +171,22 @@ static __always_inline struct rlb_nexthop *usable_nh(u32 id, struct rlb_port **p
     struct rlb_nexthop *nh = nexthops.lookup(&id);
     if (!nh || (nh->flags & (RLB_NH_VALID | RLB_NH_RESOLVED)) != (RLB_NH_VALID | RLB_NH_RESOLVED))
         return 0;
-    u32 ifindex = nh->ifindex;
-    struct rlb_port *port = ports.lookup(&ifindex);
-    if (!port || !port->up)
+    struct rlb_port *port = live_port(nh->port, nh->ifindex);
+    if (!port)
         return 0;
     *portp = port;
     return nh;
 }
 
-/* Flowlet DLB over a group: keep the flow's member while its packets arrive within the
- * flowlet timeout; otherwise pick the live member in the lowest quality band, ties by hash. */
-static __always_inline u32 dlb_select(u32 gid, struct rlb_group *g, struct pkt *pk)
+/* ---- select ---------------------------------------------------------------------------- */
+/* The live member a new flowlet takes: lowest quality band, ties by a per-member rendezvous
+ * hash so flows spread evenly and a member change moves only the flows that preferred it. */
+static __always_inline u32 dlb_pick(struct rlb_group *g, struct pkt *pk, u32 *memberp)
 {
-    u32 idx = pk->hash & (RLB_FLOWLETS - 1);
-    struct rlb_flowlet *fl = flowlets.lookup(&idx);
-    if (!fl)
-        return 0;
-    struct rlb_port *port = 0;
-    int same_flow = fl->hash == pk->hash && fl->group == gid && fl->last_ns;
-    if (same_flow && fl->generation == g->generation &&
-        pk->now - fl->last_ns < pk->cfg->flowlet_timeout_ns && fl->member < RLB_MAX_MEMBERS &&
-        g->member_nh[fl->member & (RLB_MAX_MEMBERS - 1)] == fl->nexthop &&
-        usable_nh(fl->nexthop, &port)) {
-        fl->last_ns = pk->now;
-        return fl->nexthop;
-    }
-
-    /* One pass: score = quality band, then a per-member rendezvous hash so ties spread
-     * flows evenly and a member change only moves the flows that preferred that member. */
     u32 member = RLB_MAX_MEMBERS, chosen = 0;
     u64 best = ~0ULL;
+    u32 h = pk->hash;
+    struct rlb_port *port = 0;
 #pragma clang loop unroll(disable)
     for (u32 i = 0; i < RLB_MAX_MEMBERS; i++) {
         /* A volatile read each time: hoisted, clang turns the two bounds into one
@@ -157,25 +194,84 @@ static __always_inline u32 dlb_select(u32 gid, struct rlb_group *g, struct pkt *
          * a range on !=) and reject as "sequence of 8193 jumps is too complex". */
         if (i >= *(volatile u32 *)&g->n_members)
             break;
-        if (!usable_nh(g->member_nh[i], &port))
+        u32 id = g->member_nh[i];
+        struct rlb_nexthop *nh = usable_nh(id, &port);
+        if (!nh)
             continue;
-        u64 score = ((u64)port_band(port, pk) << 32) | fmix(pk->hash ^ mix(0x5bd1e995, i));
+        u64 score = ((u64)port_band(nh->port, port, pk) << 32) | fmix(h ^ ((i + 1) * 0x9e3779b1));
         if (score < best) {  /* member and chosen are only stored, so states prune */
             best = score;
             member = i;
-            chosen = g->member_nh[i];
+            chosen = id;
         }
     }
+    *memberp = member;
+    return chosen;
+}
+
+/* Flowlet DLB: a flow keeps its member while its packets come within the flowlet timeout.
+ * Entries sit in sets of RLB_FLOWLET_WAYS, tagged by the full hash: a new flow takes a free or
+ * expired way; when all are live it goes by the group's slot table without an entry (stable
+ * while that member lives; counted). The set is scanned again after the member loop rather
+ * than carrying a pointer across it: one verifier state into the loop, not one per way. */
+static __always_inline u32 dlb_select(struct rlb_group *g, struct pkt *pk)
+{
+    u32 h = pk->hash;
+    u32 idx = (h >> 8) & (RLB_FLOWLET_SETS - 1);
+    struct rlb_flowlet_set *set = flowlets.lookup(&idx);
+    if (!set)
+        return 0;
+    u64 now = pk->now, timeout = pk->cfg->flowlet_timeout_ns;
+    struct rlb_port *port = 0;
+    int known = 0, room = 0;
+#pragma unroll
+    for (int w = 0; w < RLB_FLOWLET_WAYS; w++) {
+        struct rlb_flowlet *e = &set->way[w];
+        if (e->last_ns && e->hash == h) {
+            known = 1;
+            if (now - e->last_ns < timeout &&
+                g->member_nh[e->member & (RLB_MAX_MEMBERS - 1)] == e->nexthop &&
+                usable_nh(e->nexthop, &port)) {
+                e->last_ns = now;
+                return e->nexthop;
+            }
+        } else if (!e->last_ns || now - e->last_ns >= timeout) {
+            room = 1;
+        }
+    }
+    if (!known && !room) {
+        count(RLB_R_EV_DLB_COLLISION);
+        u32 id = g->member_nh[g->slot[h & (RLB_SLOTS - 1)] & (RLB_MAX_MEMBERS - 1)];
+        if (usable_nh(id, &port))
+            return id;
+    }
+    /* counted before the member loop so that nothing decided here is live across it */
+    count(known ? RLB_R_EV_DLB_REASSIGN : RLB_R_EV_DLB_ASSIGN);
+    u32 member = 0;
+    u32 chosen = dlb_pick(g, pk, &member);
     if (!chosen)
         return 0;
-    if (same_flow && fl->nexthop != chosen)
-        count(RLB_R_EV_DLB_REASSIGN);
-    else if (!same_flow)
-        count(RLB_R_EV_DLB_ASSIGN);
-    fl->last_ns = pk->now;
-    fl->hash = pk->hash;
-    fl->group = gid;
-    fl->generation = g->generation;
+    /* The flow's own way if it has one, else the first free or expired way. */
+    int target = -1;
+#pragma unroll
+    for (int w = 0; w < RLB_FLOWLET_WAYS; w++) {
+        struct rlb_flowlet *e = &set->way[w];
+        if (e->last_ns && e->hash == h)
+            target = w;
+    }
+    if (target < 0) {
+#pragma unroll
+        for (int w = RLB_FLOWLET_WAYS - 1; w >= 0; w--) {
+            struct rlb_flowlet *e = &set->way[w];
+            if (!e->last_ns || now - e->last_ns >= timeout)
+                target = w;
+        }
+    }
+    if (target < 0)
+        return chosen;       /* a collision whose slot member is dead: no entry either */
+    struct rlb_flowlet *fl = &set->way[target & (RLB_FLOWLET_WAYS - 1)];
+    fl->last_ns = now;
+    fl->hash = h;
     fl->member = member;
     fl->nexthop = chosen;
     return chosen;
@@ -186,7 +282,7 @@ static __always_inline u32 group_dlb(u32 gid, struct pkt *pk)
     struct rlb_group *g = groups.lookup(&gid);
     if (!gid || !g)
         return 0;
-    return dlb_select(gid, g, pk);
+    return dlb_select(g, pk);
 }
 
 /* The slot table's member for this flow (0 if the group is empty). */
@@ -199,30 +295,48 @@ static __always_inline u32 weighted_select(u32 gid, struct pkt *pk)
     return g->member_nh[member & (RLB_MAX_MEMBERS - 1)];
 }
 
-/* Rewrite and redirect through an egress port already known to be registered and up. */
-static __always_inline int forward(struct ethhdr *eth, struct ipv6hdr *ip6, struct rlb_port *port,
-                                   const u8 *dmac, const u8 *smac, u32 nh_id, struct pkt *pk)
+/* ---- forward: MTU, devmap, then the rewrite (a failed redirect leaves the frame intact) -- */
+static __always_inline int forward(struct pkt *pk, u32 slot, struct rlb_port *port,
+                                   const u8 *dmac, const u8 *smac, u32 nh_id)
 {
+    if (port->mtu && pk->len - ETH_HLEN > port->mtu)
+        return pass(RLB_R_PASS_TOO_BIG);
+    if (tx_ports.redirect_map(slot, XDP_PASS) != XDP_REDIRECT)
+        return pass(RLB_R_PASS_NO_PORT);    /* the interface went away under us */
+    struct ethhdr *eth = pk->l3.eth;
     __builtin_memcpy(eth->h_dest, dmac, ETH_ALEN);
     __builtin_memcpy(eth->h_source, smac, ETH_ALEN);
-    ip6->hop_limit--;
+    pk->l3.ip6->hop_limit--;
 
-    u32 slot = port->tx_slot;
     struct rlb_port_stats *ps = port_stats.lookup(&slot);
-    if (ps) {
-        ps->tx_packets++;
-        ps->tx_bytes += pk->len;
-    }
+    if (ps)
+        bump_bytes(&ps->tx_packets, &ps->tx_bytes, pk->len);
     if (nh_id) {
         struct rlb_counter *c = nh_stats.lookup(&nh_id);
-        if (c) {
-            c->packets++;
-            c->bytes += pk->len;
-        }
+        if (c)
+            bump_bytes(&c->packets, &c->bytes, pk->len);
     }
-    port_add_load(port, pk);
-    count(RLB_R_FORWARDED);
-    return tx_ports.redirect_map(slot, 0);
+    port_add_load(slot, pk);
+    return XDP_REDIRECT;
+}
+
+static __always_inline int forward_connected(struct pkt *pk, struct rlb_route *rt)
+{
+    struct rlb_in6 dkey;
+    __builtin_memcpy(dkey.addr, pk->l3.ip6->daddr.in6_u.u6_addr8, 16);
+    struct rlb_neighbor *n = neighbors.lookup(&dkey);
+    if (!n || n->ifindex != rt->ifindex)
+        return pass(RLB_R_PASS_NEIGH_MISS);
+    u32 slot = rt->port;
+    struct rlb_port *port = ports.lookup(&slot);
+    if (!port || port->ifindex != rt->ifindex || !rt->ifindex)
+        return pass(RLB_R_PASS_NO_PORT);
+    if (!port->up)
+        return pass(RLB_R_PASS_NO_NEXTHOP);
+    u8 dmac[6], smac[6];
+    __builtin_memcpy(dmac, n->dmac, 6);
+    __builtin_memcpy(smac, port->mac, 6);
+    return forward(pk, slot, port, dmac, smac, 0);
 }
 
 int rlb_switch(struct xdp_md *ctx)
@@ -232,113 +346,36 @@ int rlb_switch(struct xdp_md *ctx)
     struct pkt pk = {};
     pk.len = data_end - data;
 
-    u32 in_ifindex = ctx->ingress_ifindex;
-    struct rlb_port *in_port = ports.lookup(&in_ifindex);
-    if (in_port) {
-        u32 slot = in_port->tx_slot;
-        struct rlb_port_stats *ps = port_stats.lookup(&slot);
-        if (ps) {
-            ps->rx_packets++;
-            ps->rx_bytes += pk.len;
-        }
-    }
-
-    struct ethhdr *eth = data;
-    if ((void *)(eth + 1) > data_end)
-        return pass(RLB_R_PASS_MALFORMED);
-    if (eth->h_proto != htons(ETH_P_IPV6))
+    /* parse */
+    int r = parse_ipv6(data, data_end, &pk.l3);
+    if (r == RLB_PARSE_NOT_IPV6)
         return pass(RLB_R_PASS_NOT_IPV6);  /* IPv4, ARP, VLANs: the kernel's business */
-    struct ipv6hdr *ip6 = (void *)(eth + 1);
-    if ((void *)(ip6 + 1) > data_end || ip6->version != 6)
+    if (r != RLB_PARSE_OK)
         return pass(RLB_R_PASS_MALFORMED);
-
-    u8 *dst = ip6->daddr.in6_u.u6_addr8;
-    u8 *src = ip6->saddr.in6_u.u6_addr8;
-    if (dst[0] == 0xff)
-        return pass(RLB_R_PASS_MULTICAST);
-    if ((dst[0] == 0xfe && (dst[1] & 0xc0) == 0x80) || (src[0] == 0xfe && (src[1] & 0xc0) == 0x80))
-        return pass(RLB_R_PASS_LINK_LOCAL);  /* never routed off-link */
-
-    u32 key0 = 0;
-    pk.cfg = config.lookup(&key0);
+    u32 zero = 0;
+    pk.cfg = config.lookup(&zero);
     if (!pk.cfg)
         return pass(RLB_R_PASS_NO_ROUTE);
 
-    /* Flow hash: addresses, next header, flow label, L4 ports and, for RoCEv2, the BTH dest QP. */
-    u32 h = pk.cfg->hash_seed;
-#pragma unroll
-    for (int i = 0; i < 16; i += 4)
-        h = mix(h, load32(src + i));
-#pragma unroll
-    for (int i = 0; i < 16; i += 4)
-        h = mix(h, load32(dst + i));
-    u32 flowlabel = ((u32)(ip6->flow_lbl[0] & 0x0f) << 16) | ((u32)ip6->flow_lbl[1] << 8) |
-                    ip6->flow_lbl[2];
-    h = mix(h, ((u32)ip6->nexthdr << 24) | flowlabel);
+    /* punt */
+    r = punt(&pk, data_end);
+    if (r >= 0)
+        return pass(r);
 
-    void *l4 = (void *)(ip6 + 1);
-    u8 proto = ip6->nexthdr;
-    if (proto == IPPROTO_HOPOPTS)
-        return pass(RLB_R_PASS_CONTROL);  /* router alert & co. need the kernel */
-    if (proto == IPPROTO_ICMPV6) {
-        struct icmp6hdr *ic = l4;
-        if ((void *)(ic + 1) > data_end)
-            return pass(RLB_R_PASS_MALFORMED);
-        if (ic->icmp6_type >= 133 && ic->icmp6_type <= 137)
-            return pass(RLB_R_PASS_CONTROL);  /* RS, RA, NS, NA, redirect */
-    } else if (proto == IPPROTO_TCP) {
-        struct tcphdr *th = l4;
-        if ((void *)(th + 1) > data_end)
-            return pass(RLB_R_PASS_MALFORMED);
-        if (th->source == htons(179) || th->dest == htons(179))
-            return pass(RLB_R_PASS_CONTROL);  /* BGP */
-        h = mix(h, ((u32)ntohs(th->source) << 16) | ntohs(th->dest));
-    } else if (proto == IPPROTO_UDP) {
-        struct udphdr *uh = l4;
-        if ((void *)(uh + 1) > data_end)
-            return pass(RLB_R_PASS_MALFORMED);
-        h = mix(h, ((u32)ntohs(uh->source) << 16) | ntohs(uh->dest));
-        if (uh->dest == htons(pk.cfg->roce_port)) {
-            u8 *bth = (void *)(uh + 1);
-            if ((void *)(bth + 12) <= data_end)
-                h = mix(h, ((u32)bth[5] << 16) | ((u32)bth[6] << 8) | bth[7]);
-        }
-    }
-    pk.hash = fmix(h);
-
-    if (ip6->hop_limit <= 1)
-        return pass(RLB_R_PASS_HOP_LIMIT);
-
-    struct rlb_lpm_key key = {.prefixlen = 128};
-    __builtin_memcpy(key.addr, dst, 16);
-    struct rlb_route *rt = routes.lookup(&key);
+    /* lookup */
+    struct rlb_route *rt = lookup(&pk);
     if (!rt)
         return pass(RLB_R_PASS_NO_ROUTE);
-    pk.now = bpf_ktime_get_ns();
 
+    /* select */
     u32 nh = 0, dlb_group = 0;
     struct rlb_port *port = 0;
     struct rlb_nexthop *nhp = 0;
     switch (rt->mode) {
     case RLB_MODE_LOCAL:
         return pass(RLB_R_PASS_LOCAL);
-    case RLB_MODE_CONNECTED: {
-        struct rlb_in6 dkey;
-        __builtin_memcpy(dkey.addr, dst, 16);
-        struct rlb_neighbor *n = neighbors.lookup(&dkey);
-        if (!n || n->ifindex != rt->ifindex)
-            return pass(RLB_R_PASS_NEIGH_MISS);
-        u32 ifindex = rt->ifindex;
-        port = ports.lookup(&ifindex);
-        if (!port)
-            return pass(RLB_R_PASS_NO_PORT);
-        if (!port->up)
-            return pass(RLB_R_PASS_NO_NEXTHOP);
-        u8 dmac[6], smac[6];
-        __builtin_memcpy(dmac, n->dmac, 6);
-        __builtin_memcpy(smac, port->mac, 6);
-        return forward(eth, ip6, port, dmac, smac, 0, &pk);
-    }
+    case RLB_MODE_CONNECTED:
+        return forward_connected(&pk, rt);
     case RLB_MODE_PINNED:
         nh = rt->nexthop;
         nhp = usable_nh(nh, &port);
@@ -348,6 +385,7 @@ int rlb_switch(struct xdp_md *ctx)
         }
         break;
     case RLB_MODE_WEIGHTED:
+        hash_packet(&pk);
         nh = weighted_select(rt->group, &pk);
         nhp = usable_nh(nh, &port);
         if (!nhp) {
@@ -362,10 +400,14 @@ int rlb_switch(struct xdp_md *ctx)
         return pass(RLB_R_PASS_NO_ROUTE);
     }
     if (dlb_group) {
+        hash_packet(&pk);      /* again after weighted: one path for the verifier */
+        pk.now = bpf_ktime_get_ns();   /* flowlets and load: only DLB reads the clock */
         nh = group_dlb(dlb_group, &pk);
         nhp = usable_nh(nh, &port);
     }
     if (!nhp || !port)
         return pass(RLB_R_PASS_NO_NEXTHOP);
-    return forward(eth, ip6, port, nhp->dmac, nhp->smac, nh, &pk);
+
+    /* forward */
+    return forward(&pk, nhp->port, port, nhp->dmac, nhp->smac, nh);
 }

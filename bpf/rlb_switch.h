@@ -11,7 +11,8 @@
 #define RLB_SLOTS           4096    /* weighted slot table per group, power of two */
 #define RLB_MAX_PORTS       256     /* devmap slots */
 #define RLB_MAX_NEIGHBORS   16384   /* directly connected hosts */
-#define RLB_FLOWLETS        65536   /* DLB flowlet table, power of two */
+#define RLB_FLOWLET_SETS    16384   /* DLB flowlet table: sets of RLB_FLOWLET_WAYS, power of two */
+#define RLB_FLOWLET_WAYS    4       /* flows sharing a set each keep their entry (tagged) */
 #define RLB_LOAD_BANDS      8       /* port quality bands 0 (idle) .. 7 (full) */
 
 /* Per-route forwarding mode. */
@@ -24,10 +25,11 @@ enum rlb_mode {
     RLB_MODE_LOCAL     = 5,  /* addressed to this router: hand to the kernel */
 };
 
-/* Why a packet was forwarded or handed to the kernel, plus load-balancing events.
- * Indexes of the per-CPU reasons counter array. */
+/* Why a packet was handed to the kernel, plus load-balancing events. Indexes of the per-CPU
+ * reasons counter array. Forwarded packets are counted per egress port only (port_stats):
+ * user space reports "forwarded" as their sum. */
 enum rlb_reason {
-    RLB_R_FORWARDED = 0,
+    RLB_R_FORWARDED = 0,      /* never counted by the program: the sum of port_stats */
     RLB_R_PASS_NOT_IPV6,
     RLB_R_PASS_MALFORMED,
     RLB_R_PASS_LINK_LOCAL,
@@ -38,11 +40,13 @@ enum rlb_reason {
     RLB_R_PASS_LOCAL,
     RLB_R_PASS_NEIGH_MISS,    /* kernel resolves the neighbour */
     RLB_R_PASS_NO_NEXTHOP,    /* every member down or unresolved */
-    RLB_R_PASS_NO_PORT,       /* egress port not registered */
+    RLB_R_PASS_NO_PORT,       /* egress port not registered, removed, or its devmap slot empty */
+    RLB_R_PASS_TOO_BIG,       /* larger than the egress MTU: the kernel sends Packet Too Big */
     RLB_R_EV_FAILOVER,        /* pinned primary down: went to backup group */
     RLB_R_EV_WEIGHTED_FALLBACK, /* weighted slot's member down: DLB among live members */
     RLB_R_EV_DLB_ASSIGN,      /* new flowlet assigned */
-    RLB_R_EV_DLB_REASSIGN,    /* existing flow moved to another member */
+    RLB_R_EV_DLB_REASSIGN,    /* a known flow placed again (its flowlet ended or its member went) */
+    RLB_R_EV_DLB_COLLISION,   /* flowlet set full of live flows: placed without an entry */
     RLB_R_MAX,
 };
 
@@ -64,16 +68,24 @@ enum rlb_owner {
     RLB_OWNER_KERNEL   = 3,  /* connected and local routes from interface addresses */
 };
 
+/* Exact-match key of a /64: routes64 holds every /64 route with no longer prefix inside it,
+ * so one hash lookup replaces the trie walk for the common fabric destination. */
+struct rlb_key64 {
+    u8 addr[8];
+};
+
 struct rlb_route {
     u32 mode;      /* enum rlb_mode */
     u32 nexthop;   /* PINNED: primary next hop id */
     u32 group;     /* PINNED: backup group; WEIGHTED, DLB: the group */
     u32 ifindex;   /* CONNECTED: egress port */
+    u32 port;      /* CONNECTED: its slot in ports */
     u32 owner;     /* enum rlb_owner */
 };
 
 struct rlb_nexthop {
     u32 ifindex;
+    u32 port;        /* the port's slot in ports (checked against ifindex on use) */
     u32 flags;       /* RLB_NH_* */
     u8  dmac[6];
     u8  smac[6];
@@ -88,25 +100,30 @@ struct rlb_group {
     u8  slot[RLB_SLOTS];   /* index into member_nh */
 };
 
-/* Written by user space only. */
+/* Indexed by the port's slot (its key in the devmap and the per-port arrays); ifindex 0 is a
+ * free slot. Written by user space only. */
 struct rlb_port {
+    u32 ifindex;
     u32 up;          /* carrier and admin up */
-    u32 tx_slot;     /* key in the devmap and the per-port arrays */
     u32 band_bytes;  /* decayed tx bytes per quality band (from link speed) */
     u32 speed_mbps;  /* the capacity the bands were sized for (status, metrics) */
+    u32 mtu;         /* larger packets go to the kernel (Packet Too Big) */
     u8  mac[6];
     u8  pad[2];
 };
 
-/* Written by the data path only. */
+/* Shared by all CPUs: DLB must see every CPU's load on a port. Forwarding only adds bytes
+ * (one atomic add, no clock read); DLB decisions, which read the clock anyway, fold the bytes
+ * since their last look into the decayed figure. */
 struct rlb_port_load {
-    u64 last_ns;
+    u64 tx_bytes;      /* cumulative, atomic adds */
+    u64 seen_bytes;    /* tx_bytes when last folded in */
+    u64 seen_ns;       /* decay applied up to here */
     u64 recent_bytes;  /* halves every load_halflife_ns */
 };
 
+/* Per CPU: transmitted by the program (received is the kernel's interface counter). */
 struct rlb_port_stats {
-    u64 rx_packets;
-    u64 rx_bytes;
     u64 tx_packets;
     u64 tx_bytes;
 };
@@ -116,14 +133,18 @@ struct rlb_counter {
     u64 bytes;
 };
 
+/* One flow's flowlet: tagged with its full hash, so flows sharing a set never take each
+ * other's entry; not tied to a group id, so a route rewrite keeps flows whose member stays. */
 struct rlb_flowlet {
-    u64 last_ns;
+    u64 last_ns;     /* 0: free */
     u32 hash;
-    u32 group;
-    u32 generation;
-    u32 member;
+    u32 member;      /* index in the group, checked against nexthop on use */
     u32 nexthop;
     u32 pad;
+};
+
+struct rlb_flowlet_set {
+    struct rlb_flowlet way[RLB_FLOWLET_WAYS];
 };
 
 struct rlb_in6 {

@@ -36,8 +36,8 @@ def ensure_bpffs():
 
 def source_digest(source: str) -> str:
     h = hashlib.sha256()
-    for p in sorted(BPF_DIR.glob("*.[ch]")):
-        h.update(p.name.encode() + p.read_bytes())
+    for p in sorted(BPF_DIR.rglob("*.[ch]")):
+        h.update(str(p.relative_to(BPF_DIR)).encode() + p.read_bytes())
     return f"{Path(source).stem}-{h.hexdigest()[:16]}"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import socket
+import threading
 
 from pyroute2 import IPRoute
 
@@ -29,6 +30,8 @@ class PinnedState:
         self.bpf = None
         self._maps = None
         self._ipr = None
+        self._thread_lock = threading.RLock()
+        self._lock_depth = 0
 
     @property
     def ipr(self) -> IPRoute:
@@ -49,14 +52,25 @@ class PinnedState:
 
     @contextlib.contextmanager
     def locked(self):
-        """Serialise read-modify-write of the maps between the CLI and the agent."""
-        RUN_DIR.mkdir(parents=True, exist_ok=True)
-        with open(RUN_DIR / f"{self.instance}-{self.component}.lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        """Serialise read-modify-write of the maps between the CLI and the agent (a file lock)
+        and between this process's threads; re-entrant, so a locked step may call another."""
+        with self._thread_lock:
+            if self._lock_depth:
+                self._lock_depth += 1
+                try:
+                    yield
+                finally:
+                    self._lock_depth -= 1
+                return
+            RUN_DIR.mkdir(parents=True, exist_ok=True)
+            with open(RUN_DIR / f"{self.instance}-{self.component}.lock", "w") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                self._lock_depth = 1
+                try:
+                    yield
+                finally:
+                    self._lock_depth = 0
+                    fcntl.flock(f, fcntl.LOCK_UN)
 
     def compile(self):
         """bcc-compile the program against the pins (maps created or adopted)."""

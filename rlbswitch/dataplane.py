@@ -71,6 +71,7 @@ class PortInfo:
     tx_slot: int
     mac: str
     speed_mbps: int = 0
+    mtu: int = 0
 
 
 class SwitchDataplane(PinnedState):
@@ -180,53 +181,84 @@ class SwitchDataplane(PinnedState):
         self.register_port(ifindex, speed_mbps)
         log.info("attached to %s (ifindex %d, %s)", ifname, ifindex, "generic" if generic else "native")
 
+    def port_slots(self) -> dict[int, tuple[int, object]]:
+        """{ifindex: (slot, port entry)} of the registered ports (one batch read of the array)."""
+        out = {}
+        for slot, p in enumerate(self.maps["ports"].array_values()):
+            if p is not None and p.ifindex:
+                out[p.ifindex] = (slot, p)
+        return out
+
+    def port_slot(self, ifindex: int) -> tuple[int, object] | None:
+        return self.port_slots().get(ifindex)
+
     def register_port(self, ifindex: int, speed_mbps: int | None = None):
         """Make a port usable as ingress and egress: port state, devmap slot, counters.
         speed_mbps overrides what ethtool reports (veths claim 10 Gb/s whatever they carry);
         it sizes the port's DLB quality bands. Without it a re-registration keeps the bands."""
         with self.locked():
             ports = self.maps["ports"]
-            port = ports.get(ifindex)
-            if port is None:
-                used = {p.tx_slot for _, p in ports.items()}
+            slots = self.port_slots()
+            if ifindex in slots:
+                slot, port = slots[ifindex]
+            else:
+                used = {s for s, _ in slots.values()}
                 free = [s for s in range(C["RLB_MAX_PORTS"]) if s not in used]
                 if not free:
-                    raise DataplaneError("all port slots are in use")
-                port = ports.leaf_type()
-                port.tx_slot = free[0]
-                self.maps["port_stats"].zero(port.tx_slot)
-                self.maps["port_load"].zero(port.tx_slot)
+                    raise DataplaneError(f"all {C['RLB_MAX_PORTS']} port slots are in use")
+                slot, port = free[0], ports.leaf_type()
+                port.ifindex = ifindex
+                self.maps["port_stats"].zero(slot)
+                self.maps["port_load"].zero(slot)
             link = self.ipr.get_links(ifindex)[0]
             ifname = link.get_attr("IFLA_IFNAME")
             port.up = int(self._link_up(link))
+            port.mtu = link.get_attr("IFLA_MTU") or 0
             port.mac[:] = mac_bytes(link.get_attr("IFLA_ADDRESS"))
             if speed_mbps or not port.band_bytes:
                 speed = speed_mbps or self._speed_mbps(ifname)
                 port.band_bytes = band_bytes(speed, self.config()["load_halflife_ns"])
                 port.speed_mbps = speed
-            self.maps["tx_ports"].set(port.tx_slot, self.maps["tx_ports"].leaf_type(ifindex))
-            ports.set(ifindex, port)
+            self.maps["tx_ports"].set(slot, self.maps["tx_ports"].leaf_type(ifindex))
+            ports.set(slot, port)
+            if ifindex not in slots:
+                self.tables.port_moved(ifindex, slot)   # next hops made before it was (re)attached
 
     @staticmethod
     def _link_up(link) -> bool:
         flags = link["flags"]
         return bool(flags & IFF_UP) and bool(flags & IFF_LOWER_UP)
 
-    def set_port_up(self, ifindex: int, up: bool) -> bool:
-        """Liveness from netlink; returns True when the state changed."""
+    def set_port_up(self, ifindex: int, up: bool, mtu: int | None = None) -> bool:
+        """Liveness (and MTU) from netlink; returns True when the liveness changed."""
         with self.locked():
-            ports = self.maps["ports"]
-            port = ports.get(ifindex)
-            if port is None or bool(port.up) == up:
+            found = self.port_slot(ifindex)
+            if found is None:
+                return False
+            slot, port = found
+            changed = bool(port.up) != up
+            if not changed and (not mtu or mtu == port.mtu):
                 return False
             port.up = int(up)
-            ports.set(ifindex, port)
+            if mtu:
+                port.mtu = mtu
+            self.maps["ports"].set(slot, port)
+            return changed
+
+    def remove_port(self, ifindex: int) -> bool:
+        """The interface is gone: its slot is freed, so nothing is ever sent to it again."""
+        with self.locked():
+            found = self.port_slot(ifindex)
+            if found is None:
+                return False
+            slot, _ = found
+            self.maps["ports"].zero(slot)
+            self.maps["tx_ports"].delete(slot)
             return True
 
     def ports(self) -> list[PortInfo]:
-        out = []
-        for k, p in self.maps["ports"].items():
-            out.append(PortInfo(self.ifname(k.value), k.value, bool(p.up), p.tx_slot, mac_str(p.mac), p.speed_mbps))
+        out = [PortInfo(self.ifname(i), i, bool(p.up), slot, mac_str(p.mac), p.speed_mbps, p.mtu)
+               for i, (slot, p) in self.port_slots().items()]
         return sorted(out, key=lambda p: p.tx_slot)
 
     def detach(self, ifname: str):
@@ -235,11 +267,7 @@ class SwitchDataplane(PinnedState):
         for mode in (XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE):
             with contextlib.suppress(Exception):
                 BPF.remove_xdp(ifname.encode(), mode)
-        with self.locked():
-            port = self.maps["ports"].get(ifindex)
-            if port is not None:
-                self.maps["tx_ports"].delete(port.tx_slot)
-                self.maps["ports"].delete(ifindex)
+        self.remove_port(ifindex)
         log.info("detached from %s", ifname)
 
     def destroy(self):
@@ -353,7 +381,7 @@ class SwitchDataplane(PinnedState):
 
     def _routes(self) -> list[dict]:
         nhs = self.maps["nexthops"].array_values()
-        ports = {k.value: p for k, p in self.maps["ports"].items()}
+        ports = {i: p for i, (_, p) in self.port_slots().items()}
         groups: dict[int, object] = {}
         out = []
         for k, r in self.maps["routes"].items():
@@ -399,6 +427,14 @@ class SwitchDataplane(PinnedState):
         return None
 
     # ---- counters -------------------------------------------------------------------
+    def _rx_counters(self, ifindex: int) -> dict:
+        """Received is the kernel's count (it sees every frame before XDP does)."""
+        links = self.ipr.get_links(ifindex)
+        st = links[0].get_attr("IFLA_STATS64") if links else None
+        if st is None:
+            return {"rx_packets": 0, "rx_bytes": 0}
+        return {"rx_packets": st["rx_packets"], "rx_bytes": st["rx_bytes"]}
+
     def stats(self) -> dict:
         def percpu_sum(m, key, fields):
             rows = m.get_percpu(key)
@@ -406,13 +442,12 @@ class SwitchDataplane(PinnedState):
 
         ports = []
         for p in self.ports():
-            s = percpu_sum(self.maps["port_stats"], p.tx_slot,
-                           ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes"))
+            s = percpu_sum(self.maps["port_stats"], p.tx_slot, ("tx_packets", "tx_bytes"))
             ports.append({"interface": p.ifname, "ifindex": p.ifindex, "up": p.up,
-                          "speed_mbps": p.speed_mbps, **s})
+                          "speed_mbps": p.speed_mbps, "mtu": p.mtu, **self._rx_counters(p.ifindex), **s})
         nexthops = []
         nhs = self.maps["nexthops"].array_values()
-        port_map = {k.value: p for k, p in self.maps["ports"].items()}
+        port_map = {i: p for i, (_, p) in self.port_slots().items()}
         for i, nh in enumerate(nhs):
             if i and nh is not None and nh.flags & NH_VALID:
                 s = percpu_sum(self.maps["nh_stats"], i, ("packets", "bytes"))
@@ -422,4 +457,5 @@ class SwitchDataplane(PinnedState):
             if name == "max":
                 continue
             reasons[name] = sum(r.value for r in self.maps["reasons"].get_percpu(rid))
+        reasons["forwarded"] = sum(p["tx_packets"] for p in ports)   # counted once, per port
         return {"ports": ports, "nexthops": nexthops, "reasons": reasons}

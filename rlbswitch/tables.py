@@ -55,6 +55,7 @@ class _Route:
     nexthop: int = 0
     group: int = 0
     ifindex: int = 0
+    port: int = 0            # connected: the port's slot
     owner: str = "unknown"   # agent | operator | kernel: who may change or remove it
 
 
@@ -132,9 +133,10 @@ class SwitchTables:
         for k, r in m["routes"].items():
             net = ipaddress.IPv6Network((bytes(k.addr), k.prefixlen))
             self.routes[net] = _Route(self.dp.MODE_NAMES.get(r.mode, f"mode{r.mode}"), r.nexthop, r.group,
-                                      r.ifindex, self.dp.OWNER_NAMES.get(r.owner, "unknown"))
+                                      r.ifindex, r.port, self.dp.OWNER_NAMES.get(r.owner, "unknown"))
         for rt in self.routes.values():
             self._ref(rt, +1)
+        self._fast_rebuild()
         # orphans: what a crash left between writing and switching (or before freeing)
         orphans = [g for g in self.group_by_id.values() if g.refs == 0]
         for g in orphans:
@@ -242,13 +244,14 @@ class SwitchTables:
         if n is not None:
             return n
         ifindex = key[0]
-        port = self.dp.maps["ports"].get(ifindex)
-        if port is None:
+        found = self.dp.port_slot(ifindex)
+        if found is None:
             raise self.dp.error(f"{spec.ifname} is not attached: run 'rlbswitch attach {spec.ifname}'")
+        slot, port = found
         i = self.free_nh.take("next-hop")
         m = self.dp.maps["nexthops"]
         e = m.leaf_type()
-        e.ifindex, e.flags = ifindex, self.dp.NH_VALID
+        e.ifindex, e.port, e.flags = ifindex, slot, self.dp.NH_VALID
         e.smac[:] = bytes(port.mac)
         if spec.mac:
             e.dmac[:] = self.dp.mac_bytes(spec.mac)
@@ -316,6 +319,82 @@ class SwitchTables:
             del self.nh_by_key[n.key]
         self.free_nh.give(n.id)
 
+    def _route_value(self, rt: _Route):
+        v = self.dp.maps["routes"].leaf_type()
+        v.mode = self.dp.MODE_IDS[rt.mode]
+        v.nexthop, v.group, v.ifindex, v.port = rt.nexthop, rt.group, rt.ifindex, rt.port
+        v.owner = self.dp.OWNERS.get(rt.owner, 0)
+        return v
+
+    def _write_route(self, net: ipaddress.IPv6Network, rt: _Route):
+        self.dp.maps["routes"].set(self._lpm_key(net), self._route_value(rt))
+
+    # ---- the exact /64 table ---------------------------------------------------------------
+    # routes64 holds a /64 route exactly when no longer prefix lies inside it: then the /64 is
+    # the longest match for every address in it and one hash lookup answers for the trie.
+    @staticmethod
+    def _slash64(net: ipaddress.IPv6Network) -> ipaddress.IPv6Network | None:
+        return net.supernet(new_prefix=64) if net.prefixlen > 64 else (net if net.prefixlen == 64 else None)
+
+    def _key64(self, net: ipaddress.IPv6Network):
+        k = self.dp.maps["routes64"].key_type()
+        k.addr[:] = net.network_address.packed[:8]
+        return k
+
+    def _fast_update(self, net: ipaddress.IPv6Network, delta: int):
+        """After net was added (delta 1), changed (0) or removed (-1): bring its /64's exact
+        entry in line."""
+        n64 = self._slash64(net)
+        if n64 is None:
+            return
+        if net.prefixlen > 64 and delta:
+            self._longer[n64] = self._longer.get(n64, 0) + delta
+            if self._longer[n64] <= 0:
+                del self._longer[n64]
+        rt = self.routes.get(n64)
+        fast = self.dp.maps["routes64"]
+        if rt is not None and n64 not in self._longer:
+            fast.set(self._key64(n64), self._route_value(rt))
+        else:
+            fast.delete(self._key64(n64))
+
+    def _fast_rebuild(self):
+        """Adoption: the exact table recomputed from the routes (it is derived state)."""
+        self._longer: dict[ipaddress.IPv6Network, int] = {}
+        for net in self.routes:
+            if net.prefixlen > 64:
+                n64 = net.supernet(new_prefix=64)
+                self._longer[n64] = self._longer.get(n64, 0) + 1
+        fast = self.dp.maps["routes64"]
+        want = {bytes(self._key64(n).addr): (n, rt) for n, rt in self.routes.items()
+                if n.prefixlen == 64 and n not in self._longer}
+        for k, v in list(fast.items()):
+            got = want.get(bytes(k.addr))
+            if got is None:
+                fast.delete(k)
+            elif bytes(v) == bytes(self._route_value(got[1])):
+                del want[bytes(k.addr)]
+        for net, rt in want.values():
+            fast.set(self._key64(net), self._route_value(rt))
+
+    def port_moved(self, ifindex: int, slot: int):
+        """A port (re)registered in a new slot: next hops and connected routes through it follow."""
+        with self.dp.locked():
+            self._sync_with_other_writers()
+            m = self.dp.maps["nexthops"]
+            for n in self.nh_by_id.values():
+                if n.key[0] == ifindex:
+                    e = m.get(n.id)
+                    if e is not None and e.port != slot:
+                        e.port = slot
+                        m.set(n.id, e)
+            for net, rt in self.routes.items():
+                if rt.mode == "connected" and rt.ifindex == ifindex and rt.port != slot:
+                    rt.port = slot
+                    self._write_route(net, rt)
+                    self._fast_update(net, 0)
+            self._leave_stamp()
+
     def _lpm_key(self, net: ipaddress.IPv6Network):
         k = self.dp.maps["routes"].key_type()
         k.prefixlen = net.prefixlen
@@ -329,8 +408,10 @@ class SwitchTables:
         prev_group = previous.group if previous else 0
         if mode == "connected":
             rt.ifindex = self.dp.ifindex(route.dev)
-            if self.dp.maps["ports"].get(rt.ifindex) is None:
+            found = self.dp.port_slot(rt.ifindex)
+            if found is None:
                 raise self.dp.error(f"{route.dev} is not attached")
+            rt.port = found[0]
         elif mode == "pinned":
             rt.nexthop = self._acquire_nh(self._spec_key(route.nexthops[0]), route.nexthops[0]).id
             if route.backups:
@@ -400,17 +481,17 @@ class SwitchTables:
                         ch.failed[str(net)] = str(e)
                         continue
                     rt.owner = owner
-                    v = routes_map.leaf_type()
-                    v.mode = self.dp.MODE_IDS[rt.mode]
-                    v.nexthop, v.group, v.ifindex, v.owner = rt.nexthop, rt.group, rt.ifindex, owner_id
-                    routes_map.set(self._lpm_key(net), v)             # step 3: the switch-over
+                    self._write_route(net, rt)                         # step 3: the switch-over
                     self.routes[net] = rt
+                    self._fast_update(net, 0 if cur is not None else 1)
                     if cur is not None:
                         self._release(cur)                           # steps 4, 5
                     (ch.changed if cur is not None else ch.added).append(str(net))
                 for net in gone:
                     routes_map.delete(self._lpm_key(net))
-                    self._release(self.routes.pop(net))
+                    old = self.routes.pop(net)
+                    self._fast_update(net, -1)                       # before its group is freed
+                    self._release(old)
                     ch.removed.append(str(net))
             except Exception:
                 self._collect()      # what a failed route acquired and nobody references
@@ -439,6 +520,7 @@ class SwitchTables:
             if rt is None:
                 return False
             self.dp.maps["routes"].delete(self._lpm_key(net))
+            self._fast_update(net, -1)
             self._release(rt)
             self._leave_stamp()
         return True

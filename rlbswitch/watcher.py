@@ -33,9 +33,17 @@ class Watcher:
     def resync(self):
         """Bring the maps in line with the kernel: links, addresses, neighbours."""
         for p in self.dp.ports():
-            links = self.dp.ipr.get_links(p.ifindex)
-            if links and self.dp.set_port_up(p.ifindex, self.dp._link_up(links[0])):
-                log.info("port %s is %s", p.ifname, "up" if self.dp._link_up(links[0]) else "down")
+            try:
+                links = self.dp.ipr.get_links(p.ifindex)
+            except Exception:       # ENODEV: removed while we were not looking
+                links = []
+            if not links:
+                if self.dp.remove_port(p.ifindex):
+                    log.warning("port %s (ifindex %d) is gone: removed", p.ifname, p.ifindex)
+                continue
+            up = self.dp._link_up(links[0])
+            if self.dp.set_port_up(p.ifindex, up, links[0].get_attr("IFLA_MTU")):
+                log.info("port %s is %s", p.ifname, "up" if up else "down")
         self.sync_addresses()
         self.dp.sync_neighbours()
         for p in self.dp.ports():
@@ -69,8 +77,13 @@ class Watcher:
                 self.dp.del_route(prefix)
 
     def on_link(self, msg):
-        up = msg["event"] == "RTM_NEWLINK" and self.dp._link_up(msg)
-        if self.dp.set_port_up(msg["index"], up):
+        if msg["event"] == "RTM_DELLINK":
+            if self.dp.remove_port(msg["index"]):
+                log.warning("port %s is gone: removed, its next hops unusable",
+                            msg.get_attr("IFLA_IFNAME"))
+            return
+        up = self.dp._link_up(msg)
+        if self.dp.set_port_up(msg["index"], up, msg.get_attr("IFLA_MTU")):
             log.info("port %s is %s", msg.get_attr("IFLA_IFNAME"), "up" if up else "down")
             if up:      # carrier loss flushed its neighbours: resolve the next hops again now
                 self.resolve(msg["index"])

@@ -183,9 +183,9 @@ def test_dlb_sticks_within_timeout_and_moves_after_a_gap(fresh):
     xdp = fresh
     maps = xdp.dp.maps
     for k in range(4):   # tiny quality bands so a few packets make a port "busy"
-        port = maps["ports"].get(xdp.ifindex[k])
+        slot, port = xdp.dp.port_slot(xdp.ifindex[k])
         port.band_bytes = 200
-        maps["ports"].set(xdp.ifindex[k], port)
+        maps["ports"].set(slot, port)
     # load decays slowly (1 s half-life) so the gap below only ends the flowlet
     xdp.dp.set_config(flowlet_timeout_ns=20_000_000, load_halflife_ns=1_000_000_000)
     route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(4)])
@@ -201,9 +201,9 @@ def test_dlb_sticks_within_timeout_and_moves_after_a_gap(fresh):
     assert ev1["ev_dlb_reassign"] - ev0["ev_dlb_reassign"] == 1
     xdp.dp.set_config(flowlet_timeout_ns=256_000, load_halflife_ns=100_000)
     for k in range(4):
-        port = maps["ports"].get(xdp.ifindex[k])
+        slot, port = xdp.dp.port_slot(xdp.ifindex[k])
         port.band_bytes = 0
-        maps["ports"].set(xdp.ifindex[k], port)
+        maps["ports"].set(slot, port)
 
 
 def test_dlb_moves_a_flow_off_a_dead_member_at_once(fresh):
