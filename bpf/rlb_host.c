@@ -11,14 +11,12 @@
  *          remembered so this side answers a peer-initiated QP on the same path.
  * Compiled by bcc with -DRLB_PIN_DIR="..." so both programs and every agent share the maps. */
 #include <uapi/linux/bpf.h>
-#include <uapi/linux/if_ether.h>
-#include <uapi/linux/ipv6.h>
-#include <uapi/linux/in.h>
-#include <uapi/linux/udp.h>
 #include <uapi/linux/pkt_cls.h>
 #include "rlb_host.h"
-
-#define PIN(name) RLB_PIN_DIR "/" #name
+#include "lib/pin.h"
+#include "lib/parse.h"
+#include "lib/stats.h"
+#include "lib/csum.h"
 #define IP6_OFF    ETH_HLEN
 #define SADDR_OFF  (ETH_HLEN + 8)
 #define DADDR_OFF  (ETH_HLEN + 24)
@@ -49,17 +47,15 @@ struct parsed {
     u32 len;
 };
 
-static __always_inline int pass(u32 reason)
-{
-    u64 *c = reasons.lookup(&reason);
-    if (c)
-        *c += 1;
-    return TC_ACT_OK;
-}
-
 static __always_inline void count(u32 reason)
 {
-    pass(reason);
+    bump(reasons.lookup(&reason));
+}
+
+static __always_inline int pass(u32 reason)
+{
+    count(reason);
+    return TC_ACT_OK;
 }
 
 static __always_inline int same16(const u8 *a, const u8 *b)
@@ -104,43 +100,37 @@ static __always_inline int parse(struct __sk_buff *skb, struct rlbh_config *cfg,
 {
     void *data = (void *)(long)skb->data;
     void *data_end = (void *)(long)skb->data_end;
-    struct ethhdr *eth = data;
-    if ((void *)(eth + 1) > data_end)
-        return RLBH_R_PASS_MALFORMED;
-    if (eth->h_proto != htons(ETH_P_IPV6))
+    struct rlb_l3 l3;
+    int r = parse_ipv6(data, data_end, &l3);
+    if (r == RLB_PARSE_NOT_IPV6)
         return RLBH_R_PASS_NOT_IPV6;
-    struct ipv6hdr *ip6 = (void *)(eth + 1);
-    if ((void *)(ip6 + 1) > data_end || ip6->version != 6)
+    if (r != RLB_PARSE_OK)
         return RLBH_R_PASS_MALFORMED;
-    if (ip6->nexthdr == IPPROTO_FRAGMENT)
+    if (l3.proto == IPPROTO_FRAGMENT)
         return RLBH_R_PASS_FRAGMENT;
-    if (ip6->nexthdr != IPPROTO_UDP)
+    if (l3.proto != IPPROTO_UDP)
         return RLBH_R_PASS_NOT_ROCE;
-    struct udphdr *uh = (void *)(ip6 + 1);
+    struct udphdr *uh = l3.l4;
     if ((void *)(uh + 1) > data_end)
         return RLBH_R_PASS_MALFORMED;
     if (!is_roce_port(cfg, ntohs(uh->dest)))
         return RLBH_R_PASS_NOT_ROCE;
-    u8 *bth = (void *)(uh + 1);
-    if ((void *)(bth + 12) > data_end)
+    s32 qp = bth_dest_qp((u8 *)(uh + 1), data_end);
+    if (qp < 0)
         return RLBH_R_PASS_MALFORMED;
-    __builtin_memcpy(p->saddr, ip6->saddr.in6_u.u6_addr8, 16);
-    __builtin_memcpy(p->daddr, ip6->daddr.in6_u.u6_addr8, 16);
+    __builtin_memcpy(p->saddr, l3.ip6->saddr.in6_u.u6_addr8, 16);
+    __builtin_memcpy(p->daddr, l3.ip6->daddr.in6_u.u6_addr8, 16);
     p->sport = ntohs(uh->source);
     p->dport = ntohs(uh->dest);
-    p->qp = ((u32)bth[5] << 16) | ((u32)bth[6] << 8) | bth[7];
+    p->qp = qp;
     p->len = skb->len;
     return -1;
 }
 
-/* Replace a 16-byte address and fix the UDP checksum (pseudo header). A zero UDP checksum
- * stays zero (BPF_F_MARK_MANGLED_0 leaves it alone), a computed zero becomes 0xffff. */
+/* Replace a 16-byte address and fix the UDP checksum (lib/csum.h). */
 static __always_inline int store_addr(struct __sk_buff *skb, u32 off, u8 *old, u8 *new)
 {
-    s64 diff = bpf_csum_diff((__be32 *)old, 16, (__be32 *)new, 16, 0);
-    if (bpf_skb_store_bytes(skb, off, new, 16, 0))
-        return -1;
-    return bpf_l4_csum_replace(skb, UCSUM_OFF, 0, diff, BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0);
+    return replace_addr(skb, off, UCSUM_OFF, old, new);
 }
 
 /* Index of the valid path whose address this is (RLBH_MAX_PATHS if none), and its value. */
@@ -194,13 +184,13 @@ static __always_inline u32 least_active(struct rlbh_weights *w, u32 start)
 /* Per-packet weighted choice for destinations that tolerate reordering. */
 static __always_inline u32 spray(struct rlbh_weights *w)
 {
-    u32 total = 0;
+    u64 total = 0;     /* 16 u32 weights cannot overflow it */
 #pragma clang loop unroll(disable)
     for (u32 i = 0; i < RLBH_MAX_PATHS; i++)
         total += eff_weight(w, i);
     if (!total)
         return RLBH_MAX_PATHS;
-    u32 r = bpf_get_prandom_u32() % total;
+    u64 r = (((u64)bpf_get_prandom_u32() << 32) | bpf_get_prandom_u32()) % total;
 #pragma clang loop unroll(disable)
     for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
         u32 wt = eff_weight(w, i);

@@ -130,3 +130,21 @@ class PinnedMap:
 
     def zero(self, key):
         self.set(key, self.leaf_type())
+
+
+def checked_set(obj, name: str, value, error=ValueError, what: str | None = None):
+    """Store an integer in a ctypes field only if it fits (ctypes would truncate silently:
+    2**32 into a u32 is 0). `error` is raised with a message naming the field and its range."""
+    import math
+    ctype = dict(obj._fields_)[name]
+    signed = ctype(-1).value < 0
+    bits = ct.sizeof(ctype) * 8
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    label = what or name
+    if isinstance(value, float) and not math.isfinite(value):
+        raise error(f"{label}: {value} is not a finite number")
+    if int(value) != value:
+        raise error(f"{label}: {value} is not a whole number")
+    if not lo <= int(value) <= hi:
+        raise error(f"{label}: {value} is out of range ({lo}..{hi})")
+    setattr(obj, name, int(value))

@@ -11,6 +11,8 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
+from rlbfabric.constants import U32_MAX
+
 MODES = ("pinned", "weighted", "ecmp", "dlb", "connected", "local")
 _MAC = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
@@ -36,8 +38,8 @@ class NextHop:
                 weight = int(w)
             except ValueError:
                 raise RouteError(f"next hop {text!r}: weight {w!r} is not a whole number") from None
-            if weight < 1:
-                raise RouteError(f"next hop {text!r}: weight must be at least 1")
+            if not 1 <= weight <= U32_MAX:
+                raise RouteError(f"next hop {text!r}: weight must be at least 1 and at most {U32_MAX}")
         if "%" in spec:
             addr, _, ifname = spec.partition("%")
             try:
@@ -88,6 +90,9 @@ class Route:
             raise RouteError(f"{self.mode} takes no next hops")
         if self.backups and self.mode != "pinned":
             raise RouteError("--backup is only for pinned routes")
+        for h in self.nexthops + list(self.backups or []):
+            if not isinstance(h.weight, int) or not 1 <= h.weight <= U32_MAX:
+                raise RouteError(f"next hop {h.ifname}: weight {h.weight!r} must be a whole number 1..{U32_MAX}")
         if self.mode == "ecmp":
             self.nexthops = [NextHop(h.ifname, h.gateway, h.mac, 1) for h in self.nexthops]
         if len({(h.ifname, h.gateway, h.mac) for h in self.nexthops}) != n:

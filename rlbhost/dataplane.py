@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import ipaddress
+import math
 import logging
 import shutil
 import socket
@@ -17,7 +18,7 @@ from pathlib import Path
 
 
 from rlbfabric import addrplan
-from rlbfabric.constants import ROCE_PORT
+from rlbfabric.constants import ROCE_PORT, U32_MAX
 from rlbcommon.pinnedstate import PinnedState
 from rlbcommon.cheader import constants, enum_names
 from rlbcommon.weights import apportion, share_bounds
@@ -245,8 +246,12 @@ class HostDataplane(PinnedState):
         unknown = set(weights) - set(paths)
         if unknown:
             raise HostError(f"no path with field value {sorted(unknown)}; paths are {sorted(paths)}")
-        if any(w < 0 for w in weights.values()):
-            raise HostError("weights must not be negative")
+        for value, w in weights.items():
+            if not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+                raise HostError(f"path {value}: weight {w!r} must be a finite number >= 0")
+            if round(w * WEIGHT_SCALE) > U32_MAX:
+                raise HostError(f"path {value}: weight {w} is too large (at most {U32_MAX // WEIGHT_SCALE}; "
+                                f"only ratios matter)")
         if entry is None:
             used = {v.id for _, v in wm.items()}
             free = [i for i in range(C["RLBH_MAX_WEIGHTS"]) if i not in used]

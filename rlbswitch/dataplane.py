@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import dataclass
 
 
+from rlbcommon.maps import checked_set
 from rlbcommon.pinnedstate import PinnedState
 from rlbfabric.constants import ROCE_PORT
 from rlbcommon.cheader import constants, enum_names
@@ -137,7 +138,7 @@ class SwitchDataplane(PinnedState):
                     continue
                 if not hasattr(cfg, k):
                     raise DataplaneError(f"unknown setting {k}")
-                setattr(cfg, k, int(v))
+                checked_set(cfg, k, v, DataplaneError)
             self.maps["config"].set(0, cfg)
 
     # ---- ports ----------------------------------------------------------------------

@@ -280,9 +280,12 @@ class SwitchTables:
         if g is not None:
             return g
         gid = self.free_group.take("group")
-        ordered = sorted(members, key=lambda m: m[0].id)
-        ids, weights = [n.id for n, _ in ordered], [w for _, w in ordered]
+        # Members the previous group had keep their index (a DLB flowlet stores the index and
+        # checks it), joiners go after them: a rewrite re-places only flows that must move.
         prev = self.group_by_id.get(previous)
+        rank = {nid: i for i, nid in enumerate(prev.members)} if prev is not None else {}
+        ordered = sorted(members, key=lambda m: (rank.get(m[0].id, len(rank)), m[0].id))
+        ids, weights = [n.id for n, _ in ordered], [w for _, w in ordered]
         prev_table, generation = None, 1
         if prev is not None:
             old = self.dp.maps["groups"].get(prev.id)

@@ -380,3 +380,14 @@ def test_egress_leaves_other_packets_untouched(ab, case):
 def test_ingress_leaves_other_packets_untouched(ab, frame):
     _, b = ab
     assert b.ingress(frame) == frame
+
+
+def test_weights_that_do_not_fit_are_refused_not_truncated(ab):
+    from rlbhost.dataplane import HostError
+    a, _ = ab
+    before = a.dp.weights()
+    with pytest.raises(HostError, match="too large"):
+        a.dp.set_weights({1: 5_000_000})           # x1000 would wrap a u32 to 705032.704
+    with pytest.raises(HostError, match="finite"):
+        a.dp.set_weights({1: float("nan")})
+    assert a.dp.weights() == before

@@ -353,3 +353,166 @@ def test_fuzzed_and_truncated_packets_never_redirected_wrongly(fresh):
             assert out == frame
             passed += 1
     assert redirected > 1000 and passed > 1000   # both paths were really exercised
+
+
+# ---- the exact /64 table in front of the trie ------------------------------------------
+
+def exact64(xdp) -> dict:
+    import ipaddress
+    return {str(ipaddress.IPv6Network((bytes(k.addr) + bytes(8), 64))): v.mode
+            for k, v in xdp.dp.maps["routes64"].items()}
+
+
+def test_exact_64_entries_never_shadow_a_longer_prefix(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "pinned", [xdp.nh(0)])
+    route(xdp, "fc00:3::/64", "pinned", [xdp.nh(1)])
+    route(xdp, "fc00::/16", "pinned", [xdp.nh(3)])
+    assert exact64(xdp) == {"fc00:2::/64": 1, "fc00:3::/64": 1}
+    route(xdp, "fc00:2::5/128", "pinned", [xdp.nh(2)])        # a host route inside the /64
+    route(xdp, "fc00:3::8000:0/97", "pinned", [xdp.nh(2)])
+    assert exact64(xdp) == {}                                  # both /64s now go by the trie
+    at = lambda dst: xdp.member_of(P.parse(xdp.run(roce(dst=dst))[1]).dmac)
+    assert [at("fc00:2::5"), at("fc00:2::6"), at("fc00:3::8000:1"), at("fc00:3::1"), at("fc00:9::1")] == \
+        [2, 0, 2, 1, 3]
+    xdp.dp.del_route("fc00:2::5/128")
+    assert exact64(xdp) == {"fc00:2::/64": 1} and at("fc00:2::5") == 0
+    xdp.dp.del_route("fc00:3::8000:0/97")
+    assert set(exact64(xdp)) == {"fc00:2::/64", "fc00:3::/64"} and at("fc00:3::8000:1") == 1
+    # a changed /64 is changed in both tables; a removed one leaves both
+    route(xdp, "fc00:2::/64", "pinned", [xdp.nh(1)])
+    assert at("fc00:2::7") == 1
+    xdp.dp.del_route("fc00:2::/64")
+    assert "fc00:2::/64" not in exact64(xdp) and at("fc00:2::7") == 3
+
+
+def test_exact_table_is_rebuilt_from_the_routes_on_adoption(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "pinned", [xdp.nh(0)])
+    k = xdp.dp.maps["routes64"].key_type()
+    k.addr[:] = bytes.fromhex("fc00000900000000")              # a stray entry (another writer)
+    xdp.dp.maps["routes64"].set(k, xdp.dp.maps["routes64"].get(next(iter(xdp.dp.maps["routes64"].keys()))))
+    xdp.dp.maps["routes64"].delete(next(k for k in xdp.dp.maps["routes64"].keys()
+                                        if bytes(k.addr)[:4] == bytes.fromhex("fc000002")))
+    xdp.dp.tables.load()
+    assert exact64(xdp) == {"fc00:2::/64": 1}
+
+
+# ---- flowlets: tagged sets, kept across route rewrites --------------------------------
+
+def clear_flowlets(xdp):
+    m = xdp.dp.maps["flowlets"]
+    for i in range(xdp.dp.C["RLB_FLOWLET_SETS"]):
+        m.zero(i)
+
+
+def test_flows_keep_their_member_when_the_flowlet_table_is_over_full(fresh):
+    """80 000 live flows for 65 536 entries: flows sharing a set never take each other's entry;
+    those that find no room go by the slot table. Not one flow changes member."""
+    xdp = fresh
+    clear_flowlets(xdp)
+    xdp.dp.set_config(flowlet_timeout_ns=60_000_000_000)
+    try:
+        route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(4)])
+        frames = flows(80_000, seed=21)
+        ev0 = xdp.reasons()
+        first = members(xdp, frames)
+        ev1 = xdp.reasons()
+        second = members(xdp, frames)
+        ev2 = xdp.reasons()
+        assert first == second
+        assert ev1["ev_dlb_collision"] - ev0["ev_dlb_collision"] > 0
+        assert ev1["ev_dlb_assign"] - ev0["ev_dlb_assign"] <= 65_536
+        assert ev2["ev_dlb_reassign"] == ev1["ev_dlb_reassign"]
+        assert sorted(set(first)) == [0, 1, 2, 3]
+    finally:
+        xdp.dp.set_config(flowlet_timeout_ns=256_000)
+        clear_flowlets(xdp)
+
+
+def test_a_route_rewrite_keeps_the_flows_of_members_that_stay(fresh):
+    xdp = fresh
+    clear_flowlets(xdp)
+    xdp.dp.set_config(flowlet_timeout_ns=60_000_000_000)
+    try:
+        route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(3)])
+        frames = flows(300, seed=22)
+        before = members(xdp, frames)
+        group = xdp.dp.routes()[0]["group"]
+        route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(4)])   # a member joins
+        assert xdp.dp.routes()[0]["group"] != group
+        assert members(xdp, frames) == before
+    finally:
+        xdp.dp.set_config(flowlet_timeout_ns=256_000)
+
+
+# ---- ports that go away, frames that do not fit ----------------------------------------
+
+def test_a_removed_port_is_never_selected_and_nothing_is_aborted(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "pinned", [xdp.nh(3)], [xdp.nh(1)])
+    route(xdp, "fc00:4::/64", "pinned", [xdp.nh(3)])
+    frame = roce()
+    assert members(xdp, [frame]) == [3]
+    try:
+        assert xdp.dp.remove_port(xdp.ifindex[3])
+        assert members(xdp, [frame]) == [1]                      # failed over, not aborted
+        lone = roce(dst="fc00:4::1")
+        before = xdp.reasons()["pass_no_nexthop"]
+        assert xdp.run(lone) == (XDP_PASS, lone)                 # to the kernel, untouched
+        assert xdp.reasons()["pass_no_nexthop"] == before + 1
+    finally:
+        xdp.dp.register_port(xdp.ifindex[3])                     # back, maybe in another slot
+    assert members(xdp, [frame]) == [3]
+
+
+def test_an_empty_devmap_slot_hands_the_frame_over_untouched(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "pinned", [xdp.nh(2)])
+    slot, _ = xdp.dp.port_slot(xdp.ifindex[2])
+    xdp.dp.maps["tx_ports"].delete(slot)          # what the kernel does when the device goes
+    try:
+        frame = roce()
+        before = xdp.reasons()
+        assert xdp.run(frame) == (XDP_PASS, frame)
+        after = xdp.reasons()
+        assert after["pass_no_port"] == before["pass_no_port"] + 1
+        assert after["forwarded"] == before["forwarded"]
+    finally:
+        xdp.dp.register_port(xdp.ifindex[2])
+
+
+def test_frames_over_the_egress_mtu_go_to_the_kernel(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "pinned", [xdp.nh(0)])
+    from rlblab import topo
+    topo.sh("ip", "link", "set", "p0", "mtu", "1280")
+    try:
+        xdp.dp.register_port(xdp.ifindex[0])
+        assert xdp.dp.port_slot(xdp.ifindex[0])[1].mtu == 1280
+        fits = roce(payload_len=1280 - 40 - 8 - 12)
+        big = roce(payload_len=1281 - 40 - 8 - 12)
+        assert xdp.run(fits)[0] == XDP_REDIRECT
+        before = xdp.reasons()["pass_too_big"]
+        assert xdp.run(big) == (XDP_PASS, big)
+        assert xdp.reasons()["pass_too_big"] == before + 1
+    finally:
+        topo.sh("ip", "link", "set", "p0", "mtu", "1500")
+        xdp.dp.register_port(xdp.ifindex[0])
+
+
+# ---- inputs that do not fit a map field are refused, not truncated ---------------------
+
+def test_out_of_range_inputs_are_refused(fresh):
+    from rlbfabric.routes import RouteError
+    from rlbswitch.dataplane import DataplaneError
+    xdp = fresh
+    with pytest.raises(RouteError, match="at most 4294967295"):
+        NextHop.parse(f"{xdp.nh(0)}={2**32}")
+    with pytest.raises(RouteError, match="4294967295"):
+        Route("fc00:2::/64", "weighted", [NextHop("p0", mac="02:00:00:00:01:00", weight=2**32)])
+    with pytest.raises(DataplaneError, match="out of range"):
+        xdp.dp.set_config(hash_seed=2**32)
+    with pytest.raises(DataplaneError, match="out of range"):
+        xdp.dp.set_config(flowlet_timeout_ns=-1)
+    assert xdp.dp.config()["hash_seed"] == 0x5EED1234
