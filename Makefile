@@ -10,7 +10,9 @@ demo: setup
 test: setup
 	.venv/bin/python -m pytest -v tests
 
+# Real packets through each forwarder side by side (about 3 minutes), then test-run costs.
 bench: setup
+	.venv/bin/python bench/wire_bench.py
 	.venv/bin/python bench/xdp_bench.py
 
 # The Vagrant lab (opt-in, not in CI): VMs under libvirt; ~30 min here under software emulation.

@@ -46,8 +46,8 @@ struct pkt {
     struct rlb_config *cfg;
     u64 now;
     u32 len;
-    u32 ports;         /* L4 source << 16 | dest, 0 when none */
-    u32 qp;            /* RoCEv2 BTH destination QP, 0 when none */
+    u32 ports;         /* L4 source and dest ports as one word (wire order), 0 when none */
+    u32 qp;            /* RoCEv2 BTH word holding the destination QP (wire order), 0 when none */
     u32 hash;
 };
 
@@ -84,19 +84,17 @@ static __always_inline int punt(struct pkt *pk, void *data_end)
             return RLB_R_PASS_MALFORMED;
         if (th->source == htons(179) || th->dest == htons(179))
             return RLB_R_PASS_CONTROL; /* BGP */
-        pk->ports = ((u32)ntohs(th->source) << 16) | ntohs(th->dest);
+        pk->ports = *(u32 *)th;        /* hashed only: byte order does not matter */
         break;
     }
     case IPPROTO_UDP: {
         struct udphdr *uh = pk->l3.l4;
         if ((void *)(uh + 1) > data_end)
             return RLB_R_PASS_MALFORMED;
-        pk->ports = ((u32)ntohs(uh->source) << 16) | ntohs(uh->dest);
-        if (uh->dest == htons(pk->cfg->roce_port)) {
-            s32 qp = bth_dest_qp((u8 *)(uh + 1), data_end);
-            if (qp > 0)
-                pk->qp = qp;
-        }
+        pk->ports = *(u32 *)uh;
+        u8 *bth = (u8 *)(uh + 1);
+        if (uh->dest == htons(pk->cfg->roce_port) && (void *)(bth + RLB_BTH_LEN) <= data_end)
+            pk->qp = *(u32 *)(bth + 4) & htonl(0x00ffffff);   /* reserved byte, dest QP */
         break;
     }
     }

@@ -108,7 +108,9 @@ def test_link_down_moves_pinned_traffic_to_backups_with_measured_loss(lab):
         per_qp_after = 0.5 * rounds                 # a prefix-4 QP's packets after the failure
         for k in (1, 2, 3):
             assert got[k] > rounds + per_qp_after, got   # own QP plus at least one of prefix 4
-        assert 0 <= lost <= rate * 0.01              # at most ~10 ms worth of packets
+        # At most 20 ms worth of packets: alone this loses 0-6 ms (netlink to the agent's
+        # watcher to the port map); under the full suite's load up to 12 ms was seen.
+        assert 0 <= lost <= rate * 0.02
         with lab.dataplane() as dp:
             assert dp.stats()["reasons"]["ev_failover"] > 0
     finally:
