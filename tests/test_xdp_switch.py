@@ -406,44 +406,43 @@ def clear_flowlets(xdp):
         m.zero(i)
 
 
-def test_flows_keep_their_member_when_the_flowlet_table_is_over_full(fresh):
+@pytest.fixture
+def long_flowlets(fresh):
+    """An empty flowlet table whose entries outlive the test (60 s timeout); cleaned after."""
+    clear_flowlets(fresh)
+    fresh.dp.set_config(flowlet_timeout_ns=60_000_000_000)
+    yield fresh
+    fresh.dp.set_config(flowlet_timeout_ns=256_000)
+    clear_flowlets(fresh)
+
+
+def test_flows_keep_their_member_when_the_flowlet_table_is_over_full(long_flowlets):
     """80 000 live flows for 65 536 entries: flows sharing a set never take each other's entry;
     those that find no room go by the slot table. Not one flow changes member."""
-    xdp = fresh
-    clear_flowlets(xdp)
-    xdp.dp.set_config(flowlet_timeout_ns=60_000_000_000)
-    try:
-        route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(4)])
-        frames = flows(80_000, seed=21)
-        ev0 = xdp.reasons()
-        first = members(xdp, frames)
-        ev1 = xdp.reasons()
-        second = members(xdp, frames)
-        ev2 = xdp.reasons()
-        assert first == second
-        assert ev1["ev_dlb_collision"] - ev0["ev_dlb_collision"] > 0
-        assert ev1["ev_dlb_assign"] - ev0["ev_dlb_assign"] <= 65_536
-        assert ev2["ev_dlb_reassign"] == ev1["ev_dlb_reassign"]
-        assert sorted(set(first)) == [0, 1, 2, 3]
-    finally:
-        xdp.dp.set_config(flowlet_timeout_ns=256_000)
-        clear_flowlets(xdp)
+    xdp = long_flowlets
+    route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(4)])
+    frames = flows(80_000, seed=21)
+    ev0 = xdp.reasons()
+    first = members(xdp, frames)
+    ev1 = xdp.reasons()
+    second = members(xdp, frames)
+    ev2 = xdp.reasons()
+    assert first == second
+    assert ev1["ev_dlb_collision"] - ev0["ev_dlb_collision"] > 0
+    assert ev1["ev_dlb_assign"] - ev0["ev_dlb_assign"] <= 65_536
+    assert ev2["ev_dlb_reassign"] == ev1["ev_dlb_reassign"]
+    assert sorted(set(first)) == [0, 1, 2, 3]
 
 
-def test_a_route_rewrite_keeps_the_flows_of_members_that_stay(fresh):
-    xdp = fresh
-    clear_flowlets(xdp)
-    xdp.dp.set_config(flowlet_timeout_ns=60_000_000_000)
-    try:
-        route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(3)])
-        frames = flows(300, seed=22)
-        before = members(xdp, frames)
-        group = xdp.dp.routes()[0]["group"]
-        route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(4)])   # a member joins
-        assert xdp.dp.routes()[0]["group"] != group
-        assert members(xdp, frames) == before
-    finally:
-        xdp.dp.set_config(flowlet_timeout_ns=256_000)
+def test_a_route_rewrite_keeps_the_flows_of_members_that_stay(long_flowlets):
+    xdp = long_flowlets
+    route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(3)])
+    frames = flows(300, seed=22)
+    before = members(xdp, frames)
+    group = xdp.dp.routes()[0]["group"]
+    route(xdp, "fc00:2::/64", "dlb", [xdp.nh(k) for k in range(4)])   # a member joins
+    assert xdp.dp.routes()[0]["group"] != group
+    assert members(xdp, frames) == before
 
 
 # ---- ports that go away, frames that do not fit ----------------------------------------
