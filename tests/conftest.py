@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import uuid
 
 import pytest
 
 from rlbcommon import netns
+from rlbcommon.paths import pin_dir
 from rlbcommon import packets as P
 from rlbcommon.testrun import prog_test_run
 from rlbswitch.dataplane import SwitchDataplane
@@ -72,11 +74,15 @@ def scratch_netns(prefix: str):
 def xdp():
     with scratch_netns("rlbt") as ns:
         topo.veth_ports(4)
-        h = XdpHarness(ns)
+        h = None
         try:
+            h = XdpHarness(ns)
             yield h
         finally:
-            h.dp.destroy()
+            if h is not None:
+                h.dp.destroy()
+            else:                       # the program did not load: its pins must not stay
+                shutil.rmtree(pin_dir("switch", ns).parent, ignore_errors=True)
 
 
 @pytest.fixture
