@@ -70,10 +70,17 @@ class Chain:
     """The three namespaces, the generator and the sinks; forwarders are swapped in per case."""
 
     def __init__(self, size: int):
-        from bcc import BPF
         tag = uuid.uuid4().hex[:5]
         self.gen, self.fwd, self.sink = f"wgen-{tag}", f"wfwd-{tag}", f"wsink-{tag}"
         self.instance = f"wire-{tag}"
+        try:
+            self._build(size)
+        except BaseException:
+            self.close()                  # no namespaces left behind by a failed start
+            raise
+
+    def _build(self, size: int):
+        from bcc import BPF
         for ns in (self.gen, self.fwd, self.sink):
             topo.add_ns(ns)
         topo.link(self.gen, "g0", self.fwd, "in0", GEN_MAC, IN_MAC)
