@@ -27,7 +27,7 @@ from rlbfabric.fabric import Fabric
 from rlbfabric.policy import pathbw as pbw
 from rlbfabric.policy.compiler import compile_for_node
 
-from .dataplane import NUD_USABLE, DataplaneError, SwitchDataplane
+from .dataplane import DataplaneError, SwitchDataplane
 
 log = logging.getLogger(__name__)
 RTPROT_BIRD = 12        # rtnetlink protocol id of routes bird installs

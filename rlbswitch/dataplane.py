@@ -21,7 +21,7 @@ from rlbcommon.pinnedstate import PinnedState
 from rlbfabric.constants import ROCE_PORT
 from rlbcommon.cheader import constants, enum_names
 
-from rlbfabric.routes import NextHop, Route, RouteError
+from rlbfabric.routes import NextHop, Route
 
 log = logging.getLogger(__name__)
 
@@ -257,9 +257,11 @@ class SwitchDataplane(PinnedState):
             self.maps["tx_ports"].delete(slot)
             return True
 
-    def ports(self) -> list[PortInfo]:
+    def ports(self, slots: dict | None = None) -> list[PortInfo]:
+        """The registered ports; `slots` is a port_slots() the caller already read."""
+        slots = self.port_slots() if slots is None else slots
         out = [PortInfo(self.ifname(i), i, bool(p.up), slot, mac_str(p.mac), p.speed_mbps, p.mtu)
-               for i, (slot, p) in self.port_slots().items()]
+               for i, (slot, p) in slots.items()]
         return sorted(out, key=lambda p: p.tx_slot)
 
     def detach(self, ifname: str):
@@ -428,27 +430,30 @@ class SwitchDataplane(PinnedState):
         return None
 
     # ---- counters -------------------------------------------------------------------
-    def _rx_counters(self, ifindex: int) -> dict:
-        """Received is the kernel's count (it sees every frame before XDP does)."""
-        links = self.ipr.get_links(ifindex)
-        st = links[0].get_attr("IFLA_STATS64") if links else None
-        if st is None:
-            return {"rx_packets": 0, "rx_bytes": 0}
-        return {"rx_packets": st["rx_packets"], "rx_bytes": st["rx_bytes"]}
+    def _rx_counters(self) -> dict[int, dict]:
+        """Received, per ifindex, is the kernel's count (it sees every frame before XDP does):
+        one link dump for all ports."""
+        out = {}
+        for link in self.ipr.get_links():
+            st = link.get_attr("IFLA_STATS64")
+            if st is not None:
+                out[link["index"]] = {"rx_packets": st["rx_packets"], "rx_bytes": st["rx_bytes"]}
+        return out
 
     def stats(self) -> dict:
         def percpu_sum(m, key, fields):
             rows = m.get_percpu(key)
             return {f: sum(getattr(r, f) for r in rows) for f in fields}
 
+        slots, rx, no_rx = self.port_slots(), self._rx_counters(), {"rx_packets": 0, "rx_bytes": 0}
         ports = []
-        for p in self.ports():
+        for p in self.ports(slots):
             s = percpu_sum(self.maps["port_stats"], p.tx_slot, ("tx_packets", "tx_bytes"))
             ports.append({"interface": p.ifname, "ifindex": p.ifindex, "up": p.up,
-                          "speed_mbps": p.speed_mbps, "mtu": p.mtu, **self._rx_counters(p.ifindex), **s})
+                          "speed_mbps": p.speed_mbps, "mtu": p.mtu, **rx.get(p.ifindex, no_rx), **s})
         nexthops = []
         nhs = self.maps["nexthops"].array_values()
-        port_map = {i: p for i, (_, p) in self.port_slots().items()}
+        port_map = {i: p for i, (_, p) in slots.items()}
         for i, nh in enumerate(nhs):
             if i and nh is not None and nh.flags & NH_VALID:
                 s = percpu_sum(self.maps["nh_stats"], i, ("packets", "bytes"))

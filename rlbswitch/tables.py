@@ -20,7 +20,6 @@ import ipaddress
 import logging
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rlbcommon.paths import RUN_DIR
 
@@ -326,7 +325,7 @@ class SwitchTables:
         v = self.dp.maps["routes"].leaf_type()
         v.mode = self.dp.MODE_IDS[rt.mode]
         v.nexthop, v.group, v.ifindex, v.port = rt.nexthop, rt.group, rt.ifindex, rt.port
-        v.owner = self.dp.OWNERS.get(rt.owner, 0)
+        v.owner = self.dp.OWNERS[rt.owner]
         return v
 
     def _write_route(self, net: ipaddress.IPv6Network, rt: _Route):
@@ -452,7 +451,7 @@ class SwitchTables:
         keep_going: a route that cannot be programmed (its port is not attached yet) stays as it
         was and is reported in Changes.failed; otherwise the first such error stops the batch.
         owner: recorded in each route written, so that a restarted agent knows which are its own."""
-        owner_id = self.dp.OWNERS[owner]
+        self.dp.OWNERS[owner]               # an unknown owner fails here, before anything is written
         want: dict[ipaddress.IPv6Network, Route] = {}
         for r in desired:
             if r.prefix in want:

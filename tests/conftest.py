@@ -112,3 +112,36 @@ def fabric_lab(fabric_file, name: str, timeout: float = 120, **kw):
 
 def roce(dst="fc00:2::1", sport=49152, qp=1, **kw) -> bytes:
     return P.roce_frame("fc00:1::1", dst, sport, qp, **kw)
+
+
+def h1_to_h3_during(lab, packets_per_qp: int, rate: int, during, seed: int, lead_s: float = 0.5,
+                    payload_len: int = 128):
+    """4 QPs h1 -> h3 (path-1 addresses) at `rate` packets/s in all, sent by raw frames on h1's
+    port and counted by the application on h3; `during()` runs `lead_s` after the start.
+    Returns (sent, received, longest gap between arrivals in ms)."""
+    import random
+    import threading
+    import time
+    from rlblab.traffic import Flow, QpReceiver, open_raw, send
+    rnd = random.Random(seed)
+    a, b = lab.host_addresses("h1")[1], lab.host_addresses("h3")[1]
+    flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(4)]
+    rx = QpReceiver(lab.ns("h3"))
+    sock = open_raw(lab.ns("h1"), "eth0")
+    dmac, smac = topo.mac(lab.ns("l1"), "eth-h1"), topo.mac(lab.ns("h1"), "eth0")
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("sent", send(
+        sock, flows, packets_per_qp, dmac, smac, payload_len, rate_pps=rate, burst=4)))
+    t.start()
+    try:
+        time.sleep(lead_s)
+        during()
+        t.join()
+        time.sleep(0.3)
+    finally:
+        t.join()
+        rx.close()
+        sock.close()
+    times = sorted(tm for tm, _ in rx.arrivals)
+    gap = max((y - x for x, y in zip(times, times[1:])), default=0.0) * 1000
+    return out["sent"], len(rx.seen), gap

@@ -4,7 +4,6 @@ spine downlink read from the spines' kernel counters while every host of a matri
 from __future__ import annotations
 
 import random
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -16,10 +15,8 @@ from rlbfabric import balance, workloads
 from rlbfabric.policy import localrule
 from rlbhost.dataplane import HostDataplane
 from rlblab.matrix import FORGET_S, run_matrix
-from rlblab.traffic import Flow, QpReceiver, open_raw, send
-from rlblab import topo
 
-from .conftest import fabric_lab
+from .conftest import fabric_lab, h1_to_h3_during
 
 pytestmark = pytest.mark.netns
 LAB = Path(__file__).resolve().parent.parent / "lab"
@@ -129,28 +126,19 @@ def test_coordinator_killed_mid_traffic_loses_nothing_and_the_local_rule_takes_o
     """4 QPs h1 -> h3 at 2000 packets/s for 5 s; the coordinator is killed after 1 s. Every packet
     arrives; the hosts drop its placements after 3 s and new QPs follow the local rule again."""
     lab = default
-    rnd = random.Random(99)
-    a, b = lab.host_addresses("h1")[1], lab.host_addresses("h3")[1]
-    flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(4)]
-    rx = QpReceiver(lab.ns("h3"))
-    sock = open_raw(lab.ns("h1"), "eth0")
-    dmac, smac = topo.mac(lab.ns("l1"), "eth-h1"), topo.mac(lab.ns("h1"), "eth0")
-    sent = {}
-    t = threading.Thread(target=lambda: sent.setdefault("n", send(sock, flows, 2500, dmac, smac, 256,
-                                                                  rate_pps=2000, burst=4)))
-    try:
-        t.start()
-        time.sleep(1.0)
+    placed = {}
+
+    def kill_after_placing():
+        time.sleep(0.5)
         with netns.inside(lab.ns("h1")):
-            hd = HostDataplane(lab.ns("h1"))
-            assert len(hd.placements()) == 4          # the coordinator placed them
+            placed["hd"] = HostDataplane(lab.ns("h1"))
+            placed["n"] = len(placed["hd"].placements())
         lab.kill_agent("coordinator")
-        t.join()
-        time.sleep(0.3)
-    finally:
-        rx.close()
-        sock.close()
-    assert sent["n"] == 10000 and len(rx.seen) == 10000
+
+    sent, received, _ = h1_to_h3_during(lab, 2500, 2000, kill_after_placing, seed=99, payload_len=256)
+    hd = placed["hd"]
+    assert placed["n"] == 4                   # the coordinator placed them
+    assert sent == 10000 and received == 10000
     deadline = time.time() + 6
     with netns.inside(lab.ns("h1")):
         while hd.placements():

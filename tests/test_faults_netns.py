@@ -3,8 +3,6 @@ rlbhost: 4 QPs h1 -> h3 at 2000 packets/s, every packet counted by the receiving
 Each fault prints packets lost and the longest gap in arrivals."""
 from __future__ import annotations
 
-import random
-import threading
 import time
 from pathlib import Path
 
@@ -12,10 +10,8 @@ import pytest
 
 from rlbfabric.bird.ctl import BirdClient
 from rlbfabric.fabric import load
-from rlblab import topo
-from rlblab.traffic import Flow, QpReceiver, open_raw, send
 
-from .conftest import fabric_lab
+from .conftest import fabric_lab, h1_to_h3_during
 
 pytestmark = pytest.mark.netns
 FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"
@@ -37,27 +33,7 @@ def lab(tmp_path_factory):
 
 def traffic(lab, seconds: float, during, seed: int):
     """Send for `seconds` while `during` runs; (sent, received, longest gap in ms)."""
-    rnd = random.Random(seed)
-    a, b = lab.host_addresses("h1")[1], lab.host_addresses("h3")[1]
-    flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(4)]
-    rx = QpReceiver(lab.ns("h3"))
-    sock = open_raw(lab.ns("h1"), "eth0")
-    dmac, smac = topo.mac(lab.ns("l1"), "eth-h1"), topo.mac(lab.ns("h1"), "eth0")
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("sent", send(
-        sock, flows, int(RATE * seconds / 4), dmac, smac, 128, rate_pps=RATE, burst=4)))
-    t.start()
-    try:
-        time.sleep(0.5)
-        during()
-        t.join()
-        time.sleep(0.3)
-    finally:
-        rx.close()
-        sock.close()
-    times = sorted(tm for tm, _ in rx.arrivals)
-    gap = max((y - x for x, y in zip(times, times[1:])), default=0.0) * 1000
-    return out["sent"], len(rx.seen), gap
+    return h1_to_h3_during(lab, int(RATE * seconds / 4), RATE, during, seed)
 
 
 def record(name, sent, got, gap):

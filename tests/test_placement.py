@@ -128,7 +128,7 @@ def test_incremental_changes_move_few_qps():
     rnd = random.Random(3)
     p = random_instance(rnd, 8, 4, 300, presets=False)
     p.solve()
-    moves, n = [], 300
+    moves = []
     for j in range(200):
         if rnd.random() < 0.5:
             a, b = rnd.sample(range(8), 2)

@@ -94,7 +94,7 @@ def test_vm_leaf_setup_names_nics_by_mac_and_configures_links(tmp_path, monkeypa
     fabric = LAB / "fabric-2x2.toml"
     vm = node(plan(load(fabric)), "l1")
     monkeypatch.setattr(vmnode, "LINK_DIR", tmp_path)
-    with scratch_netns("rlbvmn") as ns:
+    with scratch_netns("rlbvmn"):
         for i, link in enumerate(vm.links):    # as the VM boots: eth2, eth3, ... in link order
             subprocess.run(["ip", "link", "add", f"eth{i + 2}", "address", link.mac, "type", "veth",
                             "peer", "name", f"peer{i}"], check=True)

@@ -11,7 +11,6 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Optional
 
 import typer
 
