@@ -9,8 +9,7 @@
 
 BPF_TABLE_PINNED7("lpm_trie", struct rlb_lpm_key, struct rlb_route, routes, RLB_MAX_ROUTES,
                   PIN(routes), BPF_F_NO_PREALLOC);
-BPF_TABLE_PINNED7("hash", struct rlb_key64, struct rlb_route, routes64, RLB_MAX_ROUTES,
-                  PIN(routes64), BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("array", u32, struct rlb_exact_set, exact64, 1 << RLB_EXACT_BITS, PIN(exact64));
 BPF_TABLE_PINNED("array", u32, struct rlb_nexthop, nexthops, RLB_MAX_NEXTHOPS, PIN(nexthops));
 BPF_TABLE_PINNED("array", u32, struct rlb_group, groups, RLB_MAX_GROUPS, PIN(groups));
 BPF_TABLE_PINNED("array", u32, struct rlb_port, ports, RLB_MAX_PORTS, PIN(ports));
@@ -107,14 +106,19 @@ static __always_inline int punt(struct pkt *pk, void *data_end)
 static __always_inline struct rlb_route *lookup(struct pkt *pk)
 {
     u8 *dst = pk->l3.ip6->daddr.in6_u.u6_addr8;
-    struct rlb_key64 k64;
-    __builtin_memcpy(k64.addr, dst, 8);
-    struct rlb_route *rt = routes64.lookup(&k64);
-    if (rt)
-        return rt;
-    struct rlb_lpm_key key = {.prefixlen = 128};
-    __builtin_memcpy(key.addr, dst, 16);
-    return routes.lookup(&key);
+    u64 key;
+    __builtin_memcpy(&key, dst, 8);
+    u32 idx = (key * RLB_EXACT_MULT) >> (64 - RLB_EXACT_BITS);
+    struct rlb_exact_set *set = exact64.lookup(&idx);
+    if (set) {
+#pragma unroll
+        for (int w = 0; w < RLB_EXACT_WAYS; w++)
+            if (set->way[w].key == key && set->way[w].route.mode)
+                return &set->way[w].route;
+    }
+    struct rlb_lpm_key lpm = {.prefixlen = 128};
+    __builtin_memcpy(lpm.addr, dst, 16);
+    return routes.lookup(&lpm);
 }
 
 /* ---- ports and their load ------------------------------------------------------------- */

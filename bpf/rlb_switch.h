@@ -11,6 +11,9 @@
 #define RLB_SLOTS           4096    /* weighted slot table per group, power of two */
 #define RLB_MAX_PORTS       256     /* devmap slots */
 #define RLB_MAX_NEIGHBORS   16384   /* directly connected hosts */
+#define RLB_EXACT_BITS      16      /* exact /64 table: 2^16 sets of RLB_EXACT_WAYS routes */
+#define RLB_EXACT_WAYS      4
+#define RLB_EXACT_MULT      0x9E3779B97F4A7C15  /* set = (key * MULT) >> (64 - BITS) */
 #define RLB_FLOWLET_SETS    16384   /* DLB flowlet table: sets of RLB_FLOWLET_WAYS, power of two */
 #define RLB_FLOWLET_WAYS    4       /* flows sharing a set each keep their entry (tagged) */
 #define RLB_LOAD_BANDS      8       /* port quality bands 0 (idle) .. 7 (full) */
@@ -68,12 +71,6 @@ enum rlb_owner {
     RLB_OWNER_KERNEL   = 3,  /* connected and local routes from interface addresses */
 };
 
-/* Exact-match key of a /64: routes64 holds every /64 route with no longer prefix inside it,
- * so one hash lookup replaces the trie walk for the common fabric destination. */
-struct rlb_key64 {
-    u8 addr[8];
-};
-
 struct rlb_route {
     u32 mode;      /* enum rlb_mode */
     u32 nexthop;   /* PINNED: primary next hop id */
@@ -81,6 +78,21 @@ struct rlb_route {
     u32 ifindex;   /* CONNECTED: egress port */
     u32 port;      /* CONNECTED: its slot in ports */
     u32 owner;     /* enum rlb_owner */
+};
+
+/* The exact /64 table in front of the trie: every /64 route with no longer prefix inside it,
+ * when its set has room (else the trie answers, as for any other prefix). An array, so the
+ * lookup is one multiply and one inlined index, not a hash-map walk. key is the /64's first
+ * 8 bytes loaded as a native u64; a way counts only while route.mode is non-zero. User space
+ * writes a way in steps that each change only bytes no reader can misuse: mode to 0, then key
+ * and route, then mode (see rlbswitch/exact.py). */
+struct rlb_exact_way {
+    u64 key;
+    struct rlb_route route;
+};
+
+struct rlb_exact_set {
+    struct rlb_exact_way way[RLB_EXACT_WAYS];
 };
 
 struct rlb_nexthop {

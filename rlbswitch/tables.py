@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from rlbcommon.paths import RUN_DIR
 
 from rlbfabric.routes import NextHop, Route, RouteError
+from .exact import ExactTable
 from .slots import build_slots
 
 log = logging.getLogger(__name__)
@@ -332,16 +333,11 @@ class SwitchTables:
         self.dp.maps["routes"].set(self._lpm_key(net), self._route_value(rt))
 
     # ---- the exact /64 table ---------------------------------------------------------------
-    # routes64 holds a /64 route exactly when no longer prefix lies inside it: then the /64 is
-    # the longest match for every address in it and one hash lookup answers for the trie.
+    # exact64 holds a /64 route exactly when no longer prefix lies inside it: then the /64 is
+    # the longest match for every address in it and one array probe answers for the trie.
     @staticmethod
     def _slash64(net: ipaddress.IPv6Network) -> ipaddress.IPv6Network | None:
         return net.supernet(new_prefix=64) if net.prefixlen > 64 else (net if net.prefixlen == 64 else None)
-
-    def _key64(self, net: ipaddress.IPv6Network):
-        k = self.dp.maps["routes64"].key_type()
-        k.addr[:] = net.network_address.packed[:8]
-        return k
 
     def _fast_update(self, net: ipaddress.IPv6Network, delta: int):
         """After net was added (delta 1), changed (0) or removed (-1): bring its /64's exact
@@ -354,30 +350,23 @@ class SwitchTables:
             if self._longer[n64] <= 0:
                 del self._longer[n64]
         rt = self.routes.get(n64)
-        fast = self.dp.maps["routes64"]
         if rt is not None and n64 not in self._longer:
-            fast.set(self._key64(n64), self._route_value(rt))
+            self.exact.put(n64, self._route_value(rt))
         else:
-            fast.delete(self._key64(n64))
+            self.exact.remove(n64)
 
     def _fast_rebuild(self):
-        """Adoption: the exact table recomputed from the routes (it is derived state)."""
+        """Adoption: the exact table recomputed from the routes (it is derived state); entries
+        already right are not rewritten."""
         self._longer: dict[ipaddress.IPv6Network, int] = {}
         for net in self.routes:
             if net.prefixlen > 64:
                 n64 = net.supernet(new_prefix=64)
                 self._longer[n64] = self._longer.get(n64, 0) + 1
-        fast = self.dp.maps["routes64"]
-        want = {bytes(self._key64(n).addr): (n, rt) for n, rt in self.routes.items()
-                if n.prefixlen == 64 and n not in self._longer}
-        for k, v in list(fast.items()):
-            got = want.get(bytes(k.addr))
-            if got is None:
-                fast.delete(k)
-            elif bytes(v) == bytes(self._route_value(got[1])):
-                del want[bytes(k.addr)]
-        for net, rt in want.values():
-            fast.set(self._key64(net), self._route_value(rt))
+        self.exact = ExactTable(self.dp.maps["exact64"], self.dp.C)
+        self.exact.load()
+        self.exact.sync({n: self._route_value(rt) for n, rt in self.routes.items()
+                         if n.prefixlen == 64 and n not in self._longer})
 
     def port_moved(self, ifindex: int, slot: int):
         """A port (re)registered in a new slot: next hops and connected routes through it follow."""

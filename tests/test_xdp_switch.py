@@ -10,6 +10,7 @@ import pytest
 from rlbcommon import packets as P
 from rlbcommon.testrun import XDP_PASS, XDP_REDIRECT
 from rlbfabric.routes import NextHop, Route
+from rlbswitch.exact import key_of
 
 from .conftest import roce
 
@@ -358,9 +359,16 @@ def test_fuzzed_and_truncated_packets_never_redirected_wrongly(fresh):
 # ---- the exact /64 table in front of the trie ------------------------------------------
 
 def exact64(xdp) -> dict:
-    import ipaddress
-    return {str(ipaddress.IPv6Network((bytes(k.addr) + bytes(8), 64))): v.mode
-            for k, v in xdp.dp.maps["routes64"].items()}
+    """What the program's exact table answers, read from the map itself (not the model)."""
+    import ipaddress, sys
+    out = {}
+    for s in xdp.dp.maps["exact64"].array_values():
+        for w in (s.way if s is not None else []):
+            if w.route.mode:
+                net = ipaddress.IPv6Network((w.key.to_bytes(8, sys.byteorder) + bytes(8), 64))
+                assert str(net) not in out
+                out[str(net)] = w.route.mode
+    return out
 
 
 def test_exact_64_entries_never_shadow_a_longer_prefix(fresh):
@@ -387,15 +395,54 @@ def test_exact_64_entries_never_shadow_a_longer_prefix(fresh):
 
 
 def test_exact_table_is_rebuilt_from_the_routes_on_adoption(fresh):
+    import sys
     xdp = fresh
     route(xdp, "fc00:2::/64", "pinned", [xdp.nh(0)])
-    k = xdp.dp.maps["routes64"].key_type()
-    k.addr[:] = bytes.fromhex("fc00000900000000")              # a stray entry (another writer)
-    xdp.dp.maps["routes64"].set(k, xdp.dp.maps["routes64"].get(next(iter(xdp.dp.maps["routes64"].keys()))))
-    xdp.dp.maps["routes64"].delete(next(k for k in xdp.dp.maps["routes64"].keys()
-                                        if bytes(k.addr)[:4] == bytes.fromhex("fc000002")))
+    m, table = xdp.dp.maps["exact64"], xdp.dp.tables.exact
+    [(key, (idx, w))] = table.where.items()
+    s = m.get(idx)
+    s.way[w].route.mode = 0                       # our entry lost (a crash between steps)
+    stray = int.from_bytes(bytes.fromhex("fc00000900000000"), sys.byteorder)
+    s2i = table.index(stray)
+    s2 = m.get(s2i)
+    s2.way[3].key, s2.way[3].route.mode = stray, 1   # a stray entry (another writer)
+    m.set(idx, s)
+    m.set(s2i, s2)
+    assert "fc00:9::/64" in exact64(xdp) and "fc00:2::/64" not in exact64(xdp)
     xdp.dp.tables.load()
     assert exact64(xdp) == {"fc00:2::/64": 1}
+
+
+def test_exact_table_full_set_falls_back_to_the_trie_until_a_way_frees(fresh):
+    """More /64s hashing to one set than it has ways: the extra ones are answered by the trie
+    (right, only slower), and take a way as soon as one frees up."""
+    import ipaddress
+    xdp = fresh
+    table = xdp.dp.tables.exact
+    ways = xdp.dp.C["RLB_EXACT_WAYS"]
+    same, target = [], None
+    for i in range(1, 400000):
+        net = ipaddress.IPv6Network(f"fc00:{i >> 16:x}:{i & 0xffff:x}::/64")
+        idx = table.index(key_of(net))
+        if target is None:
+            target = idx
+        if idx == target:
+            same.append(net)
+            if len(same) == ways + 2:
+                break
+    assert len(same) == ways + 2
+    for i, net in enumerate(same):
+        route(xdp, str(net), "pinned", [xdp.nh(i % 4)])
+    assert len(exact64(xdp)) == ways and table.overflow == 2
+    at = lambda net: xdp.member_of(P.parse(xdp.run(roce(dst=str(net.network_address + 1)))[1]).dmac)
+    assert [at(n) for n in same] == [i % 4 for i in range(len(same))]     # all forwarded right
+    xdp.dp.del_route(str(same[0]))
+    assert len(exact64(xdp)) == ways and table.overflow == 1
+    assert str(same[0]) not in exact64(xdp)
+    assert [at(n) for n in same[1:]] == [i % 4 for i in range(1, len(same))]
+    # a changed route in a full set is changed in place (both tables agree)
+    route(xdp, str(same[1]), "pinned", [xdp.nh(3)])
+    assert at(same[1]) == 3
 
 
 # ---- flowlets: tagged sets, kept across route rewrites --------------------------------
