@@ -212,40 +212,46 @@ static __always_inline u32 dlb_pick(struct rlb_group *g, struct pkt *pk, u32 *me
 }
 
 /* Flowlet DLB: a flow keeps its member while its packets come within the flowlet timeout.
- * Entries sit in sets of RLB_FLOWLET_WAYS, tagged by the full hash: a new flow takes a free or
- * expired way; when all are live it goes by the group's slot table without an entry (stable
- * while that member lives; counted). The set is scanned again after the member loop rather
- * than carrying a pointer across it: one verifier state into the loop, not one per way. */
-static __always_inline u32 dlb_select(struct rlb_group *g, struct pkt *pk)
+ * Entries sit in sets of RLB_FLOWLET_WAYS (one cache line), tagged by the full hash: a new flow
+ * takes a free or expired way; when all are live it goes by the group's slot table without an
+ * entry (stable while that member lives; counted). The set is scanned again after the member
+ * loop rather than carrying a pointer across it: one verifier state into the loop, not one per
+ * way. Returns the next hop usable now (and its port), or 0. */
+static __always_inline struct rlb_nexthop *dlb_select(struct rlb_group *g, struct pkt *pk,
+                                                      struct rlb_port **portp, u32 *idp)
 {
     u32 h = pk->hash;
     u32 idx = (h >> 8) & (RLB_FLOWLET_SETS - 1);
     struct rlb_flowlet_set *set = flowlets.lookup(&idx);
     if (!set)
         return 0;
-    u64 now = pk->now, timeout = pk->cfg->flowlet_timeout_ns;
-    struct rlb_port *port = 0;
+    u32 now = (u32)(pk->now >> RLB_FLOWLET_TICK_SHIFT) | 1;
+    u32 timeout = pk->cfg->flowlet_timeout_ns >> RLB_FLOWLET_TICK_SHIFT;
+    struct rlb_nexthop *nh;
     int known = 0, room = 0;
 #pragma unroll
     for (int w = 0; w < RLB_FLOWLET_WAYS; w++) {
         struct rlb_flowlet *e = &set->way[w];
-        if (e->last_ns && e->hash == h) {
+        if (e->last && e->hash == h) {
             known = 1;
-            if (now - e->last_ns < timeout &&
+            if (now - e->last < timeout &&
                 g->member_nh[e->member & (RLB_MAX_MEMBERS - 1)] == e->nexthop &&
-                usable_nh(e->nexthop, &port)) {
-                e->last_ns = now;
-                return e->nexthop;
+                (nh = usable_nh(e->nexthop, portp))) {
+                e->last = now;
+                *idp = e->nexthop;
+                return nh;
             }
-        } else if (!e->last_ns || now - e->last_ns >= timeout) {
+        } else if (!e->last || now - e->last >= timeout) {
             room = 1;
         }
     }
     if (!known && !room) {
         count(RLB_R_EV_DLB_COLLISION);
         u32 id = g->member_nh[g->slot[h & (RLB_SLOTS - 1)] & (RLB_MAX_MEMBERS - 1)];
-        if (usable_nh(id, &port))
-            return id;
+        if ((nh = usable_nh(id, portp))) {
+            *idp = id;
+            return nh;
+        }
     }
     /* counted before the member loop so that nothing decided here is live across it */
     count(known ? RLB_R_EV_DLB_REASSIGN : RLB_R_EV_DLB_ASSIGN);
@@ -258,33 +264,35 @@ static __always_inline u32 dlb_select(struct rlb_group *g, struct pkt *pk)
 #pragma unroll
     for (int w = 0; w < RLB_FLOWLET_WAYS; w++) {
         struct rlb_flowlet *e = &set->way[w];
-        if (e->last_ns && e->hash == h)
+        if (e->last && e->hash == h)
             target = w;
     }
     if (target < 0) {
 #pragma unroll
         for (int w = RLB_FLOWLET_WAYS - 1; w >= 0; w--) {
             struct rlb_flowlet *e = &set->way[w];
-            if (!e->last_ns || now - e->last_ns >= timeout)
+            if (!e->last || now - e->last >= timeout)
                 target = w;
         }
     }
-    if (target < 0)
-        return chosen;       /* a collision whose slot member is dead: no entry either */
-    struct rlb_flowlet *fl = &set->way[target & (RLB_FLOWLET_WAYS - 1)];
-    fl->last_ns = now;
-    fl->hash = h;
-    fl->member = member;
-    fl->nexthop = chosen;
-    return chosen;
+    if (target >= 0) {       /* else a collision whose slot member is dead: no entry either */
+        struct rlb_flowlet *fl = &set->way[target & (RLB_FLOWLET_WAYS - 1)];
+        fl->last = now;
+        fl->hash = h;
+        fl->member = member;
+        fl->nexthop = chosen;
+    }
+    *idp = chosen;
+    return usable_nh(chosen, portp);
 }
 
-static __always_inline u32 group_dlb(u32 gid, struct pkt *pk)
+static __always_inline struct rlb_nexthop *group_dlb(u32 gid, struct pkt *pk,
+                                                     struct rlb_port **portp, u32 *idp)
 {
     struct rlb_group *g = groups.lookup(&gid);
     if (!gid || !g)
         return 0;
-    return dlb_select(g, pk);
+    return dlb_select(g, pk, portp, idp);
 }
 
 /* The slot table's member for this flow (0 if the group is empty). */
@@ -404,8 +412,7 @@ int rlb_switch(struct xdp_md *ctx)
     if (dlb_group) {
         hash_packet(&pk);      /* again after weighted: one path for the verifier */
         pk.now = bpf_ktime_get_ns();   /* flowlets and load: only DLB reads the clock */
-        nh = group_dlb(dlb_group, &pk);
-        nhp = usable_nh(nh, &port);
+        nhp = group_dlb(dlb_group, &pk, &port, &nh);
     }
     if (!nhp || !port)
         return pass(RLB_R_PASS_NO_NEXTHOP);

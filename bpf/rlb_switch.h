@@ -145,14 +145,18 @@ struct rlb_counter {
     u64 bytes;
 };
 
-/* One flow's flowlet: tagged with its full hash, so flows sharing a set never take each
- * other's entry; not tied to a group id, so a route rewrite keeps flows whose member stays. */
+/* One flow's flowlet, 16 bytes, so a set of RLB_FLOWLET_WAYS is one 64-byte cache line. Tagged
+ * with its full hash, so flows sharing a set never take each other's entry; not tied to a group
+ * id, so a route rewrite keeps flows whose member stays. Time in ticks of 2^RLB_FLOWLET_TICK_SHIFT
+ * ns (about a microsecond), compared modulo 2^32 (wraps every 73 minutes: the timeout is capped
+ * far below that). */
+#define RLB_FLOWLET_TICK_SHIFT   10
+#define RLB_FLOWLET_MAX_TIMEOUT_NS 600000000000   /* 10 minutes */
 struct rlb_flowlet {
-    u64 last_ns;     /* 0: free */
     u32 hash;
-    u32 member;      /* index in the group, checked against nexthop on use */
+    u32 last;        /* tick of the flow's last packet, never 0; 0: free */
     u32 nexthop;
-    u32 pad;
+    u32 member;      /* index in the group, checked against nexthop on use */
 };
 
 struct rlb_flowlet_set {

@@ -138,6 +138,9 @@ class SwitchDataplane(PinnedState):
                     continue
                 if not hasattr(cfg, k):
                     raise DataplaneError(f"unknown setting {k}")
+                if k == "flowlet_timeout_ns" and not 0 < v <= C["RLB_FLOWLET_MAX_TIMEOUT_NS"]:
+                    raise DataplaneError(f"flowlet timeout {v} ns is out of range "
+                                         f"(1 ns .. {C['RLB_FLOWLET_MAX_TIMEOUT_NS'] // 10**9} s)")
                 checked_set(cfg, k, v, DataplaneError)
             self.maps["config"].set(0, cfg)
 

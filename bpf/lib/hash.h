@@ -37,19 +37,20 @@ static __always_inline u32 fmix(u32 h)
 
 /* Hash of a flow: both addresses, next header + flow label, L4 ports, RoCEv2 dest QP (0 when
  * absent). Addresses are read as 64-bit words straight from the packet (unaligned loads are
- * fine where XDP runs; the bytes' order only has to be the same on every packet). */
+ * fine where XDP runs; the bytes' order only has to be the same on every packet). Two lanes
+ * (source side, destination side) run side by side: three dependent rounds instead of six. */
 static __always_inline u32 flow_hash(u32 seed, const u8 *src, const u8 *dst, u32 proto_label,
                                      u32 ports, u32 qp)
 {
     const u64 *s = (const u64 *)src, *d = (const u64 *)dst;
-    u64 h = (u64)seed * RLB_HASH_K1 + RLB_HASH_K2;
-    h = hash_round(h, s[0]);
-    h = hash_round(h, s[1]);
-    h = hash_round(h, d[0]);
-    h = hash_round(h, d[1]);
-    h = hash_round(h, ((u64)proto_label << 32) | ports);
-    h = hash_round(h, qp);
-    return (u32)fmix64(h);
+    u64 a = (u64)seed * RLB_HASH_K1 + RLB_HASH_K2, b = a ^ RLB_HASH_K1;
+    a = hash_round(a, s[0]);
+    b = hash_round(b, d[0]);
+    a = hash_round(a, s[1]);
+    b = hash_round(b, d[1]);
+    a = hash_round(a, ((u64)proto_label << 32) | ports);
+    b = hash_round(b, qp);
+    return (u32)fmix64(a ^ ((b << 32) | (b >> 32)));
 }
 
 #endif
