@@ -37,20 +37,18 @@ static __always_inline u32 fmix(u32 h)
 
 /* Hash of a flow: both addresses, next header + flow label, L4 ports, RoCEv2 dest QP (0 when
  * absent). Addresses are read as 64-bit words straight from the packet (unaligned loads are
- * fine where XDP runs; the bytes' order only has to be the same on every packet). Two lanes
- * (source side, destination side) run side by side: three dependent rounds instead of six. */
+ * fine where XDP runs; the bytes' order only has to be the same on every packet). Each word is
+ * multiplied by its own odd constant and the sum finalised (multilinear hashing): the six
+ * products are independent, so the chain is one multiply and the finaliser deep. */
 static __always_inline u32 flow_hash(u32 seed, const u8 *src, const u8 *dst, u32 proto_label,
                                      u32 ports, u32 qp)
 {
     const u64 *s = (const u64 *)src, *d = (const u64 *)dst;
-    u64 a = (u64)seed * RLB_HASH_K1 + RLB_HASH_K2, b = a ^ RLB_HASH_K1;
-    a = hash_round(a, s[0]);
-    b = hash_round(b, d[0]);
-    a = hash_round(a, s[1]);
-    b = hash_round(b, d[1]);
-    a = hash_round(a, ((u64)proto_label << 32) | ports);
-    b = hash_round(b, qp);
-    return (u32)fmix64(a ^ ((b << 32) | (b >> 32)));
+    u64 h = (u64)seed * RLB_HASH_K1 + RLB_HASH_K2;
+    h += s[0] * 0xA0761D6478BD642FULL + s[1] * 0xE7037ED1A0B428DBULL;
+    h += d[0] * 0x8EBC6AF09C88C6E3ULL + d[1] * 0x589965CC75374CC3ULL;
+    h += ((((u64)proto_label << 32) | ports) * 0x1D8E4E27C47D124FULL) + (u64)qp * RLB_HASH_K2;
+    return (u32)fmix64(h);
 }
 
 #endif
