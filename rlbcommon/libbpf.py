@@ -25,6 +25,9 @@ _lib.libbpf_num_possible_cpus.restype = ct.c_int
 _lib.bpf_map_lookup_batch.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_void_p,
                                       ct.c_void_p, ct.POINTER(ct.c_uint32), ct.c_void_p]
 _lib.bpf_map_lookup_batch.restype = ct.c_int
+_lib.bpf_map_update_batch.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p, ct.POINTER(ct.c_uint32),
+                                      ct.c_void_p]
+_lib.bpf_map_update_batch.restype = ct.c_int
 
 BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
 PERCPU_MAP_TYPES = {5, 6, 10}  # percpu_hash, percpu_array, lru_percpu_hash

@@ -124,6 +124,18 @@ class PinnedMap:
                 out[keys[i]] = self.leaf_type.from_buffer_copy(chunk)
         return out
 
+    def update_batch(self, writes: list[tuple[int, bytes]]):
+        """Array writes (index, value bytes) in one BPF_MAP_UPDATE_BATCH call, applied in list
+        order (an index may appear more than once: later wins, as separate updates would)."""
+        if not writes:
+            return
+        n, size = len(writes), ct.sizeof(self.leaf_type)
+        keys = (ct.c_uint32 * n)(*(k for k, _ in writes))
+        vals = ct.create_string_buffer(b"".join(v for _, v in writes), n * size)
+        count = ct.c_uint32(n)
+        check(lib.bpf_map_update_batch(self.fd, keys, vals, ct.byref(count), None),
+              f"batch update {self.path.name}")
+
     def clear(self):
         for k in list(self.keys()):
             self.delete(k)

@@ -11,7 +11,10 @@ bytes a concurrent reader cannot misuse: a way counts while route.mode is non-ze
     2. key and route, mode still 0 (nobody reads them yet),
     3. mode := the new mode        (one byte changes: the way is live, whole).
 Each step is one map update of the whole set, but every other byte is written with the value
-it already had.
+it already had. New /64s going into free ways can be deferred (defer() ... flush()): their step 2
+for all of them in one batch update, then their step 3 in another (cold programming of a whole
+table costs two syscalls, not two per route). Anything else flushes first, so the order of
+every other change is kept.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ class ExactTable:
         self.sets: dict[int, object] = {}        # set index -> its value as last written
         self.where: dict[int, tuple[int, int]] = {}   # key -> (set, way) of live entries
         self.waiting: dict[int, dict[int, object]] = {}   # set -> {key: route} without room
+        self._pending: list[tuple[int, int, int]] | None = None  # deferred (set, way, mode)
+        self._reserved: set[tuple[int, int]] = set()
 
     def index(self, key: int) -> int:
         return ((key * self.mult) & MASK64) >> (64 - self.bits)
@@ -73,6 +78,7 @@ class ExactTable:
         if key in self.where:
             idx, w = self.where[key]
             if bytes(self.sets[idx].way[w].route) != bytes(route):
+                self.flush()
                 self._write_way(idx, w, key, route)
             return
         idx = self.index(key)
@@ -81,10 +87,37 @@ class ExactTable:
             self.waiting.setdefault(idx, {})[key] = route
             return
         self.waiting.get(idx, {}).pop(key, None)
-        self._write_way(idx, w, key, route)
         self.where[key] = (idx, w)
+        if self._pending is None:
+            self._write_way(idx, w, key, route)
+            return
+        way = self._value(idx).way[w]             # a free way: only steps 2 and 3, later
+        way.key = key
+        ct.memmove(ct.addressof(way.route), ct.addressof(route), ct.sizeof(way.route))
+        self._pending.append((idx, w, way.route.mode))
+        self._reserved.add((idx, w))
+        way.route.mode = 0
+
+    def defer(self):
+        """From now on new /64s are written by flush() (in two batches)."""
+        if self._pending is None:
+            self._pending = []
+
+    def flush(self, stop: bool = False):
+        """Write what defer() held back; keep deferring unless stop."""
+        pending = self._pending
+        self._pending = None if stop or pending is None else []
+        if not pending:
+            return
+        sets = list(dict.fromkeys(idx for idx, _, _ in pending))
+        self.map.update_batch([(i, bytes(self.sets[i])) for i in sets])     # 2. key and route
+        for idx, w, mode in pending:
+            self.sets[idx].way[w].route.mode = mode
+        self._reserved.clear()
+        self.map.update_batch([(i, bytes(self.sets[i])) for i in sets])     # 3. live
 
     def remove(self, net: ipaddress.IPv6Network):
+        self.flush()
         key = key_of(net)
         idx = self.index(key)
         waiting = self.waiting.get(idx, {})
@@ -112,8 +145,10 @@ class ExactTable:
             idx, w = self.where.pop(key)
             self._set_mode(idx, w, 0)
         self.waiting = {}
+        self.defer()
         for key, (net, route) in keys.items():
             self.put(net, route)
+        self.flush(stop=True)
 
     # ---- writing a way in safe steps ------------------------------------------------------
     def _set(self, idx: int):
@@ -126,7 +161,8 @@ class ExactTable:
 
     def _free_way(self, idx: int) -> int | None:
         s = self._value(idx)
-        return next((w for w in range(self.ways) if not s.way[w].route.mode), None)
+        return next((w for w in range(self.ways)
+                     if not s.way[w].route.mode and (idx, w) not in self._reserved), None)
 
     def _set_mode(self, idx: int, w: int, mode: int):
         s = self._value(idx)

@@ -460,6 +460,7 @@ class SwitchTables:
                                      and (scope is None or scope(net))]
             if not todo and not gone:
                 return ch
+            self.exact.defer()             # new /64s written in two batches at the end
             try:
                 routes_map = self.dp.maps["routes"]
                 for net, route, cur in todo:
@@ -488,6 +489,7 @@ class SwitchTables:
                 self._collect()      # what a failed route acquired and nobody references
                 raise
             finally:
+                self.exact.flush(stop=True)
                 self._leave_stamp()
         if log.isEnabledFor(logging.DEBUG):
             for p in ch.added + ch.changed:

@@ -433,6 +433,26 @@ def test_exact_table_is_rebuilt_from_the_routes_on_adoption(fresh):
     assert exact64(xdp) == {"fc00:2::/64": 1}
 
 
+def test_exact_table_written_in_batches_by_one_apply(fresh):
+    """A batch defers its new /64s (two batch writes at the end); a longer prefix inside one of
+    them in the same batch, and a change of an existing /64, must still come out right."""
+    xdp = fresh
+    nh = lambda k: NextHop.parse(xdp.nh(k))
+    route(xdp, "fc00:7::/64", "pinned", [xdp.nh(0)])
+    many = [Route(f"fc00:5:0:{i:x}::/64", "pinned", [nh(i % 4)]) for i in range(300)]
+    xdp.dp.apply_routes(many + [Route("fc00:6::/64", "pinned", [nh(1)]),
+                                Route("fc00:6::5/128", "pinned", [nh(2)]),
+                                Route("fc00:7::/64", "pinned", [nh(3)])], merge=True)
+    got = exact64(xdp)
+    assert len(got) == 301 and "fc00:6::/64" not in got and "fc00:7::/64" in got
+    at = lambda dst: xdp.member_of(P.parse(xdp.run(roce(dst=dst))[1]).dmac)
+    assert [at(f"fc00:5:0:{i:x}::9") for i in range(300)] == [i % 4 for i in range(300)]
+    assert [at("fc00:6::5"), at("fc00:6::6"), at("fc00:7::1")] == [2, 1, 3]
+    assert xdp.dp.tables.exact._pending is None            # nothing left deferred
+    xdp.dp.del_route("fc00:6::5/128")                       # outside a batch: written at once
+    assert "fc00:6::/64" in exact64(xdp)
+
+
 def test_exact_table_full_set_falls_back_to_the_trie_until_a_way_frees(fresh):
     """More /64s hashing to one set than it has ways: the extra ones are answered by the trie
     (right, only slower), and take a way as soon as one frees up."""
