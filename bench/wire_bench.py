@@ -43,7 +43,7 @@ SINK_MAC = {k: f"02:00:00:00:0b:0{k}" for k in range(3)}
 OUT_MAC = {k: f"02:00:00:00:0c:0{k}" for k in range(3)}
 SRC = "fc00:1:1:1::a"
 DST = {"pinned": "fc00:2:0:1::1", "weighted": "fc00:2:0:2::1", "dlb": "fc00:2:0:3::1",
-       "pinned failing over": "fc00:2:0:4::1", "connected": "fc00:9::5"}
+       "pinned failing over": "fc00:2:0:4::1", "connected": "fc00:9::5", "spray": "fc00:2:0:5::1"}
 HOST_PATHS = {k: f"fc00:1:1:{k}::a" for k in range(1, 5)}
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 
@@ -215,6 +215,8 @@ def switch_cases(chain: Chain, args, results: list):
                                                                 for h in nh[:2]]))
             dp.add_route(Route("fc00:2:0:3::/64", "dlb", nh[:2]))
             dp.add_route(Route("fc00:2:0:4::/64", "pinned", [nh[2]], nh[:2]))
+            dp.add_route(Route("fc00:2:0:5::/64", "spray", [NextHop(h.ifname, mac=h.mac, weight=1)
+                                                             for h in nh[:2]]))
             dp.add_route(Route("fc00:9::/64", "connected", dev="out0"))
             dp.update_neighbour(dp.ifindex("out0"), "fc00:9::5", SINK_MAC[0])
             dp.set_port_up(dp.ifindex("out2"), False)     # the failover route's primary is down

@@ -23,6 +23,7 @@ BPF_TABLE_PINNED("percpu_array", u32, struct rlb_port_stats, port_stats, RLB_MAX
 BPF_TABLE_PINNED("percpu_array", u32, struct rlb_counter, nh_stats, RLB_MAX_NEXTHOPS,
                  PIN(nh_stats));
 BPF_TABLE_PINNED("percpu_array", u32, u64, reasons, RLB_R_MAX, PIN(reasons));
+BPF_TABLE_PINNED("percpu_array", u32, u32, spray_seq, 1, PIN(spray_seq));
 BPF_XDP_REDIRECT_MAP("devmap:" PIN(tx_ports), int, tx_ports, RLB_MAX_PORTS);
 
 #include "lib/stats.h"
@@ -48,6 +49,8 @@ struct pkt {
     u32 ports;         /* L4 source and dest ports as one word (wire order), 0 when none */
     u32 qp;            /* RoCEv2 BTH word holding the destination QP (wire order), 0 when none */
     u32 hash;
+    u32 spray;         /* per-packet choice: DLB without flowlets, ties by the packet's seq */
+    u32 seq;
 };
 
 static __always_inline void hash_packet(struct pkt *pk)
@@ -221,6 +224,12 @@ static __always_inline struct rlb_nexthop *dlb_select(struct rlb_group *g, struc
                                                       struct rlb_port **portp, u32 *idp)
 {
     u32 h = pk->hash;
+    if (pk->spray) {          /* per packet: the least loaded live member, no flowlet */
+        pk->hash = fmix(pk->seq * 0x9e3779b1);
+        u32 m = 0, id = dlb_pick(g, pk, &m);
+        *idp = id;
+        return usable_nh(id, portp);
+    }
     u32 idx = (h >> 8) & (RLB_FLOWLET_SETS - 1);
     struct rlb_flowlet_set *set = flowlets.lookup(&idx);
     if (!set)
@@ -303,6 +312,20 @@ static __always_inline u32 weighted_select(u32 gid, struct pkt *pk)
         return 0;
     u32 member = g->slot[pk->hash & (RLB_SLOTS - 1)];
     return g->member_nh[member & (RLB_MAX_MEMBERS - 1)];
+}
+
+/* The member of the next slot in this CPU's walk of the table (0 if the group is empty). */
+static __always_inline u32 spray_select(u32 gid, struct pkt *pk)
+{
+    struct rlb_group *g = groups.lookup(&gid);
+    u32 zero = 0;
+    u32 *seq = spray_seq.lookup(&zero);
+    if (!gid || !g || !g->n_members || !seq)
+        return 0;
+    pk->seq = *seq;
+    u32 slot = (pk->seq * RLB_SPRAY_STRIDE) & (RLB_SLOTS - 1);
+    *seq += 1;
+    return g->member_nh[g->slot[slot] & (RLB_MAX_MEMBERS - 1)];
 }
 
 /* ---- forward: MTU, devmap, then the rewrite (a failed redirect leaves the frame intact) -- */
@@ -405,6 +428,15 @@ int rlb_switch(struct xdp_md *ctx)
         break;
     case RLB_MODE_DLB:
         dlb_group = rt->group;
+        break;
+    case RLB_MODE_SPRAY:
+        nh = spray_select(rt->group, &pk);
+        nhp = usable_nh(nh, &port);
+        if (!nhp) {
+            count(RLB_R_EV_SPRAY_FALLBACK);
+            dlb_group = rt->group;
+            pk.spray = 1;
+        }
         break;
     default:
         return pass(RLB_R_PASS_NO_ROUTE);

@@ -26,7 +26,13 @@ enum rlb_mode {
     RLB_MODE_DLB       = 3,  /* flowlet switching on port quality */
     RLB_MODE_CONNECTED = 4,  /* last hop: neighbour MAC from the neighbours map */
     RLB_MODE_LOCAL     = 5,  /* addressed to this router: hand to the kernel */
+    RLB_MODE_SPRAY     = 6,  /* per packet over the group's slot table (reorder-tolerant peers) */
 };
+
+/* Spray walks the slot table with this odd stride (a permutation of the slots every
+ * RLB_SLOTS packets per CPU: each member gets exactly its share, and consecutive packets
+ * land far apart in the table, so on different members). */
+#define RLB_SPRAY_STRIDE    2531
 
 /* Why a packet was handed to the kernel, plus load-balancing events. Indexes of the per-CPU
  * reasons counter array. Forwarded packets are counted per egress port only (port_stats):
@@ -50,6 +56,7 @@ enum rlb_reason {
     RLB_R_EV_DLB_ASSIGN,      /* new flowlet assigned */
     RLB_R_EV_DLB_REASSIGN,    /* a known flow placed again (its flowlet ended or its member went) */
     RLB_R_EV_DLB_COLLISION,   /* flowlet set full of live flows: placed without an entry */
+    RLB_R_EV_SPRAY_FALLBACK,  /* spray slot's member down: per-packet DLB among live members */
     RLB_R_MAX,
 };
 
@@ -74,7 +81,7 @@ enum rlb_owner {
 struct rlb_route {
     u32 mode;      /* enum rlb_mode */
     u32 nexthop;   /* PINNED: primary next hop id */
-    u32 group;     /* PINNED: backup group; WEIGHTED, DLB: the group */
+    u32 group;     /* PINNED: backup group; WEIGHTED, DLB, SPRAY: the group */
     u32 ifindex;   /* CONNECTED: egress port */
     u32 port;      /* CONNECTED: its slot in ports */
     u32 owner;     /* enum rlb_owner */

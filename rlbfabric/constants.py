@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 
 U32_MAX = 2**32 - 1                 # the widest weight or counter a map field holds
+# How a switch turns a prefix's BGP paths into a route (rlbfabric/policy/compiler.py).
+POLICIES = ("dpf", "fare", "ecmp", "dlb", "spray")
 ROCE_PORT = 4791                    # RoCEv2's UDP destination port (IANA)
 METRICS_PORT = {"switch": 9471, "host": 9472, "coordinator": 9473}
 COORDINATOR_PORT = METRICS_PORT["coordinator"]   # the coordinator's API and /metrics share it

@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import addrplan
+from .constants import POLICIES
 
 NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
-POLICIES = ("dpf", "fare", "ecmp", "dlb")
 
 
 class FabricError(ValueError):

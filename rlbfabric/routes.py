@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from rlbfabric.constants import U32_MAX
 
-MODES = ("pinned", "weighted", "ecmp", "dlb", "connected", "local")
+MODES = ("pinned", "weighted", "ecmp", "dlb", "spray", "connected", "local")
 _MAC = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 
@@ -82,7 +82,7 @@ class Route:
         n = len(self.nexthops)
         if self.mode == "pinned" and n != 1:
             raise RouteError("pinned needs exactly one --via (the primary); add --backup for the rest")
-        if self.mode in ("weighted", "ecmp", "dlb") and n == 0:
+        if self.mode in ("weighted", "ecmp", "dlb", "spray") and n == 0:
             raise RouteError(f"{self.mode} needs at least one --via")
         if self.mode == "connected" and not self.dev:
             raise RouteError("connected needs --dev")

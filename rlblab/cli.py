@@ -84,6 +84,10 @@ def down(name: str = typer.Option("rlb", help="Lab name.")):
     left = [ns for ns in topo.list_ns() if ns.startswith(f"{name}-")]
     for ns in left:
         topo.del_ns(ns)
+    import shutil
+    from rlbcommon.paths import PIN_ROOT
+    for d in PIN_ROOT.glob(f"{name}-*"):      # pins of agents that died with their namespace
+        shutil.rmtree(d, ignore_errors=True)
     typer.echo(f"lab {name} is down")
 
 

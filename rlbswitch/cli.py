@@ -64,7 +64,7 @@ def route_add(
     prefix: str = typer.Argument(..., help="IPv6 prefix, e.g. fc00:1:1:1::/64"),
     mode: str = typer.Option(..., "--mode", "-m", help=f"One of: {', '.join(MODES)}."),
     via: Optional[List[str]] = typer.Option(None, "--via", help="Next hop: ADDR%IFACE or IFACE@MAC, "
-        "with =WEIGHT for weighted. Pinned: the primary. Repeat for groups."),
+        "with =WEIGHT for weighted and spray. Pinned: the primary. Repeat for groups."),
     backup: Optional[List[str]] = typer.Option(None, "--backup", help="Pinned: a backup next hop "
         "(DLB over the backups when the primary's port is down). Repeat."),
     dev: Optional[str] = typer.Option(None, help="Connected: the port the hosts are on."),
@@ -74,7 +74,10 @@ def route_add(
     Examples:\n
       rlbswitch route add fc00:2:1:1::/64 -m pinned --via fe80::1%eth1 --backup fe80::2%eth2\n
       rlbswitch route add fc00:2::/32 -m weighted --via fe80::1%eth1=3 --via fe80::2%eth2=1\n
-      rlbswitch route add fc00:2::/32 -m dlb --via fe80::1%eth1 --via fe80::2%eth2
+      rlbswitch route add fc00:2::/32 -m dlb --via fe80::1%eth1 --via fe80::2%eth2\n
+      rlbswitch route add fc00:2::/32 -m spray --via fe80::1%eth1=2 --via fe80::2%eth2=1\n
+    Modes: pinned (BGP-DPF), weighted and ecmp (per flow by slot table), dlb (flowlets),
+    spray (per packet by weight: only for peers that tolerate reordering), connected, local.
     """
     route = Route(prefix, mode, [NextHop.parse(v) for v in via or []],
                   [NextHop.parse(b) for b in backup or []], dev)

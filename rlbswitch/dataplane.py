@@ -29,7 +29,7 @@ SOURCE, HEADER = "rlb_switch.c", "rlb_switch.h"
 C = constants(HEADER)
 MODE_IDS = {"pinned": C["RLB_MODE_PINNED"], "weighted": C["RLB_MODE_WEIGHTED"],
             "dlb": C["RLB_MODE_DLB"], "connected": C["RLB_MODE_CONNECTED"],
-            "local": C["RLB_MODE_LOCAL"]}
+            "local": C["RLB_MODE_LOCAL"], "spray": C["RLB_MODE_SPRAY"]}
 MODE_NAMES = {v: k for k, v in MODE_IDS.items()}
 OWNER_NAMES = enum_names(HEADER, "RLB_OWNER_")                      # id -> name
 OWNERS = {v: k for k, v in OWNER_NAMES.items()}                      # name -> id

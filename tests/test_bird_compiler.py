@@ -142,6 +142,18 @@ def test_fare_needs_every_path_to_carry_the_community():
     assert c.route.mode == "ecmp" and "not every path" in c.why
 
 
+def test_spray_policy_weights_packets_by_path_bandwidth():
+    """draft-fare-scale-up §3.2: the same FARE weights, per packet; equal without the community."""
+    gbps = 1.25e8
+    links = {"eth-s1": 10 * gbps, "eth-s2": 5 * gbps}
+    paths = [bgp("fc00:1:1:1::/64", s, pathbw=10 * gbps) for s in (1, 2)]
+    c = compile_prefix("fc00:1:1:1::/64", paths, "spray", links.__getitem__)
+    assert c.route.mode == "spray" and [h.weight for h in c.route.nexthops] == [10000, 5000]
+    c = compile_prefix("fc00:1:1:1::/64", [bgp("fc00:1::/64", 1), bgp("fc00:1::/64", 2)], "spray",
+                       links.__getitem__)
+    assert c.route.mode == "spray" and {h.weight for h in c.route.nexthops} == {1}
+
+
 def test_fare_5_stage_values():
     """§4.2 with L1@PoD-1 -> S1@PoD-1 -> SS1..4@Plane-1 -> S1@PoD-8 -> L1@PoD-8."""
     gbps = 1.25e8

@@ -162,6 +162,38 @@ def test_weighted_member_down_falls_back_to_live_members(fresh):
     assert xdp.reasons()["ev_weighted_fallback"] - ev == before.count(1)
 
 
+# ---- spray: per packet, by weight (draft-fare-scale-up §3.2) ----------------------------
+
+def test_spray_splits_one_flow_per_packet_by_weight(fresh):
+    """One flow, 100k packets: every member gets its weight's share (within 1 point; the
+    walk of the slot table makes it exact per 4096 packets and CPU), and consecutive packets
+    go to different members."""
+    xdp = fresh
+    weights = [4, 2, 1, 1]
+    route(xdp, "fc00:2::/64", "spray", [xdp.nh(k, w) for k, w in enumerate(weights)])
+    frame = roce()
+    got = members(xdp, [frame] * 100_000)
+    for k, w in enumerate(weights):
+        assert abs(got.count(k) / len(got) - w / sum(weights)) < 0.01, (k, got.count(k))
+    assert len(set(got[:4])) >= 3                      # not a flow pinned to one member
+    runs = sum(a == b for a, b in zip(got, got[1:])) / len(got)
+    assert runs < 0.5                                  # mostly a different member each packet
+
+
+def test_spray_member_down_sprays_over_the_live_ones(fresh):
+    xdp = fresh
+    route(xdp, "fc00:2::/64", "spray", [xdp.nh(k) for k in range(4)])
+    xdp.port_up(2, False)
+    ev = xdp.reasons()["ev_spray_fallback"]
+    got = members(xdp, [roce()] * 4000)
+    assert 2 not in got
+    for k in (0, 1, 3):                                # per packet still: all live ones used
+        assert abs(got.count(k) / len(got) - 1 / 3) < 0.05, (k, got.count(k))
+    assert xdp.reasons()["ev_spray_fallback"] - ev == 1000   # the dead member's share
+    xdp.port_up(2, True)
+    assert members(xdp, [roce()] * 4096).count(2) == 1024
+
+
 # ---- pinned: failover to the backup group ----------------------------------------------
 
 def test_pinned_fails_over_to_backups_by_dlb_and_returns(fresh):

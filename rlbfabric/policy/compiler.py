@@ -6,6 +6,8 @@
     fare  weighted by FARE path bandwidth (plain ECMP unless every path carries it)
     ecmp  equal weights
     dlb   flowlet DLB over all paths
+    spray per packet, weighted by FARE path bandwidth (equal without it): draft-fare-scale-up
+          §3.2, for planes whose QPs tolerate reordering
 Only BGP paths with a next hop are compiled; connected prefixes come from interface addresses."""
 from __future__ import annotations
 
@@ -16,10 +18,10 @@ from typing import Callable, Iterable
 
 from . import pathbw
 from rlbfabric.bird.ctl import DEFAULT_PATHBW_SUBTYPE, BirdPath
+from ..constants import POLICIES
 from ..routes import NextHop, Route
 
 log = logging.getLogger(__name__)
-POLICIES = ("dpf", "fare", "ecmp", "dlb")
 INFINITE = float("inf")
 
 
@@ -60,15 +62,19 @@ def compile_prefix(net: str, paths: list[BirdPath], policy: str, link_bw: Callab
         return Compiled(Route(net, "pinned", [hops[best]], backups), why + f", {len(backups)} DLB backups")
     if policy == "dlb":
         return Compiled(Route(net, "dlb", hops), f"DLB over {len(hops)} paths")
-    if policy == "fare":
+    if policy in ("fare", "spray"):
+        mode, how = ("weighted", "FARE") if policy == "fare" else ("spray", "spray, FARE")
         bws = [p.path_bandwidth(subtype) for p in usable]
         w = pathbw.weights([link_bw(p.iface) for p in usable], bws, homes)
         if w is None:
+            if policy == "spray":
+                return Compiled(Route(net, "spray", hops),
+                                f"spray evenly over {len(hops)} paths: not every path carries path bandwidth")
             return Compiled(Route(net, "ecmp", hops), "ECMP: not every path carries path bandwidth")
         units = pathbw.to_weight_units(w)
-        return Compiled(Route(net, "weighted", [NextHop(h.ifname, h.gateway, weight=u)
-                                                for h, u in zip(hops, units)]),
-                        f"FARE weights {units} Mb/s (homed on {homes})")
+        return Compiled(Route(net, mode, [NextHop(h.ifname, h.gateway, weight=u)
+                                          for h, u in zip(hops, units)]),
+                        f"{how} weights {units} Mb/s (homed on {homes})")
     if policy == "ecmp":
         return Compiled(Route(net, "ecmp", hops), f"ECMP over {len(hops)} paths")
     raise ValueError(f"policy {policy!r}: choose one of {', '.join(POLICIES)}")
