@@ -102,26 +102,33 @@ class PinnedMap:
             if v is not None:
                 yield k, v
 
-    def array_values(self) -> list:
-        """Every slot of an array map in one BPF_MAP_LOOKUP_BATCH call (not per-CPU maps):
-        scanning a 4096-entry table costs one syscall instead of 4096. All-zero slots
-        come back as None."""
-        n = self.max_entries
+    def array_bytes(self) -> bytes:
+        """Every slot of an array map, in index order, as one buffer read by a single
+        BPF_MAP_LOOKUP_BATCH call (not per-CPU maps)."""
+        n, size = self.max_entries, ct.sizeof(self.leaf_type)
         keys = (ct.c_uint32 * n)()
-        vals = ct.create_string_buffer(ct.sizeof(self.leaf_type) * n)
+        vals = ct.create_string_buffer(size * n)
         token = ct.c_uint32()
         count = ct.c_uint32(n)
         ret = lib.bpf_map_lookup_batch(self.fd, None, ct.byref(token), keys, vals,
                                        ct.byref(count), None)
         if ret < 0 and ct.get_errno() != 2:  # ENOENT: the batch reached the end
             check(ret, f"batch lookup {self.path.name}")
+        if count.value != n or (n and keys[n - 1] != n - 1):
+            raise OSError(f"batch lookup {self.path.name}: {count.value} of {n} slots")
+        return vals.raw
+
+    def array_values(self) -> list:
+        """Every slot of an array map in one BPF_MAP_LOOKUP_BATCH call (not per-CPU maps):
+        scanning a 4096-entry table costs one syscall instead of 4096. All-zero slots
+        come back as None."""
         size = ct.sizeof(self.leaf_type)
-        raw, empty = vals.raw, bytes(size)
-        out = [None] * n
-        for i in range(count.value):
+        raw, empty = self.array_bytes(), bytes(size)
+        out = [None] * self.max_entries
+        for i in range(self.max_entries):
             chunk = raw[i * size:(i + 1) * size]
             if chunk != empty:  # decode only used slots: the table is mostly empty
-                out[keys[i]] = self.leaf_type.from_buffer_copy(chunk)
+                out[i] = self.leaf_type.from_buffer_copy(chunk)
         return out
 
     def update_batch(self, writes: list[tuple[int, bytes]]):

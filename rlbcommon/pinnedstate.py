@@ -32,6 +32,7 @@ class PinnedState:
         self._ipr = None
         self._thread_lock = threading.RLock()
         self._lock_depth = 0
+        self._part_locks: dict[str, threading.Lock] = {}
 
     @property
     def ipr(self) -> IPRoute:
@@ -70,6 +71,20 @@ class PinnedState:
                     yield
                 finally:
                     self._lock_depth = 0
+                    fcntl.flock(f, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def locked_part(self, part: str):
+        """A lock of its own for one small map that a hot path rewrites (the switch's port
+        liveness), so that it never waits behind a long step under locked() such as a
+        reload of the route model. Taken after locked() when both are needed, never before."""
+        with self._part_locks.setdefault(part, threading.Lock()):
+            RUN_DIR.mkdir(parents=True, exist_ok=True)
+            with open(RUN_DIR / f"{self.instance}-{self.component}-{part}.lock", "w") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
                     fcntl.flock(f, fcntl.LOCK_UN)
 
     def compile(self):

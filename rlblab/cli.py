@@ -75,6 +75,33 @@ def up(
 
 
 @app.command()
+def scenario(
+    name: Optional[str] = typer.Argument(None, help="The scenario to run (see --list)."),
+    list_: bool = typer.Option(False, "--list", help="List the scenarios: name, source, what it shows."),
+    lab_name: str = typer.Option("rlbsn", "--name", help="Name of the lab the scenario builds (and tears down)."),
+):
+    """Run one of the seeds' worked examples on the lab it needs and print what was measured,
+    with PASS/FAIL against the document's expectation (exit 1 on FAIL).
+
+    Examples:\n
+      rlblab scenario --list\n
+      rlblab scenario juniper-fig13
+    """
+    from .scenarios import SCENARIOS, run_scenario
+    if list_ or name is None:
+        for s in SCENARIOS.values():
+            typer.echo(f"{s.name:<20} {s.source:<36} {s.summary} [lab/{s.fabric}, ~{s.minutes:g} min]")
+        if name is None and not list_:
+            raise typer.Exit(2)
+        return
+    if name not in SCENARIOS:
+        raise typer.BadParameter(f"no scenario {name!r}; choose one of: {', '.join(SCENARIOS)}",
+                                 param_hint="NAME")
+    if not run_scenario(name, lab_name, echo=typer.echo):
+        raise typer.Exit(1)
+
+
+@app.command()
 def down(name: str = typer.Option("rlb", help="Lab name.")):
     """Tear the lab down: agents, bird, namespaces, pinned maps. Leaves nothing behind."""
     if _state(name).exists():

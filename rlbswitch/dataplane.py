@@ -200,7 +200,7 @@ class SwitchDataplane(PinnedState):
         """Make a port usable as ingress and egress: port state, devmap slot, counters.
         speed_mbps overrides what ethtool reports (veths claim 10 Gb/s whatever they carry);
         it sizes the port's DLB quality bands. Without it a re-registration keeps the bands."""
-        with self.locked():
+        with self.locked(), self.locked_part("ports"):
             ports = self.maps["ports"]
             slots = self.port_slots()
             if ifindex in slots:
@@ -234,8 +234,9 @@ class SwitchDataplane(PinnedState):
         return bool(flags & IFF_UP) and bool(flags & IFF_LOWER_UP)
 
     def set_port_up(self, ifindex: int, up: bool, mtu: int | None = None) -> bool:
-        """Liveness (and MTU) from netlink; returns True when the liveness changed."""
-        with self.locked():
+        """Liveness (and MTU) from netlink; returns True when the liveness changed. Under the
+        port map's own lock only: a carrier loss must not wait for a route-model reload."""
+        with self.locked_part("ports"):
             found = self.port_slot(ifindex)
             if found is None:
                 return False
@@ -251,7 +252,7 @@ class SwitchDataplane(PinnedState):
 
     def remove_port(self, ifindex: int) -> bool:
         """The interface is gone: its slot is freed, so nothing is ever sent to it again."""
-        with self.locked():
+        with self.locked_part("ports"):
             found = self.port_slot(ifindex)
             if found is None:
                 return False

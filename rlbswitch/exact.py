@@ -23,6 +23,7 @@ import ipaddress
 import sys
 
 MASK64 = (1 << 64) - 1
+_NONZERO = bytes([0] + [1] * 255)           # bytes.translate table: any non-zero byte -> 1
 
 
 def key_of(net: ipaddress.IPv6Network) -> int:
@@ -54,11 +55,21 @@ class ExactTable:
 
     # ---- reading back (adoption) -------------------------------------------------------
     def load(self):
-        """Adopt what the map holds (one batch read)."""
+        """Adopt what the map holds: one batch read, and only the sets holding any non-zero
+        byte are decoded. They are found at C speed (non-zero bytes translated to 1, then
+        find() jumps from one used set to the next): the table is 8 MiB and mostly empty,
+        and a reload runs under the lock that carrier changes also wait for."""
         self.sets, self.where, self.waiting = {}, {}, {}
-        for idx, s in enumerate(self.map.array_values()):
-            if s is None:
-                continue
+        raw = self.map.array_bytes()
+        size = ct.sizeof(self.map.leaf_type)
+        flags = raw.translate(_NONZERO)
+        used, pos = [], flags.find(1)
+        while pos >= 0:
+            idx = pos // size
+            used.append(idx)
+            pos = flags.find(1, (idx + 1) * size)
+        for idx in used:
+            s = self.map.leaf_type.from_buffer_copy(raw, idx * size)
             self.sets[idx] = s
             for w in range(self.ways):
                 if s.way[w].route.mode:

@@ -92,24 +92,11 @@ def test_fare_measured_split_follows_path_bandwidth(lab):
     2 points, as measured on the spines' counters. The switch's hash seed is random per start,
     so the split is a fresh binomial sample each run: sigma = sqrt(2/9/12000) = 0.43 points,
     and 2 points is 4.6 sigma (3000 QPs gave 2.3 sigma and failed about one run in fifty)."""
-    import random
-    from rlblab.traffic import Flow, open_raw, send
-    a, b = lab.host_addresses("h2"), lab.host_addresses("h1")
-    rnd = random.Random(4)
-    flows = [Flow(a[2], b[2], rnd.randrange(1024, 65536), rnd.getrandbits(24)) for _ in range(12000)]
-    sock = open_raw(lab.ns("h2"), "eth0")
-    before = lab.link_counts("l2")
-    try:
-        send(sock, flows, 1, dmac=topo.mac(lab.ns("l2"), "eth-h2"), smac=topo.mac(lab.ns("h2"), "eth0"),
-             payload_len=400)
-        time.sleep(0.3)
-    finally:
-        sock.close()
-    after = lab.link_counts("l2")
-    got = {k: after[k] - before[k] for k in after}
-    share = got["s1"] / sum(got.values())
-    print(f"\nFARE split over s1:s2 = {share:.3f} (weights 10000:5000 -> 0.667)")
-    assert abs(share - 2 / 3) < 0.02
+    from rlblab.scenarios import SCENARIOS, format_checks
+    checks = SCENARIOS["fare-4.1"].run(lab)        # what `rlblab scenario fare-4.1` runs
+    print("\n" + format_checks(SCENARIOS["fare-4.1"], checks))
+    assert all(c.ok for c in checks)
+    assert abs(checks[0].measured - 2 / 3) < 0.02
 
 
 def send_qps(lab, n_qps, packets, rate=None, during=None):
