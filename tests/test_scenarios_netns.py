@@ -59,7 +59,7 @@ def test_scale_up_3_2_one_qp_sprayed_per_packet_by_the_switches():
     with fabric_lab(LAB_DIR / "fabric-spray.toml", "rlbsp") as lab:
         checks = passes("scaleup-3.2-spray", lab)
         assert len(checks[1].measured) == 4                  # all four uplinks carried it
-        assert lab.routes("l1")["fc00:1:2:1::/64"]["mode"] == "pinned"   # only fc00:2::/32 sprays
+        assert lab.routes("l2")["fc00:1:1:1::/64"]["mode"] == "pinned"   # only fc00:2::/32 sprays
 
 
 def test_scenario_cli_lists_every_scenario_and_refuses_unknown_names():
