@@ -184,6 +184,12 @@ static __always_inline struct rlb_nexthop *usable_nh(u32 id, struct rlb_port **p
 }
 
 /* ---- select ---------------------------------------------------------------------------- */
+/* The next hop owning a slot of the group's weighted table. */
+static __always_inline u32 slot_member(struct rlb_group *g, u32 slot)
+{
+    return g->member_nh[g->slot[slot & (RLB_SLOTS - 1)] & (RLB_MAX_MEMBERS - 1)];
+}
+
 /* The live member a new flowlet takes: lowest quality band, ties by a per-member rendezvous
  * hash so flows spread evenly and a member change moves only the flows that preferred it. */
 static __always_inline u32 dlb_pick(struct rlb_group *g, struct pkt *pk, u32 *memberp)
@@ -256,7 +262,7 @@ static __always_inline struct rlb_nexthop *dlb_select(struct rlb_group *g, struc
     }
     if (!known && !room) {
         count(RLB_R_EV_DLB_COLLISION);
-        u32 id = g->member_nh[g->slot[h & (RLB_SLOTS - 1)] & (RLB_MAX_MEMBERS - 1)];
+        u32 id = slot_member(g, h);
         if ((nh = usable_nh(id, portp))) {
             *idp = id;
             return nh;
@@ -310,8 +316,7 @@ static __always_inline u32 weighted_select(u32 gid, struct pkt *pk)
     struct rlb_group *g = groups.lookup(&gid);
     if (!gid || !g || !g->n_members)
         return 0;
-    u32 member = g->slot[pk->hash & (RLB_SLOTS - 1)];
-    return g->member_nh[member & (RLB_MAX_MEMBERS - 1)];
+    return slot_member(g, pk->hash);
 }
 
 /* The member of the next slot in this CPU's walk of the table (0 if the group is empty). */
@@ -323,9 +328,8 @@ static __always_inline u32 spray_select(u32 gid, struct pkt *pk)
     if (!gid || !g || !g->n_members || !seq)
         return 0;
     pk->seq = *seq;
-    u32 slot = (pk->seq * RLB_SPRAY_STRIDE) & (RLB_SLOTS - 1);
     *seq += 1;
-    return g->member_nh[g->slot[slot] & (RLB_MAX_MEMBERS - 1)];
+    return slot_member(g, pk->seq * RLB_SPRAY_STRIDE);
 }
 
 /* ---- forward: MTU, devmap, then the rewrite (a failed redirect leaves the frame intact) -- */

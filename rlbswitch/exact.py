@@ -78,10 +78,6 @@ class ExactTable:
                     else:
                         self.where[s.way[w].key] = (idx, w)
 
-    def entries(self) -> dict[int, bytes]:
-        """key -> route bytes of every live way (tests, status)."""
-        return {k: bytes(self.sets[i].way[w].route) for k, (i, w) in self.where.items()}
-
     # ---- changes -------------------------------------------------------------------------
     def put(self, net: ipaddress.IPv6Network, route):
         """Make net's /64 answer with route (a ctypes struct rlb_route)."""

@@ -137,24 +137,13 @@ class SwitchTables:
         for rt in self.routes.values():
             self._ref(rt, +1)
         self._fast_rebuild()
-        # orphans: what a crash left between writing and switching (or before freeing)
-        orphans = [g for g in self.group_by_id.values() if g.refs == 0]
-        for g in orphans:
-            self.dp.maps["groups"].zero(g.id)
-            del self.group_by_id[g.id]
-            if self.group_by_key.get(g.key) is g:
-                del self.group_by_key[g.key]
         for g in self.group_by_id.values():
             for nid in g.members:
                 self.nh_by_id[nid].refs += 1
-        lost = [n for n in self.nh_by_id.values() if n.refs == 0]
-        for n in lost:
-            self.dp.maps["nexthops"].zero(n.id)
-            del self.nh_by_id[n.id]
-            if self.nh_by_key.get(n.key) is n:
-                del self.nh_by_key[n.key]
         self.free_nh = _FreeIds(self.C["RLB_MAX_NEXTHOPS"], set(self.nh_by_id))
         self.free_group = _FreeIds(self.C["RLB_MAX_GROUPS"], set(self.group_by_id))
+        # orphans: what a crash left between writing and switching (or before freeing)
+        orphans, lost = self._collect()
         if orphans or lost:
             log.info("adoption reclaimed %d orphan groups and %d orphan next hops", len(orphans), len(lost))
         self.stamp = self._read_stamp()
@@ -518,11 +507,15 @@ class SwitchTables:
             self._leave_stamp()
         return True
 
-    def _collect(self):
-        for g in [g for g in self.group_by_id.values() if g.refs == 0]:
-            self._free_group(g)
-        for n in [n for n in self.nh_by_id.values() if n.refs == 0]:
+    def _collect(self) -> tuple[list, list]:
+        """Free every group and next hop nobody references; returns them."""
+        groups = [g for g in self.group_by_id.values() if g.refs == 0]
+        for g in groups:
+            self._free_group(g)                      # drops its members' references
+        nhs = [n for n in self.nh_by_id.values() if n.refs == 0]
+        for n in nhs:
             self._free_nh(n)
+        return groups, nhs
 
     # ---- neighbours -----------------------------------------------------------------------
     def update_neighbour(self, ifindex: int, address: str, mac: str | None) -> int:

@@ -110,6 +110,16 @@ def fabric_lab(fabric_file, name: str, timeout: float = 120, **kw):
     assert not [ns for ns in topo.list_ns() if ns.startswith(f"{name}-")]
 
 
+def scenario_passes(name: str, lab) -> list:
+    """Run a registered scenario (what `rlblab scenario NAME` runs) on a test's lab; every
+    check must pass. Returns the checks for assertions of the test's own."""
+    from rlblab.scenarios import SCENARIOS, format_checks
+    checks = SCENARIOS[name].run(lab)
+    print("\n" + format_checks(SCENARIOS[name], checks))
+    assert checks and all(c.ok for c in checks), format_checks(SCENARIOS[name], checks)
+    return checks
+
+
 def roce(dst="fc00:2::1", sport=49152, qp=1, **kw) -> bytes:
     return P.roce_frame("fc00:1::1", dst, sport, qp, **kw)
 

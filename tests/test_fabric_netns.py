@@ -16,7 +16,7 @@ from rlblab import topo
 from rlblab.traffic import QpReceiver, QpSender
 from rlbfabric.bird.ctl import BirdClient
 
-from .conftest import fabric_lab
+from .conftest import fabric_lab, scenario_passes
 
 pytestmark = pytest.mark.netns
 FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric-2x2.toml"
@@ -92,10 +92,7 @@ def test_fare_measured_split_follows_path_bandwidth(lab):
     2 points, as measured on the spines' counters. The switch's hash seed is random per start,
     so the split is a fresh binomial sample each run: sigma = sqrt(2/9/12000) = 0.43 points,
     and 2 points is 4.6 sigma (3000 QPs gave 2.3 sigma and failed about one run in fifty)."""
-    from rlblab.scenarios import SCENARIOS, format_checks
-    checks = SCENARIOS["fare-4.1"].run(lab)        # what `rlblab scenario fare-4.1` runs
-    print("\n" + format_checks(SCENARIOS["fare-4.1"], checks))
-    assert all(c.ok for c in checks)
+    checks = scenario_passes("fare-4.1", lab)      # what `rlblab scenario fare-4.1` runs
     assert abs(checks[0].measured - 2 / 3) < 0.02
 
 

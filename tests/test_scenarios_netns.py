@@ -10,18 +10,11 @@ import pytest
 
 from rlbcommon import netns
 from rlbhost.dataplane import HostDataplane
-from rlblab.scenarios import LAB_DIR, SCENARIOS, format_checks
+from rlblab.scenarios import LAB_DIR, SCENARIOS
 
-from .conftest import fabric_lab
+from .conftest import fabric_lab, scenario_passes as passes
 
 pytestmark = pytest.mark.netns
-
-
-def passes(name: str, lab) -> list:
-    checks = SCENARIOS[name].run(lab)
-    print("\n" + format_checks(SCENARIOS[name], checks))
-    assert checks and all(c.ok for c in checks), format_checks(SCENARIOS[name], checks)
-    return checks
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,10 @@
-/* Flow hashing: 64-bit multiply-rotate rounds over whole words and the murmur3 finaliser.
- * Seedable, so switches with different seeds do not polarise; about a third of the
- * instructions of byte-wise murmur3 rounds. */
+/* Flow hashing: whole 64-bit words, each multiplied by its own constant, and the murmur3
+ * finaliser. Seedable, so switches with different seeds do not polarise. */
 #ifndef RLB_LIB_HASH_H
 #define RLB_LIB_HASH_H
 
 #define RLB_HASH_K1 0x9E3779B97F4A7C15ULL
 #define RLB_HASH_K2 0xC2B2AE3D27D4EB4FULL
-
-static __always_inline u64 hash_round(u64 h, u64 w)
-{
-    h ^= w * RLB_HASH_K2;
-    h = (h << 31) | (h >> 33);
-    return h * RLB_HASH_K1;
-}
 
 static __always_inline u64 fmix64(u64 h)
 {
