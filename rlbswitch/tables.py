@@ -87,7 +87,7 @@ class _FreeIds:
         return self.free.pop()
 
     def give(self, i: int):
-        self.free.append(i)     # reused last: a freed id is not rewritten at once
+        self.free.insert(0, i)  # reused last (take() pops the end): a freed id is not rewritten at once
 
     def __len__(self):
         return len(self.free)

@@ -209,3 +209,13 @@ def test_sigkill_at_random_instants_under_churn_leaves_nothing_adoption_cannot_r
         t.apply([pinned("fc00:ffff::/64", 0, [1, 2])], merge=True)
         check(tables.dp)
     print(f"\nafter each kill: (groups, next hops) in use {reclaimed}")
+
+
+def test_a_freed_id_is_reused_last():
+    """A packet that read a route just before its switch-over may still look its old group up:
+    the freed id must not be handed out (and rewritten) while other ids are free."""
+    from rlbswitch.tables import _FreeIds
+    ids = _FreeIds(5, {1})
+    a = ids.take("x")
+    ids.give(a)
+    assert [ids.take("x") for _ in range(3)] == [3, 4, a]
