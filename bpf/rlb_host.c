@@ -9,6 +9,10 @@
  * ingress: path -> base addresses, byte for byte except hop limit (RoCE's ICRC covers the
  *          addresses, so the stack must see what the sender's stack built), and the path is
  *          remembered so this side answers a peer-initiated QP on the same path.
+ * ports mode (RLBH_F_PORTS, FARE scale-up): egress runs on the device the kernel routes the
+ *          peers' loopbacks to and sends each packet out of its path's port (a plane's
+ *          sub-port) with the link's MACs: QPs by the same conntrack and weights, other traffic
+ *          by flow hash and weight. No address changes, so no ingress program.
  * Compiled by bcc with -DRLB_PIN_DIR="..." so both programs and every agent share the maps. */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -17,6 +21,7 @@
 #include "lib/parse.h"
 #include "lib/stats.h"
 #include "lib/csum.h"
+#include "lib/hash.h"
 #define IP6_OFF    ETH_HLEN
 #define SADDR_OFF  (ETH_HLEN + 8)
 #define DADDR_OFF  (ETH_HLEN + 24)
@@ -45,6 +50,7 @@ struct parsed {
     u16 dport;
     u32 qp;
     u32 len;
+    u32 proto;                    /* IPv6 next header (set for every IPv6 packet) */
 };
 
 static __always_inline void count(u32 reason)
@@ -95,7 +101,9 @@ static __always_inline int is_roce_port(struct rlbh_config *cfg, u16 port)
     return 0;
 }
 
-/* Parse Ethernet/IPv6/UDP(/BTH); returns a reason >= 0 to pass, or -1 when it is RoCE. */
+/* Parse Ethernet/IPv6/UDP(/BTH); returns a reason >= 0 to pass, or -1 when it is RoCE. The
+ * addresses, protocol and (UDP/TCP) ports are filled in for every IPv6 packet: ports mode
+ * places the rest of the traffic by them. */
 static __always_inline int parse(struct __sk_buff *skb, struct rlbh_config *cfg, struct parsed *p)
 {
     void *data = (void *)(long)skb->data;
@@ -106,24 +114,25 @@ static __always_inline int parse(struct __sk_buff *skb, struct rlbh_config *cfg,
         return RLBH_R_PASS_NOT_IPV6;
     if (r != RLB_PARSE_OK)
         return RLBH_R_PASS_MALFORMED;
+    __builtin_memcpy(p->saddr, l3.ip6->saddr.in6_u.u6_addr8, 16);
+    __builtin_memcpy(p->daddr, l3.ip6->daddr.in6_u.u6_addr8, 16);
+    p->proto = l3.proto;
+    p->len = skb->len;
     if (l3.proto == IPPROTO_FRAGMENT)
         return RLBH_R_PASS_FRAGMENT;
-    if (l3.proto != IPPROTO_UDP)
+    if (l3.proto != IPPROTO_UDP && l3.proto != IPPROTO_TCP)
         return RLBH_R_PASS_NOT_ROCE;
-    struct udphdr *uh = l3.l4;
+    struct udphdr *uh = l3.l4;    /* TCP's ports sit where UDP's do */
     if ((void *)(uh + 1) > data_end)
         return RLBH_R_PASS_MALFORMED;
-    if (!is_roce_port(cfg, ntohs(uh->dest)))
+    p->sport = ntohs(uh->source);
+    p->dport = ntohs(uh->dest);
+    if (l3.proto != IPPROTO_UDP || !is_roce_port(cfg, p->dport))
         return RLBH_R_PASS_NOT_ROCE;
     s32 qp = bth_dest_qp((u8 *)(uh + 1), data_end);
     if (qp < 0)
         return RLBH_R_PASS_MALFORMED;
-    __builtin_memcpy(p->saddr, l3.ip6->saddr.in6_u.u6_addr8, 16);
-    __builtin_memcpy(p->daddr, l3.ip6->daddr.in6_u.u6_addr8, 16);
-    p->sport = ntohs(uh->source);
-    p->dport = ntohs(uh->dest);
     p->qp = qp;
-    p->len = skb->len;
     return -1;
 }
 
@@ -158,7 +167,10 @@ static __always_inline u32 eff_weight(struct rlbh_weights *w, u32 i)
 }
 
 /* Weighted least-active: the path minimising (active + 1) / weight; ties go to the first path
- * from `start` on, so hosts that start at different places spread before they meet. */
+ * from `start` on, so hosts that start at different places spread before they meet. Paths in
+ * groups (a plane's sub-ports) are chosen flat here, by per-path weights that are the plane's
+ * path bandwidth over its live sub-ports; the agent's sweep keeps each plane within one QP of
+ * its share (a two-level choice here is more than the verifier will walk). */
 static __always_inline u32 least_active(struct rlbh_weights *w, u32 start)
 {
     u32 best = RLBH_MAX_PATHS;
@@ -191,6 +203,26 @@ static __always_inline u32 spray(struct rlbh_weights *w)
     if (!total)
         return RLBH_MAX_PATHS;
     u64 r = (((u64)bpf_get_prandom_u32() << 32) | bpf_get_prandom_u32()) % total;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
+        u32 wt = eff_weight(w, i);
+        if (r < wt)
+            return i;
+        r -= wt;
+    }
+    return RLBH_MAX_PATHS;
+}
+
+/* Weighted choice by a flow hash: one flow stays on one path while the weights stand. */
+static __always_inline u32 hash_pick(struct rlbh_weights *w, u32 h)
+{
+    u64 total = 0;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < RLBH_MAX_PATHS; i++)
+        total += eff_weight(w, i);
+    if (!total)
+        return RLBH_MAX_PATHS;
+    u64 r = h % total;
 #pragma clang loop unroll(disable)
     for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
         u32 wt = eff_weight(w, i);
@@ -274,55 +306,94 @@ static __always_inline int prologue(struct __sk_buff *skb, struct rlbh_config **
     struct rlbh_config *cfg = config.lookup(&zero);
     if (!cfg)
         return RLBH_R_PASS_NO_PATH;
+    *cfgp = cfg;
     int r = parse(skb, cfg, p);
     if (r >= 0)
         return r;
+    if (cfg->flags & RLBH_F_PORTS)
+        return -1;                /* no base path: every port carries the loopback as it is */
     u32 base_idx = cfg->base;
     struct rlbh_path *base = paths.lookup(&base_idx);
     if (!base || !base->valid)
         return RLBH_R_PASS_NO_PATH;
-    *cfgp = cfg;
     *basep = base;
     return -1;
 }
 
+/* Address mode: only QPs from the base path's address to a peer's base address are placed;
+ * returns a reason >= 0 to pass the packet, -1 to go on. */
+static __always_inline int addresses_to_place(struct rlbh_config *cfg, struct rlbh_path *base,
+                                              struct parsed *p)
+{
+    if (!same16(p->saddr, base->addr)) {
+        /* an application (or NCCL plugin) that picked a path address itself is left alone */
+        u32 unused;
+        if (path_of_addr(p->saddr, &unused) < RLBH_MAX_PATHS)
+            return RLBH_R_PASS_APP_CHOSE;
+        return RLBH_R_PASS_NOT_BASE;
+    }
+    if (field_value(p->daddr, cfg->field) != base->value)
+        return RLBH_R_PASS_APP_CHOSE;  /* addressed to one of the peer's path addresses */
+    return -1;
+}
+
+/* Address mode rewrites a QP's addresses to its path's; ports mode (RLBH_F_PORTS) sends RoCE by
+ * QP and any other IPv6 packet by flow hash and weight out of the chosen path's port with that
+ * link's MACs, and drops (counted) what has no usable path: its device delivers nothing itself.
+ * One call site for the choice: each inlined copy of it costs the verifier dearly. */
 int rlb_host_egress(struct __sk_buff *skb)
 {
     struct rlbh_config *cfg;
     struct rlbh_path *base;
     struct parsed p = {};
+    cfg = 0;
+    base = 0;
     int r = prologue(skb, &cfg, &p, &base);
-    if (r >= 0)
+    if (!cfg)
         return pass(r);
-    u32 base_idx = cfg->base;
-    if (!same16(p.saddr, base->addr)) {
-        /* an application (or NCCL plugin) that picked a path address itself is left alone */
-        u32 unused;
-        if (path_of_addr(p.saddr, &unused) < RLBH_MAX_PATHS)
-            return pass(RLBH_R_PASS_APP_CHOSE);
-        return pass(RLBH_R_PASS_NOT_BASE);
+    int ports = cfg->flags & RLBH_F_PORTS;
+    int no_path = ports ? TC_ACT_SHOT : TC_ACT_OK;
+    if (ports) {
+        if (r >= 0 && r != RLBH_R_PASS_NOT_ROCE && r != RLBH_R_PASS_FRAGMENT)
+            return pass(r);
+    } else {
+        if (r >= 0 || !base)
+            return pass(r >= 0 ? r : RLBH_R_PASS_NO_PATH);
+        int why = addresses_to_place(cfg, base, &p);
+        if (why >= 0)
+            return pass(why);
     }
-    if (field_value(p.daddr, cfg->field) != base->value)
-        return pass(RLBH_R_PASS_APP_CHOSE);  /* addressed to one of the peer's path addresses */
 
     struct rlbh_lpm_key wkey = {.prefixlen = 128};
     __builtin_memcpy(wkey.addr, p.daddr, 16);
     struct rlbh_weights *w = weights.lookup(&wkey);
-    if (!w)
-        return pass(RLBH_R_PASS_NO_PATH);
-    u32 path = choose_path(&p, w, cfg);
-    if (path >= RLBH_MAX_PATHS)
-        return pass(RLBH_R_PASS_NO_PATH);
-    struct rlbh_path *pp = paths.lookup(&path);
-    if (!pp || !pp->valid)
-        return pass(RLBH_R_PASS_NO_PATH);
-
+    if (!w) {
+        count(RLBH_R_PASS_NO_PATH);
+        return no_path;
+    }
+    u32 path;
+    if (r < 0)
+        path = choose_path(&p, w, cfg);
+    else
+        path = hash_pick(w, flow_hash(0, p.saddr, p.daddr, p.proto,
+                                      ((u32)p.sport << 16) | p.dport, 0));
+    struct rlbh_path *pp = path < RLBH_MAX_PATHS ? paths.lookup(&path) : 0;
+    if (!pp || !pp->valid) {
+        count(RLBH_R_PASS_NO_PATH);
+        return no_path;
+    }
     struct rlbh_path_stats *st = path_stats.lookup(&path);
     if (st) {
         st->tx_packets++;
         st->tx_bytes += p.len;
     }
-    if (path == base_idx)
+    if (ports) {
+        if (bpf_skb_store_bytes(skb, 0, pp->dmac, 12, 0))
+            return pass(RLBH_R_PASS_MALFORMED);
+        count(r < 0 ? RLBH_R_SENT_ON_PORT : RLBH_R_HASHED_ON_PORT);
+        return bpf_redirect(pp->ifindex, 0);
+    }
+    if (path == cfg->base)
         return pass(RLBH_R_ON_BASE_PATH);
 
     u8 new_src[16] __attribute__((aligned(8)));
@@ -340,9 +411,13 @@ int rlb_host_ingress(struct __sk_buff *skb)
     struct rlbh_config *cfg;
     struct rlbh_path *base;
     struct parsed p = {};
+    cfg = 0;
+    base = 0;
     int r = prologue(skb, &cfg, &p, &base);
     if (r >= 0)
         return pass(r);
+    if (!base)
+        return pass(RLBH_R_PASS_NOT_PATH_ADDR);   /* ports mode: nothing to restore */
     u32 base_idx = cfg->base;
     u32 value = 0;
     u32 path = path_of_addr(p.daddr, &value);

@@ -1,18 +1,22 @@
 /* RLB host data plane: the one definition of every map key, value and constant.
- * A host has one global address per fabric path (one SLAAC /64 each); the paths differ in one
- * hextet of the prefix (the path field). The application uses the base path's address; egress
- * moves each QP to its path's addresses, ingress restores the base addresses. */
+ * Address mode: a host has one global address per fabric path (one SLAAC /64 each); the paths
+ * differ in one hextet of the prefix (the path field). The application uses the base path's
+ * address; egress moves each QP to its path's addresses, ingress restores the base addresses.
+ * Ports mode (RLBH_F_PORTS, scale-up fabrics): a path is one egress port (a plane's sub-port);
+ * applications address peers' loopbacks, the kernel routes them to the device egress runs on,
+ * and egress sends each packet out of its path's port with that link's MACs. */
 #ifndef RLB_HOST_H
 #define RLB_HOST_H
 
 #define RLBH_MAX_PATHS      16
-#define RLBH_MAX_WEIGHTS    256     /* weight entries (destination prefixes) */
+#define RLBH_MAX_WEIGHTS    4096    /* weight entries (destination prefixes; a GPU per peer) */
 #define RLBH_CT_ENTRIES     65536   /* connection tracking (QPs) */
 #define RLBH_REV_ENTRIES    65536   /* paths learnt on ingress */
 #define RLBH_ROCE_PORTS     4
 #define RLBH_PLACEMENTS     65536   /* coordinator placements (QPs) */
 
 #define RLBH_W_SPRAY        1       /* destination tolerates reordering: per-packet choice */
+#define RLBH_F_PORTS        1       /* config flags: paths are egress ports, not addresses */
 
 enum rlbh_reason {
     RLBH_R_REWRITTEN = 0,         /* egress: moved to a path's addresses */
@@ -32,6 +36,8 @@ enum rlbh_reason {
     RLBH_R_EV_SPRAY,              /* per-packet choice */
     RLBH_R_EV_RELEASED,           /* QPs the agent moved to match new weights (user space) */
     RLBH_R_EV_PLACED,             /* a new or idle QP took the coordinator's placement */
+    RLBH_R_SENT_ON_PORT,          /* ports mode: a QP's packet sent out of its path's port */
+    RLBH_R_HASHED_ON_PORT,        /* ports mode: other traffic, a port by flow hash and weight */
     RLBH_R_MAX,
 };
 
@@ -42,13 +48,18 @@ struct rlbh_config {
     u32 flags;
     u16 roce_ports[RLBH_ROCE_PORTS]; /* 0 = unused; default 4791 */
     u16 rotation;                 /* path index where ties between paths start (the host's place) */
-    u16 pad;
+    u16 group_size;               /* consecutive paths forming one group (a plane's sub-ports),
+                                   * which user space balances as one; 0 = 1 */
 };
 
 struct rlbh_path {
-    u32 valid;
-    u32 value;                    /* the path field's value, e.g. 3 in fc00:1:1:3::/64 */
-    u8  addr[16];                 /* this host's address on the path */
+    u32 valid;                    /* ports mode: also 0 while the port has no carrier */
+    u32 value;                    /* the path field's value, e.g. 3 in fc00:1:1:3::/64; ports
+                                   * mode: (plane - 1) x sub-ports + sub-port */
+    u8  addr[16];                 /* this host's address on the path (ports mode: the loopback) */
+    u32 ifindex;                  /* ports mode: the egress port */
+    u8  dmac[6];                  /* ports mode: the plane switch's MAC on that link, then */
+    u8  smac[6];                  /* the port's own: one 12-byte store over the Ethernet header */
 };
 
 struct rlbh_lpm_key {

@@ -35,7 +35,9 @@ an AS, each pod its own, so routes can cross pods.
     asn = 65100
     plane = 1
 
-Interfaces: a node's port towards node X is eth-X."""
+Interfaces: a node's port towards node X is eth-X.
+
+`kind = "scaleup"` in [fabric] describes a multi-plane scale-up fabric instead (rlbfabric/scaleup.py)."""
 from __future__ import annotations
 
 import ipaddress
@@ -246,6 +248,12 @@ def load(path: str | Path) -> Fabric:
 
 def parse(data: dict, where: str = "fabric") -> Fabric:
     f = data.get("fabric", {})
+    kind = f.get("kind", "clos")
+    if kind == "scaleup":
+        from .scaleup import parse as parse_scaleup
+        return parse_scaleup(data, where)
+    if kind != "clos":
+        raise FabricError(f"{where}: kind {kind!r}: clos (leaf-spine, the default) or scaleup")
     spines, leaves, supers, seen = [], [], [], set()
     for role, out in (("superspine", supers), ("spine", spines), ("leaf", leaves)):
         for i, n in enumerate(data.get(role, []), start=1):

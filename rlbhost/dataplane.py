@@ -21,7 +21,7 @@ from rlbfabric import addrplan
 from rlbfabric.constants import ROCE_PORT, U32_MAX
 from rlbcommon.pinnedstate import PinnedState
 from rlbcommon.cheader import constants, enum_names
-from rlbcommon.weights import apportion, share_bounds
+from rlbcommon.weights import grouped_release_targets, share_bounds
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ C = constants(HEADER)
 REASONS = enum_names(HEADER, "RLBH_R_")
 MAX_PATHS = C["RLBH_MAX_PATHS"]
 SPRAY = C["RLBH_W_SPRAY"]
+PORTS_MODE = C["RLBH_F_PORTS"]
 TC_EGRESS, TC_INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
 TC_PRIO, TC_HANDLE = 0xC0DE, 0x1
 IFA_F_TENTATIVE, IFA_F_DADFAILED = 0x40, 0x08
@@ -48,6 +49,16 @@ class Path_:
     value: int
     address: str
     valid: bool
+    ifindex: int = 0              # ports mode
+
+
+@dataclass(frozen=True)
+class PortPath:
+    """Ports mode: one path is one egress port (a plane's sub-port) and the switch's MAC on it."""
+    value: int                    # (plane - 1) x sub-ports + sub-port: stored at index value - 1
+    ifname: str
+    dmac: str | None              # None until the switch's MAC is known: the path is unusable
+    up: bool                      # carrier
 
 
 class HostDataplane(PinnedState):
@@ -88,7 +99,8 @@ class HostDataplane(PinnedState):
     def config(self) -> dict:
         cfg = self.maps["config"].get(0)
         return {"expiry_ms": cfg.expiry_ns / 1e6, "path_field": cfg.field, "base_index": cfg.base,
-                "roce_ports": [p for p in cfg.roce_ports if p], "rotation": cfg.rotation}
+                "roce_ports": [p for p in cfg.roce_ports if p], "rotation": cfg.rotation,
+                "mode": "ports" if cfg.flags & PORTS_MODE else "addresses"}
 
     def set_config(self, expiry_ms: float | None = None, roce_ports: list[int] | None = None,
                    rotation: int | None = None):
@@ -123,7 +135,95 @@ class HostDataplane(PinnedState):
         self.sync_paths(ifname, path_field, base_value)
         log.info("attached to %s (TC egress and ingress)", ifname)
 
+    def attach_ports(self, device: str, loopback: str, ports: list[PortPath], group_size: int = 1):
+        """Ports mode: TC egress on `device` (where the kernel routes the peers' loopbacks), each
+        path one of `ports`. A host is in one mode: switching needs a detach first."""
+        idx = self.ifindex(device)
+        fns = self.load()
+        with self.locked():
+            cfg = self.maps["config"].get(0)
+            if not cfg.flags & PORTS_MODE and any(p.valid for p in self.paths()):
+                raise HostError("this host's paths are addresses: 'rlbhost detach' first")
+            cfg.flags |= PORTS_MODE
+            cfg.base = 0
+            cfg.group_size = group_size
+            self.maps["config"].set(0, cfg)
+        with contextlib.suppress(Exception):
+            self.ipr.tc("add", "clsact", idx)
+        fn = fns["rlb_host_egress"]
+        self.ipr.tc("replace-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, fd=fn.fd,
+                    name=fn.name, parent=TC_EGRESS, classid=1, direct_action=True)
+        self.set_port_paths(loopback, ports)
+        log.info("attached to %s (TC egress, ports mode, loopback %s)", device, loopback)
+
+    def set_port_paths(self, loopback: str, ports: list[PortPath]) -> bool:
+        """Program the ports as paths (path value v at index v - 1, so a QP's entry keeps naming
+        the same port); a port not given, down, or without a known switch MAC is unusable and
+        its QPs are released. Returns True when something changed."""
+        if not 0 < len(ports) <= MAX_PATHS or any(not 1 <= p.value <= MAX_PATHS for p in ports):
+            raise HostError(f"ports mode takes 1 to {MAX_PATHS} ports valued 1 to {MAX_PATHS}")
+        lo = ipaddress.IPv6Address(loopback).packed
+        changed = False
+        with self.locked(), self.locked_part("ports"):
+            before = self._effective_all()
+            pm = self.maps["paths"]
+            current = pm.array_values()
+            given = {p.value - 1: p for p in ports}
+            for i in range(MAX_PATHS):
+                old = current[i]
+                port = given.get(i)
+                if port is None:
+                    if old is not None and old.valid:
+                        old.valid = 0
+                        pm.set(i, old)
+                        changed = True
+                    continue
+                ifindex = self.ifindex(port.ifname)
+                smac = self._mac(ifindex)
+                dmac = bytes.fromhex(port.dmac.replace(":", "")) if port.dmac else bytes(6)
+                valid = int(port.up and bool(port.dmac))
+                new = (valid, port.value, lo, ifindex, dmac, smac)
+                if old is None or (old.valid, old.value, bytes(old.addr), old.ifindex, bytes(old.dmac),
+                                   bytes(old.smac)) != new:
+                    e = pm.leaf_type()
+                    e.valid, e.value, e.ifindex = valid, port.value, ifindex
+                    e.addr[:], e.dmac[:], e.smac[:] = lo, dmac, smac
+                    pm.set(i, e)
+                    changed = True
+                    log.info("path %d: %s -> %s%s", port.value, port.ifname, port.dmac or "(switch MAC unknown)",
+                             "" if valid else " (unusable)")
+            if self.maps["weights"].get(self._wkey("::/0")) is None:
+                self._set_weights_locked("::/0", {}, False)
+        if changed:
+            self.rebalance(release=True, before=before)
+        return changed
+
+    def set_port_up(self, ifname: str, up: bool) -> list[int]:
+        """Carrier changed: flip the paths of that port at once, nothing else (the fast path:
+        it takes only the ports lock, never waits behind a rebalance). Returns their values."""
+        try:
+            ifindex = self.ifindex(ifname)
+        except HostError:
+            return []
+        out = []
+        with self.locked_part("ports"):
+            pm = self.maps["paths"]
+            for i, e in enumerate(pm.array_values()):
+                if e is None or e.ifindex != ifindex:
+                    continue
+                valid = int(up and any(e.dmac))
+                if e.valid != valid:
+                    e.valid = valid
+                    pm.set(i, e)
+                out.append(e.value)
+        return out
+
+    def _mac(self, ifindex: int) -> bytes:
+        link = self.ipr.get_links(ifindex)[0]
+        return bytes.fromhex(link.get_attr("IFLA_ADDRESS").replace(":", ""))
+
     def detach(self, ifname: str | None):
+        """Remove the programs (from ifname, if given) and every pinned map."""
         if ifname:
             with contextlib.suppress(HostError):
                 idx = self.ifindex(ifname)
@@ -165,6 +265,7 @@ class HostDataplane(PinnedState):
         """Program paths {path field value: our address}. Indexes stay stable across changes
         (a QP's entry names an index); a vanished path is invalidated and its QPs released."""
         with self.locked():
+            before = self._effective_all()
             pm = self.maps["paths"]
             current = {i: p for i, p in enumerate(pm.array_values()) if p is not None}
             index_of = {p.value: i for i, p in current.items()}
@@ -209,14 +310,15 @@ class HostDataplane(PinnedState):
             if self.maps["weights"].get(self._wkey("::/0")) is None:
                 self._set_weights_locked("::/0", {}, False)
         if changed:
-            self.rebalance(release=True)
+            self.rebalance(release=True, before=before)
         return changed
 
     def paths(self) -> list[Path_]:
         out = []
         for i, p in enumerate(self.maps["paths"].array_values()):
             if p is not None:
-                out.append(Path_(i, p.value, str(ipaddress.IPv6Address(bytes(p.addr))), bool(p.valid)))
+                out.append(Path_(i, p.value, str(ipaddress.IPv6Address(bytes(p.addr))), bool(p.valid),
+                                 p.ifindex))
         return out
 
     # ---- weights --------------------------------------------------------------------
@@ -235,13 +337,16 @@ class HostDataplane(PinnedState):
         except ValueError as e:
             raise HostError(f"prefix: {e}") from None
         with self.locked():
+            before = self._effective_all()
             self._set_weights_locked(prefix, weights, spray)
-        self.rebalance(release=True)
+        self.rebalance(release=True, before=before)
 
     def _set_weights_locked(self, prefix: str, weights: dict[int, float], spray: bool):
         wm = self.maps["weights"]
         key = self._wkey(prefix)
-        entry = wm.get(key)
+        # exactly this prefix: a trie lookup would answer with a shorter one (::/0) if it is absent
+        entry = wm.get(key) if any(k.prefixlen == key.prefixlen and bytes(k.addr) == bytes(key.addr)
+                                   for k in wm.keys()) else None
         paths = {p.value: p.index for p in self.paths()}
         unknown = set(weights) - set(paths)
         if unknown:
@@ -269,6 +374,34 @@ class HostDataplane(PinnedState):
                  {v: entry.weight[i] / WEIGHT_SCALE for v, i in sorted(paths.items())},
                  " (spray)" if spray else "")
 
+    def apply_weights(self, want: dict[str, tuple[dict[int, float], bool]], prune: bool = True) -> bool:
+        """Make the per-destination weights {prefix: (weights by path value, spray)} what is
+        programmed, writing only the entries that differ (and, with prune, removing the other
+        prefixes except ::/0); then one release/reinstate for all of them. Returns True when
+        something changed."""
+        changed = False
+        with self.locked():
+            before = self._effective_all()
+            have = {w["prefix"]: w for w in self.weights()}
+            paths = {p.value: p.index for p in self.paths()}
+            for prefix, (weights, spray) in want.items():
+                prefix = str(ipaddress.IPv6Network(prefix))
+                cur = have.get(prefix)
+                full = {v: weights.get(v, 0.0) for v in paths}
+                if cur is not None and cur["spray"] == spray and all(
+                        round(cur["all_weights"].get(v, 0) * WEIGHT_SCALE) == round(w * WEIGHT_SCALE)
+                        for v, w in full.items()):
+                    continue
+                self._set_weights_locked(prefix, full, spray)
+                changed = True
+            if prune:
+                for prefix in set(have) - {str(ipaddress.IPv6Network(p)) for p in want} - {"::/0"}:
+                    self.maps["weights"].delete(self._wkey(prefix))
+                    changed = True
+        if changed:
+            self.rebalance(release=True, before=before)
+        return changed
+
     def del_weights(self, prefix: str) -> bool:
         if ipaddress.IPv6Network(prefix).prefixlen == 0:
             raise HostError("the default weights (::/0) cannot be removed; set them instead")
@@ -283,7 +416,8 @@ class HostDataplane(PinnedState):
         for k, v in self.maps["weights"].items():
             net = ipaddress.IPv6Network((bytes(k.addr), k.prefixlen))
             out.append({"prefix": str(net), "id": v.id, "spray": bool(v.flags & SPRAY),
-                        "weights": {p.value: v.weight[p.index] / WEIGHT_SCALE for p in paths if p.valid}})
+                        "weights": {p.value: v.weight[p.index] / WEIGHT_SCALE for p in paths if p.valid},
+                        "all_weights": {p.value: v.weight[p.index] / WEIGHT_SCALE for p in paths}})
         return sorted(out, key=lambda e: ipaddress.IPv6Network(e["prefix"]))
 
     # ---- connection tracking --------------------------------------------------------
@@ -291,14 +425,22 @@ class HostDataplane(PinnedState):
         valid = {p.index for p in self.paths() if p.valid}
         return [entry.weight[i] if i in valid else 0 for i in range(MAX_PATHS)]
 
-    def rebalance(self, now_ns: int | None = None, release: bool = False) -> int:
+    def _effective_all(self) -> dict[int, list[int]]:
+        """{weight entry id: effective weights}: what a release compares the new weights with."""
+        return {v.id: self._effective(v) for _, v in self.maps["weights"].items()}
+
+    def rebalance(self, now_ns: int | None = None, release: bool = False,
+                  before: dict[int, list[int]] | None = None) -> int:
         """Move the fewest QPs so each weight entry's live QPs match its weights. The periodic
         sweep (release False) only takes QPs from paths above their share rounded up and gives
         them to paths below it rounded down, then rounded up: a split within one QP of the
         shares is the local rule's to decide. After a change of capacity (release True) each
-        path gets exactly its largest-remainder share (ties going round from the host's
-        rotation, as the local rule fills them): the proportional QPs are released from a
-        degraded path, and reinstated when it recovers (draft-fare-scale-up §3.1), placed by the
+        path gets a target within one QP of its share that moves the fewest
+        (rlbcommon/weights.release_targets: a path or plane whose share fell below what it holds
+        releases the proportional excess rounded up; `before` holds the previous effective
+        weights per entry), across planes first and then over a plane's sub-ports when paths
+        are grouped: the proportional QPs are released from a degraded path or plane, and
+        reinstated when it recovers (draft-fare-scale-up §3.1), placed by the
         coordinator or not (a moved QP's placement is dropped; the coordinator starts again from
         where the host put it). The sweep leaves QPs on the path the coordinator placed them
         on (unless that path became unusable). The newest QPs move first. Also drops idle entries and rewrites the active
@@ -323,7 +465,9 @@ class HostDataplane(PinnedState):
                 if entry.flags & SPRAY or not flows or not any(eff):
                     continue
                 if release:
-                    lo = hi = apportion(eff, len(flows), cfg.rotation)
+                    counts = [sum(1 for f in flows if f[1].path == i) for i in range(MAX_PATHS)]
+                    lo = hi = grouped_release_targets(counts, eff, max(1, cfg.group_size), cfg.rotation,
+                                                      (before or {}).get(wid))
                 else:
                     lo, hi = share_bounds(eff, len(flows))
                 on = {i: [f for f in flows if f[1].path == i] for i in range(MAX_PATHS)}

@@ -294,3 +294,55 @@ def test_local_rule_is_exact_on_symmetric_matrices_of_one_leaf_pair(kind, per_co
         paths = localrule.simulate(fab, order)
         placed = [(s, d, p) for (s, d), p in zip(order, paths)]
         assert balance.figures(*balance.leaf_loads(fab, placed)) == pytest.approx(best)
+
+
+# ---- releases after a change of weights (draft-fare-scale-up §3.1) ----------------------------
+
+def test_release_targets_release_the_excess_rounded_up_and_move_nothing_else():
+    from rlbcommon.weights import release_targets
+    assert release_targets([2, 2, 2, 2], [1, 1, 1, 0.5], 8, 0, [1, 1, 1, 1]) == [3, 2, 2, 1]
+    assert release_targets([3, 2, 2, 1], [1, 1, 1, 1], 8, 0, [1, 1, 1, 0.5]) == [2, 2, 2, 2]
+    assert release_targets([250] * 4, [1, 1, 1, 0.5], 1000, 0, [1] * 4)[3] == 142
+
+
+def test_grouped_release_targets_planes_then_sub_ports():
+    from rlbcommon.weights import grouped_release_targets as g
+    # the peer's plane 1 at half bandwidth: 64 x (1/4 - 1/7) = 6.86 -> 7 QPs leave plane 1
+    t = g([8] * 8, [.5, .5, 1, 1, 1, 1, 1, 1], 2, 0, [1] * 8)
+    assert sum(t[:2]) == 9 and sum(t) == 64 and abs(t[0] - t[1]) <= 1
+    # a local sub-port down after the data plane moved its 8 QPs: already right, nothing moves
+    now = [0, 9, 10, 9, 9, 9, 9, 9]
+    assert g(now, [0, 1, 1, 1, 1, 1, 1, 1], 2, 0, [0, 1, 1, 1, 1, 1, 1, 1]) == now
+    # ... and if nothing had moved yet: exactly its 8 move, one of them within the plane
+    t = g([8] * 8, [0, 1, 1, 1, 1, 1, 1, 1], 2, 0, [1] * 8)
+    assert t[0] == 0 and t[1] == 9 and sum(max(0, 8 - x) for x in t) == 8
+    # recovery: back to 8 each, the fewest moves (8)
+    assert g(now, [1] * 8, 2, 0, [0, 1, 1, 1, 1, 1, 1, 1]) == [8] * 8
+
+
+def test_release_targets_against_brute_force():
+    """For random counts and weights: every target within one of its share, sums right, and no
+    target set within one of the shares moves fewer QPs unless it keeps a degraded member above
+    its share rounded down."""
+    import itertools
+    import math
+    import random
+    from rlbcommon.weights import release_targets
+    rnd = random.Random(7)
+    for _ in range(300):
+        n = rnd.randint(2, 4)
+        counts = [rnd.randint(0, 6) for _ in range(n)]
+        counts[0] += 0 if sum(counts) else 1
+        total = sum(counts)
+        before = [rnd.choice([0.5, 1, 2]) for _ in range(n)]
+        after = [b * rnd.choice([0.5, 1, 1, 2]) for b in before]
+        t = release_targets(counts, after, total, 0, before)
+        exact = [w * total / sum(after) for w in after]
+        assert sum(t) == total and all(math.floor(e + 1e-9) <= x <= math.ceil(e - 1e-9) for x, e in zip(t, exact))
+        degraded = [after[i] / sum(after) < before[i] / sum(before) - 1e-12 and counts[i] > exact[i] + 1e-9
+                    for i in range(n)]
+        moves = sum(max(0, c - x) for c, x in zip(counts, t))
+        for cand in itertools.product(*[range(math.floor(e + 1e-9), math.ceil(e - 1e-9) + 1) for e in exact]):
+            if sum(cand) != total or any(d and c > math.floor(e + 1e-9) for d, c, e in zip(degraded, cand, exact)):
+                continue
+            assert moves <= sum(max(0, c - x) for c, x in zip(counts, cand))

@@ -1,0 +1,210 @@
+"""The host TC egress program in ports mode (FARE scale-up) under BPF_PROG_TEST_RUN: each QP's
+packets leave by its path's port with that link's MACs and unchanged bytes otherwise; QPs split by
+weight across planes and evenly over a plane's sub-ports; a port losing carrier moves exactly its
+QPs; other traffic by flow hash; spray per packet."""
+from __future__ import annotations
+
+import random
+import subprocess
+
+import pytest
+
+from rlbcommon import packets as P
+from rlbcommon.testrun import prog_test_run
+from rlbfabric.scaleup import add_loopback_device
+from rlbhost.dataplane import HostDataplane, HostError, PortPath
+
+from .conftest import scratch_netns
+
+TC_ACT_SHOT, TC_ACT_REDIRECT = 2, 7
+LOOP_A, LOOP_B, LOOP_C = "fc00:0:ff::1", "fc00:0:ff::2", "fc00:0:ff::3"
+PLANES, SUBS = 4, 2
+# port (plane p, sub-port i) = eth-p<p>-<i>, path value (p-1)*SUBS + i, switch MAC 02:00:00:00:0p:0i
+PORTS = {(p, i): f"eth-p{p}-{i}" for p in range(1, PLANES + 1) for i in range(1, SUBS + 1)}
+
+
+def value(p, i):
+    return (p - 1) * SUBS + i
+
+
+def switch_mac(p, i):
+    return f"02:00:00:00:{p:02x}:{i:02x}"
+
+
+def port_paths(down=()):
+    return [PortPath(value(p, i), name, switch_mac(p, i), (p, i) not in down) for (p, i), name in PORTS.items()]
+
+
+@pytest.fixture(scope="module")
+def host():
+    with scratch_netns("rlbhp") as ns:
+        for name in ["rlb0", *PORTS.values()]:
+            add_loopback_device(name)
+        dp = HostDataplane(f"{ns}-h")
+        try:
+            dp.attach_ports("rlb0", LOOP_A, port_paths(), group_size=SUBS)
+            yield dp
+        finally:
+            dp.detach("rlb0")
+
+
+@pytest.fixture
+def dp(host):
+    host.set_port_paths(LOOP_A, port_paths())
+    host.apply_weights({"::/0": ({v: 1 for v in range(1, 9)}, False)})
+    host.set_config(expiry_ms=60_000, rotation=0)
+    host.maps["conntrack"].clear()
+    host.rebalance()
+    return host
+
+
+def send(dp, frame):
+    r = prog_test_run(dp.prog_fd("egress"), frame)
+    return r.retval, r.data
+
+
+def port_of(dp, data: bytes) -> tuple[int, int]:
+    """(plane, sub-port) a frame left by, from the destination MAC the program wrote; the source
+    MAC must be that port's own."""
+    dmac = data[:6].hex(":")
+    pi = next(k for k in PORTS if switch_mac(*k) == dmac)
+    ifindex = {p.value: p.ifindex for p in dp.paths()}[value(*pi)]
+    assert data[6:12] == dp._mac(ifindex)
+    return pi
+
+
+def qp_frames(n, dst=LOOP_B, seed=1):
+    rnd = random.Random(seed)
+    return [P.roce_frame(LOOP_A, dst, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(n)]
+
+
+def planes_of(dp, frames):
+    out = []
+    for f in frames:
+        rc, data = send(dp, f)
+        assert rc == TC_ACT_REDIRECT
+        out.append(port_of(dp, data))
+    return out
+
+
+def test_a_qp_leaves_by_its_port_with_the_links_macs_and_nothing_else_changed(dp):
+    frame = qp_frames(1)[0]
+    rc, data = send(dp, frame)
+    assert rc == TC_ACT_REDIRECT
+    assert data[12:] == frame[12:]                 # addresses, checksum, payload untouched
+    first = port_of(dp, data)
+    for _ in range(5):                             # conntrack keeps it there
+        assert port_of(dp, send(dp, frame)[1]) == first
+    assert dp.stats()["reasons"]["sent_on_port"] == 6
+
+
+@pytest.mark.parametrize("plane_bw", [(1, 1, 1, 1), (2, 2, 2, 1), (4, 2, 1, 1)])
+def test_64_qps_split_across_planes_by_path_bandwidth_and_evenly_over_sub_ports(dp, plane_bw):
+    weights = {value(p, i): plane_bw[p - 1] / SUBS for p in range(1, PLANES + 1) for i in range(1, SUBS + 1)}
+    dp.apply_weights({f"{LOOP_B}/128": (weights, False)})
+    got = planes_of(dp, qp_frames(64, seed=sum(plane_bw)))
+    total = sum(plane_bw)
+    for p in range(1, PLANES + 1):
+        share = sum(1 for q in got if q[0] == p) / 64
+        assert abs(share - plane_bw[p - 1] / total) <= 0.02 + 1 / 64   # whole QPs
+        subs = [sum(1 for q in got if q == (p, i)) for i in range(1, SUBS + 1)]
+        assert max(subs) - min(subs) <= 1
+
+
+def test_a_sub_port_losing_carrier_moves_exactly_its_qps(dp):
+    frames = qp_frames(64, seed=3)
+    before = dict(zip(range(64), planes_of(dp, frames)))
+    on_port = [q for q, pi in before.items() if pi == (2, 1)]
+    assert len(on_port) == 8
+    assert dp.set_port_up("eth-p2-1", False) == [value(2, 1)]
+    after = dict(zip(range(64), planes_of(dp, frames)))     # the program moves them on its own
+    moved = [q for q in before if before[q] != after[q]]
+    assert sorted(moved) == sorted(on_port)
+    assert all(after[q] != (2, 1) for q in moved)
+    dp.set_port_up("eth-p2-1", True)
+    assert dp.rebalance(release=True) == 8                  # reinstated: its 8 come back
+    again = dict(zip(range(64), planes_of(dp, frames)))
+    assert all(sum(1 for pi in again.values() if pi == k) == 8 for k in PORTS)
+
+
+def test_remote_half_plane_releases_the_proportional_qps(dp):
+    """The peer lost one of its two sub-cables into plane 1: plane 1's path bandwidth to it halves
+    (weights 1:2:2:2), so 64 x (1/4 - 1/7) = 6.86 -> exactly 7 QPs leave plane 1."""
+    dp.apply_weights({f"{LOOP_B}/128": ({v: 1.0 for v in range(1, 9)}, False)})
+    frames = qp_frames(64, seed=4)
+    before = planes_of(dp, frames)
+    assert sum(1 for pi in before if pi[0] == 1) == 16
+    w = {value(p, i): (0.5 if p == 1 else 1.0) for p in range(1, 5) for i in range(1, 3)}
+    dp.apply_weights({f"{LOOP_B}/128": (w, False)})
+    after = planes_of(dp, frames)
+    moved = sum(1 for a, b in zip(before, after) if a != b)
+    assert moved == 7
+    assert sum(1 for pi in after if pi[0] == 1) == 9
+
+
+def test_per_destination_weights_and_a_plane_unusable_for_one_peer_only(dp):
+    w = {v: 1.0 for v in range(1, 9)}
+    dp.apply_weights({f"{LOOP_B}/128": ({**w, value(3, 1): 0, value(3, 2): 0}, False),
+                      f"{LOOP_C}/128": (w, False)})
+    to_b = planes_of(dp, qp_frames(48, LOOP_B, seed=5))
+    to_c = planes_of(dp, qp_frames(48, LOOP_C, seed=6))
+    assert not any(p == 3 for p, _ in to_b)
+    assert sum(1 for p, _ in to_c if p == 3) == 12
+
+
+def test_spray_per_packet_across_planes_and_sub_ports_within_one_point(dp):
+    """§3.2: one QP, 100 000 packets, plane weights 2:2:1:1 -> each (plane, sub-port) its share
+    within 1 point."""
+    bw = (2, 2, 1, 1)
+    w = {value(p, i): bw[p - 1] / 2 for p in range(1, 5) for i in range(1, 3)}
+    dp.apply_weights({f"{LOOP_B}/128": (w, True)})
+    frame = qp_frames(1)[0]
+    counts: dict = {}
+    for _ in range(100_000):
+        rc, data = send(dp, frame)
+        assert rc == TC_ACT_REDIRECT
+        counts[data[:6]] = counts.get(data[:6], 0) + 1
+    for p in range(1, 5):
+        for i in range(1, 3):
+            share = counts.get(bytes.fromhex(switch_mac(p, i).replace(":", "")), 0) / 100_000
+            assert abs(share - bw[p - 1] / 2 / 6) < 0.01
+
+
+def test_other_traffic_is_placed_by_flow_hash_on_live_ports(dp):
+    dp.set_port_up("eth-p1-1", False)
+    seen = set()
+    for sport in range(40000, 40200):
+        f = P.ipv6_frame(LOOP_A, LOOP_B, 17, P.udp6(LOOP_A, LOOP_B, sport, 9999, b"x" * 8))
+        rc, data = send(dp, f)
+        assert rc == TC_ACT_REDIRECT
+        pi = port_of(dp, data)
+        assert pi != (1, 1)
+        assert port_of(dp, send(dp, f)[1]) == pi           # one flow, one port
+        seen.add(pi)
+    assert len(seen) == 7
+    assert dp.stats()["reasons"]["hashed_on_port"] >= 400
+
+
+def test_no_usable_port_drops_and_counts(dp):
+    for name in PORTS.values():
+        dp.set_port_up(name, False)
+    before = dp.stats()["reasons"]["pass_no_path"]
+    rc, _ = send(dp, qp_frames(1)[0])
+    assert rc == TC_ACT_SHOT
+    assert dp.stats()["reasons"]["pass_no_path"] == before + 1
+
+
+def test_a_port_without_a_known_switch_mac_is_not_used(dp):
+    paths = [PortPath(p.value, p.ifname, None if p.value == 1 else p.dmac, True) for p in port_paths()]
+    dp.set_port_paths(LOOP_A, paths)
+    got = planes_of(dp, qp_frames(32, seed=8))
+    assert (1, 1) not in got
+
+
+def test_bad_ports_are_refused(dp):
+    with pytest.raises(HostError):
+        dp.set_port_paths(LOOP_A, [])
+    with pytest.raises(HostError):
+        dp.set_port_paths(LOOP_A, [PortPath(17, "eth-p1-1", switch_mac(1, 1), True)])
+    with pytest.raises(HostError):
+        dp.set_port_paths(LOOP_A, [PortPath(1, "nosuchport", switch_mac(1, 1), True)])
