@@ -233,11 +233,12 @@ def parse(data: dict, where: str = "fabric") -> ScaleupFabric:
                          bfd_ms, int(f.get("graceful_restart_s", 30)), int(f.get("linkbw_subtype", 0x89)))
 
 
-def add_loopback_device(name: str = LOOPBACK_DEVICE):
+def add_loopback_device(name: str = LOOPBACK_DEVICE, netns: str | None = None):
     """The GPU's loopback device: a dummy, or (kernels built without dummy) an ifb; both are
     NOARP, always up and deliver nothing themselves: the host's TC egress program sends every
     packet routed to it out of a fabric port."""
     for kind in ("dummy", "ifb"):
-        if subprocess.run(["ip", "link", "add", name, "type", kind], capture_output=True).returncode == 0:
+        ns = ["-n", netns] if netns else []
+        if subprocess.run(["ip", *ns, "link", "add", name, "type", kind], capture_output=True).returncode == 0:
             return kind
     raise FabricError(f"cannot create {name}: this kernel has neither dummy nor ifb devices")

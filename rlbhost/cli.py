@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 
 from rlbcommon import cli as common
-from rlbfabric.constants import METRICS_PORT
+from rlbfabric.constants import METRICS_PORT, RUN_DIR
 
 from .dataplane import HostDataplane, HostError
 
@@ -48,15 +48,27 @@ def attach(
     metrics_port: int = typer.Option(METRICS_PORT["host"], help="Prometheus port (0: none)."),
     metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics bind to."),
     once: bool = typer.Option(False, help="Attach and exit instead of running the agent."),
+    run_dir: Path = typer.Option(Path(str(RUN_DIR)), help="Scale-up GPUs: where bird's socket "
+        "(<node>.ctl) and the path-bandwidth include (<node>.pathbw.conf) are."),
+    probe_ms: float = typer.Option(20, min=1, help="Scale-up GPUs: probe every peer over every "
+        "plane this often."),
+    probe_dead_ms: float = typer.Option(100, min=5, help="Scale-up GPUs: a plane unanswered this "
+        "long is not used towards that peer."),
 ):
     """Attach to an interface and run the host agent in the foreground (systemd-friendly).
 
-    Attaching again is harmless: the programs are replaced in place and QPs keep their paths."""
+    Attaching again is harmless: the programs are replaced in place and QPs keep their paths.
+    On a GPU of a scale-up fabric (kind = "scaleup" in the fabric file) the interface is the
+    loopback device, e.g. `rlbhost attach rlb0 --fabric scaleup.toml --node g1`: each QP is
+    placed on a plane's sub-port, weighted by the path bandwidth bird learns per plane."""
     import socket
     from rlbfabric.fabric import load
     from .agent import HostAgent, check_place
     fab = load(fabric) if fabric else None
     node = node or socket.gethostname()
+    if fab is not None and getattr(fab, "kind", "clos") == "scaleup":
+        return _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, probe_dead_ms,
+                           metrics_port, metrics_addr, once)
     if fab:
         check_place(fab, node)
     if coordinator and not fab:
@@ -91,6 +103,64 @@ def attach(
     except KeyboardInterrupt:
         pass
     log.info("agent stopping; the programs and QP table stay in place")
+
+
+def _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, probe_dead_ms,
+                metrics_port, metrics_addr, once):
+    from rlbcommon.health import Health
+    from rlbfabric.scaleup import LOOPBACK_DEVICE
+    from . import planes
+    if interface != LOOPBACK_DEVICE:
+        raise HostError(f"on a scale-up GPU attach to the loopback device {LOOPBACK_DEVICE!r}, not "
+                        f"{interface!r}: the peers' loopbacks are routed there")
+    dp = ctx.dataplane()
+    dp.ifindex(interface)
+    health = Health(health_file(dp.instance))
+    agent = planes.attach(dp, fab, node, run_dir, health=health, probe_ms=probe_ms,
+                          probe_dead_ms=probe_dead_ms)
+    if expiry_ms is not None or roce_port:
+        dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
+    live = [p for p in dp.paths() if p.valid]
+    typer.echo(f"attached to {interface} (ports mode): {len(live)} of {len(agent.ports)} sub-ports usable, "
+               f"loopback {agent.loopback}")
+    if once:
+        return
+    if metrics_port:
+        from rlbcommon.metrics import serve
+        from .metrics import HostCollector
+        serve(HostCollector(dp, ctx.node_label, None, health, agent.prober), metrics_port, metrics_addr)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        agent.run()
+    except KeyboardInterrupt:
+        pass
+    log.info("agent stopping; the programs and QP table stay in place")
+
+
+@app.command("bird-config")
+def bird_config(
+    fabric_file: Path = typer.Option(..., "--fabric", help="The fabric description (kind scaleup)."),
+    node: str = typer.Option(..., help="This GPU's name in the fabric file."),
+    run_dir: Path = typer.Option(Path(str(RUN_DIR)), help="Where bird's log and includes live."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write here (default: stdout)."),
+):
+    """Render bird.conf for a GPU of a scale-up fabric (its include starts at full bandwidth;
+    the agent rewrites it as sub-ports come and go)."""
+    from rlbfabric.bird.conf import initial_includes, render
+    from rlbfabric.fabric import load
+    fab = load(fabric_file)
+    if getattr(fab, "kind", "clos") != "scaleup" or node not in fab.hosts:
+        raise HostError(f"{node!r} is not a GPU of a scale-up fabric in {fabric_file}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for inc, body in initial_includes(fab, node, run_dir).items():
+        if not inc.exists():
+            inc.write_text(body)
+    text = render(fab, node, run_dir)
+    if out:
+        out.write_text(text)
+        typer.echo(f"wrote {out} (GPU {node})")
+    else:
+        typer.echo(text, nl=False)
 
 
 def health_file(instance: str) -> Path:
@@ -202,4 +272,6 @@ def weights_show(as_json: bool = typer.Option(False, "--json")):
 
 
 def main():
-    common.run(app, "rlbhost", (HostError, ValueError))
+    from rlbfabric.bird.ctl import BirdError
+    from rlbfabric.fabric import FabricError
+    common.run(app, "rlbhost", (HostError, ValueError, FabricError, BirdError))

@@ -7,8 +7,9 @@ from .dataplane import HostDataplane
 
 
 class HostCollector:
-    def __init__(self, dp: HostDataplane, node: str, coordinator=None, health=None):
+    def __init__(self, dp: HostDataplane, node: str, coordinator=None, health=None, prober=None):
         self.dp, self.node, self.coordinator, self.health = dp, node, coordinator, health
+        self.prober = prober          # scale-up GPUs: per-plane health probes
 
     def collect(self):
         s = self.dp.status()
@@ -33,6 +34,8 @@ class HostCollector:
         placed = gauge("rlb_host_placements", "QPs with a coordinator placement", ["node"])
         placed.add_metric([self.node], len(self.dp.placements()))
         yield placed
+        if self.prober is not None:
+            yield from self._probes()
         c = self.coordinator
         if c is not None:
             up = gauge("rlb_host_coordinator_reachable", "1 while reports reach the coordinator", ["node"])
@@ -45,3 +48,17 @@ class HostCollector:
                                 "because the coordinator stayed unreachable", ["node"])
             fallbacks.add_metric([self.node], c.counters["fallbacks"])
             yield from (up, reports, fallbacks)
+
+    def _probes(self):
+        labels = ["node", "peer", "plane"]
+        up = gauge("rlb_host_plane_probe_up", "1 while probes to the peer over the plane are answered", labels)
+        rtt = gauge("rlb_host_plane_probe_rtt_seconds", "last probe round trip to the peer over the plane", labels)
+        loss = gauge("rlb_host_plane_probe_loss_ratio", "share of the last probes unanswered", labels)
+        sent = counter("rlb_host_plane_probes_sent", "probes sent to the peer over the plane", labels)
+        for s in self.prober.snapshot():
+            lv = [self.node, str(s["peer"]), str(s["plane"])]
+            up.add_metric(lv, int(s["up"]))
+            rtt.add_metric(lv, s["rtt_s"])
+            loss.add_metric(lv, s["loss"])
+            sent.add_metric(lv, s["sent"])
+        yield from (up, rtt, loss, sent)

@@ -177,7 +177,60 @@ template bgp spine {{
 """
 
 
+def render_gpu(fabric, gpu: str, run_dir: Path) -> str:
+    """A GPU host of a scale-up fabric (draft-fare-scale-up §3): one eBGP session per sub-port to
+    its plane's switch (unnumbered: the switch is fe80::1 on every link), BFD on each, its
+    loopback exported into every plane with the path bandwidth of its live sub-ports there (an
+    include the host agent rewrites when a sub-port goes up or down), every peer's loopback
+    learnt per plane with the plane switch's FARE value. bird programs no kernel routes: the
+    loopback prefix is routed to the loopback device, whose TC program chooses the port."""
+    from ..scaleup import LOOPBACK_DEVICE, SWITCH_LL
+    g = fabric.gpu(gpu)
+    lo = fabric.loopback_prefix()
+    sessions = "\n".join(
+        f'protocol bgp {port.plane.name}s{port.sub} from plane {{ interface "{port.ifname}"; '
+        f'neighbor {SWITCH_LL} as {port.plane.asn}; ipv6 {{ export where gpu_export({port.plane.index}); }}; }}'
+        for port in fabric.gpu_ports(gpu))
+    return f"""# rendered by rlbhost bird-config for GPU {gpu}: edit the fabric file, not this
+router id 10.254.{g.index >> 8}.{g.index & 255};
+log "{run_dir}/{gpu}.bird.log" all;
+debug protocols {{ states, events }};
+protocol device {{ scan time 1; }}
+protocol direct {{ ipv6; interface "{LOOPBACK_DEVICE}"; }}
+{_bfd(fabric, "eth-*")}
+include "{pathbw_file(run_dir, gpu)}";   # gpu_export(plane): written by rlbhost
+
+template bgp plane {{
+  local as {g.asn};
+  {_timers(fabric)}
+  ipv6 {{ import where net ~ [ {lo}{{128,128}} ]; import limit {_limit(fabric)} action restart; export none; }};
+}}
+{sessions}
+"""
+
+
+def render_gpu_pathbw(fabric, gpu: str, plane_bw: dict[int, float]) -> str:
+    """gpu_export(plane): the GPU's loopback, with the path bandwidth of its live sub-ports into
+    that plane (bytes/s; a plane left out gets its full bandwidth)."""
+    g = fabric.gpu(gpu)
+    hi = pathbw_hi(fabric.pathbw_subtype, g.asn)
+    cases = "\n".join(
+        f"  if plane = {p.index} then bgp_ext_community.add((generic, {hi:#x}, "
+        f"{float_bits(plane_bw.get(p.index, fabric.subports * fabric.sub_mbps(p.name) * 1e6 / 8)):#x}));"
+        for p in fabric.planes)
+    return f"""# written by rlbhost: {gpu}'s loopback into each plane, path bandwidth = its live sub-ports there
+function gpu_export(int plane)
+{{
+  if source != RTS_DEVICE || net != {fabric.loopback_net(gpu)} then return false;
+{cases}
+  return true;
+}}
+"""
+
+
 def render(fabric: Fabric, node: str, run_dir: Path, baseline: bool = False) -> str:
+    if getattr(fabric, "kind", "clos") == "scaleup" and node in fabric.hosts:
+        return render_gpu(fabric, node, run_dir)
     n = fabric.node(node)
     fn = {"leaf": render_leaf, "spine": render_spine, "superspine": render_superspine}[n.role]
     return fn(fabric, n, run_dir, baseline)
@@ -193,10 +246,14 @@ def pathbw_file(run_dir: Path, node: str) -> Path:
     return run_dir / f"{node}.pathbw.conf"
 
 
-def initial_includes(fabric: Fabric, node: Node, run_dir: Path) -> dict[Path, str]:
+def initial_includes(fabric: Fabric, node: Node | str, run_dir: Path) -> dict[Path, str]:
     """The includes a node's bird.conf names, as they start before the agent has found or
     computed anything: neighbours where the node has uplinks, path bandwidth on spines and
-    super-spines."""
+    super-spines (and, on a scale-up GPU, its loopback's path bandwidth per plane)."""
+    if isinstance(node, str):
+        if getattr(fabric, "kind", "clos") == "scaleup" and node in fabric.hosts:
+            return {pathbw_file(run_dir, node): render_gpu_pathbw(fabric, node, {})}
+        node = fabric.node(node)
     out = {}
     if fabric.uplinks(node):
         out[neighbors_file(run_dir, node.name)] = render_neighbors(fabric, node, {})

@@ -1,0 +1,260 @@
+"""The host agent on a GPU of a scale-up fabric (draft-fare-scale-up §3, §3.1, §3.2).
+
+It keeps the host data plane in ports mode: each path is one sub-port into one plane
+(rlbfabric/scaleup.py numbers them), used only while it has carrier and the plane switch's MAC
+on it is known. It tells bird the path bandwidth of its loopback per plane (its live sub-ports'
+speeds summed), reads from bird every peer's loopback per plane with the plane switch's FARE
+value, and sets per peer the weights: plane bandwidth = min(its own live sub-ports there, the
+value learnt), split evenly over the plane's live sub-ports; a plane whose probes go unanswered
+is not used towards that peer. QPs to a peer that tolerates reordering are sprayed per packet.
+
+Fast paths: carrier loss flips the port's paths in the map at once (the data plane moves their
+QPs on their next packet), then weights and bird follow; a probe verdict recomputes at once."""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl import RTMGRP_LINK
+
+from rlbcommon.health import Health
+from rlbfabric.bird.conf import pathbw_file, render_gpu_pathbw
+from rlbfabric.bird.ctl import BirdClient, BirdError
+from rlbfabric.constants import PROBE_PORT
+from rlbfabric.scaleup import LOOPBACK_DEVICE, SWITCH_LL, ScaleupFabric
+
+from .dataplane import HostDataplane, HostError, PortPath
+from .probes import Prober
+
+log = logging.getLogger(__name__)
+
+GBPS = 1e9 / 8           # weights are in Gb/s: bytes/s / GBPS
+
+
+class PlaneAgent:
+    def __init__(self, dp: HostDataplane, fabric: ScaleupFabric, gpu: str, run_dir: Path,
+                 bird_socket: str | None = None, health: Health | None = None,
+                 probe_ms: float = 20, probe_dead_ms: float = 100, period_s: float = 0.5):
+        self.dp, self.fabric, self.gpu, self.run_dir = dp, fabric, gpu, Path(run_dir)
+        self.bird = BirdClient(bird_socket or str(self.run_dir / f"{gpu}.ctl"))
+        self.health = health or Health()
+        self.ports = fabric.gpu_ports(gpu)
+        self.loopback = fabric.loopback(gpu)
+        self.peers = {g.index: fabric.loopback(g.name) for g in fabric.gpus if g.name != gpu}
+        self.peer_names = {fabric.loopback(g.name): g.name for g in fabric.gpus if g.name != gpu}
+        self.macs: dict[str, str] = {}             # the plane switch's, per port
+        self.own_macs: dict[str, str] = {}
+        self.carrier: dict[str, bool] = {}
+        self.dead: set[tuple[int, int]] = set()            # (peer GPU number, plane) unanswered
+        self.period_s = period_s
+        self.stop = threading.Event()
+        self.wake = threading.Event()
+        self.lock = threading.Lock()
+        self.prober = Prober(fabric.gpu(gpu).index, self.loopback, self.peers, PROBE_PORT, self.live_ports,
+                             self._probe_verdict, probe_ms / 1000, probe_dead_ms / 1000)
+        self.last_weights: dict[str, dict[int, float]] = {}
+        self._pathbw_text = None
+        self._next_resync = 0.0
+        self._ports_programmed: list[PortPath] | None = None
+
+    # ---- ports ----------------------------------------------------------------------------
+    def _read_carrier(self):
+        """Carrier and own MAC of every port, from netlink (sysfs shows the namespace it was
+        mounted in, not necessarily the agent's)."""
+        names = {p.ifname for p in self.ports}
+        seen = set()
+        with IPRoute() as ipr:
+            for link in ipr.get_links():
+                name = link.get_attr("IFLA_IFNAME")
+                if name in names:
+                    seen.add(name)
+                    self.carrier[name] = link.get_attr("IFLA_CARRIER") == 1 and bool(link["flags"] & 1)
+                    self.own_macs[name] = link.get_attr("IFLA_ADDRESS")
+        for name in names - seen:
+            self.carrier[name] = False
+
+    def _learn_macs(self):
+        """The plane switch's MAC on each port, from the neighbour table (BGP runs over the link,
+        so it is there); a port without one asks for it."""
+        if all(p.ifname in self.macs for p in self.ports):
+            return
+        with IPRoute() as ipr:
+            for p in self.ports:
+                if p.ifname in self.macs:
+                    continue
+                try:
+                    idx = ipr.link_lookup(ifname=p.ifname)[0]
+                    for n in ipr.get_neighbours(family=socket.AF_INET6, ifindex=idx):
+                        if n.get_attr("NDA_DST") == SWITCH_LL and n.get_attr("NDA_LLADDR"):
+                            self.macs[p.ifname] = n.get_attr("NDA_LLADDR")
+                except (IndexError, OSError):
+                    continue
+                if p.ifname not in self.macs and self.carrier.get(p.ifname):
+                    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s, \
+                            __import__("contextlib").suppress(OSError):
+                        s.sendto(b"", (f"{SWITCH_LL}%{p.ifname}", 9))    # neighbour solicitation
+
+    def port_paths(self) -> list[PortPath]:
+        return [PortPath(p.value, p.ifname, self.macs.get(p.ifname), self.carrier.get(p.ifname, False))
+                for p in self.ports]
+
+    def live_ports(self) -> dict[int, list[tuple[str, str, str]]]:
+        """{plane number: [(port, switch MAC, own MAC)]} usable now (the probes' view)."""
+        out: dict[int, list] = {}
+        for p in self.ports:
+            if self.carrier.get(p.ifname) and p.ifname in self.macs:
+                out.setdefault(p.plane.index, []).append((p.ifname, self.macs[p.ifname],
+                                                          self.own_macs.get(p.ifname, "00:00:00:00:00:00")))
+        return out
+
+    def live_bw(self) -> dict[int, float]:
+        """{plane number: bytes/s of this GPU's live sub-ports there}."""
+        out = {p.index: 0.0 for p in self.fabric.planes}
+        for p in self.ports:
+            if self.carrier.get(p.ifname):
+                out[p.plane.index] += self.fabric.sub_mbps(p.plane.name) * 1e6 / 8
+        return out
+
+    # ---- bird -----------------------------------------------------------------------------
+    def sync_pathbw(self):
+        """Our loopback's path bandwidth per plane, as bird exports it (rewritten on change)."""
+        text = render_gpu_pathbw(self.fabric, self.gpu, self.live_bw())
+        if text == self._pathbw_text:
+            return
+        path = pathbw_file(self.run_dir, self.gpu)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            try:
+                self.bird.configure()
+                log.info("path bandwidth per plane now %s Gb/s; bird reconfigured",
+                         {k: v / GBPS for k, v in self.live_bw().items()})
+            except BirdError as e:
+                log.warning("bird not reconfigured (%s): it reads the include when it starts", e)
+        self._pathbw_text = text
+
+    def weights_from(self, routes) -> dict[str, tuple[dict[int, float], bool]]:
+        """Per peer loopback: weights by path value (Gb/s) from the routes bird learnt."""
+        by_port = {p.ifname: p for p in self.ports}
+        live = self.live_bw()
+        received: dict[str, dict[int, list[float]]] = {}
+        for r in routes:
+            port = by_port.get(r.iface or "")
+            addr = r.net.split("/")[0]
+            if r.source != "BGP" or port is None or addr not in self.peer_names or r.bad:
+                continue
+            pbw = r.path_bandwidth(self.fabric.pathbw_subtype)
+            received.setdefault(addr, {}).setdefault(port.plane.index, []).append(
+                pbw if pbw is not None else float("inf"))
+        out = {}
+        for addr, name in self.peer_names.items():
+            peer = self.fabric.gpu(name).index
+            w: dict[int, float] = {}
+            for plane in self.fabric.planes:
+                vals = received.get(addr, {}).get(plane.index)
+                usable = [p for p in self.ports if p.plane is plane and self.carrier.get(p.ifname)
+                          and p.ifname in self.macs]
+                bw = min(live[plane.index], max(vals)) if vals and usable and (peer, plane.index) not in self.dead else 0.0
+                for p in self.ports:
+                    if p.plane is plane:
+                        w[p.value] = (bw / len(usable) / GBPS) if bw and p in usable else 0.0
+            out[f"{addr}/128"] = (w, name in self.fabric.spray_gpus)
+        return out
+
+    # ---- the loop -------------------------------------------------------------------------
+    def step(self):
+        with self.lock:
+            if time.monotonic() >= self._next_resync:     # netlink events keep it current between
+                self._read_carrier()
+                self._next_resync = time.monotonic() + 5
+            self._learn_macs()
+            ports = self.port_paths()
+            if ports != self._ports_programmed:
+                self.dp.set_port_paths(self.loopback, ports)
+                self._ports_programmed = ports
+            self.sync_pathbw()
+            try:
+                routes = self.bird.routes()
+                self.health.ok("bird")
+            except BirdError as e:
+                self.health.failed("bird", e, log)
+                return
+            want = self.weights_from(routes)
+            if want != self.last_weights:
+                moved0 = self.dp.stats()["reasons"]["ev_released"]
+                self.dp.apply_weights({"::/0": ({}, False), **want})
+                moved = self.dp.stats()["reasons"]["ev_released"] - moved0
+                changed = {k: v for k, v in want.items() if self.last_weights.get(k) != v}
+                for k, (w, spray) in sorted(changed.items()):
+                    log.info("weights to %s (%s): %s%s", self.peer_names.get(k.split("/")[0]), k,
+                             {v: round(x, 3) for v, x in sorted(w.items())}, " spray" if spray else "")
+                if moved:
+                    log.info("%d QPs moved to match", moved)
+                self.last_weights = want
+
+    def _probe_verdict(self, peer: int, plane: int, up: bool):
+        with self.lock:
+            (self.dead.discard if up else self.dead.add)((peer, plane))
+        self.wake.set()
+
+    def _links(self, ready: threading.Event):
+        """Carrier changes: the port's paths flip in the map at once; the rest follows."""
+        names = {p.ifname for p in self.ports}
+        while not self.stop.is_set():
+            try:
+                with IPRoute() as mon:
+                    mon.bind(groups=RTMGRP_LINK)
+                    ready.set()
+                    while not self.stop.is_set():
+                        for m in mon.get():
+                            name = m.get_attr("IFLA_IFNAME")
+                            if m["event"] != "RTM_NEWLINK" or name not in names:
+                                continue
+                            up = m.get_attr("IFLA_CARRIER") == 1 and bool(m["flags"] & 1)
+                            if self.carrier.get(name) != up:
+                                self.carrier[name] = up
+                                self.dp.set_port_up(name, up)
+                                log.info("%s: carrier %s", name, "up" if up else "lost")
+                                self.wake.set()
+            except Exception as e:
+                self.health.failed("links", e, log)
+                self.stop.wait(0.1)
+
+    def run(self):
+        ready = threading.Event()
+        threading.Thread(target=self._links, args=(ready,), name="links", daemon=True).start()
+        ready.wait(5)
+        threading.Thread(target=self.prober.run, name="probes", daemon=True).start()
+        log.info("following planes of %s: %d planes x %d sub-ports, loopback %s", self.gpu,
+                 len(self.fabric.planes), self.fabric.subports, self.loopback)
+        sweep_every = max(0.05, self.dp.config()["expiry_ms"] / 2000)
+        next_sweep = 0.0
+        while not self.stop.is_set():
+            try:
+                self.step()
+                self.health.ok("planes")
+            except (HostError, OSError) as e:
+                self.health.failed("planes", e, log, (HostError, OSError))
+            if time.monotonic() >= next_sweep:
+                try:
+                    self.dp.rebalance()
+                    self.health.ok("sweep")
+                except (HostError, OSError) as e:
+                    self.health.failed("sweep", e, log, (HostError, OSError))
+                next_sweep = time.monotonic() + sweep_every
+            self.wake.wait(self.period_s)
+            self.wake.clear()
+
+
+def attach(dp: HostDataplane, fabric: ScaleupFabric, gpu: str, run_dir: Path, **kw) -> PlaneAgent:
+    """Ports mode on the GPU's loopback device, paths from the fabric file."""
+    if gpu not in fabric.hosts:
+        raise HostError(f"{gpu!r} is not a GPU in the fabric file (GPUs: {', '.join(fabric.hosts)})")
+    agent = PlaneAgent(dp, fabric, gpu, run_dir, **kw)
+    agent._read_carrier()
+    agent._learn_macs()
+    dp.attach_ports(LOOPBACK_DEVICE, agent.loopback, agent.port_paths(), group_size=fabric.subports)
+    return agent

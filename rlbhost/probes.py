@@ -1,0 +1,176 @@
+"""Health probes between GPUs over every plane (draft-fare-scale-up §3: "data-plane health check
+mechanisms running directly between GPUs, spanning each network plane").
+
+Why a UDP probe and not multihop BFD: a probe must cross one chosen plane, both ways, and bird's
+multihop BFD follows the kernel's route (one plane, whichever it picks) and cannot be pinned; the
+probe is built here and sent out of a port of the plane under test with that link's MACs (the way
+the data plane sends QPs), the answer comes back the same way, and the result feeds the same agent
+that sets the weights. Cost: one small frame per peer per plane per interval, each way.
+
+Each GPU sends a probe to every peer on every plane it has a live port in every `interval`; a
+peer answers on the plane the probe names. A (peer, plane) with no answer for `dead_after` is
+down: the agent stops using that plane towards that peer (its QPs move), until answers return."""
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from rlbcommon import packets as P
+
+log = logging.getLogger(__name__)
+
+UDP_NO_CHECK6_RX = 102    # linux/udp.h: accept IPv6 UDP with a zero checksum (RFC 6936)
+MAGIC = b"RLBP"
+PROBE, REPLY = 1, 2
+FMT = "!4sBBHIQ"           # magic, kind, plane, sender GPU number, sequence, sender's send time (ns)
+SIZE = struct.calcsize(FMT)
+
+
+@dataclass
+class PlaneHealth:
+    """What a GPU knows of one (peer, plane)."""
+    sent: int = 0
+    answered: int = 0
+    last_answer: float = 0.0           # monotonic seconds
+    rtt_s: float = 0.0                 # last round trip
+    unanswered: int = 0                # probes sent since the last answer
+    up: bool = True
+    window: list = field(default_factory=list)   # (sent seq, answered?) of the last probes
+
+
+class Prober:
+    """ports() -> {plane number: [(ifname, switch MAC, own MAC)] live}; peers: {GPU number:
+    loopback}; on_change(peer number, plane, up) is called from the probe thread."""
+
+    def __init__(self, me: int, loopback: str, peers: dict[int, str], port: int,
+                 ports: Callable[[], dict[int, list[tuple[str, str, str]]]],
+                 on_change: Callable[[int, int, bool], None], interval: float = 0.02, dead_after: float = 0.1):
+        self.me, self.loopback, self.peers, self.port = me, loopback, peers, port
+        self.ports, self.on_change = ports, on_change
+        self.interval, self.dead_after = interval, dead_after
+        self.state: dict[tuple[int, int], PlaneHealth] = {}
+        self.stop = threading.Event()
+        self._raw: dict[str, socket.socket] = {}
+        self._heads: dict[tuple, bytes] = {}
+        self._seq = 0
+        self._started = time.monotonic()
+        self._lock = threading.Lock()
+
+    # ---- frames ---------------------------------------------------------------------------
+    def _send(self, ifname: str, dmac: str, smac: str, dst: str, kind: int, plane: int, seq: int, t_ns: int,
+              who: int):
+        s = self._raw.get(ifname)
+        if s is None:
+            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+            s.bind((ifname, 0))
+            self._raw[ifname] = s
+        body = struct.pack(FMT, MAGIC, kind, plane, who, seq, t_ns)   # who: the prober
+        head = self._heads.get((ifname, dmac, dst))
+        if head is None:
+            # zero UDP checksum (the receiver allows it, RFC 6936): the headers are built once
+            # and every probe is one concatenation, not a checksum in Python
+            frame = P.ipv6_frame(self.loopback, dst, 17,
+                                 P.udp6(self.loopback, dst, self.port, self.port, body, zero_checksum=True),
+                                 dmac=dmac, smac=smac)
+            head = self._heads[(ifname, dmac, dst)] = frame[:-SIZE]
+        try:
+            s.send(head + body)
+        except OSError:
+            pass                        # a port going down: its plane is judged by the answers
+
+    def _port_for(self, ports, plane: int, n: int):
+        live = ports.get(plane) or []
+        return live[n % len(live)] if live else None
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self):
+        rx = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        rx.setsockopt(socket.SOL_UDP, UDP_NO_CHECK6_RX, 1)
+        rx.bind((self.loopback, self.port))
+        rx.setblocking(False)
+        try:
+            next_round = time.monotonic()
+            while not self.stop.is_set():
+                now = time.monotonic()
+                if now >= next_round:
+                    self._round(now)
+                    next_round = now + self.interval
+                ready, _, _ = select.select([rx], [], [], max(0.0, next_round - time.monotonic()))
+                if ready:
+                    self._receive(rx)
+        finally:
+            rx.close()
+            for s in self._raw.values():
+                s.close()
+
+    def _round(self, now: float):
+        ports = self.ports()
+        self._seq += 1
+        t_ns = time.monotonic_ns()
+        for peer, addr in self.peers.items():
+            for plane in ports:
+                p = self._port_for(ports, plane, self._seq + peer)
+                if p is None:
+                    continue
+                st = self.state.setdefault((peer, plane), PlaneHealth(last_answer=now))
+                st.sent += 1
+                st.unanswered += 1
+                st.window = (st.window + [(self._seq, False)])[-50:]
+                self._send(p[0], p[1], p[2], addr, PROBE, plane, self._seq, t_ns, self.me)
+        # down: no answer for dead_after AND as many probes sent since the last answer as fit in
+        # it, so that a stall of this very loop (a busy CPU) is not taken for a silent plane
+        need = max(2, int(self.dead_after / self.interval) - 1)
+        for (peer, plane), st in list(self.state.items()):
+            up = plane in ports and (now - st.last_answer <= self.dead_after or st.unanswered < need)
+            if up != st.up:
+                st.up = up
+                log.warning("probes to GPU %d over plane %d: %s", peer, plane,
+                            "answered again" if up else f"no answer for {self.dead_after * 1000:.0f} ms")
+                self.on_change(peer, plane, up)
+
+    def _receive(self, rx):
+        ports = None
+        while True:
+            try:
+                data, (src, *_) = rx.recvfrom(256)
+            except BlockingIOError:
+                return
+            if len(data) < SIZE:
+                continue
+            magic, kind, plane, sender, seq, t_ns = struct.unpack(FMT, data[:SIZE])
+            if magic != MAGIC:
+                continue
+            if kind == PROBE:
+                ports = ports or self.ports()
+                p = self._port_for(ports, plane, seq)
+                if p is not None:
+                    self._send(p[0], p[1], p[2], src.split("%")[0], REPLY, plane, seq, t_ns, sender)
+            elif kind == REPLY and sender == self.me:
+                peer = next((n for n, a in self.peers.items() if a == src.split("%")[0]), None)
+                st = self.state.get((peer, plane))
+                if st is None:
+                    continue
+                st.answered += 1
+                st.unanswered = 0
+                st.last_answer = time.monotonic()
+                st.rtt_s = (time.monotonic_ns() - t_ns) / 1e9
+                st.window = [(s, a or s == seq) for s, a in st.window]
+
+    def snapshot(self) -> list[dict]:
+        """Per (peer, plane): up, round trip, loss over the last probes (those older than
+        dead_after, whose answers had time to come)."""
+        out = []
+        horizon = max(1, round(self.dead_after / self.interval))
+        for (peer, plane), st in sorted(self.state.items()):
+            settled = st.window[:-horizon] if len(st.window) > horizon else []
+            loss = (sum(1 for _, a in settled if not a) / len(settled)) if settled else 0.0
+            out.append({"peer": peer, "plane": plane, "up": st.up, "rtt_s": st.rtt_s, "loss": loss,
+                        "sent": st.sent, "answered": st.answered})
+        return out

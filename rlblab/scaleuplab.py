@@ -1,0 +1,159 @@
+"""A scale-up fabric (rlbfabric/scaleup.py) in network namespaces: one namespace per plane switch
+(bird2 + `rlbswitch run`, XDP) and per GPU (bird2 as a BGP speaker, `rlbhost attach rlb0` in
+ports mode, health probes), m veths between every GPU and every plane.
+
+    GPU G eth-P-i  <->  plane switch P eth-G-i        (switch side fe80::1, GPU side fe80::2)
+Namespace names: <lab>-<node>."""
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from rlbcommon.netns import run
+from rlbfabric.bird.conf import initial_includes, render
+from rlbfabric.scaleup import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, add_loopback_device
+
+from . import topo
+from .bird import Bird
+from .fabriclab import FabricLab
+
+
+class ScaleupLab(FabricLab):
+    def __init__(self, fabric_file: str | Path, name: str = "rlbs", monitor: bool = False, **_):
+        super().__init__(fabric_file, name, hosts_agent=True, mode="rlb", monitor=monitor, coordinator=False)
+
+    @property
+    def switches(self):
+        return self.fabric.planes
+
+    @property
+    def gpus(self) -> list[str]:
+        return self.fabric.hosts
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def up(self, timeout: float = 60.0):
+        self.down()
+        self.work.mkdir(parents=True, exist_ok=True)
+        for ns in self.namespaces():
+            topo.add_ns(ns)
+            for key in ("all", "default"):
+                topo.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")
+        if self.mgmt:
+            self._mgmt_network()
+        for p in self.fabric.planes:
+            topo.sysctl(self.ns(p.name), "net.ipv6.conf.all.forwarding", "1")
+        for g in self.gpus:
+            gns = self.ns(g)
+            for port in self.fabric.gpu_ports(g):
+                pns = self.ns(port.plane.name)
+                topo.link(gns, port.ifname, pns, port.switch_ifname)
+                run(pns, "ip", "addr", "add", f"{SWITCH_LL}/64", "dev", port.switch_ifname, "nodad")
+                run(gns, "ip", "addr", "add", f"{GPU_LL}/64", "dev", port.ifname, "nodad")
+            add_loopback_device(LOOPBACK_DEVICE, gns)
+            run(gns, "ip", "addr", "add", f"{self.fabric.loopback(g)}/128", "dev", LOOPBACK_DEVICE, "nodad")
+            run(gns, "ip", "link", "set", LOOPBACK_DEVICE, "up")
+            run(gns, "ip", "-6", "route", "add", str(self.fabric.loopback_prefix()), "dev", LOOPBACK_DEVICE)
+        for p in self.fabric.planes:
+            for inc, body in initial_includes(self.fabric, p, self.work).items():
+                inc.write_text(body)
+            self._bird(p.name)
+            self.start_agent(p.name)
+        for g in self.gpus:
+            for inc, body in initial_includes(self.fabric, g, self.work).items():
+                inc.write_text(body)
+            self._bird(g)
+            self.start_host_agent(g)
+        return self
+
+    def _bird(self, node: str):
+        bird = Bird(self.ns(node), render(self.fabric, node, self.work), self.work, name=node)
+        bird.start()
+        self.birds[node] = bird
+
+    def start_host_agent(self, gpu: str):
+        cmd = [sys.executable, "-m", "rlbhost", "--netns", self.ns(gpu), "attach", LOOPBACK_DEVICE,
+               "--fabric", str(self.fabric_file), "--node", gpu, "--run-dir", str(self.work)]
+        cmd += ["--metrics-addr", self.mgmt_addr(gpu)] if self.monitor else ["--metrics-port", "0"]
+        self._spawn(gpu, cmd, "following planes")
+
+    def down(self):
+        for key in list(self.agents):
+            self.kill_agent(key)
+        for b in self.birds.values():
+            b.stop()
+        self.birds = {}
+        existing = set(topo.list_ns())
+        import subprocess
+        for p in self.fabric.planes:
+            if self.ns(p.name) in existing:
+                subprocess.run([sys.executable, "-m", "rlbswitch", "--netns", self.ns(p.name), "detach", "--all"],
+                               capture_output=True)
+        for g in self.gpus:
+            if self.ns(g) in existing:
+                subprocess.run([sys.executable, "-m", "rlbhost", "--netns", self.ns(g), "detach", LOOPBACK_DEVICE],
+                               capture_output=True)
+        for ns in self.namespaces():
+            topo.del_ns(ns)
+
+    # ---- state --------------------------------------------------------------------------
+    def weights(self, gpu: str) -> dict[str, dict[int, float]]:
+        """{peer loopback /128: {path value: weight}} as programmed on a GPU."""
+        return {w["prefix"]: {int(k): v for k, v in w["all_weights"].items()}
+                for w in json.loads(self.cli(gpu, "weights", "show", "--json"))}
+
+    def plane_weights(self, src: str, dst: str) -> dict[int, float]:
+        """{plane number: weight} src gives towards dst (its sub-ports' weights summed)."""
+        w = self.weights(src).get(f"{self.fabric.loopback(dst)}/128", {})
+        out = {p.index: 0.0 for p in self.fabric.planes}
+        for port in self.fabric.gpu_ports(src):
+            out[port.plane.index] += w.get(port.value, 0.0)
+        return out
+
+    def wait_converged(self, timeout: float = 120.0):
+        """Until every GPU weights every peer on every plane at full bandwidth."""
+        full = {p.index: self.fabric.subports * self.fabric.sub_mbps(p.name) / 1000 for p in self.fabric.planes}
+        self.wait_for(lambda: all(self.plane_weights(a, b) == full for a in self.gpus for b in self.gpus if a != b),
+                      timeout, "every GPU to weight every peer on every plane")
+
+    def wait_for(self, cond, timeout: float, what: str):
+        deadline = time.time() + timeout
+        while not cond():
+            if time.time() > deadline:
+                raise TimeoutError(f"waited {timeout:g} s for {what}")
+            time.sleep(0.2)
+
+    # ---- traffic ------------------------------------------------------------------------
+    def sub_port_bytes(self, src: str) -> dict[tuple[int, int], int]:
+        """{(plane, sub-port): bytes} the plane switches received from src (their port counters)."""
+        return {(p.plane.index, p.sub): topo.counters(self.ns(p.plane.name), p.switch_ifname)["rx_bytes"]
+                for p in self.fabric.gpu_ports(src)}
+
+    def run_qps(self, src: str, dst: str, n_qps: int, packets: int, seed: int,
+                payload_len: int = 512, rate_pps: float | None = None) -> dict:
+        """n QPs between two GPUs' loopbacks (UDP 4791, random source ports and QPs) sent from a
+        raw socket on src's loopback device, through its TC program; per (plane, sub-port)
+        bytes from the plane switches' counters."""
+        from .traffic import Flow, open_raw, send
+        rnd = random.Random(seed)
+        a, b = self.fabric.loopback(src), self.fabric.loopback(dst)
+        flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(n_qps)]
+        sock = open_raw(self.ns(src), LOOPBACK_DEVICE)
+        try:
+            before = self.sub_port_bytes(src)
+            sent = send(sock, flows, packets, dmac="02:00:00:00:00:01", smac="02:00:00:00:00:02",
+                        payload_len=payload_len, rate_pps=rate_pps)
+            time.sleep(0.3)
+            after = self.sub_port_bytes(src)
+        finally:
+            sock.close()
+        return {"sent": sent, "ports": {k: after[k] - before[k] for k in after}}
+
+    def plane_shares(self, ports: dict[tuple[int, int], int]) -> dict[int, float]:
+        total = sum(ports.values())
+        out: dict[int, float] = {}
+        for (plane, _), v in ports.items():
+            out[plane] = out.get(plane, 0) + (v / total if total else 0)
+        return {k: round(v, 4) for k, v in sorted(out.items())}
