@@ -205,6 +205,18 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
 
 
 @app.command()
+def qps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Every QP in the connection-tracking table: peer, UDP source port, QP, path, idle time."""
+    rows = sorted(ctx.dataplane().qps(), key=lambda q: (q["peer"], q["sport"], q["qp"]))
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for q in rows:
+        typer.echo(f"{q['peer']:<40} sport {q['sport']:<6} qp {q['qp']:<9} path {q['path'] + 1:<3} "
+                   f"idle {q['idle_ms']:.0f} ms{'' if q['active'] else ' (expired)'}")
+
+
+@app.command()
 def paths(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
     """Path index, address and RoCE GID index (where an RDMA device has one) per path."""
     rows = ctx.dataplane().paths_with_gids()

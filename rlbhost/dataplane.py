@@ -464,10 +464,12 @@ class HostDataplane(PinnedState):
                 flows = live[wid]
                 if entry.flags & SPRAY or not flows or not any(eff):
                     continue
-                if release:
+                if release or cfg.group_size > 1:
+                    # a release, or planes of sub-ports (each plane kept within one QP of its
+                    # share: the data plane places new QPs per sub-port)
                     counts = [sum(1 for f in flows if f[1].path == i) for i in range(MAX_PATHS)]
                     lo = hi = grouped_release_targets(counts, eff, max(1, cfg.group_size), cfg.rotation,
-                                                      (before or {}).get(wid))
+                                                      (before or {}).get(wid) if release else None)
                 else:
                     lo, hi = share_bounds(eff, len(flows))
                 on = {i: [f for f in flows if f[1].path == i] for i in range(MAX_PATHS)}

@@ -142,14 +142,22 @@ class ScaleupLab(FabricLab):
         flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(n_qps)]
         sock = open_raw(self.ns(src), LOOPBACK_DEVICE)
         try:
-            before = self.sub_port_bytes(src)
+            before, sent_before = self.sub_port_bytes(src), self.sent_per_port(src)
             sent = send(sock, flows, packets, dmac="02:00:00:00:00:01", smac="02:00:00:00:00:02",
                         payload_len=payload_len, rate_pps=rate_pps)
             time.sleep(0.3)
-            after = self.sub_port_bytes(src)
+            after, sent_after = self.sub_port_bytes(src), self.sent_per_port(src)
         finally:
             sock.close()
-        return {"sent": sent, "ports": {k: after[k] - before[k] for k in after}}
+        return {"sent": sent, "ports": {k: after[k] - before[k] for k in after},
+                "qp_packets": {k: sent_after[k] - sent_before[k] for k in sent_after}}
+
+    def sent_per_port(self, gpu: str) -> dict[tuple[int, int], int]:
+        """{(plane, sub-port): packets} the GPU's TC program sent on each path (its own counters:
+        the switches' port counters also see BGP, BFD and the probes)."""
+        s = json.loads(self.cli(gpu, "status", "--json"))
+        by_value = {p["path"]: p["tx_packets"] for p in s["paths"]}
+        return {(p.plane.index, p.sub): by_value.get(p.value, 0) for p in self.fabric.gpu_ports(gpu)}
 
     def plane_shares(self, ports: dict[tuple[int, int], int]) -> dict[int, float]:
         total = sum(ports.values())

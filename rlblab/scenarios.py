@@ -14,7 +14,13 @@ from typing import Callable
 
 from rlbcommon.netns import run
 
+from . import topo
 from .fabriclab import FabricLab, balance
+
+
+def _scaleup_lab():
+    from .scaleuplab import ScaleupLab
+    return ScaleupLab
 
 LAB_DIR = Path(__file__).resolve().parent.parent / "lab"
 
@@ -36,6 +42,7 @@ class Scenario:
     run: Callable[[FabricLab], list[Check]]
     lab: dict = field(default_factory=dict)   # FabricLab options (mode, shape, coordinator)
     minutes: float = 2.0           # about how long, lab included
+    lab_class: type = FabricLab    # ScaleupLab for the multi-plane fabric
 
 
 def qps_per_link(r: dict, n: int) -> dict[str, int]:
@@ -186,6 +193,203 @@ def scaleup_3_2_spray(lab: FabricLab, packets: int = 20000) -> list[Check]:
                   bool(shares) and all(abs(s - 0.25) < 0.01 for s in shares.values()))]
 
 
+# ---- FARE for scale-up networks, on the multi-plane fabric (lab/scaleup.toml) ---------------
+
+def _wait_planes(lab, src: str, dst: str, want: dict[int, float], timeout: float = 15.0) -> dict[int, float]:
+    deadline, got = time.time() + timeout, {}
+    while time.time() < deadline:
+        got = lab.plane_weights(src, dst)
+        if got == want:
+            break
+        time.sleep(0.2)
+    return got
+
+
+def _full(lab) -> float:
+    return lab.fabric.subports * lab.fabric.link_mbps / 1000
+
+
+def _qp_paths(lab, gpu: str, peer: str) -> dict[tuple[int, int], int]:
+    """{(UDP source port, QP): path value} of a GPU's active QPs to a peer."""
+    import json
+    lo = lab.fabric.loopback(peer)
+    return {(q["sport"], q["qp"]): q["path"] + 1 for q in json.loads(lab.cli(gpu, "qps", "--json"))
+            if q["peer"] == lo and q["active"]}
+
+
+def _link(lab, node: str, ifname: str, state: str):
+    run(lab.ns(node), "ip", "link", "set", ifname, state)
+
+
+def scaleup_split(lab, n_qps: int = 64) -> list[Check]:
+    """§3.1: g2 loses one of its two sub-cables into plane 1, so g1's path bandwidth to g2 via
+    plane 1 halves (FARE min() at g2, the plane switch and g1); 64 new QPs g1->g2 split 1:2:2:2
+    across the planes, within 2 points of those weights, and evenly over each plane's sub-ports."""
+    full = _full(lab)
+    _link(lab, "g2", "eth-p1-2", "down")
+    try:
+        want = {1: full / 2, 2: full, 3: full, 4: full}
+        got = _wait_planes(lab, "g1", "g2", want)
+        checks = [Check("g1's plane weights to g2 (Gb/s)", got, str(want), got == want)]
+        r = lab.run_qps("g1", "g2", n_qps, 20, seed=21)
+        per_sub = {k: round(v / max(1, sum(r["qp_packets"].values())) * n_qps) for k, v in r["qp_packets"].items()}
+        shares = lab.plane_shares(per_sub)
+        exp = {k: v / sum(want.values()) for k, v in want.items()}
+        worst = max(abs(shares.get(k, 0) - exp[k]) for k in exp)
+        checks.append(Check(f"{n_qps} QPs: share per plane", shares,
+                            f"{ {k: round(v, 3) for k, v in exp.items()} } within 0.02", worst <= 0.02))
+        arrived = sum(r["ports"].values()) >= r["sent"] * 512
+        checks.append(Check("bytes the plane switches received from g1", sum(r["ports"].values()),
+                            f">= {r['sent']} packets x 512 bytes", arrived))
+        uneven = [p for p in want if abs(per_sub[(p, 1)] - per_sub[(p, 2)]) > 1]
+        checks.append(Check("QPs per sub-port within each plane", per_sub, "differ by at most 1", not uneven))
+    finally:
+        _link(lab, "g2", "eth-p1-2", "up")
+    return checks
+
+
+def scaleup_subcable(lab, n_qps: int = 64) -> list[Check]:
+    """§3.1: a sub-cable fails at the sender (g1's eth-p2-1: its QPs move, exactly 1/8 of them) or
+    at the receiver (g2's eth-p3-1: g1's plane 3 to g2 halves, so ceil(16 - 64/7) = 7 QPs leave
+    plane 3), and recovery moves as many back."""
+    import math
+    checks = []
+    lab.cli("g1", "config", "--expiry-ms", "60000")
+    full = _full(lab)
+    try:
+        def traffic():
+            lab.run_qps("g1", "g2", n_qps, 5, seed=31)
+            time.sleep(0.3)
+            return _qp_paths(lab, "g1", "g2")
+
+        for where, node, port, plane, expect in (
+                ("sender", "g1", "eth-p2-1", 2, math.ceil(n_qps / 8)),
+                ("receiver", "g2", "eth-p3-1", 3, math.ceil(n_qps / 4 - n_qps * 1 / 7))):
+            before = traffic()
+            _link(lab, node, port, "down")
+            _wait_planes(lab, "g1", "g2", {p: full / 2 if p == plane else full for p in range(1, 5)})
+            time.sleep(0.5)
+            during = traffic()
+            moved = sum(1 for q in before if during.get(q) != before[q])
+            checks.append(Check(f"{where}'s sub-cable {port} down: QPs moved", moved,
+                                f"{expect} (ceil of the proportional share)", moved == expect))
+            _link(lab, node, port, "up")
+            _wait_planes(lab, "g1", "g2", {p: full for p in range(1, 5)}, timeout=30)
+            time.sleep(0.5)
+            after = traffic()
+            back = sum(1 for q in during if after.get(q) != during[q])
+            even = {p: sum(1 for v in after.values() if (v - 1) // 2 + 1 == p) for p in range(1, 5)}
+            checks.append(Check(f"{port} back: QPs moved back; QPs per plane", (back, even),
+                                f"{expect}; {n_qps // 4} each", back == expect and set(even.values()) == {n_qps // 4}))
+    finally:
+        lab.cli("g1", "config", "--expiry-ms", "200")
+    return checks
+
+
+def _stream_loss(lab, src: str, dst: str, n_qps: int, seconds: float, rate_pps: float, fault, seed: int):
+    """Send n QPs at rate_pps for `seconds`, calling fault() a third of the way in; returns
+    (packets sent, packets the destination's ports received, share of QPs on the faulty plane)."""
+    res: dict = {}
+
+    def rx():
+        return sum(topo.counters(lab.ns(dst), p.ifname)["rx_packets"] for p in lab.fabric.gpu_ports(dst))
+    before = rx()
+    t = threading.Thread(target=lambda: res.update(r=lab.run_qps(src, dst, n_qps, int(seconds * rate_pps / n_qps),
+                                                               seed=seed, payload_len=128, rate_pps=rate_pps)))
+    t.start()
+    time.sleep(seconds / 3)
+    fault()
+    t.join()
+    time.sleep(0.5)
+    return res["r"]["sent"], rx() - before
+
+
+def scaleup_plane_failure(lab) -> list[Check]:
+    """Plane p4's switch fails (every port loses carrier): the GPUs see it locally and stop using
+    the plane at once (the data plane moves a QP on its next packet). g1 streams 16 QPs to g2 at
+    8000 packets/s; the packets lost, divided by the rate of the QPs that were on p4, is how long
+    p4 kept getting traffic."""
+    checks = []
+    ports = lab.fabric.switch_ports(lab.fabric.node("p4"))
+    lab.cli("g1", "config", "--expiry-ms", "60000")
+    try:
+        rate, n = 8000, 16
+        sent, got = _stream_loss(lab, "g1", "g2", n, 3.0, rate,
+                                 lambda: [_link(lab, "p4", p, "down") for p in ports], seed=41)
+        lost = sent - got
+        on_p4 = 4 / 16
+        ms = lost / (rate * on_p4) * 1000
+        checks.append(Check("p4 down: traffic lost on it (ms of its share)", round(ms, 2), "<= 1 ms", ms <= 1.0))
+        w = _wait_planes(lab, "g1", "g2", {1: _full(lab), 2: _full(lab), 3: _full(lab), 4: 0.0})
+        checks.append(Check("g1's plane weights to g2 after", w, "p4 0", w.get(4) == 0.0))
+    finally:
+        for p in ports:
+            _link(lab, "p4", p, "up")
+        lab.cli("g1", "config", "--expiry-ms", "200")
+        _wait_planes(lab, "g1", "g2", {p: _full(lab) for p in range(1, 5)}, timeout=30)
+    return checks
+
+
+def scaleup_silent_failure(lab) -> list[Check]:
+    """Plane p2 silently drops everything to g2 (carrier up, BGP and BFD on link-local untouched):
+    only the GPUs' probes see it. g1 streams 16 QPs to g2; the time p2 kept getting g1's traffic
+    (lost packets over the rate on p2) must stay within 150 ms."""
+    from .faults import SilentDrop
+    drop = SilentDrop(lab.ns("g2"), [p.ifname for p in lab.fabric.gpu_ports("g2") if p.plane.name == "p2"],
+                      lab.fabric.loopback("g2"))
+    lab.cli("g1", "config", "--expiry-ms", "60000")
+    checks = []
+    try:
+        rate, n = 8000, 16
+        sent, got = _stream_loss(lab, "g1", "g2", n, 3.0, rate, drop.on, seed=51)
+        lost = sent - got
+        ms = lost / (rate * 4 / 16) * 1000
+        checks.append(Check("p2 silently dropping to g2: traffic lost on it (ms of its share)", round(ms, 1),
+                            "<= 150 ms", 0 < lost and ms <= 150))
+        w = lab.plane_weights("g1", "g2")
+        checks.append(Check("g1's plane weights to g2 during", w, "p2 0, the others full",
+                            w.get(2) == 0.0 and all(w[p] == _full(lab) for p in (1, 3, 4))))
+        sessions = lab.weights("g1").get(f"{lab.fabric.loopback('g3')}/128", {})
+        checks.append(Check("g1 to g3 (not behind the fault) keeps p2", sum(sessions.get(v, 0) for v in (3, 4)),
+                            f"{_full(lab)}", sum(sessions.get(v, 0) for v in (3, 4)) == _full(lab)))
+    finally:
+        drop.off()
+        lab.cli("g1", "config", "--expiry-ms", "200")
+    back = _wait_planes(lab, "g1", "g2", {p: _full(lab) for p in range(1, 5)}, timeout=10)
+    checks.append(Check("fault cleared: p2 back for g2", back, "all planes full",
+                        back == {p: _full(lab) for p in range(1, 5)}))
+    return checks
+
+
+def scaleup_spray(lab, packets: int = 100_000) -> list[Check]:
+    """§3.2: g8 tolerates reordering; g1 sends it one QP per plane (4) and each packet is sprayed
+    by weight over the planes and their sub-ports: 100 000 packets, each plane 25 % and each
+    sub-port 12.5 % within 1 point. g1's sub-cable into p1 is down first: p1 then weighs half,
+    so the plane shares are 1/7, 2/7, 2/7, 2/7."""
+    full = _full(lab)
+    checks = []
+    _link(lab, "g1", "eth-p1-2", "down")
+    try:
+        want = {1: full / 2, 2: full, 3: full, 4: full}
+        got = _wait_planes(lab, "g1", "g8", want)
+        checks.append(Check("g1's plane weights to g8", got, str(want), got == want))
+        r = lab.run_qps("g1", "g8", 4, packets // 4, seed=61, payload_len=128)
+        total = sum(r["qp_packets"].values())
+        shares = lab.plane_shares(r["qp_packets"])
+        exp = {k: v / sum(want.values()) for k, v in want.items()}
+        checks.append(Check(f"4 QPs, {packets} packets: share per plane", shares,
+                            f"{ {k: round(v, 3) for k, v in exp.items()} } within 0.01",
+                            all(abs(shares[k] - exp[k]) <= 0.01 for k in exp)))
+        subs = {k: round(v / total, 4) for k, v in r["qp_packets"].items() if k[0] != 1}
+        checks.append(Check("packets g1 sent / the plane switches counted from it", (total, sum(
+            v for v in r["ports"].values())), f"{packets} sent", total == packets))
+        checks.append(Check("share per sub-port of p2-p4", subs, f"{exp[2] / 2:.4f} within 0.01 each",
+                            all(abs(v - exp[2] / 2) <= 0.01 for v in subs.values())))
+    finally:
+        _link(lab, "g1", "eth-p1-2", "up")
+    return checks
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("juniper-fig10", "Juniper RLB, Fig. 10", "kernel ECMP puts two of 4 QPs on one spine",
              "fabric.toml", fig10, {"mode": "baseline"}),
@@ -205,6 +409,19 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("scaleup-3.2-spray", "FARE scale-up, §3.2 (switch side)",
              "one QP sprayed per packet across the uplinks by weight", "fabric-spray.toml",
              scaleup_3_2_spray),
+    Scenario("scaleup-3.1-split", "FARE scale-up, §3.1", "64 QPs split across planes by path "
+             "bandwidth (a peer's half plane), evenly over sub-ports", "scaleup.toml", scaleup_split,
+             lab_class=_scaleup_lab()),
+    Scenario("scaleup-3.1-subcable", "FARE scale-up, §3.1", "a sub-cable fails at either end: "
+             "exactly ceil(the proportional share) of QPs move, and back", "scaleup.toml", scaleup_subcable,
+             lab_class=_scaleup_lab()),
+    Scenario("scaleup-plane-down", "FARE scale-up, §3", "a plane fails, seen locally: traffic off it "
+             "within 1 ms", "scaleup.toml", scaleup_plane_failure, lab_class=_scaleup_lab()),
+    Scenario("scaleup-silent", "FARE scale-up, §3 (health checks)", "a plane silently drops to one "
+             "GPU: the probes take it out of use within 150 ms", "scaleup.toml", scaleup_silent_failure,
+             lab_class=_scaleup_lab()),
+    Scenario("scaleup-3.2-planes", "FARE scale-up, §3.2", "per-packet spray across planes and "
+             "sub-ports by weight (100k packets)", "scaleup.toml", scaleup_spray, lab_class=_scaleup_lab()),
 ]}
 
 
@@ -219,7 +436,7 @@ def format_checks(s: Scenario, checks: list[Check]) -> str:
 def run_scenario(name: str, lab_name: str = "rlbsn", echo=print) -> bool:
     """Build the scenario's lab, run it, print its checks, tear the lab down."""
     s = SCENARIOS[name]
-    lab = FabricLab(LAB_DIR / s.fabric, lab_name, **s.lab)
+    lab = s.lab_class(LAB_DIR / s.fabric, lab_name, **s.lab)
     try:
         echo(f"==> building {s.fabric} as lab {lab_name} ({s.lab.get('mode', 'rlb')})")
         lab.up()

@@ -1,0 +1,60 @@
+"""Faults a lab injects: a silent drop, where carrier stays up and BGP and BFD (link-local) keep
+running but packets to one address die, the failure in the middle of a plane that only a
+data-plane health check sees. A small TC ingress program (this kernel has no flower or u32)."""
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+
+from rlbcommon import netns
+
+PROG = r"""
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/pkt_cls.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ipv6.h>
+int drop_to(struct __sk_buff *skb)
+{
+    void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+    struct ethhdr *eth = data;
+    struct ipv6hdr *ip6 = (void *)(eth + 1);
+    if ((void *)(ip6 + 1) > end || eth->h_proto != htons(ETH_P_IPV6))
+        return TC_ACT_OK;
+    u64 *d = (u64 *)&ip6->daddr;
+    return d[0] == DST0 && d[1] == DST1 ? TC_ACT_SHOT : TC_ACT_OK;
+}
+"""
+TC_INGRESS, PRIO, HANDLE = 0xFFFFFFF2, 0xFA17, 0x1
+
+
+class SilentDrop:
+    """Drop every IPv6 packet to `dst` arriving on the given ports of a namespace."""
+
+    def __init__(self, ns: str, ports: list[str], dst: str):
+        from bcc import BPF
+        raw = ipaddress.IPv6Address(dst).packed
+        w0, w1 = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
+        self.bpf = BPF(text=PROG, cflags=[f"-DDST0={w0}ULL", f"-DDST1={w1}ULL"])
+        self.fn = self.bpf.load_func(b"drop_to", BPF.SCHED_CLS)
+        self.ns, self.ports = ns, ports
+
+    def _each(self, action: str):
+        from pyroute2 import IPRoute
+        with netns.inside(self.ns), IPRoute() as ipr:
+            for port in self.ports:
+                idx = ipr.link_lookup(ifname=port)[0]
+                with contextlib.suppress(Exception):
+                    ipr.tc("add", "clsact", idx)
+                if action == "on":
+                    ipr.tc("replace-filter", "bpf", idx, handle=HANDLE, prio=PRIO, fd=self.fn.fd,
+                           name=self.fn.name, parent=TC_INGRESS, classid=1, direct_action=True)
+                else:
+                    with contextlib.suppress(Exception):
+                        ipr.tc("del-filter", "bpf", idx, handle=HANDLE, prio=PRIO, parent=TC_INGRESS)
+
+    def on(self):
+        self._each("on")
+
+    def off(self):
+        self._each("off")
+        self.bpf.cleanup()
