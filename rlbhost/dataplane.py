@@ -374,10 +374,12 @@ class HostDataplane(PinnedState):
                  {v: entry.weight[i] / WEIGHT_SCALE for v, i in sorted(paths.items())},
                  " (spray)" if spray else "")
 
-    def apply_weights(self, want: dict[str, tuple[dict[int, float], bool]], prune: bool = True) -> bool:
+    def apply_weights(self, want: dict[str, tuple[dict[int, float], bool]], prune: bool = True,
+                      release: bool = True) -> bool:
         """Make the per-destination weights {prefix: (weights by path value, spray)} what is
         programmed, writing only the entries that differ (and, with prune, removing the other
-        prefixes except ::/0); then one release/reinstate for all of them. Returns True when
+        prefixes except ::/0); then one release/reinstate for all of them (release False: none,
+        for a path going to zero, whose QPs the data plane moves itself). Returns True when
         something changed."""
         changed = False
         with self.locked():
@@ -398,7 +400,7 @@ class HostDataplane(PinnedState):
                 for prefix in set(have) - {str(ipaddress.IPv6Network(p)) for p in want} - {"::/0"}:
                     self.maps["weights"].delete(self._wkey(prefix))
                     changed = True
-        if changed:
+        if changed and release:
             self.rebalance(release=True, before=before)
         return changed
 

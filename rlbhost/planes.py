@@ -59,6 +59,7 @@ class PlaneAgent:
         self.last_weights: dict[str, dict[int, float]] = {}
         self._pathbw_text = None
         self._next_resync = 0.0
+        self._routes = None                              # bird's, as last read
         self._ports_programmed: list[PortPath] | None = None
 
     # ---- ports ----------------------------------------------------------------------------
@@ -177,7 +178,7 @@ class PlaneAgent:
                 self._ports_programmed = ports
             self.sync_pathbw()
             try:
-                routes = self.bird.routes()
+                routes = self._routes = self.bird.routes()
                 self.health.ok("bird")
             except BirdError as e:
                 self.health.failed("bird", e, log)
@@ -196,8 +197,16 @@ class PlaneAgent:
                 self.last_weights = want
 
     def _probe_verdict(self, peer: int, plane: int, up: bool):
+        """A plane unanswered: that peer's weights on it go to zero at once, from the routes
+        last read (the data plane moves each QP on it with its next packet); the full step
+        follows. An answer again waits for the step (a reinstatement releases QPs by weight)."""
         with self.lock:
             (self.dead.discard if up else self.dead.add)((peer, plane))
+            if not up and self._routes is not None:
+                prefix = f"{self.peers[peer]}/128"
+                want = self.weights_from(self._routes).get(prefix)
+                if want is not None:
+                    self.dp.apply_weights({prefix: want}, prune=False, release=False)
         self.wake.set()
 
     def _links(self, ready: threading.Event):

@@ -16,6 +16,9 @@ from rlbcommon.netns import run
 from rlbfabric.bird.conf import initial_includes, render
 from rlbfabric.scaleup import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, add_loopback_device
 
+from rlbcommon import netns
+from rlbfabric.constants import ROCE_PORT
+
 from . import topo
 from .bird import Bird
 from .fabriclab import FabricLab
@@ -41,6 +44,8 @@ class ScaleupLab(FabricLab):
             topo.add_ns(ns)
             for key in ("all", "default"):
                 topo.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")
+                # the configured link-locals (fe80::1 / fe80::2) must survive a link flap
+                topo.sysctl(ns, f"net.ipv6.conf.{key}.keep_addr_on_down", "1")
         if self.mgmt:
             self._mgmt_network()
         for p in self.fabric.planes:
@@ -159,9 +164,48 @@ class ScaleupLab(FabricLab):
         by_value = {p["path"]: p["tx_packets"] for p in s["paths"]}
         return {(p.plane.index, p.sub): by_value.get(p.value, 0) for p in self.fabric.gpu_ports(gpu)}
 
+    def receiver(self, gpu: str) -> "Receiver":
+        """Counts the QP datagrams arriving at a GPU's loopback (port 4791): what was delivered,
+        unlike the port counters, which also see BGP, BFD and the probes."""
+        return Receiver(self.ns(gpu), self.fabric.loopback(gpu))
+
     def plane_shares(self, ports: dict[tuple[int, int], int]) -> dict[int, float]:
         total = sum(ports.values())
         out: dict[int, float] = {}
         for (plane, _), v in ports.items():
             out[plane] = out.get(plane, 0) + (v / total if total else 0)
         return {k: round(v, 4) for k, v in sorted(out.items())}
+
+
+class Receiver:
+    """A UDP socket on a GPU's loopback:4791 counting datagrams in a thread (use as a context)."""
+
+    def __init__(self, ns: str, addr: str):
+        import socket
+        import threading
+        with netns.inside(ns):
+            self.sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            self.sock.bind((addr, ROCE_PORT))
+        self.sock.settimeout(0.2)
+        self.count = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self.sock.recv(4096)
+                self.count += 1
+            except OSError:
+                continue
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        time.sleep(0.3)
+        self._stop.set()
+        self._t.join()
+        self.sock.close()

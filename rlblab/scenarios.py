@@ -14,7 +14,6 @@ from typing import Callable
 
 from rlbcommon.netns import run
 
-from . import topo
 from .fabriclab import FabricLab, balance
 
 
@@ -288,20 +287,16 @@ def scaleup_subcable(lab, n_qps: int = 64) -> list[Check]:
 
 def _stream_loss(lab, src: str, dst: str, n_qps: int, seconds: float, rate_pps: float, fault, seed: int):
     """Send n QPs at rate_pps for `seconds`, calling fault() a third of the way in; returns
-    (packets sent, packets the destination's ports received, share of QPs on the faulty plane)."""
+    (packets sent, QP datagrams delivered at dst's loopback)."""
     res: dict = {}
-
-    def rx():
-        return sum(topo.counters(lab.ns(dst), p.ifname)["rx_packets"] for p in lab.fabric.gpu_ports(dst))
-    before = rx()
-    t = threading.Thread(target=lambda: res.update(r=lab.run_qps(src, dst, n_qps, int(seconds * rate_pps / n_qps),
-                                                               seed=seed, payload_len=128, rate_pps=rate_pps)))
-    t.start()
-    time.sleep(seconds / 3)
-    fault()
-    t.join()
-    time.sleep(0.5)
-    return res["r"]["sent"], rx() - before
+    with lab.receiver(dst) as rx:
+        t = threading.Thread(target=lambda: res.update(r=lab.run_qps(
+            src, dst, n_qps, int(seconds * rate_pps / n_qps), seed=seed, payload_len=128, rate_pps=rate_pps)))
+        t.start()
+        time.sleep(seconds / 3)
+        fault()
+        t.join()
+    return res["r"]["sent"], rx.count
 
 
 def scaleup_plane_failure(lab) -> list[Check]:
@@ -319,7 +314,8 @@ def scaleup_plane_failure(lab) -> list[Check]:
         lost = sent - got
         on_p4 = 4 / 16
         ms = lost / (rate * on_p4) * 1000
-        checks.append(Check("p4 down: traffic lost on it (ms of its share)", round(ms, 2), "<= 1 ms", ms <= 1.0))
+        checks.append(Check("p4 down: traffic lost on it (ms of its share)", round(ms, 2), "<= 1 ms",
+                            0 <= ms <= 1.0))
         w = _wait_planes(lab, "g1", "g2", {1: _full(lab), 2: _full(lab), 3: _full(lab), 4: 0.0})
         checks.append(Check("g1's plane weights to g2 after", w, "p4 0", w.get(4) == 0.0))
     finally:
@@ -345,7 +341,7 @@ def scaleup_silent_failure(lab) -> list[Check]:
         lost = sent - got
         ms = lost / (rate * 4 / 16) * 1000
         checks.append(Check("p2 silently dropping to g2: traffic lost on it (ms of its share)", round(ms, 1),
-                            "<= 150 ms", 0 < lost and ms <= 150))
+                            "<= 150 ms (and some lost: the fault was real)", 0 < lost and ms <= 150))
         w = lab.plane_weights("g1", "g2")
         checks.append(Check("g1's plane weights to g2 during", w, "p2 0, the others full",
                             w.get(2) == 0.0 and all(w[p] == _full(lab) for p in (1, 3, 4))))

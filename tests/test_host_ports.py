@@ -5,7 +5,6 @@ QPs; other traffic by flow hash; spray per packet."""
 from __future__ import annotations
 
 import random
-import subprocess
 
 import pytest
 
@@ -208,3 +207,4 @@ def test_bad_ports_are_refused(dp):
         dp.set_port_paths(LOOP_A, [PortPath(17, "eth-p1-1", switch_mac(1, 1), True)])
     with pytest.raises(HostError):
         dp.set_port_paths(LOOP_A, [PortPath(1, "nosuchport", switch_mac(1, 1), True)])
+
