@@ -153,12 +153,19 @@ class PlaneAgent:
         out = {}
         for addr, name in self.peer_names.items():
             peer = self.fabric.gpu(name).index
+            learnt = set(received.get(addr, {}))
+            # probes shift a peer's traffic between planes, never take the last one away: when
+            # every plane BGP offers is unanswered, the likelier cause is this host or the peer
+            # being too busy to answer (or the peer gone, which BGP and BFD will say)
+            dead = {pl for (pe, pl) in self.dead if pe == peer}
+            if learnt and learnt <= dead:
+                dead = set()
             w: dict[int, float] = {}
             for plane in self.fabric.planes:
                 vals = received.get(addr, {}).get(plane.index)
                 usable = [p for p in self.ports if p.plane is plane and self.carrier.get(p.ifname)
                           and p.ifname in self.macs]
-                bw = min(live[plane.index], max(vals)) if vals and usable and (peer, plane.index) not in self.dead else 0.0
+                bw = min(live[plane.index], max(vals)) if vals and usable and plane.index not in dead else 0.0
                 for p in self.ports:
                     if p.plane is plane:
                         w[p.value] = (bw / len(usable) / GBPS) if bw and p in usable else 0.0

@@ -217,7 +217,13 @@ def _qp_paths(lab, gpu: str, peer: str) -> dict[tuple[int, int], int]:
 
 
 def _link(lab, node: str, ifname: str, state: str):
+    """A link down or up; up puts back its configured link-local (the kernel drops link-local
+    addresses on down whatever keep_addr_on_down says), as a real host's network config does."""
+    from rlbfabric.scaleup import GPU_LL, SWITCH_LL
     run(lab.ns(node), "ip", "link", "set", ifname, state)
+    if state == "up":
+        ll = GPU_LL if node in lab.fabric.hosts else SWITCH_LL
+        run(lab.ns(node), "ip", "addr", "replace", f"{ll}/64", "dev", ifname, "nodad")
 
 
 def scaleup_split(lab, n_qps: int = 64) -> list[Check]:

@@ -4,6 +4,7 @@ Frames from a kernel UDP socket would carry the socket's hash across veths and s
 ECMP comparison; raw frames carry nothing but their bytes."""
 from __future__ import annotations
 
+import errno
 import socket
 import time
 from dataclasses import dataclass
@@ -37,7 +38,11 @@ def send(sock: socket.socket, flows: list[Flow], packets_per_flow: int, dmac: st
     sent, start = 0, time.perf_counter()
     for i in range(packets_per_flow):
         for fr in frames:
-            sock.send(fr)
+            try:
+                sock.send(fr)
+            except OSError as e:          # ENOBUFS: the stack dropped it (a data plane's drop,
+                if e.errno != errno.ENOBUFS:   # e.g. a redirect to a port gone down): lost, not unsent
+                    raise
             sent += 1
         if rate_pps and sent % max(burst, 1) == 0:
             ahead = sent / rate_pps - (time.perf_counter() - start)
