@@ -193,8 +193,8 @@ static __always_inline u32 least_active(struct rlbh_weights *w, u32 start)
     return best;
 }
 
-/* Per-packet weighted choice for destinations that tolerate reordering. */
-static __always_inline u32 spray(struct rlbh_weights *w)
+/* The path whose share of the summed weights `r` falls in (r taken modulo the sum). */
+static __always_inline u32 weighted_pick(struct rlbh_weights *w, u64 r)
 {
     u64 total = 0;     /* 16 u32 weights cannot overflow it */
 #pragma clang loop unroll(disable)
@@ -202,7 +202,7 @@ static __always_inline u32 spray(struct rlbh_weights *w)
         total += eff_weight(w, i);
     if (!total)
         return RLBH_MAX_PATHS;
-    u64 r = (((u64)bpf_get_prandom_u32() << 32) | bpf_get_prandom_u32()) % total;
+    r %= total;
 #pragma clang loop unroll(disable)
     for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
         u32 wt = eff_weight(w, i);
@@ -213,24 +213,16 @@ static __always_inline u32 spray(struct rlbh_weights *w)
     return RLBH_MAX_PATHS;
 }
 
+/* Per-packet weighted choice for destinations that tolerate reordering. */
+static __always_inline u32 spray(struct rlbh_weights *w)
+{
+    return weighted_pick(w, ((u64)bpf_get_prandom_u32() << 32) | bpf_get_prandom_u32());
+}
+
 /* Weighted choice by a flow hash: one flow stays on one path while the weights stand. */
 static __always_inline u32 hash_pick(struct rlbh_weights *w, u32 h)
 {
-    u64 total = 0;
-#pragma clang loop unroll(disable)
-    for (u32 i = 0; i < RLBH_MAX_PATHS; i++)
-        total += eff_weight(w, i);
-    if (!total)
-        return RLBH_MAX_PATHS;
-    u64 r = h % total;
-#pragma clang loop unroll(disable)
-    for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
-        u32 wt = eff_weight(w, i);
-        if (r < wt)
-            return i;
-        r -= wt;
-    }
-    return RLBH_MAX_PATHS;
+    return weighted_pick(w, h);
 }
 
 static __always_inline void active_add(u32 wid, u32 path, int delta)

@@ -246,6 +246,19 @@ def load(path: str | Path) -> Fabric:
     return parse(data, str(path))
 
 
+def node_name_asn(n: dict, role: str, i: int, where: str, seen: set[str]) -> tuple[str, int]:
+    """A node table's name (unique across the file; added to `seen`) and 2-byte AS number."""
+    name, asn = n.get("name"), n.get("asn")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise FabricError(f"{where}: {role} {i}: name must be lowercase letters/digits, at most 10")
+    if name in seen:
+        raise FabricError(f"{where}: node name {name!r} used twice")
+    seen.add(name)
+    if not isinstance(asn, int) or not 1 <= asn <= 65535:
+        raise FabricError(f"{where}: {name}: asn must be a 2-byte AS number (1-65535)")
+    return name, asn
+
+
 def parse(data: dict, where: str = "fabric") -> Fabric:
     f = data.get("fabric", {})
     kind = f.get("kind", "clos")
@@ -257,14 +270,7 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
     spines, leaves, supers, seen = [], [], [], set()
     for role, out in (("superspine", supers), ("spine", spines), ("leaf", leaves)):
         for i, n in enumerate(data.get(role, []), start=1):
-            name, asn = n.get("name"), n.get("asn")
-            if not isinstance(name, str) or not NAME.match(name):
-                raise FabricError(f"{where}: {role} {i}: name must be lowercase letters/digits, at most 10")
-            if name in seen:
-                raise FabricError(f"{where}: node name {name!r} used twice")
-            seen.add(name)
-            if not isinstance(asn, int) or not 1 <= asn <= 65535:
-                raise FabricError(f"{where}: {name}: asn must be a 2-byte AS number (1-65535)")
+            name, asn = node_name_asn(n, role, i, where, seen)
             hosts = n.get("hosts", [])
             if role != "leaf" and hosts:
                 raise FabricError(f"{where}: {role} {name} cannot have hosts")

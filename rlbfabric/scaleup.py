@@ -36,7 +36,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from .constants import POLICIES
-from .fabric import NAME, FabricError, Node, Port
+from .fabric import FabricError, Node, Port, node_name_asn
 
 SWITCH_LL, GPU_LL = "fe80::1", "fe80::2"
 LOOPBACK_DEVICE = "rlb0"      # where a GPU's loopback lives and the peers' loopbacks are routed
@@ -179,14 +179,7 @@ def parse(data: dict, where: str = "fabric") -> ScaleupFabric:
     plane_mbps, spray = {}, set()
     for role in ("plane", "gpu"):
         for i, n in enumerate(data.get(role, []), start=1):
-            name, asn = n.get("name"), n.get("asn")
-            if not isinstance(name, str) or not NAME.match(name):
-                raise FabricError(f"{where}: {role} {i}: name must be lowercase letters/digits, at most 10")
-            if name in seen:
-                raise FabricError(f"{where}: node name {name!r} used twice")
-            seen.add(name)
-            if not isinstance(asn, int) or not 1 <= asn <= 65535:
-                raise FabricError(f"{where}: {name}: asn must be a 2-byte AS number (1-65535)")
+            name, asn = node_name_asn(n, role, i, where, seen)
             if role == "plane":
                 nodes["plane"].append(Node(name, "spine", asn, i, pod=1, plane=i))
                 mbps = n.get("mbps", f.get("link_mbps", 10000))

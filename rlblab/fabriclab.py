@@ -86,14 +86,7 @@ class FabricLab:
 
     # ---- lifecycle ------------------------------------------------------------------
     def up(self, timeout: float = 60.0):
-        self.down()
-        self.work.mkdir(parents=True, exist_ok=True)
-        for ns in self.namespaces():
-            topo.add_ns(ns)
-            for key in ("all", "default"):
-                topo.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")   # fast restore on link-up
-        if self.mgmt:
-            self._mgmt_network()
+        self._namespaces_up()
         if self.coordinator:
             self.start_coordinator()
         for sw in self.switches:
@@ -128,6 +121,20 @@ class FabricLab:
             for h in self.hosts:
                 self.start_host_agent(h)
         return self
+
+    def _namespaces_up(self, keep_addr_on_down: bool = False):
+        """A clean start: every namespace, DAD off (fast restore on link-up), the management
+        network if there is one."""
+        self.down()
+        self.work.mkdir(parents=True, exist_ok=True)
+        for ns in self.namespaces():
+            topo.add_ns(ns)
+            for key in ("all", "default"):
+                topo.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")
+                if keep_addr_on_down:
+                    topo.sysctl(ns, f"net.ipv6.conf.{key}.keep_addr_on_down", "1")
+        if self.mgmt:
+            self._mgmt_network()
 
     def ports(self, node: str) -> list[str]:
         return self.fabric.switch_ports(self.fabric.node(node))

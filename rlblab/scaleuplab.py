@@ -38,16 +38,7 @@ class ScaleupLab(FabricLab):
 
     # ---- lifecycle ----------------------------------------------------------------------
     def up(self, timeout: float = 60.0):
-        self.down()
-        self.work.mkdir(parents=True, exist_ok=True)
-        for ns in self.namespaces():
-            topo.add_ns(ns)
-            for key in ("all", "default"):
-                topo.sysctl(ns, f"net.ipv6.conf.{key}.accept_dad", "0")
-                # the configured link-locals (fe80::1 / fe80::2) must survive a link flap
-                topo.sysctl(ns, f"net.ipv6.conf.{key}.keep_addr_on_down", "1")
-        if self.mgmt:
-            self._mgmt_network()
+        self._namespaces_up(keep_addr_on_down=True)   # global loopbacks survive a flap
         for p in self.fabric.planes:
             topo.sysctl(self.ns(p.name), "net.ipv6.conf.all.forwarding", "1")
         for g in self.gpus:
