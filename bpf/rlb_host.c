@@ -219,12 +219,6 @@ static __always_inline u32 spray(struct rlbh_weights *w)
     return weighted_pick(w, ((u64)bpf_get_prandom_u32() << 32) | bpf_get_prandom_u32());
 }
 
-/* Weighted choice by a flow hash: one flow stays on one path while the weights stand. */
-static __always_inline u32 hash_pick(struct rlbh_weights *w, u32 h)
-{
-    return weighted_pick(w, h);
-}
-
 static __always_inline void active_add(u32 wid, u32 path, int delta)
 {
     u32 idx = wid * RLBH_MAX_PATHS + (path & (RLBH_MAX_PATHS - 1));
@@ -366,9 +360,9 @@ int rlb_host_egress(struct __sk_buff *skb)
     u32 path;
     if (r < 0)
         path = choose_path(&p, w, cfg);
-    else
-        path = hash_pick(w, flow_hash(0, p.saddr, p.daddr, p.proto,
-                                      ((u32)p.sport << 16) | p.dport, 0));
+    else    /* by flow hash: a flow stays on one path while the weights stand */
+        path = weighted_pick(w, flow_hash(0, p.saddr, p.daddr, p.proto,
+                                          ((u32)p.sport << 16) | p.dport, 0));
     struct rlbh_path *pp = path < RLBH_MAX_PATHS ? paths.lookup(&path) : 0;
     if (!pp || !pp->valid) {
         count(RLBH_R_PASS_NO_PATH);

@@ -32,7 +32,6 @@ def share_bounds(weights: Sequence[float], total: int) -> tuple[list[int], list[
     return [math.floor(x + 1e-9) for x in exact], [math.ceil(x - 1e-9) for x in exact]
 
 
-
 def _fractions(weights: Sequence[float]) -> list[float]:
     wsum = sum(w for w in weights if w > 0)
     return [max(w, 0) / wsum if wsum > 0 else 0.0 for w in weights]
@@ -47,12 +46,8 @@ def release_targets(counts: Sequence[int], weights: Sequence[float], total: int,
     then the sum is made `total`, first where that means moving fewer, then by largest remainder,
     ties going round from `first`. Every target is within one of its exact share."""
     n = len(weights)
-    wsum = sum(w for w in weights if w > 0)
-    if wsum <= 0:
-        raise ValueError("at least one member needs a positive weight")
-    exact = [max(w, 0) * total / wsum for w in weights]
-    lo = [math.floor(x + 1e-9) for x in exact]
-    hi = [math.ceil(x - 1e-9) for x in exact]
+    lo, hi = share_bounds(weights, total)
+    exact = [f * total for f in _fractions(weights)]
     if before is not None and sum(w for w in before if w > 0) > 0:
         old, new = _fractions(before), _fractions(weights)
         ceil = list(hi)

@@ -165,7 +165,7 @@ class HostDataplane(PinnedState):
         lo = ipaddress.IPv6Address(loopback).packed
         changed = False
         with self.locked(), self.locked_part("ports"):
-            before = self._effective_all()
+            before = self._before()
             pm = self.maps["paths"]
             current = pm.array_values()
             given = {p.value - 1: p for p in ports}
@@ -265,7 +265,7 @@ class HostDataplane(PinnedState):
         """Program paths {path field value: our address}. Indexes stay stable across changes
         (a QP's entry names an index); a vanished path is invalidated and its QPs released."""
         with self.locked():
-            before = self._effective_all()
+            before = self._before()
             pm = self.maps["paths"]
             current = {i: p for i, p in enumerate(pm.array_values()) if p is not None}
             index_of = {p.value: i for i, p in current.items()}
@@ -337,17 +337,22 @@ class HostDataplane(PinnedState):
         except ValueError as e:
             raise HostError(f"prefix: {e}") from None
         with self.locked():
-            before = self._effective_all()
+            before = self._before()
             self._set_weights_locked(prefix, weights, spray)
         self.rebalance(release=True, before=before)
 
-    def _set_weights_locked(self, prefix: str, weights: dict[int, float], spray: bool):
+    def _set_weights_locked(self, prefix: str, weights: dict[int, float], spray: bool,
+                            present: bool | None = None, used: set[int] | None = None,
+                            paths: dict[int, int] | None = None):
+        """Write one entry. A caller writing many passes what it already knows: whether the
+        prefix has an entry, the entry ids in use (taken ids are added) and {path value: index}."""
         wm = self.maps["weights"]
         key = self._wkey(prefix)
-        # exactly this prefix: a trie lookup would answer with a shorter one (::/0) if it is absent
-        entry = wm.get(key) if any(k.prefixlen == key.prefixlen and bytes(k.addr) == bytes(key.addr)
-                                   for k in wm.keys()) else None
-        paths = {p.value: p.index for p in self.paths()}
+        if present is None:   # exactly this prefix: a trie lookup answers for a shorter one (::/0)
+            present = any(k.prefixlen == key.prefixlen and bytes(k.addr) == bytes(key.addr) for k in wm.keys())
+        entry = wm.get(key) if present else None
+        if paths is None:
+            paths = {p.value: p.index for p in self.paths()}
         unknown = set(weights) - set(paths)
         if unknown:
             raise HostError(f"no path with field value {sorted(unknown)}; paths are {sorted(paths)}")
@@ -358,12 +363,13 @@ class HostDataplane(PinnedState):
                 raise HostError(f"path {value}: weight {w} is too large (at most {U32_MAX // WEIGHT_SCALE}; "
                                 f"only ratios matter)")
         if entry is None:
-            used = {v.id for _, v in wm.items()}
-            free = [i for i in range(C["RLBH_MAX_WEIGHTS"]) if i not in used]
-            if not free:
-                raise HostError("weight table full")
+            if used is None:
+                used = {v.id for _, v in wm.items()}
             entry = wm.leaf_type()
-            entry.id = free[0]
+            entry.id = next((i for i in range(C["RLBH_MAX_WEIGHTS"]) if i not in used), -1)
+            if entry.id < 0:
+                raise HostError("weight table full")
+            used.add(entry.id)
             for i in range(MAX_PATHS):
                 entry.weight[i] = WEIGHT_SCALE
         for value, w in weights.items():
@@ -383,8 +389,9 @@ class HostDataplane(PinnedState):
         something changed."""
         changed = False
         with self.locked():
-            before = self._effective_all()
+            before = self._before()
             have = {w["prefix"]: w for w in self.weights()}
+            used = {w["id"] for w in have.values()}
             paths = {p.value: p.index for p in self.paths()}
             for prefix, (weights, spray) in want.items():
                 prefix = str(ipaddress.IPv6Network(prefix))
@@ -394,7 +401,7 @@ class HostDataplane(PinnedState):
                         round(cur["all_weights"].get(v, 0) * WEIGHT_SCALE) == round(w * WEIGHT_SCALE)
                         for v, w in full.items()):
                     continue
-                self._set_weights_locked(prefix, full, spray)
+                self._set_weights_locked(prefix, full, spray, cur is not None, used, paths)
                 changed = True
             if prune:
                 for prefix in set(have) - {str(ipaddress.IPv6Network(p)) for p in want} - {"::/0"}:
@@ -423,13 +430,16 @@ class HostDataplane(PinnedState):
         return sorted(out, key=lambda e: ipaddress.IPv6Network(e["prefix"]))
 
     # ---- connection tracking --------------------------------------------------------
-    def _effective(self, entry) -> list[int]:
+    def _effective_all(self) -> dict[int, tuple[object, list[int]]]:
+        """{weight entry id: (entry, effective weights: 0 on unusable paths)}; the paths are read
+        once for all entries."""
         valid = {p.index for p in self.paths() if p.valid}
-        return [entry.weight[i] if i in valid else 0 for i in range(MAX_PATHS)]
+        return {v.id: (v, [v.weight[i] if i in valid else 0 for i in range(MAX_PATHS)])
+                for _, v in self.maps["weights"].items()}
 
-    def _effective_all(self) -> dict[int, list[int]]:
-        """{weight entry id: effective weights}: what a release compares the new weights with."""
-        return {v.id: self._effective(v) for _, v in self.maps["weights"].items()}
+    def _before(self) -> dict[int, list[int]]:
+        """What a release compares the new weights with: {entry id: effective weights}."""
+        return {wid: eff for wid, (_, eff) in self._effective_all().items()}
 
     def rebalance(self, now_ns: int | None = None, release: bool = False,
                   before: dict[int, list[int]] | None = None) -> int:
@@ -453,7 +463,7 @@ class HostDataplane(PinnedState):
             ct = self.maps["conntrack"]
             cfg = self.maps["config"].get(0)
             expiry = cfg.expiry_ns
-            entries = {v.id: (v, self._effective(v)) for _, v in self.maps["weights"].items()}
+            entries = self._effective_all()
             placed = {self._qp_id(k): v.value for k, v in self.maps["placed"].items()}
             live: dict[int, list] = {wid: [] for wid in entries}
             for k, v in list(ct.items()):
@@ -466,15 +476,15 @@ class HostDataplane(PinnedState):
                 flows = live[wid]
                 if entry.flags & SPRAY or not flows or not any(eff):
                     continue
+                on = {i: [f for f in flows if f[1].path == i] for i in range(MAX_PATHS)}
                 if release or cfg.group_size > 1:
                     # a release, or planes of sub-ports (each plane kept within one QP of its
                     # share: the data plane places new QPs per sub-port)
-                    counts = [sum(1 for f in flows if f[1].path == i) for i in range(MAX_PATHS)]
-                    lo = hi = grouped_release_targets(counts, eff, max(1, cfg.group_size), cfg.rotation,
+                    lo = hi = grouped_release_targets([len(on[i]) for i in range(MAX_PATHS)], eff,
+                                                      max(1, cfg.group_size), cfg.rotation,
                                                       (before or {}).get(wid) if release else None)
                 else:
                     lo, hi = share_bounds(eff, len(flows))
-                on = {i: [f for f in flows if f[1].path == i] for i in range(MAX_PATHS)}
                 surplus = []
                 for i in range(MAX_PATHS):
                     movable = [f for f in on[i]

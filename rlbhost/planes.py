@@ -12,6 +12,7 @@ Fast paths: carrier loss flips the port's paths in the map at once (the data pla
 QPs on their next packet), then weights and bird follow; a probe verdict recomputes at once."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -46,6 +47,7 @@ class PlaneAgent:
         self.loopback = fabric.loopback(gpu)
         self.peers = {g.index: fabric.loopback(g.name) for g in fabric.gpus if g.name != gpu}
         self.peer_names = {fabric.loopback(g.name): g.name for g in fabric.gpus if g.name != gpu}
+        self.peer_index = {addr: n for n, addr in self.peers.items()}
         self.macs: dict[str, str] = {}             # the plane switch's, per port
         self.own_macs: dict[str, str] = {}
         self.carrier: dict[str, bool] = {}
@@ -95,22 +97,25 @@ class PlaneAgent:
                 except (IndexError, OSError):
                     continue
                 if p.ifname not in self.macs and self.carrier.get(p.ifname):
-                    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s, \
-                            __import__("contextlib").suppress(OSError):
+                    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s, contextlib.suppress(OSError):
                         s.sendto(b"", (f"{SWITCH_LL}%{p.ifname}", 9))    # neighbour solicitation
 
     def port_paths(self) -> list[PortPath]:
         return [PortPath(p.value, p.ifname, self.macs.get(p.ifname), self.carrier.get(p.ifname, False))
                 for p in self.ports]
 
-    def live_ports(self) -> dict[int, list[tuple[str, str, str]]]:
-        """{plane number: [(port, switch MAC, own MAC)]} usable now (the probes' view)."""
+    def usable(self) -> dict[int, list]:
+        """{plane number: its ports usable now (carrier, the switch's MAC known)}."""
         out: dict[int, list] = {}
         for p in self.ports:
             if self.carrier.get(p.ifname) and p.ifname in self.macs:
-                out.setdefault(p.plane.index, []).append((p.ifname, self.macs[p.ifname],
-                                                          self.own_macs.get(p.ifname, "00:00:00:00:00:00")))
+                out.setdefault(p.plane.index, []).append(p)
         return out
+
+    def live_ports(self) -> dict[int, list[tuple[str, str, str]]]:
+        """{plane number: [(port, switch MAC, own MAC)]} usable now (the probes' view)."""
+        return {plane: [(p.ifname, self.macs[p.ifname], self.own_macs.get(p.ifname, "00:00:00:00:00:00"))
+                        for p in ports] for plane, ports in self.usable().items()}
 
     def live_bw(self) -> dict[int, float]:
         """{plane number: bytes/s of this GPU's live sub-ports there}."""
@@ -137,39 +142,43 @@ class PlaneAgent:
                 log.warning("bird not reconfigured (%s): it reads the include when it starts", e)
         self._pathbw_text = text
 
-    def weights_from(self, routes) -> dict[str, tuple[dict[int, float], bool]]:
-        """Per peer loopback: weights by path value (Gb/s) from the routes bird learnt."""
+    def received(self, routes) -> dict[str, dict[int, float]]:
+        """{peer loopback: {plane number: path bandwidth learnt there (bytes/s; inf without the
+        community)}} from bird's routes."""
         by_port = {p.ifname: p for p in self.ports}
-        live = self.live_bw()
-        received: dict[str, dict[int, list[float]]] = {}
+        out: dict[str, dict[int, float]] = {}
         for r in routes:
             port = by_port.get(r.iface or "")
             addr = r.net.split("/")[0]
-            if r.source != "BGP" or port is None or addr not in self.peer_names or r.bad:
+            if r.source != "BGP" or port is None or addr not in self.peer_index or r.bad:
                 continue
             pbw = r.path_bandwidth(self.fabric.pathbw_subtype)
-            received.setdefault(addr, {}).setdefault(port.plane.index, []).append(
-                pbw if pbw is not None else float("inf"))
+            planes = out.setdefault(addr, {})
+            planes[port.plane.index] = max(planes.get(port.plane.index, 0.0), float("inf") if pbw is None else pbw)
+        return out
+
+    def weights_from(self, routes, only: str | None = None) -> dict[str, tuple[dict[int, float], bool]]:
+        """Per peer loopback (or only that one): weights by path value (Gb/s). A plane's
+        bandwidth is min(this GPU's live sub-ports there, the value learnt), split evenly over
+        its usable sub-ports; a plane its probes find silent carries nothing to that peer."""
+        received = self.received(routes)
+        live, usable = self.live_bw(), self.usable()
         out = {}
-        for addr, name in self.peer_names.items():
-            peer = self.fabric.gpu(name).index
-            learnt = set(received.get(addr, {}))
+        for addr in [only] if only else self.peer_index:
+            peer = self.peer_index[addr]
+            learnt = received.get(addr, {})
             # probes shift a peer's traffic between planes, never take the last one away: when
             # every plane BGP offers is unanswered, the likelier cause is this host or the peer
             # being too busy to answer (or the peer gone, which BGP and BFD will say)
             dead = {pl for (pe, pl) in self.dead if pe == peer}
-            if learnt and learnt <= dead:
+            if learnt and set(learnt) <= dead:
                 dead = set()
-            w: dict[int, float] = {}
-            for plane in self.fabric.planes:
-                vals = received.get(addr, {}).get(plane.index)
-                usable = [p for p in self.ports if p.plane is plane and self.carrier.get(p.ifname)
-                          and p.ifname in self.macs]
-                bw = min(live[plane.index], max(vals)) if vals and usable and plane.index not in dead else 0.0
-                for p in self.ports:
-                    if p.plane is plane:
-                        w[p.value] = (bw / len(usable) / GBPS) if bw and p in usable else 0.0
-            out[f"{addr}/128"] = (w, name in self.fabric.spray_gpus)
+            w = {p.value: 0.0 for p in self.ports}
+            for plane, ports in usable.items():
+                if plane in learnt and plane not in dead:
+                    for p in ports:
+                        w[p.value] = min(live[plane], learnt[plane]) / len(ports) / GBPS
+            out[f"{addr}/128"] = (w, self.peer_names[addr] in self.fabric.spray_gpus)
         return out
 
     # ---- the loop -------------------------------------------------------------------------
@@ -210,10 +219,8 @@ class PlaneAgent:
         with self.lock:
             (self.dead.discard if up else self.dead.add)((peer, plane))
             if not up and self._routes is not None:
-                prefix = f"{self.peers[peer]}/128"
-                want = self.weights_from(self._routes).get(prefix)
-                if want is not None:
-                    self.dp.apply_weights({prefix: want}, prune=False, release=False)
+                self.dp.apply_weights(self.weights_from(self._routes, self.peers[peer]), prune=False,
+                                      release=False)
         self.wake.set()
 
     def _links(self, ready: threading.Event):

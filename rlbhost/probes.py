@@ -18,6 +18,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -41,7 +42,7 @@ class PlaneHealth:
     rtt_s: float = 0.0                 # last round trip
     unanswered: int = 0                # probes sent since the last answer
     up: bool = True
-    window: list = field(default_factory=list)   # (sent seq, answered?) of the last probes
+    window: deque = field(default_factory=lambda: deque(maxlen=50))   # [sent seq, answered?]
 
 
 class Prober:
@@ -59,8 +60,7 @@ class Prober:
         self._raw: dict[str, socket.socket] = {}
         self._heads: dict[tuple, bytes] = {}
         self._seq = 0
-        self._started = time.monotonic()
-        self._lock = threading.Lock()
+        self._peer_of = {addr: n for n, addr in peers.items()}
 
     # ---- frames ---------------------------------------------------------------------------
     def _send(self, ifname: str, dmac: str, smac: str, dst: str, kind: int, plane: int, seq: int, t_ns: int,
@@ -122,7 +122,7 @@ class Prober:
                 st = self.state.setdefault((peer, plane), PlaneHealth(last_answer=now))
                 st.sent += 1
                 st.unanswered += 1
-                st.window = (st.window + [(self._seq, False)])[-50:]
+                st.window.append([self._seq, False])
                 self._send(p[0], p[1], p[2], addr, PROBE, plane, self._seq, t_ns, self.me)
         # down: no answer for dead_after AND as many probes sent since the last answer as fit in
         # it, so that a stall of this very loop (a busy CPU) is not taken for a silent plane
@@ -147,21 +147,24 @@ class Prober:
             magic, kind, plane, sender, seq, t_ns = struct.unpack(FMT, data[:SIZE])
             if magic != MAGIC:
                 continue
+            src = src.split("%")[0]
             if kind == PROBE:
                 ports = ports or self.ports()
                 p = self._port_for(ports, plane, seq)
                 if p is not None:
-                    self._send(p[0], p[1], p[2], src.split("%")[0], REPLY, plane, seq, t_ns, sender)
+                    self._send(p[0], p[1], p[2], src, REPLY, plane, seq, t_ns, sender)
             elif kind == REPLY and sender == self.me:
-                peer = next((n for n, a in self.peers.items() if a == src.split("%")[0]), None)
-                st = self.state.get((peer, plane))
+                st = self.state.get((self._peer_of.get(src), plane))
                 if st is None:
                     continue
                 st.answered += 1
                 st.unanswered = 0
                 st.last_answer = time.monotonic()
                 st.rtt_s = (time.monotonic_ns() - t_ns) / 1e9
-                st.window = [(s, a or s == seq) for s, a in st.window]
+                for entry in reversed(st.window):      # usually the newest
+                    if entry[0] == seq:
+                        entry[1] = True
+                        break
 
     def snapshot(self) -> list[dict]:
         """Per (peer, plane): up, round trip, loss over the last probes (those older than
@@ -169,7 +172,7 @@ class Prober:
         out = []
         horizon = max(1, round(self.dead_after / self.interval))
         for (peer, plane), st in sorted(self.state.items()):
-            settled = st.window[:-horizon] if len(st.window) > horizon else []
+            settled = list(st.window)[:-horizon] if len(st.window) > horizon else []
             loss = (sum(1 for _, a in settled if not a) / len(settled)) if settled else 0.0
             out.append({"peer": peer, "plane": plane, "up": st.up, "rtt_s": st.rtt_s, "loss": loss,
                         "sent": st.sent, "answered": st.answered})

@@ -21,13 +21,13 @@ def _state(name: str) -> Path:
 
 
 def _lab(name: str):
-    from .fabriclab import FabricLab
+    from .fabriclab import open_lab
     st = _state(name)
     if not st.exists():
         raise typer.BadParameter(f"no lab {name!r} is up (rlblab up)")
     s = json.loads(st.read_text())
-    return FabricLab(s["fabric"], name, mode=s["mode"], shape=s["shape"], monitor=s.get("monitor", False),
-                     coordinator=s.get("coordinator", False))
+    return open_lab(s["fabric"], name, mode=s["mode"], shape=s["shape"], monitor=s.get("monitor", False),
+                    coordinator=s.get("coordinator", False))
 
 
 @app.command()
@@ -48,15 +48,16 @@ def up(
                                      "shows the hosts' local rule alone."),
     name: str = typer.Option("rlb", help="Lab name (namespace prefix)."),
 ):
-    """Build the fabric: namespaces, links, bird2 everywhere, agents; wait until converged."""
-    from .fabriclab import FabricLab
+    """Build the fabric: namespaces, links, bird2 everywhere, agents; wait until converged.
+    A scale-up fabric file (kind = "scaleup", e.g. lab/scaleup.toml) builds planes and GPUs."""
+    from .fabriclab import open_lab
     if spines is not None:
         from .fabricgen import make_fabric
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         fabric = RUN_DIR / f"lab-{name}.toml"
         fabric.write_text(make_fabric(spines, leaves, hosts, stages, parallel=parallel))
     fabric = (fabric or DEFAULT_FABRIC).resolve()
-    lab = FabricLab(fabric, name, mode=mode, shape=shape, monitor=monitor, coordinator=coordinator)
+    lab = open_lab(fabric, name, mode=mode, shape=shape, monitor=monitor, coordinator=coordinator)
     typer.echo(f"==> building {lab.fabric.stages}-stage fabric from {fabric} ({mode}"
                f"{', coordinator' if lab.coordinator else ''})")
     RUN_DIR.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,18 @@ from . import topo
 from .bird import Bird
 
 
+def open_lab(fabric_file: str | Path, name: str, **options) -> "FabricLab":
+    """The lab a fabric file needs: leaf-spine (FabricLab) or scale-up (ScaleupLab, which takes
+    only `monitor` of the options)."""
+    if getattr(load(fabric_file), "kind", "clos") == "scaleup":
+        from .scaleuplab import ScaleupLab
+        return ScaleupLab(fabric_file, name, monitor=options.get("monitor", False))
+    return FabricLab(fabric_file, name, **options)
+
+
 class FabricLab:
     MGMT = "fd00:99::"
+    HOST_IF = "eth0"      # where rlbhost is attached on a host
 
     def __init__(self, fabric_file: str | Path, name: str = "rlbf", hosts_agent: bool = True,
                  mode: str = "rlb", shape: bool = False, monitor: bool = False, coordinator: bool = True):
@@ -221,7 +231,7 @@ class FabricLab:
                                capture_output=True)
         for h in self.hosts:
             if self.ns(h) in existing:
-                subprocess.run([sys.executable, "-m", "rlbhost", "--netns", self.ns(h), "detach", "eth0"],
+                subprocess.run([sys.executable, "-m", "rlbhost", "--netns", self.ns(h), "detach", self.HOST_IF],
                                capture_output=True)
         for ns in self.namespaces():
             topo.del_ns(ns)

@@ -25,7 +25,9 @@ from .fabriclab import FabricLab
 
 
 class ScaleupLab(FabricLab):
-    def __init__(self, fabric_file: str | Path, name: str = "rlbs", monitor: bool = False, **_):
+    HOST_IF = LOOPBACK_DEVICE
+
+    def __init__(self, fabric_file: str | Path, name: str = "rlbs", monitor: bool = False):
         super().__init__(fabric_file, name, hosts_agent=True, mode="rlb", monitor=monitor, coordinator=False)
 
     @property
@@ -74,25 +76,6 @@ class ScaleupLab(FabricLab):
                "--fabric", str(self.fabric_file), "--node", gpu, "--run-dir", str(self.work)]
         cmd += ["--metrics-addr", self.mgmt_addr(gpu)] if self.monitor else ["--metrics-port", "0"]
         self._spawn(gpu, cmd, "following planes")
-
-    def down(self):
-        for key in list(self.agents):
-            self.kill_agent(key)
-        for b in self.birds.values():
-            b.stop()
-        self.birds = {}
-        existing = set(topo.list_ns())
-        import subprocess
-        for p in self.fabric.planes:
-            if self.ns(p.name) in existing:
-                subprocess.run([sys.executable, "-m", "rlbswitch", "--netns", self.ns(p.name), "detach", "--all"],
-                               capture_output=True)
-        for g in self.gpus:
-            if self.ns(g) in existing:
-                subprocess.run([sys.executable, "-m", "rlbhost", "--netns", self.ns(g), "detach", LOOPBACK_DEVICE],
-                               capture_output=True)
-        for ns in self.namespaces():
-            topo.del_ns(ns)
 
     # ---- state --------------------------------------------------------------------------
     def weights(self, gpu: str) -> dict[str, dict[int, float]]:

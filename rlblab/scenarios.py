@@ -14,12 +14,7 @@ from typing import Callable
 
 from rlbcommon.netns import run
 
-from .fabriclab import FabricLab, balance
-
-
-def _scaleup_lab():
-    from .scaleuplab import ScaleupLab
-    return ScaleupLab
+from .fabriclab import FabricLab, balance, open_lab
 
 LAB_DIR = Path(__file__).resolve().parent.parent / "lab"
 
@@ -41,7 +36,6 @@ class Scenario:
     run: Callable[[FabricLab], list[Check]]
     lab: dict = field(default_factory=dict)   # FabricLab options (mode, shape, coordinator)
     minutes: float = 2.0           # about how long, lab included
-    lab_class: type = FabricLab    # ScaleupLab for the multi-plane fabric
 
 
 def qps_per_link(r: dict, n: int) -> dict[str, int]:
@@ -412,18 +406,15 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "one QP sprayed per packet across the uplinks by weight", "fabric-spray.toml",
              scaleup_3_2_spray),
     Scenario("scaleup-3.1-split", "FARE scale-up, §3.1", "64 QPs split across planes by path "
-             "bandwidth (a peer's half plane), evenly over sub-ports", "scaleup.toml", scaleup_split,
-             lab_class=_scaleup_lab()),
+             "bandwidth (a peer's half plane), evenly over sub-ports", "scaleup.toml", scaleup_split),
     Scenario("scaleup-3.1-subcable", "FARE scale-up, §3.1", "a sub-cable fails at either end: "
-             "exactly ceil(the proportional share) of QPs move, and back", "scaleup.toml", scaleup_subcable,
-             lab_class=_scaleup_lab()),
+             "exactly ceil(the proportional share) of QPs move, and back", "scaleup.toml", scaleup_subcable),
     Scenario("scaleup-plane-down", "FARE scale-up, §3", "a plane fails, seen locally: traffic off it "
-             "within 1 ms", "scaleup.toml", scaleup_plane_failure, lab_class=_scaleup_lab()),
+             "within 1 ms", "scaleup.toml", scaleup_plane_failure),
     Scenario("scaleup-silent", "FARE scale-up, §3 (health checks)", "a plane silently drops to one "
-             "GPU: the probes take it out of use within 150 ms", "scaleup.toml", scaleup_silent_failure,
-             lab_class=_scaleup_lab()),
+             "GPU: the probes take it out of use within 150 ms", "scaleup.toml", scaleup_silent_failure),
     Scenario("scaleup-3.2-planes", "FARE scale-up, §3.2", "per-packet spray across planes and "
-             "sub-ports by weight (100k packets)", "scaleup.toml", scaleup_spray, lab_class=_scaleup_lab()),
+             "sub-ports by weight (100k packets)", "scaleup.toml", scaleup_spray),
 ]}
 
 
@@ -438,7 +429,7 @@ def format_checks(s: Scenario, checks: list[Check]) -> str:
 def run_scenario(name: str, lab_name: str = "rlbsn", echo=print) -> bool:
     """Build the scenario's lab, run it, print its checks, tear the lab down."""
     s = SCENARIOS[name]
-    lab = s.lab_class(LAB_DIR / s.fabric, lab_name, **s.lab)
+    lab = open_lab(LAB_DIR / s.fabric, lab_name, **s.lab)
     try:
         echo(f"==> building {s.fabric} as lab {lab_name} ({s.lab.get('mode', 'rlb')})")
         lab.up()

@@ -3,6 +3,7 @@ releases and reinstatements, expiry, spray, and what is left untouched."""
 from __future__ import annotations
 
 import random
+import shutil
 import struct
 import time
 
@@ -10,6 +11,7 @@ import pytest
 
 from rlbfabric import addrplan
 from rlbcommon import packets as P
+from rlbcommon.paths import pin_dir
 from rlbcommon.testrun import TC_ACT_OK, prog_test_run
 from rlbfabric.policy import localrule
 from rlbhost.dataplane import HostDataplane, HostError
@@ -58,12 +60,16 @@ class Host:
 @pytest.fixture(scope="module")
 def hosts():
     with scratch_netns("rlbh") as ns:
-        a, b = Host(f"{ns}-a", A), Host(f"{ns}-b", B)
+        made = []
         try:
-            yield a, b
+            made.append(Host(f"{ns}-a", A))
+            made.append(Host(f"{ns}-b", B))
+            yield made[0], made[1]
         finally:
-            a.dp.detach(None)
-            b.dp.detach(None)
+            for h in made:
+                h.dp.detach(None)
+            for name in (f"{ns}-a", f"{ns}-b"):   # a program that did not load: its maps were pinned
+                shutil.rmtree(pin_dir("host", name).parent, ignore_errors=True)
 
 
 @pytest.fixture
