@@ -8,8 +8,9 @@ the data plane sends QPs), the answer comes back the same way, and the result fe
 that sets the weights. Cost: one small frame per peer per plane per interval, each way.
 
 Each GPU sends a probe to every peer on every plane it has a live port in every `interval`; a
-peer answers on the plane the probe names. A (peer, plane) with no answer for `dead_after` is
-down: the agent stops using that plane towards that peer (its QPs move), until answers return."""
+peer answers on the plane the probe names. A (peer, plane) with no answer for `dead_after` while
+the peer still answers on another plane is down: the agent stops using that plane towards that
+peer (its QPs move), until answers return."""
 from __future__ import annotations
 
 import logging
@@ -124,11 +125,18 @@ class Prober:
                 st.unanswered += 1
                 st.window.append([self._seq, False])
                 self._send(p[0], p[1], p[2], addr, PROBE, plane, self._seq, t_ns, self.me)
-        # down: no answer for dead_after AND as many probes sent since the last answer as fit in
-        # it, so that a stall of this very loop (a busy CPU) is not taken for a silent plane
+        # down: no answer for dead_after, AND as many probes sent since the last answer as fit
+        # in it (a stall of this very loop is not a silent plane), AND the peer answering on
+        # another plane meanwhile: a plane failing in its middle goes quiet alone, while a peer
+        # too busy to answer (or a busy host) goes quiet on every plane at once
         need = max(2, int(self.dead_after / self.interval) - 1)
+        fresh: dict[int, list[float]] = {}
+        for (peer, plane), st in self.state.items():
+            fresh.setdefault(peer, []).append(st.last_answer)
         for (peer, plane), st in list(self.state.items()):
-            up = plane in ports and (now - st.last_answer <= self.dead_after or st.unanswered < need)
+            others_answer = any(t > st.last_answer and now - t <= self.dead_after / 2 for t in fresh[peer])
+            up = plane in ports and (now - st.last_answer <= self.dead_after or st.unanswered < need
+                                     or not others_answer)
             if up != st.up:
                 st.up = up
                 log.warning("probes to GPU %d over plane %d: %s", peer, plane,
