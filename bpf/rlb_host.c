@@ -42,6 +42,10 @@ BPF_TABLE_PINNED7("hash", struct rlbh_ct_key, u32, placed, RLBH_PLACEMENTS, PIN(
 BPF_TABLE_PINNED("percpu_array", u32, struct rlbh_path_stats, path_stats, RLBH_MAX_PATHS,
                  PIN(path_stats));
 BPF_TABLE_PINNED("percpu_array", u32, u64, reasons, RLBH_R_MAX, PIN(reasons));
+/* Ports mode: bit i set = path i's port has no carrier. Written only by the carrier watcher
+ * (rlbhost/carrier.py), a small process that follows the kernel's link events, so a port that
+ * loses carrier is out of use before the agent has even read the event. */
+BPF_TABLE_PINNED("array", u32, u32, port_down, 1, PIN(port_down));
 
 struct parsed {
     u8  saddr[16] __attribute__((aligned(8)));
@@ -158,10 +162,18 @@ static __always_inline u32 path_of_addr(const u8 *addr, u32 *value)
     return found;
 }
 
-static __always_inline u32 eff_weight(struct rlbh_weights *w, u32 i)
+static __always_inline u32 ports_down(void)
+{
+    u32 zero = 0;
+    u32 *m = port_down.lookup(&zero);
+    return m ? *m : 0;
+}
+
+/* A path's weight in w, 0 when the path is invalid or its port is down (`down`: ports_down()). */
+static __always_inline u32 eff_weight(struct rlbh_weights *w, u32 i, u32 down)
 {
     struct rlbh_path *p = paths.lookup(&i);
-    if (!p || !p->valid)
+    if (!p || !p->valid || (down >> (i & (RLBH_MAX_PATHS - 1))) & 1)
         return 0;
     return w->weight[i & (RLBH_MAX_PATHS - 1)];
 }
@@ -171,14 +183,14 @@ static __always_inline u32 eff_weight(struct rlbh_weights *w, u32 i)
  * groups (a plane's sub-ports) are chosen flat here, by per-path weights that are the plane's
  * path bandwidth over its live sub-ports; the agent's sweep keeps each plane within one QP of
  * its share (a two-level choice here is more than the verifier will walk). */
-static __always_inline u32 least_active(struct rlbh_weights *w, u32 start)
+static __always_inline u32 least_active(struct rlbh_weights *w, u32 start, u32 down)
 {
     u32 best = RLBH_MAX_PATHS;
     u64 best_a = 0, best_w = 1;
 #pragma clang loop unroll(disable)
     for (u32 j = 0; j < RLBH_MAX_PATHS; j++) {
         u32 i = (start + j) & (RLBH_MAX_PATHS - 1);
-        u32 wt = eff_weight(w, i);
+        u32 wt = eff_weight(w, i, down);
         if (!wt)
             continue;
         u32 idx = w->id * RLBH_MAX_PATHS + i;
@@ -194,18 +206,18 @@ static __always_inline u32 least_active(struct rlbh_weights *w, u32 start)
 }
 
 /* The path whose share of the summed weights `r` falls in (r taken modulo the sum). */
-static __always_inline u32 weighted_pick(struct rlbh_weights *w, u64 r)
+static __always_inline u32 weighted_pick(struct rlbh_weights *w, u64 r, u32 down)
 {
     u64 total = 0;     /* 16 u32 weights cannot overflow it */
 #pragma clang loop unroll(disable)
     for (u32 i = 0; i < RLBH_MAX_PATHS; i++)
-        total += eff_weight(w, i);
+        total += eff_weight(w, i, down);
     if (!total)
         return RLBH_MAX_PATHS;
     r %= total;
 #pragma clang loop unroll(disable)
     for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
-        u32 wt = eff_weight(w, i);
+        u32 wt = eff_weight(w, i, down);
         if (r < wt)
             return i;
         r -= wt;
@@ -214,9 +226,9 @@ static __always_inline u32 weighted_pick(struct rlbh_weights *w, u64 r)
 }
 
 /* Per-packet weighted choice for destinations that tolerate reordering. */
-static __always_inline u32 spray(struct rlbh_weights *w)
+static __always_inline u32 spray(struct rlbh_weights *w, u32 down)
 {
-    return weighted_pick(w, ((u64)bpf_get_prandom_u32() << 32) | bpf_get_prandom_u32());
+    return weighted_pick(w, ((u64)bpf_get_prandom_u32() << 32) | bpf_get_prandom_u32(), down);
 }
 
 static __always_inline void active_add(u32 wid, u32 path, int delta)
@@ -232,11 +244,11 @@ static __always_inline void active_add(u32 wid, u32 path, int delta)
 }
 
 static __always_inline u32 choose_path(struct parsed *p, struct rlbh_weights *w,
-                                       struct rlbh_config *cfg)
+                                       struct rlbh_config *cfg, u32 down)
 {
     if (w->flags & RLBH_W_SPRAY) {
         count(RLBH_R_EV_SPRAY);
-        return spray(w);
+        return spray(w, down);
     }
     u64 now = bpf_ktime_get_ns();
     struct rlbh_ct_key key = {};
@@ -244,7 +256,7 @@ static __always_inline u32 choose_path(struct parsed *p, struct rlbh_weights *w,
     key.sport = p->sport;
     key.qp = p->qp;
     struct rlbh_ct *ct = conntrack.lookup(&key);
-    if (ct && ct->wid == w->id && ct->path < RLBH_MAX_PATHS && eff_weight(w, ct->path)) {
+    if (ct && ct->wid == w->id && ct->path < RLBH_MAX_PATHS && eff_weight(w, ct->path, down)) {
         if (now - ct->last_ns < cfg->expiry_ns) {
             ct->last_ns = now;
             ct->bytes += p->len;
@@ -261,15 +273,15 @@ static __always_inline u32 choose_path(struct parsed *p, struct rlbh_weights *w,
     __builtin_memcpy(rkey.peer, p->daddr, 16);
     rkey.sport = p->sport;
     struct rlbh_rev *rev = reverse.lookup(&rkey);
-    if (placement && *placement < RLBH_MAX_PATHS && eff_weight(w, *placement)) {
+    if (placement && *placement < RLBH_MAX_PATHS && eff_weight(w, *placement, down)) {
         path = *placement;  /* the coordinator's choice: new and idle QPs only, never in flight */
         count(RLBH_R_EV_PLACED);
     } else if (rev && now - rev->last_ns < cfg->expiry_ns && rev->path < RLBH_MAX_PATHS &&
-               eff_weight(w, rev->path)) {
+               eff_weight(w, rev->path, down)) {
         path = rev->path;  /* the peer started this QP on that path: answer on it */
         count(RLBH_R_EV_FOLLOW_REVERSE);
     } else {
-        path = least_active(w, cfg->rotation);
+        path = least_active(w, cfg->rotation, down);
     }
     if (path >= RLBH_MAX_PATHS) {
         if (ct)
@@ -357,12 +369,13 @@ int rlb_host_egress(struct __sk_buff *skb)
         count(RLBH_R_PASS_NO_PATH);
         return no_path;
     }
+    u32 down = ports ? ports_down() : 0;
     u32 path;
     if (r < 0)
-        path = choose_path(&p, w, cfg);
+        path = choose_path(&p, w, cfg, down);
     else    /* by flow hash: a flow stays on one path while the weights stand */
         path = weighted_pick(w, flow_hash(0, p.saddr, p.daddr, p.proto,
-                                          ((u32)p.sport << 16) | p.dport, 0));
+                                          ((u32)p.sport << 16) | p.dport, 0), down);
     struct rlbh_path *pp = path < RLBH_MAX_PATHS ? paths.lookup(&path) : 0;
     if (!pp || !pp->valid) {
         count(RLBH_R_PASS_NO_PATH);

@@ -54,6 +54,9 @@ def attach(
         "plane this often."),
     probe_dead_ms: float = typer.Option(100, min=5, help="Scale-up GPUs: a plane unanswered this "
         "long is not used towards that peer."),
+    carrier_rt_priority: int = typer.Option(10, min=0, max=99, help="Scale-up GPUs: SCHED_FIFO "
+        "priority of the carrier watcher, which takes a port that loses carrier out of use "
+        "(0: normal scheduling, slower on a busy host)."),
 ):
     """Attach to an interface and run the host agent in the foreground (systemd-friendly).
 
@@ -68,7 +71,7 @@ def attach(
     node = node or socket.gethostname()
     if fab is not None and getattr(fab, "kind", "clos") == "scaleup":
         return _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, probe_dead_ms,
-                           metrics_port, metrics_addr, once)
+                           metrics_port, metrics_addr, once, carrier_rt_priority)
     if fab:
         check_place(fab, node)
     if coordinator and not fab:
@@ -106,7 +109,7 @@ def attach(
 
 
 def _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, probe_dead_ms,
-                metrics_port, metrics_addr, once):
+                metrics_port, metrics_addr, once, carrier_rt_priority=10):
     from rlbcommon.health import Health
     from rlbfabric.scaleup import LOOPBACK_DEVICE
     from . import planes
@@ -117,7 +120,7 @@ def _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, p
     dp.ifindex(interface)
     health = Health(health_file(dp.instance))
     agent = planes.attach(dp, fab, node, run_dir, health=health, probe_ms=probe_ms,
-                          probe_dead_ms=probe_dead_ms)
+                          probe_dead_ms=probe_dead_ms, carrier_rt_priority=carrier_rt_priority)
     if expiry_ms is not None or roce_port:
         dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
     live = [p for p in dp.paths() if p.valid]
@@ -192,7 +195,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
     typer.echo(f"{'path':<6}{'address':<42}{'weight':>8}{'QPs':>6}{'tx_pkts':>10}{'rx_pkts':>10}")
     for p in s["paths"]:
         base = " (base)" if p["index"] == c["base_index"] else ""
-        state = "" if p["valid"] else " (gone)"
+        state = ("" if p["valid"] else " (gone)") + ("" if p["carrier"] else " (no carrier)")
         typer.echo(f"{p['path']:<6}{p['address'] + base + state:<42}{p['weight']:>8g}"
                    f"{p['active_qps']:>6}{p['tx_packets']:>10}{p['rx_packets']:>10}")
     for w in s["weights"]:

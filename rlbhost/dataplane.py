@@ -585,13 +585,19 @@ class HostDataplane(PinnedState):
                    for rid, name in REASONS.items() if name != "max"}
         return {"paths": rows, "reasons": reasons}
 
+    def ports_down(self) -> int:
+        """Ports mode: the carrier watcher's mask, bit i = path i's port has no carrier."""
+        return int(self.maps["port_down"].get(0).value)
+
     def status(self) -> dict:
         qps = self.qps()
         stats = self.stats()
+        down = self.ports_down()
         default = next((w for w in self.weights() if w["prefix"] == "::/0"), {"weights": {}})
         paths = []
         for p in self.paths():
             paths.append({"index": p.index, "path": p.value, "address": p.address, "valid": p.valid,
+                          "carrier": not down >> p.index & 1,
                           "weight": default["weights"].get(p.value, 0.0),
                           "active_qps": sum(1 for q in qps if q["active"] and q["path"] == p.index),
                           **stats["paths"][p.index]})

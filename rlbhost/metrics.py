@@ -18,17 +18,20 @@ class HostCollector:
                 for d in ("tx", "rx") for u in ("packets", "bytes")}
         qps = gauge("rlb_host_path_active_qps", "QPs currently on each path", labels)
         weight = gauge("rlb_host_path_weight", "default weight of each path", labels)
+        usable = gauge("rlb_host_path_usable", "1 while the path can carry traffic (ports mode: "
+                       "its port has carrier and the plane switch's MAC is known)", labels)
         for p in s["paths"]:
             lv = [self.node, str(p["path"]), p["address"]]
             for k, fam in fams.items():
                 fam.add_metric(lv, p[k])
             qps.add_metric(lv, p["active_qps"])
             weight.add_metric(lv, p["weight"])
+            usable.add_metric(lv, int(p["valid"] and p["carrier"]))
         events = counter("rlb_host_packets", "packets by reason; assignments, releases, rewrites",
                          ["node", "reason"])
         for name, v in s["reasons"].items():
             events.add_metric([self.node, name], v)
-        yield from (*fams.values(), qps, weight, events)
+        yield from (*fams.values(), qps, weight, usable, events)
         if self.health is not None:
             yield from self.health.metrics("rlb_host", self.node)
         placed = gauge("rlb_host_placements", "QPs with a coordinator placement", ["node"])

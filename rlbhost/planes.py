@@ -8,13 +8,17 @@ value, and sets per peer the weights: plane bandwidth = min(its own live sub-por
 value learnt), split evenly over the plane's live sub-ports; a plane whose probes go unanswered
 is not used towards that peer. QPs to a peer that tolerates reordering are sprayed per packet.
 
-Fast paths: carrier loss flips the port's paths in the map at once (the data plane moves their
-QPs on their next packet), then weights and bird follow; a probe verdict recomputes at once."""
+Fast paths: carrier loss is written to the data plane by the carrier watcher (rlbhost/carrier.py,
+a small real-time process this agent starts and restarts), so the data plane moves the QPs on a
+dead port with their next packet; the agent's own view of the port, weights and bird follow.
+A probe verdict recomputes that peer's weights at once."""
 from __future__ import annotations
 
 import contextlib
 import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -39,7 +43,8 @@ GBPS = 1e9 / 8           # weights are in Gb/s: bytes/s / GBPS
 class PlaneAgent:
     def __init__(self, dp: HostDataplane, fabric: ScaleupFabric, gpu: str, run_dir: Path,
                  bird_socket: str | None = None, health: Health | None = None,
-                 probe_ms: float = 20, probe_dead_ms: float = 100, period_s: float = 0.5):
+                 probe_ms: float = 20, probe_dead_ms: float = 100, period_s: float = 0.5,
+                 carrier_rt_priority: int = 10):
         self.dp, self.fabric, self.gpu, self.run_dir = dp, fabric, gpu, Path(run_dir)
         self.bird = BirdClient(bird_socket or str(self.run_dir / f"{gpu}.ctl"))
         self.health = health or Health()
@@ -63,6 +68,9 @@ class PlaneAgent:
         self._next_resync = 0.0
         self._routes = None                              # bird's, as last read
         self._ports_programmed: list[PortPath] | None = None
+        self.carrier_rt_priority = carrier_rt_priority
+        self._watch: subprocess.Popen | None = None
+        self._watch_started = 0.0
 
     # ---- ports ----------------------------------------------------------------------------
     def _read_carrier(self):
@@ -246,7 +254,37 @@ class PlaneAgent:
                 self.health.failed("links", e, log)
                 self.stop.wait(0.1)
 
+    def _carrier_watch(self):
+        """Keep the carrier watcher running (started from the thread that runs the agent: it
+        dies with it). A watcher that keeps exiting is restarted at most once a second."""
+        if self._watch is not None:
+            if self._watch.poll() is None:
+                return
+            if time.monotonic() - self._watch_started < 1:
+                return
+            self.health.failed("carrier", OSError(f"carrier watcher exited ({self._watch.returncode}); "
+                                                  "starting it again"), log)
+        cmd = [sys.executable, "-m", "rlbhost.carrier", "--pins", str(self.dp.pins),
+               "--rt-priority", str(self.carrier_rt_priority)]
+        for p in self.ports:
+            cmd += ["--port", f"{p.ifname}={p.value - 1}"]
+        self._watch = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        self._watch_started = time.monotonic()
+
+    def _stop_watch(self):
+        if self._watch is not None and self._watch.poll() is None:
+            self._watch.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._watch.wait(2)
+
     def run(self):
+        try:
+            self._run()
+        finally:
+            self._stop_watch()
+
+    def _run(self):
+        self._carrier_watch()
         ready = threading.Event()
         threading.Thread(target=self._links, args=(ready,), name="links", daemon=True).start()
         ready.wait(5)
@@ -256,6 +294,7 @@ class PlaneAgent:
         sweep_every = max(0.05, self.dp.config()["expiry_ms"] / 2000)
         next_sweep = 0.0
         while not self.stop.is_set():
+            self._carrier_watch()
             try:
                 self.step()
                 self.health.ok("planes")

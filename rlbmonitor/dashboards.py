@@ -85,7 +85,43 @@ def fabric_dashboard() -> dict:
             "tags": ["rlb", "rdma"], "templating": {"list": _variables()}, "panels": panels}
 
 
-DASHBOARDS = {"rlb-fabric.json": fabric_dashboard}
+def planes_dashboard() -> dict:
+    """A scale-up fabric (draft-fare-scale-up): per GPU, each peer's planes as the probes see
+    them, the sub-ports in use and what they carry, and the plane switches' ports."""
+    host = 'node=~"$host"'
+    panels = [
+        _panel(1, "Probes answered, per peer and plane (1 = in use)", f"rlb_host_plane_probe_up{{{host}}}",
+               "{{node}} -> GPU {{peer}} plane {{plane}}", "short", 0, 0, kind="stat"),
+        _panel(2, "Probe round trip per peer and plane", f"rlb_host_plane_probe_rtt_seconds{{{host}}}",
+               "{{node}} -> GPU {{peer}} plane {{plane}}", "s", 12, 0),
+        _panel(3, "Probe loss per peer and plane (share of the last probes)",
+               f"rlb_host_plane_probe_loss_ratio{{{host}}}", "{{node}} -> GPU {{peer}} plane {{plane}}",
+               "percentunit", 0, 8),
+        _panel(4, "Probes sent (/s)", f"sum by (node, plane) (rate(rlb_host_plane_probes_sent_total{{{host}}}"
+               "[$__rate_interval]))", "{{node}} plane {{plane}}", "pps", 12, 8),
+        _panel(5, "Sub-ports usable (carrier and switch MAC)", f"rlb_host_path_usable{{{host}}}",
+               "{{node}} sub-port {{path}}", "short", 0, 16, kind="stat"),
+        _panel(6, "QPs per sub-port", f"rlb_host_path_active_qps{{{host}}}", "{{node}} sub-port {{path}}",
+               "short", 12, 16),
+        _panel(7, "Tx per sub-port (bits/s)", f"8 * rate(rlb_host_path_tx_bytes_total{{{host}}}[$__rate_interval])",
+               "{{node}} sub-port {{path}}", "bps", 0, 24),
+        _panel(8, "QPs moved by the agents to match the weights (/s)",
+               f'rate(rlb_host_packets_total{{{host}, reason="ev_released"}}[$__rate_interval])',
+               "{{node}}", "short", 12, 24),
+        _panel(9, "Plane switch ports: tx (bits/s)",
+               '8 * rate(rlb_switch_port_tx_bytes_total{node=~"$node"}[$__rate_interval])',
+               "{{node}} {{interface}}", "bps", 0, 32),
+        _panel(10, "GPU agent loop errors (/s; 'carrier' = the carrier watcher restarted)",
+               f"rate(rlb_host_loop_errors_total{{{host}}}[$__rate_interval])", "{{node}} {{loop}}",
+               "short", 12, 32),
+    ]
+    variables = [v for v in _variables() if v["name"] in ("datasource", "node", "host")]
+    return {"uid": "rlb-planes", "title": "RLB scale-up: planes, probes and sub-ports", "schemaVersion": 38,
+            "version": 1, "editable": True, "refresh": "5s", "time": {"from": "now-15m", "to": "now"},
+            "tags": ["rlb", "rdma", "scale-up"], "templating": {"list": variables}, "panels": panels}
+
+
+DASHBOARDS = {"rlb-fabric.json": fabric_dashboard, "rlb-planes.json": planes_dashboard}
 
 
 def panel_queries(dashboard: dict) -> list[tuple[str, str]]:

@@ -5,12 +5,17 @@ QPs; other traffic by flow hash; spray per packet."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+import time
 
 import pytest
+from pyroute2 import IPRoute
 
 from rlbcommon import packets as P
 from rlbcommon.testrun import prog_test_run
 from rlbfabric.scaleup import add_loopback_device
+from rlbhost.carrier import down_mask, link_events
 from rlbhost.dataplane import HostDataplane, HostError, PortPath
 
 from .conftest import scratch_netns
@@ -52,9 +57,15 @@ def dp(host):
     host.set_port_paths(LOOP_A, port_paths())
     host.apply_weights({"::/0": ({v: 1 for v in range(1, 9)}, False)})
     host.set_config(expiry_ms=60_000, rotation=0)
+    set_mask(host, 0)
     host.maps["conntrack"].clear()
     host.rebalance()
     return host
+
+
+def set_mask(dp, mask):
+    m = dp.maps["port_down"]
+    m.set(0, m.leaf_type(mask))
 
 
 def send(dp, frame):
@@ -208,3 +219,78 @@ def test_bad_ports_are_refused(dp):
     with pytest.raises(HostError):
         dp.set_port_paths(LOOP_A, [PortPath(1, "nosuchport", switch_mac(1, 1), True)])
 
+
+
+def test_the_carrier_watchers_mask_moves_exactly_the_dead_ports_qps(dp):
+    """The watcher's bit for a port takes it out of use on the next packet, though the agent's
+    own view (the path entry) still says usable: QPs on it move, no other QP does."""
+    frames = qp_frames(64, seed=11)
+    before = dict(zip(range(64), planes_of(dp, frames)))
+    on_port = sorted(q for q, pi in before.items() if pi == (3, 2))
+    assert len(on_port) == 8
+    set_mask(dp, 1 << (value(3, 2) - 1))
+    assert all(p.valid for p in dp.paths())
+    after = dict(zip(range(64), planes_of(dp, frames)))
+    assert sorted(q for q in before if before[q] != after[q]) == on_port
+    assert not any(pi == (3, 2) for pi in after.values())
+    for sport in range(40000, 40100):                        # flow-hash traffic avoids it too
+        f = P.ipv6_frame(LOOP_A, LOOP_B, 17, P.udp6(LOOP_A, LOOP_B, sport, 9999, b"x" * 8))
+        assert port_of(dp, send(dp, f)[1]) != (3, 2)
+    status = {p["path"]: p["carrier"] for p in dp.status()["paths"]}
+    assert [v for v, up in status.items() if not up] == [value(3, 2)]
+    set_mask(dp, 0)                                          # carrier back: usable again
+    assert dp.rebalance(release=True) == 8
+    assert (3, 2) in set(planes_of(dp, frames))
+
+
+def test_link_messages_are_parsed_and_the_mask_has_a_bit_per_dead_port():
+    import struct
+    name = b"eth-p1-2\0"
+    attr = struct.pack("=HH", 4 + len(name), 3) + name + b"\0" * (-len(name) % 4)
+    body = struct.pack("=BxHiII", 0, 1, 7, 0x10001, 0) + attr
+    msg = struct.pack("=IHHII", 16 + len(body), 16, 0, 0, 0) + body
+    down = struct.pack("=IHHII", 16 + len(body), 16, 0, 0, 0) + struct.pack("=BxHiII", 0, 1, 7, 0x1, 0) + attr
+    done = struct.pack("=IHHII", 20, 3, 0, 0, 0) + b"\0" * 4
+    assert list(link_events(msg + down + done)) == [("new", 7, "eth-p1-2", True), ("new", 7, "eth-p1-2", False),
+                                                     ("done", 0, None, False)]
+    ports = {"eth-p1-1": 0, "eth-p1-2": 1, "eth-p2-1": 2}
+    assert down_mask(ports, {"eth-p1-1": True, "eth-p1-2": False, "eth-p2-1": True}) == 0b010
+    assert down_mask(ports, {"eth-p1-1": True}) == 0b110           # unknown = no carrier
+
+
+def test_the_carrier_watcher_follows_the_kernels_link_events(dp):
+    """The real watcher process in the host's namespace: a port set down is in the mask within
+    a few milliseconds of the kernel's event, back out when it comes up; the agent is not
+    involved. (ifb ports: down/up is what changes their carrier here.)"""
+    ports = {name: value(*pi) - 1 for pi, name in PORTS.items()}
+    cmd = [sys.executable, "-m", "rlbhost.carrier", "--pins", str(dp.pins), "--rt-priority", "0"]
+    for name, i in ports.items():
+        cmd += ["--port", f"{name}={i}"]
+    with IPRoute() as ipr:
+        for name in ports:
+            ipr.link("set", index=ipr.link_lookup(ifname=name)[0], state="up")
+    set_mask(dp, 0xffff)                                      # stale: the watcher rewrites it
+    watcher = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+
+    def wait_mask(want, timeout=5.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if dp.ports_down() == want:
+                return time.monotonic()
+            time.sleep(0.0005)
+        raise AssertionError(f"mask {dp.ports_down():#x}, expected {want:#x}")
+
+    try:
+        wait_mask(0)
+        with IPRoute() as ipr:
+            idx = ipr.link_lookup(ifname="eth-p4-1")[0]
+            t0 = time.monotonic()
+            ipr.link("set", index=idx, state="down")
+            took = wait_mask(1 << ports["eth-p4-1"]) - t0
+            assert took < 0.5
+            ipr.link("set", index=idx, state="up")
+            wait_mask(0)
+    finally:
+        watcher.terminate()
+        err = watcher.communicate(timeout=5)[1]
+    assert "ports without carrier: eth-p4-1" in err

@@ -18,7 +18,7 @@ FABRIC = Path(__file__).resolve().parent.parent / "lab" / "scaleup.toml"
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = ScaleupLab(FABRIC, "rlbsu")
+    lab = ScaleupLab(FABRIC, "rlbsu", monitor=True)
     try:
         lab.up()
         lab.wait_converged(180)
@@ -49,15 +49,48 @@ def test_silent_plane_failure_is_caught_by_the_probes(lab):
 
 
 def test_plane_failure_moves_traffic_off_the_plane(lab):
-    """The plane leaves use (weights 0) and the loss is bounded. The issue's 1 ms is NOT met
-    here (6-61 ms measured: the agent's netlink follower, in Python, on a loaded 2-core VM);
-    this asserts what is delivered, and the scenario prints the figure."""
+    """The carrier watcher takes a dead port out of use as soon as the kernel reports it, the
+    stream's loss is bounded and the plane leaves use (weights 0). Bounds here are looser than
+    the scenario's 1 ms: the figures move with the load of a 2-core runner (see docs/results.md)."""
     from rlblab.scenarios import SCENARIOS
     checks = SCENARIOS["scaleup-plane-down"].run(lab)
-    loss_ms, weights = checks[0].measured, checks[1].measured
     print(checks)
+    (after_med, after_max, _), loss_ms, weights = (c.measured for c in checks)
+    assert after_med <= 5 and after_max <= 100
+    assert 0 <= loss_ms <= 20
     assert weights.get(4) == 0.0 and all(weights[p] == 20.0 for p in (1, 2, 3))
-    assert 0 <= loss_ms <= 250
+
+
+def test_the_planes_dashboard_has_data_for_every_panel(lab):
+    """Last (Prometheus scraping every agent each second is load the timed scenarios need not
+    share): every query of grafana/rlb-planes.json returns data from the running lab, and the
+    probes' series cover every (GPU, peer, plane)."""
+    import json
+    import time
+    import urllib.parse
+    import urllib.request
+    from rlbcommon import netns
+    from rlbmonitor import dashboards
+
+    def promql(expr):
+        url = "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with netns.inside(lab.ns("mon")):
+            return json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]["result"]
+
+    lab.start_prometheus()
+    lab.run_qps("g1", "g2", 8, 100, seed=5, rate_pps=800)
+    queries = dashboards.panel_queries(dashboards.planes_dashboard())
+    deadline = time.time() + 40
+    while True:
+        empty = [t for t, q in queries if not promql(dashboards.as_grafana_sends(q))]
+        if not empty or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert not empty, f"panels without data: {empty}"
+    up = promql("rlb_host_plane_probe_up")
+    assert len(up) == 8 * 7 * 4 and all(r["value"][1] == "1" for r in up)
+    usable = promql("rlb_host_path_usable")
+    assert len(usable) == 8 * 8 and all(r["value"][1] == "1" for r in usable)
 
 
 def test_gpu_bird_config_is_rendered_from_the_fabric_file(tmp_path):
