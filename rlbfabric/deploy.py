@@ -11,7 +11,14 @@ Roles and units:
                                leaves also tell the coordinator their uplinks)
     host                       rlb-net (SLAAC on the fabric port), rlb-host (the agent, reporting
                                to the coordinator)
-    coordinator (any machine on the management network)   rlb-coord"""
+    coordinator (any machine on the management network)   rlb-coord
+A scale-up fabric (kind = "scaleup"):
+    plane switch               rlb-net (forwarding, sub-ports up with their link-local), rlb-bird,
+                               rlb-switch (ports at the plane's speed)
+    GPU                        rlb-net (the loopback device and address, the route to the peers'
+                               loopbacks, sub-ports up with their link-local), rlb-bird (the GPU
+                               as a BGP speaker), rlb-host (`rlbhost attach rlb0`: ports mode,
+                               probes, carrier watcher)"""
 from __future__ import annotations
 
 import argparse
@@ -41,6 +48,10 @@ def role(fabric: Fabric, node: str) -> str:
     return fabric.node(node).role
 
 
+def scaleup(fabric) -> bool:
+    return getattr(fabric, "kind", "clos") == "scaleup"
+
+
 def host_port(fabric: Fabric, host: str) -> str:
     """A host's fabric port is named after its leaf, as a switch's ports are after their peers."""
     return f"eth-{fabric.leaf_of_host(host)[0].name}"
@@ -64,6 +75,7 @@ WantedBy=multi-user.target
 """}
     if r in SWITCH_ROLES:
         ports = " ".join(fabric.switch_ports(fabric.node(node)))
+        mbps = fabric.sub_mbps(node) if scaleup(fabric) else fabric.link_mbps
         run = site.run_dir
         out["rlb-bird"] = f"""[Unit]
 Description=bird2 for fabric switch {node}
@@ -82,7 +94,34 @@ Description=RLB switch agent (XDP data plane fed by bird2) on {node}
 Wants=rlb-bird.service
 After=rlb-bird.service
 [Service]
-ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {fabric.link_mbps}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}
+ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {mbps}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}
+Restart=always
+RestartSec=1
+[Install]
+WantedBy=multi-user.target
+"""
+    elif scaleup(fabric):
+        from .scaleup import LOOPBACK_DEVICE
+        run = site.run_dir
+        out["rlb-bird"] = f"""[Unit]
+Description=bird2 for GPU {node} (its loopback into every plane, with its path bandwidth)
+Requires=rlb-net.service
+After=rlb-net.service
+[Service]
+ExecStartPre={site.bin}/rlbhost bird-config {args} --run-dir {run} -o {run}/{node}.conf
+ExecStart=/usr/sbin/bird -f -c {run}/{node}.conf -s {run}/{node}.ctl
+ExecReload=/usr/sbin/birdc -s {run}/{node}.ctl configure
+Restart=on-failure
+[Install]
+WantedBy=multi-user.target
+"""
+        out["rlb-host"] = f"""[Unit]
+Description=RLB GPU agent (QPs across planes and sub-ports, probes, carrier watcher) on {node}
+Requires=rlb-net.service
+Wants=rlb-bird.service
+After=rlb-net.service rlb-bird.service
+[Service]
+ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}
 Restart=always
 RestartSec=1
 [Install]
@@ -121,6 +160,9 @@ def net_commands(fabric: Fabric, node: str) -> list[list[str]]:
     up without DAD delay (fast restore on link-up), a leaf carries its gateway address of every
     host prefix (bird's radv advertises the prefixes of its addresses); a host takes SLAAC on its
     fabric port. Transmit checksum offload off: redirected frames must not carry partial ones."""
+    if scaleup(fabric):
+        from .scaleup import net_commands as scaleup_net
+        return scaleup_net(fabric, node)
     r = role(fabric, node)
     out = []
     ports = fabric.switch_ports(fabric.node(node)) if r in SWITCH_ROLES else [host_port(fabric, node)]
@@ -139,6 +181,9 @@ def net_commands(fabric: Fabric, node: str) -> list[list[str]]:
 
 
 def net(fabric: Fabric, node: str):
+    if scaleup(fabric) and node in fabric.hosts:
+        from .scaleup import add_loopback_device
+        add_loopback_device()
     for cmd in net_commands(fabric, node):
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode and cmd[0] != "ethtool":           # a NIC may not let tx offload be set

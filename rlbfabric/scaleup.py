@@ -226,12 +226,39 @@ def parse(data: dict, where: str = "fabric") -> ScaleupFabric:
                          bfd_ms, int(f.get("graceful_restart_s", 30)), int(f.get("linkbw_subtype", 0x89)))
 
 
+def net_commands(fabric: "ScaleupFabric", node: str) -> list[list[str]]:
+    """Boot-time link setup of a GPU or plane switch (idempotent; the GPU's loopback device must
+    exist: add_loopback_device). Every sub-port carries the fixed link-local of its end, so no
+    session needs discovery; a GPU keeps its addresses across a flap, has its loopback on the
+    loopback device and routes every peer's loopback there (where its TC program picks the
+    port). Transmit checksum offload off: redirected frames must not carry partial ones. The
+    namespace lab and rlb-net.service both run exactly these."""
+    out = []
+    if node in fabric.hosts:
+        out.append(["sysctl", "-qw", "net.ipv6.conf.all.keep_addr_on_down=1"])
+        ports = [(p.ifname, GPU_LL) for p in fabric.gpu_ports(node)]
+    else:
+        out.append(["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])
+        ports = [(name, SWITCH_LL) for name in fabric.switch_ports(fabric.node(node))]
+    for ifname, ll in ports:
+        out += [["ip", "link", "set", ifname, "up"],
+                ["ip", "addr", "replace", f"{ll}/64", "dev", ifname, "nodad"],
+                ["ethtool", "-K", ifname, "tx", "off"]]
+    if node in fabric.hosts:
+        out += [["ip", "addr", "replace", f"{fabric.loopback(node)}/128", "dev", LOOPBACK_DEVICE, "nodad"],
+                ["ip", "link", "set", LOOPBACK_DEVICE, "up"],
+                ["ip", "-6", "route", "replace", str(fabric.loopback_prefix()), "dev", LOOPBACK_DEVICE]]
+    return out
+
+
 def add_loopback_device(name: str = LOOPBACK_DEVICE, netns: str | None = None):
     """The GPU's loopback device: a dummy, or (kernels built without dummy) an ifb; both are
     NOARP, always up and deliver nothing themselves: the host's TC egress program sends every
     packet routed to it out of a fabric port."""
+    ns = ["-n", netns] if netns else []
+    if subprocess.run(["ip", *ns, "link", "show", name], capture_output=True).returncode == 0:
+        return "existing"
     for kind in ("dummy", "ifb"):
-        ns = ["-n", netns] if netns else []
         if subprocess.run(["ip", *ns, "link", "add", name, "type", kind], capture_output=True).returncode == 0:
             return kind
     raise FabricError(f"cannot create {name}: this kernel has neither dummy nor ifb devices")

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import random
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from rlbcommon.netns import run
 from rlbfabric.bird.conf import initial_includes, render
-from rlbfabric.scaleup import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, add_loopback_device
+from rlbfabric.scaleup import LOOPBACK_DEVICE, add_loopback_device, net_commands
 
 from rlbcommon import netns
 from rlbfabric.constants import ROCE_PORT
@@ -41,19 +42,12 @@ class ScaleupLab(FabricLab):
     # ---- lifecycle ----------------------------------------------------------------------
     def up(self, timeout: float = 60.0):
         self._namespaces_up(keep_addr_on_down=True)   # global loopbacks survive a flap
-        for p in self.fabric.planes:
-            topo.sysctl(self.ns(p.name), "net.ipv6.conf.all.forwarding", "1")
         for g in self.gpus:
-            gns = self.ns(g)
             for port in self.fabric.gpu_ports(g):
-                pns = self.ns(port.plane.name)
-                topo.link(gns, port.ifname, pns, port.switch_ifname)
-                run(pns, "ip", "addr", "add", f"{SWITCH_LL}/64", "dev", port.switch_ifname, "nodad")
-                run(gns, "ip", "addr", "add", f"{GPU_LL}/64", "dev", port.ifname, "nodad")
-            add_loopback_device(LOOPBACK_DEVICE, gns)
-            run(gns, "ip", "addr", "add", f"{self.fabric.loopback(g)}/128", "dev", LOOPBACK_DEVICE, "nodad")
-            run(gns, "ip", "link", "set", LOOPBACK_DEVICE, "up")
-            run(gns, "ip", "-6", "route", "add", str(self.fabric.loopback_prefix()), "dev", LOOPBACK_DEVICE)
+                topo.link(self.ns(g), port.ifname, self.ns(port.plane.name), port.switch_ifname)
+            add_loopback_device(LOOPBACK_DEVICE, self.ns(g))
+        for node in [*self.gpus, *(p.name for p in self.fabric.planes)]:   # what rlb-net.service runs
+            run(self.ns(node), "sh", "-ec", "\n".join(shlex.join(c) for c in net_commands(self.fabric, node)))
         for p in self.fabric.planes:
             for inc, body in initial_includes(self.fabric, p, self.work).items():
                 inc.write_text(body)

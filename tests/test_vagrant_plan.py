@@ -27,7 +27,8 @@ def test_smallest_fabric_plan():
     assert {l.mbps for l in node(vms, "s2").links if l.peer == "l1"} == {5000}
 
 
-@pytest.mark.parametrize("fabric", ["fabric.toml", "fabric-2x2.toml", "fabric-5stage.toml", "fabric-parallel.toml"])
+@pytest.mark.parametrize("fabric", ["fabric.toml", "fabric-2x2.toml", "fabric-5stage.toml", "fabric-parallel.toml",
+                                    "scaleup.toml"])
 def test_link_ends_mirror_each_other(fabric):
     vms = plan(load(LAB / fabric))
     ends = {(v.name, l.ifname): (v, l) for v in vms for l in v.links}
@@ -151,6 +152,38 @@ def test_deployment_units_of_every_role():
     assert len(gateways) == fab.paths * len(fab.node("l1").hosts) and gateways[0].endswith("::1/64")
     assert ["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"] in cmds
     assert ["sysctl", "-qw", "net.ipv6.conf.eth-l1.accept_ra=2"] in deploy.net_commands(fab, "h1")
+
+
+def test_scale_up_fabric_plan_and_units():
+    """lab/scaleup.toml as VMs: 4 plane switches, 8 GPUs with 2 sub-ports into every plane, a
+    monitor; GPUs run bird2 and `rlbhost attach rlb0`, nothing needs a coordinator."""
+    from rlbfabric import deploy
+    from rlbfabric.scaleup import net_commands
+    from rlblab.vm.node import scrape_targets, units
+    fab_file = LAB / "scaleup.toml"
+    fab = load(fab_file)
+    vms = plan(fab)
+    assert [(v.name, v.role) for v in vms] == [(f"p{i}", "spine") for i in range(1, 5)] + \
+        [(f"g{i}", "host") for i in range(1, 9)] + [("mon", "monitor")]
+    g3 = node(vms, "g3")
+    assert [l.ifname for l in g3.links] == [f"eth-p{p}-{i}" for p in range(1, 5) for i in (1, 2)]
+    assert {(l.peer, l.peer_ifname) for l in g3.links} == {(f"p{p}", f"eth-g3-{i}") for p in range(1, 5) for i in (1, 2)}
+    assert len(node(vms, "p2").links) == 16 and {l.mbps for l in g3.links} == {fab.sub_mbps("p1")}
+    gpu = units(fab, vms, g3, fab_file)
+    assert sorted(gpu) == ["rlb-bird", "rlb-host", "rlb-net"]
+    assert f"rlbhost attach rlb0 --fabric {fab_file} --node g3" in gpu["rlb-host"]
+    assert "--coordinator" not in gpu["rlb-host"] and "rlbhost bird-config" in gpu["rlb-bird"]
+    plane = units(fab, vms, node(vms, "p2"), fab_file)
+    assert f"--speed-mbps {fab.sub_mbps('p2')}" in plane["rlb-switch"] and "eth-g8-2" in plane["rlb-switch"]
+    mon = units(fab, vms, node(vms, "mon"), fab_file)
+    assert sorted(mon) == ["rlb-prometheus"]
+    assert "rlbcoord" not in scrape_targets(vms, node(vms, "mon"), coordinator=False)
+    cmds = net_commands(fab, "g3")
+    assert deploy.net_commands(fab, "g3") == cmds
+    assert ["ip", "addr", "replace", f"{fab.loopback('g3')}/128", "dev", "rlb0", "nodad"] in cmds
+    assert ["ip", "-6", "route", "replace", str(fab.loopback_prefix()), "dev", "rlb0"] in cmds
+    assert ["ip", "addr", "replace", "fe80::2/64", "dev", "eth-p4-2", "nodad"] in cmds
+    assert ["ip", "addr", "replace", "fe80::1/64", "dev", "eth-g8-1", "nodad"] in net_commands(fab, "p1")
 
 
 def test_deploy_cli_writes_units(tmp_path):

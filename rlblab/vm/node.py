@@ -9,7 +9,10 @@ Units: switches run bird2 (rlb-bird) and `rlbswitch run` (rlb-switch, leaves tel
 coordinator their uplinks); hosts run `rlbhost attach` (rlb-host, reporting to the coordinator)
 and get a Soft-RoCE device rxe0 on their fabric port (rlb-rxe); the monitor runs the fabric
 coordinator (rlb-coord), Prometheus (rlb-prometheus) scraping every agent and the coordinator,
-and Grafana with the dashboards if installed."""
+and Grafana with the dashboards if installed. A scale-up fabric's GPUs run bird2 and `rlbhost
+attach rlb0` (the deployment's units) and its monitor only Prometheus (there is no coordinator);
+GPUs get no Soft-RoCE device: rxe takes packets only on the netdev it is bound to, and a GPU's
+QPs arrive on any of its sub-ports addressed to its loopback (the lab's UDP QPs stand in)."""
 from __future__ import annotations
 
 import argparse
@@ -76,8 +79,10 @@ def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, xdp: str = "nat
     lab's own: Soft-RoCE on the hosts, Prometheus beside the coordinator on the monitor."""
     site = deploy.Site(bin=VENV, run_dir=RUN, xdp=xdp, bfd_ms=bfd_ms)
     mon = node(vms, MONITOR)
+    scaleup = deploy.scaleup(fab)
     if vm.role == "monitor":
-        return {**deploy.coordinator_unit(fabric_file, vm.mgmt_ip, site), "rlb-prometheus": f"""[Unit]
+        coord = {} if scaleup else deploy.coordinator_unit(fabric_file, vm.mgmt_ip, site)
+        return {**coord, "rlb-prometheus": f"""[Unit]
 Description=Prometheus scraping the RLB lab's agents
 [Service]
 ExecStart=/usr/bin/prometheus --config.file={ETC}/prometheus.yml --storage.tsdb.path=/var/lib/rlb-prometheus --web.listen-address=:9090
@@ -85,8 +90,9 @@ Restart=always
 [Install]
 WantedBy=multi-user.target
 """}
-    out = deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip, coordapi.url_for(mon.mgmt_ip), site)
-    if vm.role == "host":
+    out = deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip, None if scaleup else coordapi.url_for(mon.mgmt_ip),
+                       site)
+    if vm.role == "host" and not scaleup:
         port = deploy.host_port(fab, vm.name)
         out["rlb-rxe"] = f"""[Unit]
 Description=Soft-RoCE device rxe0 on {port}
@@ -115,7 +121,7 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0):
     for u, body in todo.items():
         (UNITS / f"{u}.service").write_text(body)
     if vm.role == "monitor":
-        (ETC / "prometheus.yml").write_text(scrape_targets(vms, vm))
+        (ETC / "prometheus.yml").write_text(scrape_targets(vms, vm, coordinator=not deploy.scaleup(fab)))
     sh("systemctl", "daemon-reload")
     for u in todo:
         sh("systemctl", "enable", f"{u}.service")
@@ -125,11 +131,12 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0):
         grafana(vm)
 
 
-def scrape_targets(vms: list[VmNode], vm: VmNode) -> str:
+def scrape_targets(vms: list[VmNode], vm: VmNode, coordinator: bool = True) -> str:
     """Prometheus on the monitor scrapes every agent and the coordinator beside it."""
     from rlbmonitor.prometheus import scrape_config
     targets = {v.name: (v.mgmt_ip, v.role) for v in vms if v.role != "monitor"}
-    targets["coordinator"] = (vm.mgmt_ip, "coordinator")
+    if coordinator:
+        targets["coordinator"] = (vm.mgmt_ip, "coordinator")
     return scrape_config(targets)
 
 

@@ -7,7 +7,9 @@ provisioning reads the same plan inside each VM, so both sides agree on names, M
 
 Interfaces in the VMs: eth0 is Vagrant's, eth1 the lab's management network (metrics,
 Prometheus, the perftest handshake), then one NIC per fabric link, renamed after its MAC to
-the fabric's name: a switch's port towards X is eth-X, a host's port towards its leaf eth-<leaf>."""
+the fabric's name: a switch's port towards X is eth-X, a host's port towards its leaf eth-<leaf>.
+A scale-up fabric (kind = "scaleup") has plane switches and GPUs: a GPU's sub-port i into plane P
+is eth-P-i, the plane switch's end eth-<GPU>-i."""
 from __future__ import annotations
 
 import argparse
@@ -53,8 +55,14 @@ def _mac(link: int, side: int) -> str:
 
 def fabric_links(fabric: Fabric) -> list[tuple[str, str, str, str, int]]:
     """Every point-to-point link as (a, a's ifname, b, b's ifname, Mb/s): switch links first
-    (from the lower tier up), then host ports."""
+    (from the lower tier up), then host ports; a scale-up fabric's are its sub-port links."""
     out = []
+    if getattr(fabric, "kind", "clos") == "scaleup":
+        for g in fabric.gpus:
+            for port in fabric.gpu_ports(g.name):
+                out.append((port.plane.name, port.switch_ifname, g.name, port.ifname,
+                            fabric.sub_mbps(port.plane.name)))
+        return out
     for node in fabric.leaves + fabric.spines:
         for port in fabric.ports_up(node):
             out.append((node.name, port.ifname, port.peer.name, port.peer_ifname,
@@ -67,7 +75,8 @@ def fabric_links(fabric: Fabric) -> list[tuple[str, str, str, str, int]]:
 
 def plan(fabric: Fabric, mgmt_net: str = "10.77.0.0/24") -> list[VmNode]:
     net = ipaddress.IPv4Network(mgmt_net)
-    hosts = [h for leaf in fabric.leaves for h in leaf.hosts]
+    hosts = list(fabric.hosts) if getattr(fabric, "kind", "clos") == "scaleup" else \
+        [h for leaf in fabric.leaves for h in leaf.hosts]
     order = [(n.name, n.role) for n in fabric.spines + fabric.superspines + fabric.leaves]
     order += [(h, "host") for h in hosts] + [(MONITOR, "monitor")]
     if len(order) + 10 > net.num_addresses - 2:
