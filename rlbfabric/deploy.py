@@ -77,18 +77,9 @@ WantedBy=multi-user.target
         ports = " ".join(fabric.switch_ports(fabric.node(node)))
         mbps = fabric.sub_mbps(node) if scaleup(fabric) else fabric.link_mbps
         run = site.run_dir
-        out["rlb-bird"] = f"""[Unit]
-Description=bird2 for fabric switch {node}
-Requires=rlb-net.service
-After=rlb-net.service
-[Service]
-ExecStartPre={site.bin}/rlbswitch bird-config {args} --run-dir {run} -o {run}/{node}.conf{f' --bfd-ms {site.bfd_ms}' if site.bfd_ms else ''}
-ExecStart=/usr/sbin/bird -f -c {run}/{node}.conf -s {run}/{node}.ctl
-ExecReload=/usr/sbin/birdc -s {run}/{node}.ctl configure
-Restart=on-failure
-[Install]
-WantedBy=multi-user.target
-"""
+        bfd = f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else ""
+        out["rlb-bird"] = _bird_unit(f"fabric switch {node}", f"{site.bin}/rlbswitch bird-config {args}{bfd}",
+                                     node, run)
         out["rlb-switch"] = f"""[Unit]
 Description=RLB switch agent (XDP data plane fed by bird2) on {node}
 Wants=rlb-bird.service
@@ -103,18 +94,8 @@ WantedBy=multi-user.target
     elif scaleup(fabric):
         from .scaleup import LOOPBACK_DEVICE
         run = site.run_dir
-        out["rlb-bird"] = f"""[Unit]
-Description=bird2 for GPU {node} (its loopback into every plane, with its path bandwidth)
-Requires=rlb-net.service
-After=rlb-net.service
-[Service]
-ExecStartPre={site.bin}/rlbhost bird-config {args} --run-dir {run} -o {run}/{node}.conf
-ExecStart=/usr/sbin/bird -f -c {run}/{node}.conf -s {run}/{node}.ctl
-ExecReload=/usr/sbin/birdc -s {run}/{node}.ctl configure
-Restart=on-failure
-[Install]
-WantedBy=multi-user.target
-"""
+        out["rlb-bird"] = _bird_unit(f"GPU {node} (its loopback into every plane, with its path bandwidth)",
+                                     f"{site.bin}/rlbhost bird-config {args}", node, run)
         out["rlb-host"] = f"""[Unit]
 Description=RLB GPU agent (QPs across planes and sub-ports, probes, carrier watcher) on {node}
 Requires=rlb-net.service
@@ -140,6 +121,22 @@ RestartSec=1
 WantedBy=multi-user.target
 """
     return out
+
+
+def _bird_unit(what: str, render: str, node: str, run: Path) -> str:
+    """bird2 with its config rendered from the fabric file at every start."""
+    return f"""[Unit]
+Description=bird2 for {what}
+Requires=rlb-net.service
+After=rlb-net.service
+[Service]
+ExecStartPre={render} --run-dir {run} -o {run}/{node}.conf
+ExecStart=/usr/sbin/bird -f -c {run}/{node}.conf -s {run}/{node}.ctl
+ExecReload=/usr/sbin/birdc -s {run}/{node}.ctl configure
+Restart=on-failure
+[Install]
+WantedBy=multi-user.target
+"""
 
 
 def coordinator_unit(fabric_file: Path, listen: str, site: Site = Site()) -> dict[str, str]:

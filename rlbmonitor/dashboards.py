@@ -31,6 +31,12 @@ def _variables() -> list[dict]:
     ]
 
 
+def _dashboard(uid: str, title: str, tags: list[str], variables: list[dict], panels: list[dict]) -> dict:
+    return {"uid": uid, "title": title, "schemaVersion": 38, "version": 1, "editable": True,
+            "refresh": "5s", "time": {"from": "now-15m", "to": "now"}, "tags": tags,
+            "templating": {"list": variables}, "panels": panels}
+
+
 def fabric_dashboard() -> dict:
     sel = 'node=~"$node", interface=~"$interface"'
     panels = [
@@ -80,9 +86,7 @@ def fabric_dashboard() -> dict:
                "rate(rlb_coord_solve_seconds_total[$__rate_interval]) / rate(rlb_coord_solves_total[$__rate_interval])",
                "placement", "s", 12, 64),
     ]
-    return {"uid": "rlb-fabric", "title": "RLB fabric: per-path utilisation", "schemaVersion": 38,
-            "version": 1, "editable": True, "refresh": "5s", "time": {"from": "now-15m", "to": "now"},
-            "tags": ["rlb", "rdma"], "templating": {"list": _variables()}, "panels": panels}
+    return _dashboard("rlb-fabric", "RLB fabric: per-path utilisation", ["rlb", "rdma"], _variables(), panels)
 
 
 def planes_dashboard() -> dict:
@@ -116,9 +120,8 @@ def planes_dashboard() -> dict:
                "short", 12, 32),
     ]
     variables = [v for v in _variables() if v["name"] in ("datasource", "node", "host")]
-    return {"uid": "rlb-planes", "title": "RLB scale-up: planes, probes and sub-ports", "schemaVersion": 38,
-            "version": 1, "editable": True, "refresh": "5s", "time": {"from": "now-15m", "to": "now"},
-            "tags": ["rlb", "rdma", "scale-up"], "templating": {"list": variables}, "panels": panels}
+    return _dashboard("rlb-planes", "RLB scale-up: planes, probes and sub-ports", ["rlb", "rdma", "scale-up"],
+                      variables, panels)
 
 
 DASHBOARDS = {"rlb-fabric.json": fabric_dashboard, "rlb-planes.json": planes_dashboard}
