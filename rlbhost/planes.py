@@ -191,6 +191,8 @@ class PlaneAgent:
 
     # ---- the loop -------------------------------------------------------------------------
     def step(self):
+        """One pass. bird's I/O (the include, `birdc configure`, reading routes) runs outside
+        the lock, so a probe verdict never waits behind it."""
         with self.lock:
             if time.monotonic() >= self._next_resync:     # netlink events keep it current between
                 self._read_carrier()
@@ -200,13 +202,15 @@ class PlaneAgent:
             if ports != self._ports_programmed:
                 self.dp.set_port_paths(self.loopback, ports)
                 self._ports_programmed = ports
-            self.sync_pathbw()
-            try:
-                routes = self._routes = self.bird.routes()
-                self.health.ok("bird")
-            except BirdError as e:
-                self.health.failed("bird", e, log)
-                return
+        self.sync_pathbw()
+        try:
+            routes = self.bird.routes()
+            self.health.ok("bird")
+        except BirdError as e:
+            self.health.failed("bird", e, log)
+            return
+        with self.lock:
+            self._routes = routes
             want = self.weights_from(routes)
             if want != self.last_weights:
                 moved0 = self.dp.stats()["reasons"]["ev_released"]
