@@ -48,10 +48,6 @@ def role(fabric: Fabric, node: str) -> str:
     return fabric.node(node).role
 
 
-def scaleup(fabric) -> bool:
-    return getattr(fabric, "kind", "clos") == "scaleup"
-
-
 def host_port(fabric: Fabric, host: str) -> str:
     """A host's fabric port is named after its leaf, as a switch's ports are after their peers."""
     return f"eth-{fabric.leaf_of_host(host)[0].name}"
@@ -75,7 +71,7 @@ WantedBy=multi-user.target
 """}
     if r in SWITCH_ROLES:
         ports = " ".join(fabric.switch_ports(fabric.node(node)))
-        mbps = fabric.sub_mbps(node) if scaleup(fabric) else fabric.link_mbps
+        mbps = fabric.sub_mbps(node) if fabric.kind == "scaleup" else fabric.link_mbps
         run = site.run_dir
         bfd = f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else ""
         out["rlb-bird"] = _bird_unit(f"fabric switch {node}", f"{site.bin}/rlbswitch bird-config {args}{bfd}",
@@ -91,7 +87,7 @@ RestartSec=1
 [Install]
 WantedBy=multi-user.target
 """
-    elif scaleup(fabric):
+    elif fabric.is_gpu(node):
         from .scaleup import LOOPBACK_DEVICE
         run = site.run_dir
         out["rlb-bird"] = _bird_unit(f"GPU {node} (its loopback into every plane, with its path bandwidth)",
@@ -157,7 +153,7 @@ def net_commands(fabric: Fabric, node: str) -> list[list[str]]:
     up without DAD delay (fast restore on link-up), a leaf carries its gateway address of every
     host prefix (bird's radv advertises the prefixes of its addresses); a host takes SLAAC on its
     fabric port. Transmit checksum offload off: redirected frames must not carry partial ones."""
-    if scaleup(fabric):
+    if fabric.kind == "scaleup":
         from .scaleup import net_commands as scaleup_net
         return scaleup_net(fabric, node)
     r = role(fabric, node)
@@ -178,7 +174,7 @@ def net_commands(fabric: Fabric, node: str) -> list[list[str]]:
 
 
 def net(fabric: Fabric, node: str):
-    if scaleup(fabric) and node in fabric.hosts:
+    if fabric.is_gpu(node):
         from .scaleup import add_loopback_device
         add_loopback_device()
     for cmd in net_commands(fabric, node):

@@ -44,6 +44,7 @@ import ipaddress
 import re
 import tomllib
 from dataclasses import dataclass, field
+from typing import ClassVar
 from pathlib import Path
 
 from . import addrplan
@@ -92,6 +93,7 @@ class Fabric:
     link_overrides: dict[frozenset, int]
     policy_overrides: dict[str, str]
     parallel: int = 1   # links between each leaf and each spine of its pod
+    kind: ClassVar[str] = "clos"   # rlbfabric/scaleup.ScaleupFabric is the other kind
     # Sub-type of the community a super-spine attaches with the bandwidth of its link towards the
     # advertising spine. The draft makes it non-transitive, but bird 2.0.12 deletes
     # non-transitive ext communities on every eBGP export (ec_set_del_nontrans), so it would never
@@ -106,6 +108,10 @@ class Fabric:
     _host_index: dict | None = field(default=None, repr=False, compare=False)
 
     # ---- lookups ----------------------------------------------------------------------
+    def is_gpu(self, node: str) -> bool:
+        """A GPU host of a scale-up fabric (its own bird config, ports mode): never here."""
+        return False
+
     @property
     def switches(self) -> list[Node]:
         return self.superspines + self.spines + self.leaves

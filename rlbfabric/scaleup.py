@@ -34,13 +34,16 @@ from __future__ import annotations
 import ipaddress
 import subprocess
 from dataclasses import dataclass, field
+from typing import ClassVar
+
+from rlbcommon.cheader import constants
 
 from .constants import POLICIES
 from .fabric import FabricError, Node, Port, node_name_asn
 
 SWITCH_LL, GPU_LL = "fe80::1", "fe80::2"
 LOOPBACK_DEVICE = "rlb0"      # where a GPU's loopback lives and the peers' loopbacks are routed
-MAX_PATHS = 16                # the host data plane's path table (bpf/rlb_host.h RLBH_MAX_PATHS)
+MAX_PATHS = constants("rlb_host.h")["RLBH_MAX_PATHS"]   # the host data plane's path table
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,11 @@ class ScaleupFabric:
     graceful_restart_s: int = 30
     linkbw_subtype: int = 0x89
     parallel: int = 1
-    kind: str = "scaleup"
+    kind: ClassVar[str] = "scaleup"
     link_overrides: dict = field(default_factory=dict)
+
+    def is_gpu(self, node: str) -> bool:
+        return node in self.hosts
 
     # ---- what the switch agent and bird rendering ask of any fabric ----------------------
     @property
@@ -164,10 +170,6 @@ class ScaleupFabric:
         return [GpuPort(p, i, (p.index - 1) * self.subports + i, f"eth-{p.name}-{i}", f"eth-{g.name}-{i}")
                 for p in self.planes for i in range(1, self.subports + 1)]
 
-    def gpu_of_loopback(self, addr: str) -> str | None:
-        a = ipaddress.IPv6Address(addr)
-        return next((g.name for g in self.gpus if ipaddress.IPv6Address(self.loopback(g.name)) == a), None)
-
     def sub_mbps(self, plane: str) -> int:
         return self.plane_mbps.get(plane, self.link_mbps)
 
@@ -234,7 +236,7 @@ def net_commands(fabric: "ScaleupFabric", node: str) -> list[list[str]]:
     port). Transmit checksum offload off: redirected frames must not carry partial ones. The
     namespace lab and rlb-net.service both run exactly these."""
     out = []
-    if node in fabric.hosts:
+    if fabric.is_gpu(node):
         out.append(["sysctl", "-qw", "net.ipv6.conf.all.keep_addr_on_down=1"])
         ports = [(p.ifname, GPU_LL) for p in fabric.gpu_ports(node)]
     else:
@@ -244,7 +246,7 @@ def net_commands(fabric: "ScaleupFabric", node: str) -> list[list[str]]:
         out += [["ip", "link", "set", ifname, "up"],
                 ["ip", "addr", "replace", f"{ll}/64", "dev", ifname, "nodad"],
                 ["ethtool", "-K", ifname, "tx", "off"]]
-    if node in fabric.hosts:
+    if fabric.is_gpu(node):
         out += [["ip", "addr", "replace", f"{fabric.loopback(node)}/128", "dev", LOOPBACK_DEVICE, "nodad"],
                 ["ip", "link", "set", LOOPBACK_DEVICE, "up"],
                 ["ip", "-6", "route", "replace", str(fabric.loopback_prefix()), "dev", LOOPBACK_DEVICE]]

@@ -69,7 +69,7 @@ def attach(
     from .agent import HostAgent, check_place
     fab = load(fabric) if fabric else None
     node = node or socket.gethostname()
-    if fab is not None and getattr(fab, "kind", "clos") == "scaleup":
+    if fab is not None and fab.kind == "scaleup":
         return _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, probe_dead_ms,
                            metrics_port, metrics_addr, once, carrier_rt_priority)
     if fab:
@@ -152,7 +152,7 @@ def bird_config(
     from rlbfabric.bird.conf import initial_includes, render
     from rlbfabric.fabric import load
     fab = load(fabric_file)
-    if getattr(fab, "kind", "clos") != "scaleup" or node not in fab.hosts:
+    if not fab.is_gpu(node):
         raise HostError(f"{node!r} is not a GPU of a scale-up fabric in {fabric_file}")
     run_dir.mkdir(parents=True, exist_ok=True)
     for inc, body in initial_includes(fab, node, run_dir).items():

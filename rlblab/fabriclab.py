@@ -24,7 +24,7 @@ from .bird import Bird
 def open_lab(fabric_file: str | Path, name: str, **options) -> "FabricLab":
     """The lab a fabric file needs: leaf-spine (FabricLab) or scale-up (ScaleupLab, which takes
     only `monitor` of the options)."""
-    if getattr(load(fabric_file), "kind", "clos") == "scaleup":
+    if load(fabric_file).kind == "scaleup":
         from .scaleuplab import ScaleupLab
         return ScaleupLab(fabric_file, name, monitor=options.get("monitor", False))
     return FabricLab(fabric_file, name, **options)

@@ -229,7 +229,7 @@ function gpu_export(int plane)
 
 
 def render(fabric: Fabric, node: str, run_dir: Path, baseline: bool = False) -> str:
-    if getattr(fabric, "kind", "clos") == "scaleup" and node in fabric.hosts:
+    if fabric.is_gpu(node):
         return render_gpu(fabric, node, run_dir)
     n = fabric.node(node)
     fn = {"leaf": render_leaf, "spine": render_spine, "superspine": render_superspine}[n.role]
@@ -251,7 +251,7 @@ def initial_includes(fabric: Fabric, node: Node | str, run_dir: Path) -> dict[Pa
     computed anything: neighbours where the node has uplinks, path bandwidth on spines and
     super-spines (and, on a scale-up GPU, its loopback's path bandwidth per plane)."""
     if isinstance(node, str):
-        if getattr(fabric, "kind", "clos") == "scaleup" and node in fabric.hosts:
+        if fabric.is_gpu(node):
             return {pathbw_file(run_dir, node): render_gpu_pathbw(fabric, node, {})}
         node = fabric.node(node)
     out = {}

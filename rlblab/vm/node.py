@@ -79,7 +79,7 @@ def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, xdp: str = "nat
     lab's own: Soft-RoCE on the hosts, Prometheus beside the coordinator on the monitor."""
     site = deploy.Site(bin=VENV, run_dir=RUN, xdp=xdp, bfd_ms=bfd_ms)
     mon = node(vms, MONITOR)
-    scaleup = deploy.scaleup(fab)
+    scaleup = fab.kind == "scaleup"
     if vm.role == "monitor":
         coord = {} if scaleup else deploy.coordinator_unit(fabric_file, vm.mgmt_ip, site)
         return {**coord, "rlb-prometheus": f"""[Unit]
@@ -121,7 +121,7 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0):
     for u, body in todo.items():
         (UNITS / f"{u}.service").write_text(body)
     if vm.role == "monitor":
-        (ETC / "prometheus.yml").write_text(scrape_targets(vms, vm, coordinator=not deploy.scaleup(fab)))
+        (ETC / "prometheus.yml").write_text(scrape_targets(vms, vm, coordinator=fab.kind != "scaleup"))
     sh("systemctl", "daemon-reload")
     for u in todo:
         sh("systemctl", "enable", f"{u}.service")

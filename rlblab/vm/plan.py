@@ -57,7 +57,7 @@ def fabric_links(fabric: Fabric) -> list[tuple[str, str, str, str, int]]:
     """Every point-to-point link as (a, a's ifname, b, b's ifname, Mb/s): switch links first
     (from the lower tier up), then host ports; a scale-up fabric's are its sub-port links."""
     out = []
-    if getattr(fabric, "kind", "clos") == "scaleup":
+    if fabric.kind == "scaleup":
         for g in fabric.gpus:
             for port in fabric.gpu_ports(g.name):
                 out.append((port.plane.name, port.switch_ifname, g.name, port.ifname,
@@ -75,7 +75,7 @@ def fabric_links(fabric: Fabric) -> list[tuple[str, str, str, str, int]]:
 
 def plan(fabric: Fabric, mgmt_net: str = "10.77.0.0/24") -> list[VmNode]:
     net = ipaddress.IPv4Network(mgmt_net)
-    hosts = list(fabric.hosts) if getattr(fabric, "kind", "clos") == "scaleup" else \
+    hosts = list(fabric.hosts) if fabric.kind == "scaleup" else \
         [h for leaf in fabric.leaves for h in leaf.hosts]
     order = [(n.name, n.role) for n in fabric.spines + fabric.superspines + fabric.leaves]
     order += [(h, "host") for h in hosts] + [(MONITOR, "monitor")]
