@@ -199,8 +199,9 @@ class HostDataplane(PinnedState):
         return changed
 
     def set_port_up(self, ifname: str, up: bool) -> list[int]:
-        """Carrier changed: flip the paths of that port at once, nothing else (the fast path:
-        it takes only the ports lock, never waits behind a rebalance). Returns their values."""
+        """Carrier changed: flip the paths of that port at once, nothing else (the agent's own
+        fast path, behind the carrier watcher's mask: it takes only the ports lock, never waits
+        behind a rebalance). Returns their values."""
         try:
             ifindex = self.ifindex(ifname)
         except HostError:

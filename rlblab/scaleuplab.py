@@ -23,6 +23,7 @@ from rlbfabric.constants import ROCE_PORT
 from . import topo
 from .bird import Bird
 from .fabriclab import FabricLab
+from .traffic import SocketReader
 
 
 class ScaleupLab(FabricLab):
@@ -85,9 +86,13 @@ class ScaleupLab(FabricLab):
             out[port.plane.index] += w.get(port.value, 0.0)
         return out
 
+    def full_planes(self) -> dict[int, float]:
+        """{plane number: its weight (Gb/s) from a GPU with every sub-port live to a peer with the same}."""
+        return {p.index: self.fabric.subports * self.fabric.sub_mbps(p.name) / 1000 for p in self.fabric.planes}
+
     def wait_converged(self, timeout: float = 120.0):
         """Until every GPU weights every peer on every plane at full bandwidth."""
-        full = {p.index: self.fabric.subports * self.fabric.sub_mbps(p.name) / 1000 for p in self.fabric.planes}
+        full = self.full_planes()
         self.wait_for(lambda: all(self.plane_weights(a, b) == full for a in self.gpus for b in self.gpus if a != b),
                       timeout, "every GPU to weight every peer on every plane")
 
@@ -145,35 +150,26 @@ class ScaleupLab(FabricLab):
         return {k: round(v, 4) for k, v in sorted(out.items())}
 
 
-class Receiver:
-    """A UDP socket on a GPU's loopback:4791 counting datagrams in a thread (use as a context)."""
+class Receiver(SocketReader):
+    """A UDP socket on a GPU's loopback:4791 counting datagrams in a thread (use as a context:
+    on exit it waits for stragglers, then stops)."""
 
     def __init__(self, ns: str, addr: str):
         import socket
-        import threading
         with netns.inside(ns):
-            self.sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-            self.sock.bind((addr, ROCE_PORT))
-        self.sock.settimeout(0.2)
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            sock.bind((addr, ROCE_PORT))
         self.count = 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
+        super().__init__(sock)
 
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                self.sock.recv(4096)
-                self.count += 1
-            except OSError:
-                continue
+    def take(self):
+        self.sock.recv(4096)
+        self.count += 1
 
     def __enter__(self):
-        self._t.start()
         return self
 
     def __exit__(self, *exc):
         time.sleep(0.3)
-        self._stop.set()
-        self._t.join()
-        self.sock.close()
+        self.close()

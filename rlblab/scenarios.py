@@ -198,8 +198,9 @@ def _wait_planes(lab, src: str, dst: str, want: dict[int, float], timeout: float
     return got
 
 
-def _full(lab) -> float:
-    return lab.fabric.subports * lab.fabric.link_mbps / 1000
+def _halved(full: dict[int, float], plane: int) -> dict[int, float]:
+    """Every plane at full bandwidth but `plane`, at half (half its sub-ports gone)."""
+    return {p: f / 2 if p == plane else f for p, f in full.items()}
 
 
 def _qp_paths(lab, gpu: str, peer: str) -> dict[tuple[int, int], int]:
@@ -216,7 +217,7 @@ def _link(lab, node: str, ifname: str, state: str):
     from rlbfabric.scaleup import GPU_LL, SWITCH_LL
     run(lab.ns(node), "ip", "link", "set", ifname, state)
     if state == "up":
-        ll = GPU_LL if node in lab.fabric.hosts else SWITCH_LL
+        ll = GPU_LL if lab.fabric.is_gpu(node) else SWITCH_LL
         run(lab.ns(node), "ip", "addr", "replace", f"{ll}/64", "dev", ifname, "nodad")
 
 
@@ -224,10 +225,9 @@ def scaleup_split(lab, n_qps: int = 64) -> list[Check]:
     """§3.1: g2 loses one of its two sub-cables into plane 1, so g1's path bandwidth to g2 via
     plane 1 halves (FARE min() at g2, the plane switch and g1); 64 new QPs g1->g2 split 1:2:2:2
     across the planes, within 2 points of those weights, and evenly over each plane's sub-ports."""
-    full = _full(lab)
     _link(lab, "g2", "eth-p1-2", "down")
     try:
-        want = {1: full / 2, 2: full, 3: full, 4: full}
+        want = _halved(lab.full_planes(), 1)
         got = _wait_planes(lab, "g1", "g2", want)
         checks = [Check("g1's plane weights to g2 (Gb/s)", got, str(want), got == want)]
         r = lab.run_qps("g1", "g2", n_qps, 20, seed=21)
@@ -254,7 +254,7 @@ def scaleup_subcable(lab, n_qps: int = 64) -> list[Check]:
     import math
     checks = []
     lab.cli("g1", "config", "--expiry-ms", "60000")
-    full = _full(lab)
+    full = lab.full_planes()
     try:
         def traffic():
             lab.run_qps("g1", "g2", n_qps, 5, seed=31)
@@ -266,14 +266,14 @@ def scaleup_subcable(lab, n_qps: int = 64) -> list[Check]:
                 ("receiver", "g2", "eth-p3-1", 3, math.ceil(n_qps / 4 - n_qps * 1 / 7))):
             before = traffic()
             _link(lab, node, port, "down")
-            _wait_planes(lab, "g1", "g2", {p: full / 2 if p == plane else full for p in range(1, 5)})
+            _wait_planes(lab, "g1", "g2", _halved(full, plane))
             time.sleep(0.5)
             during = traffic()
             moved = sum(1 for q in before if during.get(q) != before[q])
             checks.append(Check(f"{where}'s sub-cable {port} down: QPs moved", moved,
                                 f"{expect} (ceil of the proportional share)", moved == expect))
             _link(lab, node, port, "up")
-            _wait_planes(lab, "g1", "g2", {p: full for p in range(1, 5)}, timeout=30)
+            _wait_planes(lab, "g1", "g2", full, timeout=30)
             time.sleep(0.5)
             after = traffic()
             back = sum(1 for q in during if after.get(q) != during[q])
@@ -366,13 +366,13 @@ def scaleup_plane_failure(lab) -> list[Check]:
         ms = lost / (rate * on_p4) * 1000
         checks.append(Check("p4 down: traffic lost on it (ms of its share)", round(ms, 2), "<= 1 ms",
                             0 <= ms <= 1.0))
-        w = _wait_planes(lab, "g1", "g2", {1: _full(lab), 2: _full(lab), 3: _full(lab), 4: 0.0})
+        w = _wait_planes(lab, "g1", "g2", {**lab.full_planes(), 4: 0.0})
         checks.append(Check("g1's plane weights to g2 after", w, "p4 0", w.get(4) == 0.0))
     finally:
         for p in ports:
             _link(lab, "p4", p, "up")
         lab.cli("g1", "config", "--expiry-ms", "200")
-        _wait_planes(lab, "g1", "g2", {p: _full(lab) for p in range(1, 5)}, timeout=30)
+        _wait_planes(lab, "g1", "g2", lab.full_planes(), timeout=30)
     return checks
 
 
@@ -385,6 +385,7 @@ def scaleup_silent_failure(lab) -> list[Check]:
                       lab.fabric.loopback("g2"))
     lab.cli("g1", "config", "--expiry-ms", "60000")
     checks = []
+    full = lab.full_planes()
     try:
         rate, n = 8000, 16
         sent, got = _stream_loss(lab, "g1", "g2", n, 3.0, rate, drop.on, seed=51)
@@ -394,16 +395,15 @@ def scaleup_silent_failure(lab) -> list[Check]:
                             "<= 150 ms (and some lost: the fault was real)", 0 < lost and ms <= 150))
         w = lab.plane_weights("g1", "g2")
         checks.append(Check("g1's plane weights to g2 during", w, "p2 0, the others full",
-                            w.get(2) == 0.0 and all(w[p] == _full(lab) for p in (1, 3, 4))))
+                            w.get(2) == 0.0 and all(w[p] == full[p] for p in (1, 3, 4))))
         sessions = lab.weights("g1").get(f"{lab.fabric.loopback('g3')}/128", {})
         checks.append(Check("g1 to g3 (not behind the fault) keeps p2", sum(sessions.get(v, 0) for v in (3, 4)),
-                            f"{_full(lab)}", sum(sessions.get(v, 0) for v in (3, 4)) == _full(lab)))
+                            f"{full[2]}", sum(sessions.get(v, 0) for v in (3, 4)) == full[2]))
     finally:
         drop.off()
         lab.cli("g1", "config", "--expiry-ms", "200")
-    back = _wait_planes(lab, "g1", "g2", {p: _full(lab) for p in range(1, 5)}, timeout=10)
-    checks.append(Check("fault cleared: p2 back for g2", back, "all planes full",
-                        back == {p: _full(lab) for p in range(1, 5)}))
+    back = _wait_planes(lab, "g1", "g2", full, timeout=10)
+    checks.append(Check("fault cleared: p2 back for g2", back, "all planes full", back == full))
     return checks
 
 
@@ -412,11 +412,10 @@ def scaleup_spray(lab, packets: int = 100_000) -> list[Check]:
     by weight over the planes and their sub-ports: 100 000 packets, each plane 25 % and each
     sub-port 12.5 % within 1 point. g1's sub-cable into p1 is down first: p1 then weighs half,
     so the plane shares are 1/7, 2/7, 2/7, 2/7."""
-    full = _full(lab)
     checks = []
     _link(lab, "g1", "eth-p1-2", "down")
     try:
-        want = {1: full / 2, 2: full, 3: full, 4: full}
+        want = _halved(lab.full_planes(), 1)
         got = _wait_planes(lab, "g1", "g8", want)
         checks.append(Check("g1's plane weights to g8", got, str(want), got == want))
         r = lab.run_qps("g1", "g8", 4, packets // 4, seed=61, payload_len=128)

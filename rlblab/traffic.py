@@ -87,7 +87,7 @@ class QpSender:
             s.close()
 
 
-class _Reader:
+class SocketReader:
     """A socket read on a background thread until close()."""
 
     def __init__(self, sock: socket.socket):
@@ -114,7 +114,7 @@ class _Reader:
         self.sock.close()
 
 
-class QpReceiver(_Reader):
+class QpReceiver(SocketReader):
     """A UDP application on port 4791 that records, per datagram, the source and the local
     destination address it saw (IPV6_PKTINFO): what the stack delivered, after any restore."""
 
@@ -140,7 +140,7 @@ class QpReceiver(_Reader):
         self.arrivals.append((time.monotonic(), qp))
 
 
-class Capture(_Reader):
+class Capture(SocketReader):
     """Frames seen on an interface (a raw packet socket, like tcpdump would use)."""
 
     def __init__(self, ns: str | None, ifname: str):
