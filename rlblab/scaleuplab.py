@@ -78,9 +78,10 @@ class ScaleupLab(FabricLab):
         return {w["prefix"]: {int(k): v for k, v in w["all_weights"].items()}
                 for w in json.loads(self.cli(gpu, "weights", "show", "--json"))}
 
-    def plane_weights(self, src: str, dst: str) -> dict[int, float]:
-        """{plane number: weight} src gives towards dst (its sub-ports' weights summed)."""
-        w = self.weights(src).get(f"{self.fabric.loopback(dst)}/128", {})
+    def plane_weights(self, src: str, dst: str, programmed: dict | None = None) -> dict[int, float]:
+        """{plane number: weight} src gives towards dst (its sub-ports' weights summed), from
+        `programmed` (src's weights(), read once for several peers) or read now."""
+        w = (programmed if programmed is not None else self.weights(src)).get(f"{self.fabric.loopback(dst)}/128", {})
         out = {p.index: 0.0 for p in self.fabric.planes}
         for port in self.fabric.gpu_ports(src):
             out[port.plane.index] += w.get(port.value, 0.0)
@@ -91,10 +92,15 @@ class ScaleupLab(FabricLab):
         return {p.index: self.fabric.subports * self.fabric.sub_mbps(p.name) / 1000 for p in self.fabric.planes}
 
     def wait_converged(self, timeout: float = 120.0):
-        """Until every GPU weights every peer on every plane at full bandwidth."""
+        """Until every GPU weights every peer on every plane at full bandwidth (scenarios
+        start from here: a fault the last one cleared may still be travelling through BGP)."""
         full = self.full_planes()
-        self.wait_for(lambda: all(self.plane_weights(a, b) == full for a in self.gpus for b in self.gpus if a != b),
-                      timeout, "every GPU to weight every peer on every plane")
+
+        def converged(a):
+            programmed = self.weights(a)
+            return all(self.plane_weights(a, b, programmed) == full for b in self.gpus if b != a)
+        self.wait_for(lambda: all(converged(a) for a in self.gpus), timeout,
+                      "every GPU to weight every peer on every plane")
 
     def wait_for(self, cond, timeout: float, what: str):
         deadline = time.time() + timeout
