@@ -2,6 +2,7 @@
 
     POST /v1/hosts/<host>/report     a host's paths, weights and QPs -> its placements
     POST /v1/switches/<leaf>/links   a leaf's uplinks, up or down
+    POST /v1/gpus/<gpu>/load         rail-only: a GPU's link rates -> every rail's and domain's H
     GET  /v1/status                  hosts, QPs, link loads, balance
     GET  /metrics                    Prometheus
     GET  /healthz                    200 when serving
@@ -18,6 +19,7 @@ from rlbfabric.constants import COORDINATOR_PORT as DEFAULT_PORT
 
 REPORT = "/v1/hosts/{}/report"
 LINKS = "/v1/switches/{}/links"
+GPU_LOAD = "/v1/gpus/{}/load"
 STATUS = "/v1/status"
 
 

@@ -37,7 +37,8 @@ an AS, each pod its own, so routes can cross pods.
 
 Interfaces: a node's port towards node X is eth-X.
 
-`kind = "scaleup"` in [fabric] describes a multi-plane scale-up fabric instead (rlbfabric/scaleup.py)."""
+`kind = "scaleup"` in [fabric] describes a multi-plane scale-up fabric instead (rlbfabric/scaleup.py),
+`kind = "rail-only"` domains and rails without a spine (rlbfabric/railonly.py)."""
 from __future__ import annotations
 
 import ipaddress
@@ -271,8 +272,11 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
     if kind == "scaleup":
         from .scaleup import parse as parse_scaleup
         return parse_scaleup(data, where)
+    if kind == "rail-only":
+        from .railonly import parse as parse_railonly
+        return parse_railonly(data, where)
     if kind != "clos":
-        raise FabricError(f"{where}: kind {kind!r}: clos (leaf-spine, the default) or scaleup")
+        raise FabricError(f"{where}: kind {kind!r}: clos (leaf-spine, the default), scaleup or rail-only")
     spines, leaves, supers, seen = [], [], [], set()
     for role, out in (("superspine", supers), ("spine", spines), ("leaf", leaves)):
         for i, n in enumerate(data.get(role, []), start=1):

@@ -63,12 +63,18 @@ def attach(
     Attaching again is harmless: the programs are replaced in place and QPs keep their paths.
     On a GPU of a scale-up fabric (kind = "scaleup" in the fabric file) the interface is the
     loopback device, e.g. `rlbhost attach rlb0 --fabric scaleup.toml --node g1`: each QP is
-    placed on a plane's sub-port, weighted by the path bandwidth bird learns per plane."""
+    placed on a plane's sub-port, weighted by the path bandwidth bird learns per plane.
+    On a GPU of a rail-only fabric (kind = "rail-only") it is the loopback device too, e.g.
+    `rlbhost attach rlb0 --fabric rail-only.toml --node d1g1 --coordinator URL`: each new QP takes
+    the first hop the h-scores from the coordinator choose (rd, dr or a remote rail: `rlbhost why`)."""
     import socket
     from rlbfabric.fabric import load
     from .agent import HostAgent, check_place
     fab = load(fabric) if fabric else None
     node = node or socket.gethostname()
+    if fab is not None and fab.kind == "rail-only":
+        return _attach_rail(fab, node, interface, expiry_ms, roce_port, coordinator, metrics_port,
+                            metrics_addr, once)
     if fab is not None and fab.kind == "scaleup":
         return _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, probe_dead_ms,
                            metrics_port, metrics_addr, once, carrier_rt_priority)
@@ -106,6 +112,74 @@ def attach(
     except KeyboardInterrupt:
         pass
     log.info("agent stopping; the programs and QP table stay in place")
+
+
+def why_file(instance: str) -> Path:
+    """Where a rail-only GPU's agent writes its decisions (read by `rlbhost why`)."""
+    from rlbcommon.paths import RUN_DIR
+    return RUN_DIR / f"{instance}-host-why.json"
+
+
+def _attach_rail(fab, node, interface, expiry_ms, roce_port, coordinator, metrics_port, metrics_addr, once):
+    from rlbcommon.health import Health
+    from rlbfabric.railonly import LOOPBACK_DEVICE
+    from . import rails
+    if interface != LOOPBACK_DEVICE:
+        raise HostError(f"on a rail-only GPU attach to the loopback device {LOOPBACK_DEVICE!r}, not "
+                        f"{interface!r}: what the GPU sends is routed there")
+    dp = ctx.dataplane()
+    dp.ifindex(interface)
+    health = Health(health_file(dp.instance))
+    agent = rails.attach(dp, fab, node, coordinator, health=health, why_file=why_file(dp.instance))
+    if expiry_ms is not None or roce_port:
+        dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
+    typer.echo(f"attached to {interface} (ports mode, rail-only): {len(agent.hops)} first hops, "
+               f"address {fab.address(node)}")
+    if once:
+        return
+    if metrics_port:
+        from rlbcommon.metrics import serve
+        from .metrics import HostCollector
+        serve(HostCollector(dp, ctx.node_label, None, health, rails=agent), metrics_port, metrics_addr)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        agent.run()
+    except KeyboardInterrupt:
+        pass
+    log.info("agent stopping; the programs and QP table stay in place")
+
+
+@app.command()
+def why(peer: Optional[str] = typer.Argument(None, help="Only this destination GPU, e.g. d2g2."),
+        as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Rail-only GPUs: the path to each destination and the numbers behind it.
+
+    Example: `rlbhost why d2g2` -> drd via rail 3: gamma(src) 0.40, gamma(dst) 0.50, H(rail 3)
+    0.80 is the lowest above max(gamma) = 0.50 (the Remote Rail Theorem's best fit)."""
+    import json
+    path = why_file(ctx.dataplane().instance)
+    if not path.exists():
+        raise HostError(f"no decisions at {path}: is the agent running on a rail-only GPU?")
+    w = json.loads(path.read_text())
+    if peer:
+        if peer not in w["peers"]:
+            raise HostError(f"no destination {peer!r} (have {', '.join(w['peers'])})")
+        w["peers"] = {peer: w["peers"][peer]}
+    if as_json:
+        typer.echo(json.dumps(w, indent=2))
+        return
+    if w["rails"]:
+        typer.echo(f"{w['gpu']}: H rails {w['rails']}, domains {w['domains']}, delta {w['delta']}")
+    else:
+        typer.echo(f"{w['gpu']}: no h-scores from the registry: direct paths")
+    for name, e in w["peers"].items():
+        nums = "" if e["gamma_src"] is None else \
+            f"  [gamma {_num(e['gamma_src'])} -> {_num(e['gamma_dst'])}, H {_num(e['h'])}]"
+        typer.echo(f"  {name:<7} {e['kind']:<4} first hop {e['first_hop']:<12} {e['why']}{nums}")
+
+
+def _num(x) -> str:
+    return "inf" if x is None else f"{x:.3f}"
 
 
 def _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, probe_dead_ms,

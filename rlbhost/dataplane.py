@@ -443,7 +443,7 @@ class HostDataplane(PinnedState):
         return {wid: eff for wid, (_, eff) in self._effective_all().items()}
 
     def rebalance(self, now_ns: int | None = None, release: bool = False,
-                  before: dict[int, list[int]] | None = None) -> int:
+                  before: dict[int, list[int]] | None = None, balance: bool = True) -> int:
         """Move the fewest QPs so each weight entry's live QPs match its weights. The periodic
         sweep (release False) only takes QPs from paths above their share rounded up and gives
         them to paths below it rounded down, then rounded up: a split within one QP of the
@@ -457,7 +457,7 @@ class HostDataplane(PinnedState):
         coordinator or not (a moved QP's placement is dropped; the coordinator starts again from
         where the host put it). The sweep leaves QPs on the path the coordinator placed them
         on (unless that path became unusable). The newest QPs move first. Also drops idle entries and rewrites the active
-        counters from the table. Returns the QPs moved."""
+        counters from the table (balance False: only that, nothing moves). Returns the QPs moved."""
         now = now_ns or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         moved = 0
         with self.locked():
@@ -475,7 +475,7 @@ class HostDataplane(PinnedState):
                 live[v.wid].append((k, v))
             for wid, (entry, eff) in entries.items():
                 flows = live[wid]
-                if entry.flags & SPRAY or not flows or not any(eff):
+                if not balance or entry.flags & SPRAY or not flows or not any(eff):
                     continue
                 on = {i: [f for f in flows if f[1].path == i] for i in range(MAX_PATHS)}
                 if release or cfg.group_size > 1:

@@ -7,9 +7,10 @@ from .dataplane import HostDataplane
 
 
 class HostCollector:
-    def __init__(self, dp: HostDataplane, node: str, coordinator=None, health=None, prober=None):
+    def __init__(self, dp: HostDataplane, node: str, coordinator=None, health=None, prober=None, rails=None):
         self.dp, self.node, self.coordinator, self.health = dp, node, coordinator, health
         self.prober = prober          # scale-up GPUs: per-plane health probes
+        self.rails = rails            # rail-only GPUs: the h-score agent (rlbhost/rails.py)
 
     def collect(self):
         s = self.dp.status()
@@ -39,6 +40,8 @@ class HostCollector:
         yield placed
         if self.prober is not None:
             yield from self._probes()
+        if self.rails is not None:
+            yield from self._rails()
         c = self.coordinator
         if c is not None:
             up = gauge("rlb_host_coordinator_reachable", "1 while reports reach the coordinator", ["node"])
@@ -65,3 +68,23 @@ class HostCollector:
             loss.add_metric(lv, s["loss"])
             sent.add_metric(lv, s["sent"])
         yield from (up, rtt, loss, sent)
+
+    def _rails(self):
+        w = self.rails.why()
+        ratio = gauge("rlb_host_h_ratio", "this GPU's h-ratio gamma = H(its rail) / H(its domain)", ["node"])
+        if w["gamma"] is not None:
+            ratio.add_metric([self.node], w["gamma"])
+        kinds = gauge("rlb_host_path_type_peers", "destination GPUs by the path type chosen "
+                      "(d, r, rd, dr, drd)", ["node", "kind"])
+        for k in ("d", "r", "rd", "dr", "drd"):
+            kinds.add_metric([self.node, k], sum(1 for e in w["peers"].values() if e["kind"] == k))
+        via = gauge("rlb_host_remote_rail_peers", "destination GPUs reached over each remote rail (drd)",
+                    ["node", "rail"])
+        counts: dict[int, int] = {}
+        for e in w["peers"].values():
+            if e["kind"] == "drd":
+                for r in e["rails"]:
+                    counts[r] = counts.get(r, 0) + 1
+        for r, n in sorted(counts.items()):
+            via.add_metric([self.node, str(r)], n)
+        yield from (ratio, kinds, via)

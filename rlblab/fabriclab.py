@@ -22,11 +22,15 @@ from .bird import Bird
 
 
 def open_lab(fabric_file: str | Path, name: str, **options) -> "FabricLab":
-    """The lab a fabric file needs: leaf-spine (FabricLab) or scale-up (ScaleupLab, which takes
-    only `monitor` of the options)."""
-    if load(fabric_file).kind == "scaleup":
+    """The lab a fabric file needs: leaf-spine (FabricLab), scale-up (ScaleupLab) or rail-only
+    (RailLab; both take only `monitor` of the options)."""
+    kind = load(fabric_file).kind
+    if kind == "scaleup":
         from .scaleuplab import ScaleupLab
         return ScaleupLab(fabric_file, name, monitor=options.get("monitor", False))
+    if kind == "rail-only":
+        from .raillab import RailLab
+        return RailLab(fabric_file, name, monitor=options.get("monitor", False))
     return FabricLab(fabric_file, name, **options)
 
 

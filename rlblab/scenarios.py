@@ -482,7 +482,19 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "GPU: the probes take it out of use within 150 ms", "scaleup.toml", scaleup_silent_failure),
     Scenario("scaleup-3.2-planes", "FARE scale-up, §3.2", "per-packet spray across planes and "
              "sub-ports by weight (100k packets)", "scaleup.toml", scaleup_spray),
+    Scenario("hscore-remote-rail", "h-score rail routing, Remote Rail Theorem", "rails g1 and g2 loaded: "
+             "QPs take the best-fit remote rail, seen on the rail switches", "rail-only.toml",
+             lambda lab: _rail().remote_rail(lab)),
+    Scenario("hscore-no-remote-rail", "h-score rail routing, the corollary", "gamma > 1: no remote rail, "
+             "rd or dr by the h-ratios", "rail-only.toml", lambda lab: _rail().no_remote_rail(lab)),
+    Scenario("hscore-spray", "h-score rail routing, approach 2", "delta set: QPs spread over the rails "
+             "in the window, evenly within 1 point", "rail-only.toml", lambda lab: _rail().spray(lab)),
 ]}
+
+
+def _rail():
+    from . import railscenarios     # it imports Check from here
+    return railscenarios
 
 
 def format_checks(s: Scenario, checks: list[Check]) -> str:

@@ -43,9 +43,18 @@ def run(
     from .service import Coordinator, make_server
     from .metrics import exposition
     fab = load(fabric)
-    coord = Coordinator(fab, host_timeout_s)
+    if fab.kind == "rail-only":
+        from .hregistry import HRegistry
+        from .metrics import registry_exposition
+        coord = HRegistry(fab)
+        metrics = registry_exposition(coord)
+    elif fab.kind == "clos":
+        coord = Coordinator(fab, host_timeout_s)
+        metrics = exposition(coord)
+    else:
+        raise CoordError(f"{fabric}: a {fab.kind} fabric has no coordinator")
     try:
-        server = make_server(coord, listen, port, exposition(coord))
+        server = make_server(coord, listen, port, metrics)
     except OSError as e:
         raise CoordError(f"cannot listen on {coordapi.url_for(listen, port)}: {e.strerror}") from None
     stop = threading.Event()
@@ -59,8 +68,12 @@ def run(
 
     threading.Thread(target=expire, name="expire", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    log.info("coordinating %d hosts on %d leaves x %d uplinks from %s; listening on %s",
-             len(fab.hosts), len(fab.leaves), fab.colours(), fabric, coordapi.url_for(listen, port))
+    if fab.kind == "rail-only":
+        log.info("h-scores of %d rails and %d domains (tau %g s) from %s; listening on %s",
+                 fab.rails, fab.domains, fab.tau_s, fabric, coordapi.url_for(listen, port))
+    else:
+        log.info("coordinating %d hosts on %d leaves x %d uplinks from %s; listening on %s",
+                 len(fab.hosts), len(fab.leaves), fab.colours(), fabric, coordapi.url_for(listen, port))
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -77,6 +90,11 @@ def status(url: str = typer.Option(DEFAULT_URL, help=URL_HELP),
     s = coordapi.call(url, coordapi.STATUS)
     if as_json:
         typer.echo(json.dumps(s, indent=2))
+        return
+    if "rails" in s:            # a rail-only fabric's h-score registry
+        typer.echo(f"{len(s['reporting'])} GPUs reporting; h-scores (1 = idle at line rate):")
+        for part in ("rails", "domains"):
+            typer.echo(f"  {part:<8} " + "  ".join(f"{k}: {v:.3f}" for k, v in s[part].items()))
         return
     b = s["balance"]
     typer.echo(f"{len(s['hosts'])} hosts, {s['qps']['fabric']} QPs across the fabric, "

@@ -57,3 +57,30 @@ def exposition(coord: Coordinator):
     registry = CollectorRegistry()
     registry.register(CoordinatorCollector(coord))
     return lambda: generate_latest(registry)
+
+
+class RegistryCollector:
+    """A rail-only fabric's h-scores (rlbfabric/coord/hregistry.py)."""
+
+    def __init__(self, registry):
+        self.registry = registry
+
+    def collect(self):
+        s = self.registry.status()
+        h = gauge("rlb_coord_hscore", "h-score of each rail and domain (1 = idle at line rate)",
+                  ["element", "id"])
+        for part, element in (("rails", "rail"), ("domains", "domain")):
+            for k, v in s[part].items():
+                h.add_metric([element, k], v)
+        gpus = gauge("rlb_coord_gpus_reporting", "GPUs whose link rates are fresh", [])
+        gpus.add_metric([], len(s["reporting"]))
+        reports = counter("rlb_coord_reports", "reports by result", ["result"])
+        for result in ("reports", "refused", "bad"):
+            reports.add_metric(["ok" if result == "reports" else result], s["counters"][result])
+        yield from (h, gpus, reports)
+
+
+def registry_exposition(registry):
+    reg = CollectorRegistry()
+    reg.register(RegistryCollector(registry))
+    return lambda: generate_latest(reg)

@@ -234,9 +234,10 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
 
-def make_server(coord: Coordinator, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
+def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
                 metrics: Callable[[], bytes] | None = None) -> ThreadingHTTPServer:
-    """An HTTP server for the API (serve_forever() to run it)."""
+    """An HTTP server for the API (serve_forever() to run it): `coord` is the Coordinator of a
+    leaf-spine fabric or the HRegistry of a rail-only one (hregistry.py)."""
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "rlbcoord"
@@ -273,6 +274,8 @@ def make_server(coord: Coordinator, addr: str = "::1", port: int = coordapi.DEFA
                     self._send(200, coord.report(parts[2], body))
                 elif len(parts) == 4 and parts[:2] == ["v1", "switches"] and parts[3] == "links":
                     self._send(200, coord.links(parts[2], body))
+                elif len(parts) == 4 and parts[:2] == ["v1", "gpus"] and parts[3] == "load" and hasattr(coord, "load"):
+                    self._send(200, coord.load(parts[2], body))   # a rail-only fabric's h-score registry
                 else:
                     self._send(404, {"error": f"no {self.path}"})
             except Refused as e:

@@ -1,0 +1,81 @@
+"""The h-score registry of a rail-only fabric, served by the coordinator (rlbcoord run on a
+rail-only fabric file).
+
+Every GPU agent reports, a few times a second, the rates on its two links (to its rail switch,
+into its domain) in both directions: POST /v1/gpus/<gpu>/load {"rail": {"tx_bps", "rx_bps"},
+"domain": {...}}. A link's utilisation is its busier direction over its speed; a rail's is its
+busiest link's (every rail-switch port is one GPU's rail link), a domain's its busiest GPU link.
+H = 1 - utilisation, smoothed by rlbfabric/hscore.HScores (time constant tau). A GPU that stops
+reporting drops out after `stale_s`. The answer to every report (and GET /v1/status) is the
+whole table: each GPU's agent decides its own paths from it, with the rails sorted by H for
+best-fit lookups in O(log K)."""
+from __future__ import annotations
+
+import threading
+import time
+
+from rlbfabric.hscore import HScores
+from rlbfabric.railonly import RailOnlyFabric
+
+from .service import BadRequest, Refused
+
+
+def _rate(v, what: str) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1e15:
+        raise BadRequest(f"{what}: a rate in bits per second, not {v!r}")
+    return float(v)
+
+
+class HRegistry:
+    def __init__(self, fabric: RailOnlyFabric, stale_s: float = 2.0, clock=time.monotonic):
+        self.fabric, self.stale_s, self.clock = fabric, stale_s, clock
+        self.scores = HScores(fabric.tau_s)
+        self.lock = threading.Lock()
+        self.latest: dict[tuple, dict[str, tuple[float, float]]] = {}   # element -> gpu -> (u, t)
+        self.counters = {"reports": 0, "refused": 0, "bad": 0}
+
+    def load(self, gpu: str, body: dict) -> dict:
+        try:
+            g = self.fabric.gpu(gpu)
+        except Exception:
+            self.counters["refused"] += 1
+            raise Refused(f"{gpu!r} is not a GPU of this fabric") from None
+        try:
+            if not isinstance(body, dict):
+                raise BadRequest("a JSON object expected")
+            u = {}
+            for part, mbps in (("rail", self.fabric.rail_mbps), ("domain", self.fabric.domain_mbps)):
+                side = body.get(part)
+                if not isinstance(side, dict):
+                    raise BadRequest(f"{part}: an object with tx_bps and rx_bps")
+                u[part] = max(_rate(side.get("tx_bps"), f"{part}.tx_bps"),
+                              _rate(side.get("rx_bps"), f"{part}.rx_bps")) / (mbps * 1e6)
+        except BadRequest:
+            self.counters["bad"] += 1
+            raise
+        now = self.clock()
+        with self.lock:
+            self.counters["reports"] += 1
+            for element, util in ((("rail", g.rail), u["rail"]), (("domain", g.domain), u["domain"])):
+                per = self.latest.setdefault(element, {})
+                per[gpu] = (util, now)
+                fresh = [x for x, t in per.values() if now - t <= self.stale_s]
+                self.scores.sample(element, max(fresh), now)
+            return self._table(now)
+
+    def _table(self, now: float) -> dict:
+        f = self.fabric
+        return {"rails": {str(k): round(self.scores.h(("rail", k)), 4) for k in range(1, f.rails + 1)},
+                "domains": {str(d): round(self.scores.h(("domain", d)), 4) for d in range(1, f.domains + 1)},
+                "delta": f.delta, "tau_s": f.tau_s,
+                "reporting": sorted({g for per in self.latest.values() for g, (_, t) in per.items()
+                                     if now - t <= self.stale_s})}
+
+    def status(self) -> dict:
+        with self.lock:
+            out = self._table(self.clock())
+        out["counters"] = dict(self.counters)
+        return out
+
+    def expire(self):
+        """Nothing to expire: stale reporters are left out at the next report."""
