@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from rlbfabric.constants import RUN_DIR
@@ -20,8 +21,13 @@ def pin_dir(component: str, instance: str | None = None) -> Path:
 
 
 def write_atomic(path: Path, text: str):
-    """Write through a temporary file and a rename, so a reader never sees half a file."""
+    """Write through a temporary file and a rename, so a reader never sees half a file. The
+    temporary name is the writer's own: processes starting together (a lab's agents caching
+    the same program layout) must not rename each other's."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)

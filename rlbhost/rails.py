@@ -79,6 +79,7 @@ class RailAgent:
         self._counters: tuple[float, dict] | None = None
         self.rates: dict[str, dict[str, float]] = {}
         self.stop = threading.Event()
+        self._why_at = 0.0
 
     # ---- links ---------------------------------------------------------------------------
     def _links(self) -> dict[str, dict]:
@@ -175,9 +176,11 @@ class RailAgent:
             self._programmed = ports
         self.report()
         decisions = self.decide_all()
+        changed = False
         for name, d in decisions.items():
             old = self.decisions.get(name)
             if old is None or (old.kind, old.rails) != (d.kind, d.rails):
+                changed = True
                 log.info("to %s: %s%s (%s)", name, d.kind,
                          f" via rail {', '.join(map(str, d.rails))}" if d.rails else "", d.why)
         self.decisions = decisions
@@ -185,8 +188,9 @@ class RailAgent:
         if want != self.last_weights:
             self.dp.apply_weights({"::/0": ({}, False), **want}, release=False)
             self.last_weights = want
-        if self.why_file:
-            write_atomic(self.why_file, json.dumps(self.why()))
+        if self.why_file and (changed or time.monotonic() - self._why_at >= 0.5):
+            write_atomic(self.why_file, json.dumps(self.why()))      # a decision at once, scores twice a second
+            self._why_at = time.monotonic()
 
     def why(self) -> dict:
         """Each decision with the numbers behind it, for `rlbhost why`."""
