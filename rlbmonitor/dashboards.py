@@ -124,7 +124,37 @@ def planes_dashboard() -> dict:
                       variables, panels)
 
 
-DASHBOARDS = {"rlb-fabric.json": fabric_dashboard, "rlb-planes.json": planes_dashboard}
+def rails_dashboard() -> dict:
+    """A rail-only fabric (outshift-hscore-rail-routing): the registry's h-scores per rail and
+    domain, each GPU's h-ratio, the path types its agent chose and the remote rails it uses."""
+    host = 'node=~"$host"'
+    panels = [
+        _panel(1, "h-score per rail (1 = idle at line rate)", 'rlb_coord_hscore{element="rail"}',
+               "rail {{id}}", "percentunit", 0, 0),
+        _panel(2, "h-score per domain", 'rlb_coord_hscore{element="domain"}', "domain {{id}}",
+               "percentunit", 12, 0),
+        _panel(3, "h-ratio per GPU: H(its rail) / H(its domain); above 1, no remote rail",
+               f"rlb_host_h_ratio{{{host}}}", "{{node}}", "short", 0, 8),
+        _panel(4, "Destinations by path type chosen (d, r, rd, dr, drd)",
+               f"sum by (kind) (rlb_host_path_type_peers{{{host}}})", "{{kind}}", "short", 12, 8),
+        _panel(5, "Destinations reached over each remote rail (drd)",
+               f"sum by (rail) (rlb_host_remote_rail_peers{{{host}}})", "rail {{rail}}", "short", 0, 16),
+        _panel(6, "Tx per first hop (bits/s; 1 = own rail, 1 + y = the domain to GPU y)",
+               f"8 * rate(rlb_host_path_tx_bytes_total{{{host}}}[$__rate_interval])",
+               "{{node}} hop {{path}}", "bps", 12, 16),
+        _panel(7, "GPUs reporting to the registry", "rlb_coord_gpus_reporting", "GPUs", "short", 0, 24,
+               kind="stat"),
+        _panel(8, "GPU agent loop errors (/s; 'registry' = the coordinator unreachable)",
+               f"rate(rlb_host_loop_errors_total{{{host}}}[$__rate_interval])", "{{node}} {{loop}}",
+               "short", 12, 24),
+    ]
+    variables = [v for v in _variables() if v["name"] in ("datasource", "host")]
+    return _dashboard("rlb-rails", "RLB rail-only: h-scores and path types", ["rlb", "rdma", "rail-only"],
+                      variables, panels)
+
+
+DASHBOARDS = {"rlb-fabric.json": fabric_dashboard, "rlb-planes.json": planes_dashboard,
+              "rlb-rails.json": rails_dashboard}
 
 
 def panel_queries(dashboard: dict) -> list[tuple[str, str]]:

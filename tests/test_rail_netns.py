@@ -121,3 +121,39 @@ def test_why_names_a_missing_destination(lab):
         lab.cli("d1g1", "why", "d9g9")
     out = lab.cli("d1g1", "why", "d2g2")
     assert "d2g2" in out and "first hop" in out
+
+
+def test_the_rails_dashboard_has_data_for_every_panel(lab):
+    """Last (Prometheus scraping every agent each second is load the timed tests need not
+    share): with rails 1 and 2 loaded (so remote rails are in use), every query of
+    grafana/rlb-rails.json returns data from the running lab."""
+    import json
+    import urllib.parse
+    from rlblab.railscenarios import _rail_loads
+    from rlbmonitor import dashboards
+
+    def promql(expr):
+        url = "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with netns.inside(lab.ns("mon")):
+            return json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]["result"]
+
+    lab.start_prometheus()
+    gens = _rail_loads(lab, {1: 0.6, 2: 0.5})
+    for g in gens:
+        g.__enter__()
+    try:
+        lab.run_qps("d1g1", "d2g2", 8, 50, seed=5, rate_pps=400)
+        queries = dashboards.panel_queries(dashboards.rails_dashboard())
+        deadline = time.time() + 40
+        while True:
+            empty = [t for t, q in queries if not promql(dashboards.as_grafana_sends(q))]
+            if not empty or time.time() > deadline:
+                break
+            time.sleep(1)
+        assert not empty, f"panels without data: {empty}"
+        h = {r["metric"]["id"]: float(r["value"][1]) for r in promql('rlb_coord_hscore{element="rail"}')}
+        assert h["1"] < 0.6 and h["2"] < 0.7 and h["4"] > 0.9
+        assert len(promql("rlb_host_h_ratio")) == 16
+    finally:
+        for g in gens:
+            g.__exit__(None, None, None)

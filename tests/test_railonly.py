@@ -123,3 +123,15 @@ def test_the_agent_weights_the_chosen_hop_and_keeps_the_others_for_qps_in_flight
     d = decide(rails, doms, Gpu(1, 1), Gpu(2, 3))
     assert (d.kind, d.rails) == ("drd", [4])
     assert a.weights({"d2g3": d}) == {"fc00:2::3/128": ({1: 1.0, 3: KEEP, 4: KEEP}, False)}
+
+
+def test_without_the_registry_every_pair_takes_its_direct_path():
+    import time
+    a = RailAgent(None, fabric(), "d1g1", "http://[::1]:1")
+    assert {n: d.kind for n, d in a.decide_all().items() if n in ("d1g2", "d2g1", "d2g2")} == \
+        {"d1g2": "d", "d2g1": "r", "d2g2": "rd"}
+    a.table = {"rails": {"1": 0.4, "2": 0.5, "3": 0.8, "4": 1.0}, "domains": {"1": 1, "2": 1, "3": 1}, "delta": 0}
+    a.table_at = time.monotonic()
+    assert a.decide_all()["d2g2"].rails == [3]
+    a.table_at -= 2.5                      # the registry silent for longer than 2 s: direct again
+    assert a.decide_all()["d2g2"].kind == "rd"
