@@ -18,7 +18,8 @@ bench: setup
 # The Vagrant lab (opt-in, not in CI): VMs under libvirt; ~30 min here under software emulation.
 vagrant-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends qemu-system-x86 \
-	    qemu-utils mmdebstrap grub-pc-bin vagrant vagrant-libvirt libvirt-daemon-system dnsmasq-base
+	    qemu-utils mmdebstrap grub-pc-bin vagrant vagrant-libvirt libvirt-daemon-system dnsmasq-base \
+	    fdisk e2fsprogs
 
 vagrant-box: setup vagrant-deps
 	./vagrant/build-box.sh

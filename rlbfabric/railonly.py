@@ -34,9 +34,8 @@ from rlbcommon.cheader import constants
 
 from .fabric import FabricError, Node
 from .hscore import Gpu
+from .scaleup import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL   # the same conventions as a scale-up GPU's
 
-SWITCH_LL, GPU_LL = "fe80::1", "fe80::2"      # the two ends of every rail link
-LOOPBACK_DEVICE = "rlb0"
 RAIL_IF, DOMAIN_IF = "eth-rail", "eth-dom"
 LOCAL_TABLE = 100                             # what this GPU sends: to rlb0
 MAX_PATHS = constants("rlb_host.h")["RLBH_MAX_PATHS"]

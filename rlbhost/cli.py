@@ -121,32 +121,12 @@ def why_file(instance: str) -> Path:
 
 
 def _attach_rail(fab, node, interface, expiry_ms, roce_port, coordinator, metrics_port, metrics_addr, once):
-    from rlbcommon.health import Health
-    from rlbfabric.railonly import LOOPBACK_DEVICE
     from . import rails
-    if interface != LOOPBACK_DEVICE:
-        raise HostError(f"on a rail-only GPU attach to the loopback device {LOOPBACK_DEVICE!r}, not "
-                        f"{interface!r}: what the GPU sends is routed there")
-    dp = ctx.dataplane()
-    dp.ifindex(interface)
-    health = Health(health_file(dp.instance))
-    agent = rails.attach(dp, fab, node, coordinator, health=health, why_file=why_file(dp.instance))
-    if expiry_ms is not None or roce_port:
-        dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
-    typer.echo(f"attached to {interface} (ports mode, rail-only): {len(agent.hops)} first hops, "
-               f"address {fab.address(node)}")
-    if once:
-        return
-    if metrics_port:
-        from rlbcommon.metrics import serve
-        from .metrics import HostCollector
-        serve(HostCollector(dp, ctx.node_label, None, health, rails=agent), metrics_port, metrics_addr)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        agent.run()
-    except KeyboardInterrupt:
-        pass
-    log.info("agent stopping; the programs and QP table stay in place")
+
+    def start(dp, health):
+        agent = rails.attach(dp, fab, node, coordinator, health=health, why_file=why_file(dp.instance))
+        return agent, f"rail-only: {len(agent.hops)} first hops, address {fab.address(node)}", {"rails": agent}
+    _run_gpu_agent(interface, start, expiry_ms, roce_port, metrics_port, metrics_addr, once)
 
 
 @app.command()
@@ -184,28 +164,38 @@ def _num(x) -> str:
 
 def _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, probe_dead_ms,
                 metrics_port, metrics_addr, once, carrier_rt_priority=10):
+    from . import planes
+
+    def start(dp, health):
+        agent = planes.attach(dp, fab, node, run_dir, health=health, probe_ms=probe_ms,
+                              probe_dead_ms=probe_dead_ms, carrier_rt_priority=carrier_rt_priority)
+        live = [p for p in dp.paths() if p.valid]
+        return (agent, f"{len(live)} of {len(agent.ports)} sub-ports usable, loopback {agent.loopback}",
+                {"prober": agent.prober})
+    _run_gpu_agent(interface, start, expiry_ms, roce_port, metrics_port, metrics_addr, once)
+
+
+def _run_gpu_agent(interface, start, expiry_ms, roce_port, metrics_port, metrics_addr, once):
+    """A GPU of a scale-up or rail-only fabric: ports mode on the loopback device, where the
+    fabric's addresses are routed; start(dp, health) -> (agent, what it has, metrics kwargs)."""
     from rlbcommon.health import Health
     from rlbfabric.scaleup import LOOPBACK_DEVICE
-    from . import planes
     if interface != LOOPBACK_DEVICE:
-        raise HostError(f"on a scale-up GPU attach to the loopback device {LOOPBACK_DEVICE!r}, not "
-                        f"{interface!r}: the peers' loopbacks are routed there")
+        raise HostError(f"on a GPU attach to the loopback device {LOOPBACK_DEVICE!r}, not {interface!r}: "
+                        "the fabric's addresses are routed there")
     dp = ctx.dataplane()
     dp.ifindex(interface)
     health = Health(health_file(dp.instance))
-    agent = planes.attach(dp, fab, node, run_dir, health=health, probe_ms=probe_ms,
-                          probe_dead_ms=probe_dead_ms, carrier_rt_priority=carrier_rt_priority)
+    agent, summary, collect = start(dp, health)
     if expiry_ms is not None or roce_port:
         dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
-    live = [p for p in dp.paths() if p.valid]
-    typer.echo(f"attached to {interface} (ports mode): {len(live)} of {len(agent.ports)} sub-ports usable, "
-               f"loopback {agent.loopback}")
+    typer.echo(f"attached to {interface} (ports mode): {summary}")
     if once:
         return
     if metrics_port:
         from rlbcommon.metrics import serve
         from .metrics import HostCollector
-        serve(HostCollector(dp, ctx.node_label, None, health, agent.prober), metrics_port, metrics_addr)
+        serve(HostCollector(dp, ctx.node_label, None, health, **collect), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         agent.run()
