@@ -1,98 +1,160 @@
-"""Grafana dashboards (JSON model, schema 38) for RLB fabrics, generated here: `python -m
-rlbmonitor.dashboards grafana/` writes the files committed under grafana/. Every panel's query
-is evaluated against a real Prometheus scraping a namespace lab in the test suite."""
+"""Grafana dashboards for RLB fabrics, built with Grafana's own SDK (grafana-foundation-sdk:
+typed builders for the dashboard schema Grafana expects) and written as JSON: `python -m
+rlbmonitor.dashboards grafana/` writes the files committed under grafana/. One dashboard per
+concern; every panel's query is evaluated against a real Prometheus scraping a namespace lab in
+the test suite."""
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+from grafana_foundation_sdk.builders import dashboard as gd
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos, VariableRefresh
+
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+VARIABLES = {      # name: (label, query)
+    "node": ("switch", "label_values(rlb_switch_port_tx_bytes_total, node)"),
+    "interface": ("port", 'label_values(rlb_switch_port_tx_bytes_total{node=~"$node"}, interface)'),
+    "host": ("host", "label_values(rlb_host_path_active_qps, node)"),
+}
 
 
 def _panel(pid: int, title: str, expr: str, legend: str, unit: str, x: int, y: int, w: int = 12,
-           kind: str = "timeseries", h: int = 8) -> dict:
-    return {"id": pid, "type": kind, "title": title, "datasource": DATASOURCE,
-            "gridPos": {"x": x, "y": y, "w": w, "h": h},
-            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-            "targets": [{"refId": "A", "datasource": DATASOURCE, "expr": expr, "legendFormat": legend}]}
+           kind: str = "timeseries", h: int = 8):
+    panel = stat.Panel() if kind == "stat" else timeseries.Panel()
+    return (panel.id(pid).title(title).datasource(DATASOURCE).grid_pos(GridPos(h=h, w=w, x=x, y=y))
+            .unit(unit).with_target(prometheus.Dataquery().ref_id("A").datasource(DATASOURCE)
+                                    .expr(expr).legend_format(legend)))
 
 
-def _variables() -> list[dict]:
-    def query(name, q, label):
-        return {"name": name, "label": label, "type": "query", "datasource": DATASOURCE,
-                "query": {"query": q, "refId": name}, "definition": q, "refresh": 2,
-                "includeAll": True, "multi": True, "allValue": ".*", "current": {}}
-    return [
-        {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"},
-        query("node", "label_values(rlb_switch_port_tx_bytes_total, node)", "switch"),
-        query("interface", 'label_values(rlb_switch_port_tx_bytes_total{node=~"$node"}, interface)', "port"),
-        query("host", "label_values(rlb_host_path_active_qps, node)", "host"),
+def _variables(*names: str) -> list:
+    out = [gd.DatasourceVariable("datasource").label("Prometheus").type("prometheus")]
+    for name in names:
+        label, query = VARIABLES[name]
+        out.append(gd.QueryVariable(name).label(label).datasource(DATASOURCE).query(query)
+                   .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).include_all(True).multi(True)
+                   .all_value(".*"))
+    return out
+
+
+def _dashboard(uid: str, title: str, tags: list[str], variables: list, panels: list) -> dict:
+    d = gd.Dashboard(title).uid(uid).tags(tags).editable().refresh("5s").time("now-15m", "now")
+    for v in variables:
+        d = d.with_variable(v)
+    for p in panels:
+        d = d.with_panel(p)
+    return json.loads(JSONEncoder(sort_keys=True).encode(d.build()))
+
+
+SWITCH = 'node=~"$node"'
+PORT = 'node=~"$node", interface=~"$interface"'
+HOST = 'node=~"$host"'
+
+
+def overview_dashboard() -> dict:
+    """The fabric at a glance: is everything up, is anything hot, is anything moving."""
+    panels = [
+        _panel(1, "Agents up", 'up{job=~"rlbswitch|rlbhost|rlbcoord"}', "{{job}} {{instance_node}}", "short",
+               0, 0, kind="stat"),
+        _panel(2, "BGP sessions not established", "sum(1 - rlb_switch_bgp_session_up)", "sessions down",
+               "short", 12, 0, kind="stat"),
+        _panel(3, "Busiest port (tx / capacity)",
+               "max(rate(rlb_switch_port_tx_bytes_total[$__rate_interval]) "
+               "/ on(node, interface) rlb_switch_port_capacity_bytes_per_second)", "busiest port",
+               "percentunit", 0, 8),
+        _panel(4, "Fabric tx, all switch ports (bits/s)", "8 * sum(rate(rlb_switch_port_tx_bytes_total[$__rate_interval]))",
+               "fabric", "bps", 12, 8),
+        _panel(5, "QPs on paths, all hosts", "sum(rlb_host_path_active_qps)", "QPs", "short", 0, 16),
+        _panel(6, "Agent loop errors, all agents (/s)",
+               'sum(rate({__name__=~"rlb_(switch|host)_loop_errors_total"}[$__rate_interval]))', "errors",
+               "short", 12, 16),
     ]
+    return _dashboard("rlb-overview", "RLB: fabric overview", ["rlb", "rdma"], _variables(), panels)
 
 
-def _dashboard(uid: str, title: str, tags: list[str], variables: list[dict], panels: list[dict]) -> dict:
-    return {"uid": uid, "title": title, "schemaVersion": 38, "version": 1, "editable": True,
-            "refresh": "5s", "time": {"from": "now-15m", "to": "now"}, "tags": tags,
-            "templating": {"list": variables}, "panels": panels}
-
-
-def fabric_dashboard() -> dict:
-    sel = 'node=~"$node", interface=~"$interface"'
+def paths_dashboard() -> dict:
+    """Per-path utilisation on the switches: ports, next hops, DLB and failover events."""
     panels = [
         _panel(1, "Per-port utilisation (tx / capacity)",
-               f"rate(rlb_switch_port_tx_bytes_total{{{sel}}}[$__rate_interval]) "
-               f"/ on(node, interface) rlb_switch_port_capacity_bytes_per_second{{{sel}}}",
+               f"rate(rlb_switch_port_tx_bytes_total{{{PORT}}}[$__rate_interval]) "
+               f"/ on(node, interface) rlb_switch_port_capacity_bytes_per_second{{{PORT}}}",
                "{{node}} {{interface}}", "percentunit", 0, 0),
-        _panel(2, "Per-port tx (bits/s)",
-               f"8 * rate(rlb_switch_port_tx_bytes_total{{{sel}}}[$__rate_interval])",
+        _panel(2, "Per-port tx (bits/s)", f"8 * rate(rlb_switch_port_tx_bytes_total{{{PORT}}}[$__rate_interval])",
                "{{node}} {{interface}}", "bps", 12, 0),
         _panel(3, "Per-path load (next hop packets/s)",
-               'rate(rlb_switch_nexthop_packets_total{node=~"$node"}[$__rate_interval])',
-               "{{node}} via {{nexthop}}", "pps", 0, 8),
-        _panel(4, "QPs per path per host", 'rlb_host_path_active_qps{node=~"$host"}',
-               "{{node}} path {{path}}", "short", 12, 8),
-        _panel(5, "Host tx per path (bits/s)",
-               '8 * rate(rlb_host_path_tx_bytes_total{node=~"$host"}[$__rate_interval])',
-               "{{node}} path {{path}}", "bps", 0, 16),
-        _panel(6, "DLB reassignments and failovers (/s)",
-               'rate(rlb_switch_packets_total{node=~"$node", reason=~"ev_dlb_reassign|ev_failover|ev_weighted_fallback"}[$__rate_interval])',
-               "{{node}} {{reason}}", "pps", 12, 16),
-        _panel(7, "QP releases by host agents (/s)",
-               'rate(rlb_host_packets_total{node=~"$host", reason="ev_released"}[$__rate_interval])',
-               "{{node}}", "short", 0, 24),
-        _panel(8, "Packets handed to the kernel, by reason (/s)",
-               'rate(rlb_switch_packets_total{node=~"$node", reason=~"pass_.*"}[$__rate_interval])',
-               "{{node}} {{reason}}", "pps", 12, 24),
-        _panel(9, "BGP sessions established", 'rlb_switch_bgp_session_up{node=~"$node"}',
-               "{{node}} {{session}}", "short", 0, 32, kind="stat"),
-        _panel(10, "Routes by mode", 'rlb_switch_routes{node=~"$node"}', "{{node}} {{mode}}", "short",
-               12, 32, kind="stat"),
-        _panel(11, "Agents up", 'up{job=~"rlbswitch|rlbhost|rlbcoord"}', "{{job}} {{instance_node}}", "short",
-               0, 40, kind="stat"),
-        _panel(12, "bird -> XDP sync time (s)", 'rlb_switch_last_sync_seconds{node=~"$node"}',
-               "{{node}}", "s", 12, 40),
-        _panel(13, "bird control socket errors (/s)",
-               'rate(rlb_switch_bird_errors_total{node=~"$node"}[$__rate_interval])', "{{node}}", "short", 0, 48),
-        _panel(14, "Port liveness", f'rlb_switch_port_up{{{sel}}}', "{{node}} {{interface}}", "short",
-               12, 48, kind="stat"),
-        _panel(15, "Coordinator: QPs placed per leaf uplink", 'rlb_coord_link_qps{side="up"}',
-               "{{leaf}} uplink {{colour}}", "short", 0, 56),
-        _panel(16, "Coordinator: worst leaf max/mean, placed and best possible", "rlb_coord_balance",
-               "{{side}} {{of}}", "short", 12, 56),
-        _panel(17, "Hosts reaching the coordinator", 'rlb_host_coordinator_reachable{node=~"$host"}',
-               "{{node}}", "short", 0, 64, kind="stat"),
-        _panel(18, "Coordinator placement time (s per placement)",
-               "rate(rlb_coord_solve_seconds_total[$__rate_interval]) / rate(rlb_coord_solves_total[$__rate_interval])",
-               "placement", "s", 12, 64),
+               f"rate(rlb_switch_nexthop_packets_total{{{SWITCH}}}[$__rate_interval])", "{{node}} via {{nexthop}}",
+               "pps", 0, 8),
+        _panel(4, "DLB reassignments and failovers (/s)",
+               f'rate(rlb_switch_packets_total{{{SWITCH}, reason=~"ev_dlb_reassign|ev_failover|ev_weighted_fallback"}}'
+               "[$__rate_interval])", "{{node}} {{reason}}", "pps", 12, 8),
+        _panel(5, "Packets handed to the kernel, by reason (/s)",
+               f'rate(rlb_switch_packets_total{{{SWITCH}, reason=~"pass_.*"}}[$__rate_interval])',
+               "{{node}} {{reason}}", "pps", 0, 16),
+        _panel(6, "Port liveness", f"rlb_switch_port_up{{{PORT}}}", "{{node}} {{interface}}", "short", 12, 16,
+               kind="stat"),
     ]
-    return _dashboard("rlb-fabric", "RLB fabric: per-path utilisation", ["rlb", "rdma"], _variables(), panels)
+    return _dashboard("rlb-paths", "RLB: per-path utilisation", ["rlb", "rdma"],
+                      _variables("node", "interface"), panels)
+
+
+def hosts_dashboard() -> dict:
+    """Host QPs per path: where the host agents put QPs and what each path carries."""
+    panels = [
+        _panel(1, "QPs per path per host", f"rlb_host_path_active_qps{{{HOST}}}", "{{node}} path {{path}}",
+               "short", 0, 0),
+        _panel(2, "Host tx per path (bits/s)", f"8 * rate(rlb_host_path_tx_bytes_total{{{HOST}}}[$__rate_interval])",
+               "{{node}} path {{path}}", "bps", 12, 0),
+        _panel(3, "QP releases by host agents (/s)",
+               f'rate(rlb_host_packets_total{{{HOST}, reason="ev_released"}}[$__rate_interval])', "{{node}}",
+               "short", 0, 8),
+        _panel(4, "Paths usable", f"rlb_host_path_usable{{{HOST}}}", "{{node}} path {{path}}", "short", 12, 8,
+               kind="stat"),
+        _panel(5, "Host agent loop errors (/s)", f"rate(rlb_host_loop_errors_total{{{HOST}}}[$__rate_interval])",
+               "{{node}} {{loop}}", "short", 0, 16),
+    ]
+    return _dashboard("rlb-hosts", "RLB: host QPs per path", ["rlb", "rdma"], _variables("host"), panels)
+
+
+def control_dashboard() -> dict:
+    """Control plane health: BGP, bird, the bird -> XDP sync, the agents' loops."""
+    panels = [
+        _panel(1, "BGP sessions established", f"rlb_switch_bgp_session_up{{{SWITCH}}}", "{{node}} {{session}}",
+               "short", 0, 0, kind="stat"),
+        _panel(2, "Routes by mode", f"rlb_switch_routes{{{SWITCH}}}", "{{node}} {{mode}}", "short", 12, 0,
+               kind="stat"),
+        _panel(3, "bird -> XDP sync time (s)", f"rlb_switch_last_sync_seconds{{{SWITCH}}}", "{{node}}", "s", 0, 8),
+        _panel(4, "bird control socket errors (/s)",
+               f"rate(rlb_switch_bird_errors_total{{{SWITCH}}}[$__rate_interval])", "{{node}}", "short", 12, 8),
+        _panel(5, "Switch agent loop errors (/s)",
+               f"rate(rlb_switch_loop_errors_total{{{SWITCH}}}[$__rate_interval])", "{{node}} {{loop}}", "short",
+               0, 16),
+    ]
+    return _dashboard("rlb-control", "RLB: control plane health", ["rlb", "rdma"], _variables("node"), panels)
+
+
+def coordinator_dashboard() -> dict:
+    """The fabric coordinator of a leaf-spine fabric: placements, balance, who reaches it."""
+    panels = [
+        _panel(1, "QPs placed per leaf uplink", 'rlb_coord_link_qps{side="up"}', "{{leaf}} uplink {{colour}}",
+               "short", 0, 0),
+        _panel(2, "Worst leaf max/mean, placed and best possible", "rlb_coord_balance", "{{side}} {{of}}",
+               "short", 12, 0),
+        _panel(3, "Hosts reaching the coordinator", f"rlb_host_coordinator_reachable{{{HOST}}}", "{{node}}",
+               "short", 0, 8, kind="stat"),
+        _panel(4, "Placement time (s per placement)",
+               "rate(rlb_coord_solve_seconds_total[$__rate_interval]) / rate(rlb_coord_solves_total[$__rate_interval])",
+               "placement", "s", 12, 8),
+    ]
+    return _dashboard("rlb-coordinator", "RLB: fabric coordinator", ["rlb", "rdma"], _variables("host"), panels)
 
 
 def planes_dashboard() -> dict:
     """A scale-up fabric (draft-fare-scale-up): per GPU, each peer's planes as the probes see
     them, the sub-ports in use and what they carry, and the plane switches' ports."""
-    host = 'node=~"$host"'
+    host = HOST
     panels = [
         _panel(1, "Probes answered, per peer and plane (1 = in use)", f"rlb_host_plane_probe_up{{{host}}}",
                "{{node}} -> GPU {{peer}} plane {{plane}}", "short", 0, 0, kind="stat"),
@@ -119,7 +181,7 @@ def planes_dashboard() -> dict:
                f"rate(rlb_host_loop_errors_total{{{host}}}[$__rate_interval])", "{{node}} {{loop}}",
                "short", 12, 32),
     ]
-    variables = [v for v in _variables() if v["name"] in ("datasource", "node", "host")]
+    variables = _variables("node", "host")
     return _dashboard("rlb-planes", "RLB scale-up: planes, probes and sub-ports", ["rlb", "rdma", "scale-up"],
                       variables, panels)
 
@@ -127,7 +189,7 @@ def planes_dashboard() -> dict:
 def rails_dashboard() -> dict:
     """A rail-only fabric (outshift-hscore-rail-routing): the registry's h-scores per rail and
     domain, each GPU's h-ratio, the path types its agent chose and the remote rails it uses."""
-    host = 'node=~"$host"'
+    host = HOST
     panels = [
         _panel(1, "h-score per rail (1 = idle at line rate)", 'rlb_coord_hscore{element="rail"}',
                "rail {{id}}", "percentunit", 0, 0),
@@ -148,13 +210,15 @@ def rails_dashboard() -> dict:
                f"rate(rlb_host_loop_errors_total{{{host}}}[$__rate_interval])", "{{node}} {{loop}}",
                "short", 12, 24),
     ]
-    variables = [v for v in _variables() if v["name"] in ("datasource", "host")]
+    variables = _variables("host")
     return _dashboard("rlb-rails", "RLB rail-only: h-scores and path types", ["rlb", "rdma", "rail-only"],
                       variables, panels)
 
 
-DASHBOARDS = {"rlb-fabric.json": fabric_dashboard, "rlb-planes.json": planes_dashboard,
-              "rlb-rails.json": rails_dashboard}
+LEAF_SPINE = {"rlb-overview.json": overview_dashboard, "rlb-paths.json": paths_dashboard,
+              "rlb-hosts.json": hosts_dashboard, "rlb-control.json": control_dashboard,
+              "rlb-coordinator.json": coordinator_dashboard}
+DASHBOARDS = {**LEAF_SPINE, "rlb-planes.json": planes_dashboard, "rlb-rails.json": rails_dashboard}
 
 
 def panel_queries(dashboard: dict) -> list[tuple[str, str]]:

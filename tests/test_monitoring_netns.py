@@ -54,7 +54,7 @@ def test_prometheus_scrapes_every_agent(lab):
 
 def test_every_panel_query_returns_data(lab):
     lab.run_qps("h1", "h2", 2, 200, seed=1, rate_pps=400)   # a second of traffic
-    queries = dashboards.panel_queries(dashboards.fabric_dashboard())
+    queries = [q for fn in dashboards.LEAF_SPINE.values() for q in dashboards.panel_queries(fn())]
     deadline = time.time() + 30          # rate() needs two scrapes in its window
     while True:
         empty = [title for title, expr in queries if not promql(lab, dashboards.as_grafana_sends(expr))]
@@ -78,7 +78,10 @@ def test_every_panel_query_returns_data(lab):
 
 
 def test_template_variables_resolve(lab):
-    for var in dashboards.fabric_dashboard()["templating"]["list"][1:]:
-        q = var["query"]["query"]
+    variables = [v for fn in dashboards.LEAF_SPINE.values() for v in fn()["templating"]["list"]
+                 if v["type"] == "query"]
+    assert {v["name"] for v in variables} == {"node", "interface", "host"}
+    for var in variables:
+        q = var["query"]
         metric = q[len("label_values("):].rsplit(",", 1)[0].replace("$node", ".*")
         assert promql(lab, metric), var["name"]

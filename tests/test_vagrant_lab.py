@@ -149,7 +149,7 @@ def test_prometheus_on_mon_scrapes_every_agent_and_every_panel_has_data(vlab):
     (up,) = on_mon(vlab, ["up"])
     health = {r["metric"]["instance_node"]: r["value"][1] for r in up}
     assert health == {n: "1" for n in ("s1", "s2", "l1", "l2", "h1", "h2")}
-    queries = dashboards.panel_queries(dashboards.fabric_dashboard())
+    queries = [q for fn in dashboards.LEAF_SPINE.values() for q in dashboards.panel_queries(fn())]
     results = on_mon(vlab, [dashboards.as_grafana_sends(e) for _, e in queries])
     empty = [title for (title, _), res in zip(queries, results) if not res]
     assert not empty, f"panels without data: {empty}"
