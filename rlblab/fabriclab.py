@@ -207,7 +207,8 @@ class FabricLab:
         if self.coordinator:
             targets["coordinator"] = (f"{self.MGMT}1", "coordinator")
         conf = self.work / "prometheus.yml"
-        conf.write_text(scrape_config(targets))
+        from rlbmonitor.alerts import write as write_rules
+        conf.write_text(scrape_config(targets, rule_files=[str(write_rules(self.work))]))
         import shutil
         shutil.rmtree(self.work / "prometheus", ignore_errors=True)   # an earlier lab's series would linger
         cmd = ["ip", "netns", "exec", self.ns("mon"), "prometheus", f"--config.file={conf}",

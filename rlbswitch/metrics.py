@@ -49,8 +49,8 @@ class SwitchCollector:
         if self.sync is not None:
             st = self.sync.stats
             sess = gauge("rlb_switch_bgp_session_up", "BGP sessions (1 = Established)", ["node", "session"])
-            for name, info in st["sessions"].items():
-                sess.add_metric([self.node, name], int(info.startswith("Established")))
+            for name, up in sessions_up(st["sessions"]).items():
+                sess.add_metric([self.node, name], int(up))
             lat = gauge("rlb_switch_last_sync_seconds", "time to compile and program the last bird change", ["node"])
             lat.add_metric([self.node], st["last_sync_seconds"])
             syncs = counter("rlb_switch_bird_syncs", "bird route changes programmed", ["node"])
@@ -66,3 +66,15 @@ class SwitchCollector:
                           "used (NaN or negative path bandwidth, AIGP without metric)", ["node"])
             bad.add_metric([self.node], st["bad_paths"])
             yield from (sess, lat, syncs, errs, hold, restarts, bad)
+
+
+def sessions_up(protocols: dict[str, str]) -> dict[str, bool]:
+    """{session: Established?} from bird's BGP protocols {name: info}. A passive spine port is a
+    template named after the port that never establishes itself; bird spawns <name>_<n> for the
+    neighbour that connects: the port's session is up when any of them is."""
+    out: dict[str, bool] = {}
+    for name, info in protocols.items():
+        base, _, n = name.rpartition("_")
+        key = base if n.isdigit() and base in protocols else name
+        out[key] = out.get(key, False) or info.startswith("Established")
+    return out

@@ -85,3 +85,63 @@ def test_template_variables_resolve(lab):
         q = var["query"]
         metric = q[len("label_values("):].rsplit(",", 1)[0].replace("$node", ".*")
         assert promql(lab, metric), var["name"]
+
+
+def test_committed_alert_rules_are_the_generated_ones_and_promtool_accepts_them(tmp_path):
+    import subprocess
+    from rlbmonitor import alerts
+    committed = json.loads((ROOT / "prometheus" / "rlb-alerts.yml").read_text())
+    assert committed == alerts.rules(), "prometheus/rlb-alerts.yml is stale: python -m rlbmonitor.alerts prometheus"
+    res = subprocess.run(["promtool", "check", "rules", str(ROOT / "prometheus" / "rlb-alerts.yml")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and f"SUCCESS: {len(alerts.RULES)} rules found" in res.stdout, res.stdout + res.stderr
+    bad = tmp_path / "bad.yml"           # and promtool is a real check: a broken rule fails it
+    bad.write_text(json.dumps({"groups": [{"name": "x", "rules": [{"alert": "A", "expr": "up =="}]}]}))
+    assert subprocess.run(["promtool", "check", "rules", str(bad)], capture_output=True).returncode != 0
+
+
+def test_alerts_fire_on_real_faults(lab):
+    """The lab's Prometheus loads the rules; a BGP session taken down (l1's link to s1) and a
+    usable path weighted 0 by hand (h1's path 2) each raise their alert (pending: its `for` has
+    started; the rule matched the fault), and nothing else is alerting before."""
+    with netns.inside(lab.ns("mon")):
+        rules = json.loads(urllib.request.urlopen("http://127.0.0.1:9090/api/v1/rules", timeout=5).read())
+    loaded = {r["name"]: r["health"] for g in rules["data"]["groups"] for r in g["rules"]}
+    from rlbmonitor import alerts
+    assert loaded == {name: "ok" for name, *_ in alerts.RULES}
+
+    def active(name):
+        return promql(lab, f'ALERTS{{alertname="{name}"}}')
+
+    def wait_for(name, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            got = active(name)
+            if got:
+                return got
+            time.sleep(0.5)
+        return []
+
+    assert not active("RlbBgpSessionDown") and not active("RlbPathAtZeroWeight")
+    from rlbcommon.netns import run
+    run(lab.ns("l1"), "ip", "link", "set", "eth-s1", "down")
+    try:
+        got = wait_for("RlbBgpSessionDown")
+        assert {r["metric"]["node"] for r in got} >= {"rlbmt-l1"}, got
+    finally:
+        run(lab.ns("l1"), "ip", "link", "set", "eth-s1", "up")
+    weights = json.loads(lab.cli("h1", "weights", "show", "--json"))
+    default = next(w for w in weights if w["prefix"] == "::/0")["weights"]
+    lab.cli("h1", "weights", "set", *[f"{p}={0 if str(p) == '2' else w}" for p, w in default.items()])
+    try:
+        got = wait_for("RlbPathAtZeroWeight")
+        assert [(r["metric"]["node"], r["metric"]["path"]) for r in got] == [("rlbmt-h1", "2")], got
+    finally:
+        lab.cli("h1", "weights", "set", *[f"{p}={w}" for p, w in default.items()])
+
+
+def test_a_passive_spine_port_is_up_when_its_dynamic_session_is():
+    from rlbswitch.metrics import sessions_up
+    assert sessions_up({"l1": "Passive", "l1_1": "Established", "l2": "Passive", "s1": "Established",
+                        "s2": "Connect", "x_1": "Established"}) == \
+        {"l1": True, "l2": False, "s1": True, "s2": False, "x_1": True}

@@ -121,7 +121,10 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0):
     for u, body in todo.items():
         (UNITS / f"{u}.service").write_text(body)
     if vm.role == "monitor":
-        (ETC / "prometheus.yml").write_text(scrape_targets(vms, vm, coordinator=fab.kind != "scaleup"))
+        from rlbmonitor.alerts import write as write_rules
+        rules = write_rules(ETC)
+        (ETC / "prometheus.yml").write_text(scrape_targets(vms, vm, coordinator=fab.kind != "scaleup",
+                                                           rule_files=[str(rules)]))
     sh("systemctl", "daemon-reload")
     for u in todo:
         sh("systemctl", "enable", f"{u}.service")
@@ -131,13 +134,14 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0):
         grafana(vm)
 
 
-def scrape_targets(vms: list[VmNode], vm: VmNode, coordinator: bool = True) -> str:
-    """Prometheus on the monitor scrapes every agent and the coordinator beside it."""
+def scrape_targets(vms: list[VmNode], vm: VmNode, coordinator: bool = True, rule_files=()) -> str:
+    """Prometheus on the monitor scrapes every agent and the coordinator beside it, and
+    evaluates the alerting rules (rlbmonitor/alerts.py)."""
     from rlbmonitor.prometheus import scrape_config
     targets = {v.name: (v.mgmt_ip, v.role) for v in vms if v.role != "monitor"}
     if coordinator:
         targets["coordinator"] = (vm.mgmt_ip, "coordinator")
-    return scrape_config(targets)
+    return scrape_config(targets, rule_files=rule_files)
 
 
 GRAFANA_DASHBOARDS = Path("/var/lib/grafana/dashboards/rlb")

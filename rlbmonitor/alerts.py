@@ -1,0 +1,51 @@
+"""Prometheus alerting rules for the failures an operator must hear about, generated here:
+`python -m rlbmonitor.alerts prometheus/` writes prometheus/rlb-alerts.yml (committed; checked
+with `promtool check rules` and loaded by the labs' Prometheus, where the tests provoke them).
+
+Durations are for a real fabric: long enough that one lost scrape or a flap BFD already handled
+does not page anyone, short enough that a dead session or a stuck agent is heard within a minute."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RULES = [
+    # (name, expression, for, severity, summary)
+    ("RlbAgentDown", 'up{job=~"rlbswitch|rlbhost|rlbcoord"} == 0', "30s", "critical",
+     "{{ $labels.job }} on {{ $labels.instance_node }} is not answering scrapes"),
+    ("RlbAgentLoopErrors", 'increase({__name__=~"rlb_(switch|host)_loop_errors_total"}[2m]) > 0', "1m", "warning",
+     "{{ $labels.node }}: agent loop {{ $labels.loop }} keeps failing (rlbswitch/rlbhost status says why)"),
+    ("RlbBgpSessionDown", "rlb_switch_bgp_session_up == 0", "30s", "critical",
+     "{{ $labels.node }}: BGP session {{ $labels.session }} is not Established"),
+    ("RlbPathAtZeroWeight", "rlb_host_path_weight == 0 and on(node, path) rlb_host_path_usable == 1", "2m",
+     "warning", "{{ $labels.node }}: path {{ $labels.path }} is usable but weighted 0 (by hand, or its "
+     "capacity is gone upstream): its share of the fabric is idle"),
+    ("RlbPathUnusable", "rlb_host_path_usable == 0", "1m", "warning",
+     "{{ $labels.node }}: path {{ $labels.path }} cannot carry traffic (no address, no carrier or no MAC)"),
+    ("RlbDlbReassignmentStorm", 'rate(rlb_switch_packets_total{reason="ev_dlb_reassign"}[1m]) > 1000', "2m",
+     "warning", "{{ $labels.node }}: flowlets reassigned {{ $value | humanize }}/s: ports flapping or "
+     "quality bands set too tight"),
+    ("RlbBirdUnreachable", "increase(rlb_switch_bird_errors_total[2m]) > 0", "1m", "critical",
+     "{{ $labels.node }}: the agent cannot read bird's control socket; routes are frozen"),
+    ("RlbCoordinatorUnreachable", "rlb_host_coordinator_reachable == 0", "1m", "warning",
+     "{{ $labels.node }}: the coordinator is unreachable; the host places QPs by its local rule"),
+]
+
+
+def rules() -> dict:
+    return {"groups": [{"name": "rlb", "rules": [
+        {"alert": name, "expr": expr, "for": dur, "labels": {"severity": sev},
+         "annotations": {"summary": summary}} for name, expr, dur, sev, summary in RULES]}]}
+
+
+def write(outdir: Path) -> Path:
+    """The rule file (JSON is valid YAML: no YAML library needed)."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    path = outdir / "rlb-alerts.yml"
+    path.write_text(json.dumps(rules(), indent=2) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    write(Path(sys.argv[1] if len(sys.argv) > 1 else "prometheus"))
