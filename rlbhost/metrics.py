@@ -18,15 +18,18 @@ class HostCollector:
         fams = {f"{d}_{u}": counter(f"rlb_host_path_{d}_{u}", f"{u} {d} per fabric path", labels)
                 for d in ("tx", "rx") for u in ("packets", "bytes")}
         qps = gauge("rlb_host_path_active_qps", "QPs currently on each path", labels)
-        weight = gauge("rlb_host_path_weight", "default weight of each path", labels)
+        weight = gauge("rlb_host_path_weight", "default weight of each path (hosts in address mode; a GPU "
+                       "in ports mode weights per destination)", labels)
         usable = gauge("rlb_host_path_usable", "1 while the path can carry traffic (ports mode: "
                        "its port has carrier and the plane switch's MAC is known)", labels)
+        per_destination = s["config"]["mode"] == "ports"   # GPUs weight per peer; ::/0 is unused
         for p in s["paths"]:
             lv = [self.node, str(p["path"]), p["address"]]
             for k, fam in fams.items():
                 fam.add_metric(lv, p[k])
             qps.add_metric(lv, p["active_qps"])
-            weight.add_metric(lv, p["weight"])
+            if not per_destination:
+                weight.add_metric(lv, p["weight"])
             usable.add_metric(lv, int(p["valid"] and p["carrier"]))
         events = counter("rlb_host_packets", "packets by reason; assignments, releases, rewrites",
                          ["node", "reason"])

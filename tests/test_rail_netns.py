@@ -154,6 +154,8 @@ def test_the_rails_dashboard_has_data_for_every_panel(lab):
         h = {r["metric"]["id"]: float(r["value"][1]) for r in promql('rlb_coord_hscore{element="rail"}')}
         assert h["1"] < 0.6 and h["2"] < 0.7 and h["4"] > 0.9
         assert len(promql("rlb_host_h_ratio")) == 16
+        # GPUs weight per destination: their unused default weights must not look like idle paths
+        assert not promql('ALERTS{alertname=~"RlbPathAtZeroWeight|RlbPathUnusable"}')
     finally:
         for g in gens:
             g.__exit__(None, None, None)
