@@ -97,10 +97,10 @@ def fresh(xdp):
 
 @contextlib.contextmanager
 def fabric_lab(fabric_file, name: str, timeout: float = 120, **kw):
-    """A namespace fabric, converged; torn down afterwards even when a test fails, and checked
-    to have left no namespace behind."""
-    from rlblab.fabriclab import FabricLab
-    lab = FabricLab(fabric_file, name, **kw)
+    """A namespace fabric of any kind (leaf-spine, scale-up, rail-only), converged; torn down
+    afterwards even when a test fails, and checked to have left no namespace behind."""
+    from rlblab.fabriclab import open_lab
+    lab = open_lab(fabric_file, name, **kw)
     try:
         lab.up()
         lab.wait_converged(timeout)

@@ -12,22 +12,16 @@ import pytest
 
 from rlbcommon import netns
 from rlbfabric.constants import METRICS_PORT
-from rlblab.raillab import RailLab
 
-from .conftest import scenario_passes
+from .conftest import fabric_lab, scenario_passes
 
 FABRIC = Path(__file__).resolve().parent.parent / "lab" / "rail-only.toml"
 
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = RailLab(FABRIC, "rlbro", monitor=True)
-    try:
-        lab.up()
-        lab.wait_converged(90)
+    with fabric_lab(FABRIC, "rlbro", timeout=90, monitor=True) as lab:
         yield lab
-    finally:
-        lab.down()
 
 
 def test_qps_take_the_best_fit_remote_rail(lab):

@@ -9,22 +9,16 @@ import pytest
 
 from rlbfabric.bird.conf import render
 from rlbfabric.fabric import load
-from rlblab.scaleuplab import ScaleupLab
 
-from .conftest import scenario_passes
+from .conftest import fabric_lab, scenario_passes
 
 FABRIC = Path(__file__).resolve().parent.parent / "lab" / "scaleup.toml"
 
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = ScaleupLab(FABRIC, "rlbsu", monitor=True)
-    try:
-        lab.up()
-        lab.wait_converged(180)
+    with fabric_lab(FABRIC, "rlbsu", timeout=180, monitor=True) as lab:
         yield lab
-    finally:
-        lab.down()
 
 
 def test_every_gpu_learns_every_peer_on_every_plane_at_full_bandwidth(lab):
