@@ -135,3 +135,31 @@ def test_without_the_registry_every_pair_takes_its_direct_path():
     assert a.decide_all()["d2g2"].rails == [3]
     a.table_at -= 2.5                      # the registry silent for longer than 2 s: direct again
     assert a.decide_all()["d2g2"].kind == "rd"
+
+
+def test_the_coordinator_serves_the_registry_over_http_and_rlbcoord_status_shows_it():
+    import threading
+    from typer.testing import CliRunner
+    from rlbcommon import coordapi
+    from rlbfabric.coord.cli import app
+    from rlbfabric.coord.metrics import registry_exposition
+    from rlbfabric.coord.service import make_server
+    reg = HRegistry(fabric())
+    server = make_server(reg, "::1", 0, registry_exposition(reg))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = coordapi.url_for("::1", server.server_address[1])
+        t = coordapi.call(url, coordapi.GPU_LOAD.format("d2g3"), load(tx=3e6, drx=20e6))
+        assert t["rails"]["3"] == pytest.approx(0.7) and t["domains"]["2"] == pytest.approx(0.5)
+        with pytest.raises(coordapi.CoordinatorError, match="403 'd9g9' is not a GPU"):
+            coordapi.call(url, coordapi.GPU_LOAD.format("d9g9"), load())
+        out = CliRunner().invoke(app, ["status", "--url", url])
+        assert out.exit_code == 0, out.output
+        assert "1 GPUs reporting" in out.output and "3: 0.700" in out.output and "2: 0.500" in out.output
+        import urllib.request
+        metrics = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+        assert 'rlb_coord_hscore{element="rail",id="3"} 0.7' in metrics
+        assert 'rlb_coord_reports_total{result="refused"} 1.0' in metrics
+    finally:
+        server.shutdown()
+        server.server_close()
