@@ -1,10 +1,14 @@
-"""What both agents' command lines share: logging, entering a namespace, turning operator
-errors into one clear line and exit status 2 instead of a traceback."""
+"""What both agents' command lines share: logging, entering a namespace, and how a command ends.
+
+Exit status: 0 done; 2 an operator error (bad input, missing permission or file, a state the
+command cannot act on), one line on stderr; 1 an unexpected error (a bug), one line on stderr
+naming the file where its traceback was appended (<run dir>/<program>-errors.log)."""
 from __future__ import annotations
 
 import logging
 import socket
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -60,7 +64,7 @@ def setup(netns_name: str | None, verbose: bool, log: logging.Logger):
     netns.enter(netns_name)
 
 
-def run(app: typer.Typer, prog: str, operator_errors: tuple[type[Exception], ...]):
+def run(app: typer.Typer, prog: str, operator_errors: tuple[type[Exception], ...], log_dir: Path | None = None):
     try:
         app()
     except (*operator_errors, BpfSetupError, FileNotFoundError) as e:
@@ -69,3 +73,27 @@ def run(app: typer.Typer, prog: str, operator_errors: tuple[type[Exception], ...
     except PermissionError as e:
         typer.echo(f"{prog}: error: {e} (run as root)", err=True)
         sys.exit(2)
+    except Exception as e:            # a bug: say so briefly, keep the whole story in a file
+        where = crash_log(prog, log_dir)
+        typer.echo(f"{prog}: internal error: {type(e).__name__}: {e} (traceback in {where}; "
+                   "please report it)", err=True)
+        sys.exit(1)
+
+
+def crash_log(prog: str, log_dir: Path | None = None) -> Path:
+    """Append the exception being handled, with a time stamp and the command line, to
+    <log_dir>/<prog>-errors.log (the run dir by default; /tmp if that cannot be written)."""
+    import time
+    import traceback
+    from .paths import RUN_DIR
+    text = (f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}\n" + traceback.format_exc())
+    for d in (log_dir or RUN_DIR, Path("/tmp")):
+        path = Path(d) / f"{prog}-errors.log"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(text)
+            return path
+        except OSError:
+            continue
+    return Path("(nowhere: no writable directory)")

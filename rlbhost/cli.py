@@ -353,4 +353,4 @@ def weights_show(as_json: bool = typer.Option(False, "--json")):
 def main():
     from rlbfabric.bird.ctl import BirdError
     from rlbfabric.fabric import FabricError
-    common.run(app, "rlbhost", (HostError, ValueError, FabricError, BirdError))
+    common.run(app, "rlbhost", (HostError, FabricError, BirdError))

@@ -323,8 +323,16 @@ class HostDataplane(PinnedState):
         return out
 
     # ---- weights --------------------------------------------------------------------
+    @staticmethod
+    def _net(prefix: str) -> ipaddress.IPv6Network:
+        """An operator's prefix, or a HostError saying what is wrong with it."""
+        try:
+            return ipaddress.IPv6Network(prefix)
+        except ValueError as e:
+            raise HostError(f"prefix: {e}") from None
+
     def _wkey(self, prefix: str):
-        net = ipaddress.IPv6Network(prefix)
+        net = self._net(prefix)
         k = self.maps["weights"].key_type()
         k.prefixlen = net.prefixlen
         k.addr[:] = net.network_address.packed
@@ -333,10 +341,7 @@ class HostDataplane(PinnedState):
     def set_weights(self, weights: dict[int, float], prefix: str = "::/0", spray: bool = False):
         """Weights per path (by path field value; unnamed paths keep weight 1 at creation,
         0 means unusable) for destinations in prefix; then release or reinstate QPs."""
-        try:
-            ipaddress.IPv6Network(prefix)
-        except ValueError as e:
-            raise HostError(f"prefix: {e}") from None
+        self._net(prefix)
         with self.locked():
             before = self._before()
             self._set_weights_locked(prefix, weights, spray)
@@ -413,7 +418,7 @@ class HostDataplane(PinnedState):
         return changed
 
     def del_weights(self, prefix: str) -> bool:
-        if ipaddress.IPv6Network(prefix).prefixlen == 0:
+        if self._net(prefix).prefixlen == 0:
             raise HostError("the default weights (::/0) cannot be removed; set them instead")
         with self.locked():
             ok = self.maps["weights"].delete(self._wkey(prefix))
