@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from rlbfabric.constants import PROBE_PORT
 from rlbfabric.scaleup import LOOPBACK_DEVICE, SWITCH_LL, ScaleupFabric
 
 from .dataplane import HostDataplane, HostError, PortPath
+from .links import has_carrier, neighbour_macs
 from .probes import Prober
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class PlaneAgent:
                 name = link.get_attr("IFLA_IFNAME")
                 if name in names:
                     seen.add(name)
-                    self.carrier[name] = link.get_attr("IFLA_CARRIER") == 1 and bool(link["flags"] & 1)
+                    self.carrier[name] = has_carrier(link)
                     self.own_macs[name] = link.get_attr("IFLA_ADDRESS")
         for name in names - seen:
             self.carrier[name] = False
@@ -91,22 +91,8 @@ class PlaneAgent:
     def _learn_macs(self):
         """The plane switch's MAC on each port, from the neighbour table (BGP runs over the link,
         so it is there); a port without one asks for it."""
-        if all(p.ifname in self.macs for p in self.ports):
-            return
-        with IPRoute() as ipr:
-            for p in self.ports:
-                if p.ifname in self.macs:
-                    continue
-                try:
-                    idx = ipr.link_lookup(ifname=p.ifname)[0]
-                    for n in ipr.get_neighbours(family=socket.AF_INET6, ifindex=idx):
-                        if n.get_attr("NDA_DST") == SWITCH_LL and n.get_attr("NDA_LLADDR"):
-                            self.macs[p.ifname] = n.get_attr("NDA_LLADDR")
-                except (IndexError, OSError):
-                    continue
-                if p.ifname not in self.macs and self.carrier.get(p.ifname):
-                    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s, contextlib.suppress(OSError):
-                        s.sendto(b"", (f"{SWITCH_LL}%{p.ifname}", 9))    # neighbour solicitation
+        self.macs.update(neighbour_macs({p.ifname: (p.ifname, SWITCH_LL) for p in self.ports
+                                         if p.ifname not in self.macs}, self.carrier))
 
     def port_paths(self) -> list[PortPath]:
         return [PortPath(p.value, p.ifname, self.macs.get(p.ifname), self.carrier.get(p.ifname, False))
@@ -248,7 +234,7 @@ class PlaneAgent:
                             name = m.get_attr("IFLA_IFNAME")
                             if m["event"] != "RTM_NEWLINK" or name not in names:
                                 continue
-                            up = m.get_attr("IFLA_CARRIER") == 1 and bool(m["flags"] & 1)
+                            up = has_carrier(m)
                             if self.carrier.get(name) != up:
                                 self.carrier[name] = up
                                 self.dp.set_port_up(name, up)

@@ -15,10 +15,8 @@ same rail r, same domain d, otherwise rd, as a rail-only cluster routes without 
 `rlbhost why` shows the decisions with the numbers behind them (written to a file each pass)."""
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import socket
 import threading
 import time
 from pathlib import Path
@@ -33,11 +31,11 @@ from rlbfabric.railonly import (DOMAIN_IF, LOOPBACK_DEVICE, RAIL_IF, RAIL_PATH, 
                                 RailOnlyFabric)
 
 from .dataplane import HostDataplane, HostError, PortPath
+from .links import has_carrier, neighbour_macs
 
 log = logging.getLogger(__name__)
 
 KEEP = 0.001          # the weight of a first hop the decision left: QPs in flight stay on it
-SO_BINDTODEVICE = 25
 
 
 def paths_of(d: Decision, dst: Gpu) -> list[int]:
@@ -89,7 +87,7 @@ class RailAgent:
                 name = link.get_attr("IFLA_IFNAME")
                 if name in (RAIL_IF, DOMAIN_IF):
                     st = link.get_attr("IFLA_STATS64") or {}
-                    out[name] = {"up": link.get_attr("IFLA_CARRIER") == 1 and bool(link["flags"] & 1),
+                    out[name] = {"up": has_carrier(link),
                                  "tx": st.get("tx_bytes", 0), "rx": st.get("rx_bytes", 0)}
         return out
 
@@ -107,22 +105,9 @@ class RailAgent:
     def learn_macs(self):
         """The rail switch's MAC (fe80::1 on the r-interface) and each domain peer's (its address
         on the d-interface) from the neighbour table; a missing one is asked for."""
-        want = {h.value: (h.ifname, SWITCH_LL if h.via == "rail" else self.fabric.address(h.via))
-                for h in self.hops if h.value not in self.macs}
-        if not want:
-            return
-        with IPRoute() as ipr:
-            idx = {n: (ipr.link_lookup(ifname=n) or [None])[0] for n in (RAIL_IF, DOMAIN_IF)}
-            neigh = {(n.get_attr("NDA_DST"), n["ifindex"]): n.get_attr("NDA_LLADDR")
-                     for n in ipr.get_neighbours(family=socket.AF_INET6) if n.get_attr("NDA_LLADDR")}
-        for value, (ifname, addr) in want.items():
-            mac = neigh.get((addr, idx.get(ifname)))
-            if mac:
-                self.macs[value] = mac
-            elif self.carrier.get(ifname):
-                with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s, contextlib.suppress(OSError):
-                    s.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, ifname.encode())
-                    s.sendto(b"", (addr if addr != SWITCH_LL else f"{addr}%{ifname}", 9))
+        self.macs.update(neighbour_macs(
+            {h.value: (h.ifname, SWITCH_LL if h.via == "rail" else self.fabric.address(h.via))
+             for h in self.hops if h.value not in self.macs}, self.carrier))
 
     def port_paths(self) -> list[PortPath]:
         return [PortPath(h.value, h.ifname, self.macs.get(h.value), self.carrier.get(h.ifname, False))
