@@ -154,16 +154,32 @@ class FabricLab:
         return self.fabric.switch_ports(self.fabric.node(node))
 
     def _spawn(self, key: str, cmd: list[str], ready: str, timeout: float = 30.0):
+        self._await(key, *self._launch(key, cmd), ready, timeout)
+
+    def _launch(self, key: str, cmd: list[str]) -> tuple[Path, int]:
+        """Start an agent logging to <work>/agent-<key>.log; returns the log and where this run's
+        lines start in it."""
         log = self.work / f"agent-{key}.log"
         start = log.stat().st_size if log.exists() else 0
         with open(log, "a") as f:   # own session: a lab outlives the command that started it
             self.agents[key] = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                                                 start_new_session=True)
+        return log, start
+
+    def _await(self, key: str, log: Path, start: int, ready: str, timeout: float):
+        """Until the agent logs `ready` (or dies, or the time is up: then its log's end is raised)."""
         deadline = time.time() + timeout
         while ready not in log.read_text()[start:]:
             if self.agents[key].poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"agent {key} did not start: {log.read_text()[-1500:]}")
             time.sleep(0.1)
+
+    def wait_for(self, cond, timeout: float, what: str):
+        deadline = time.time() + timeout
+        while not cond():
+            if time.time() > deadline:
+                raise TimeoutError(f"waited {timeout:g} s for {what}")
+            time.sleep(0.2)
 
     def start_agent(self, node: str):
         cmd = [sys.executable, "-m", "rlbswitch", "--netns", self.ns(node), "run", *self.ports(node),

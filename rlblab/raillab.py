@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -48,7 +46,7 @@ class RailLab(FabricLab):
         f = self.fabric
         self._namespaces_up(keep_addr_on_down=True)
         self.start_coordinator()
-        for d, dom in enumerate(self.domains, start=1):
+        for dom in self.domains:
             run(self.ns(dom), "ip", "link", "add", "br0", "type", "bridge")
             run(self.ns(dom), "ip", "link", "set", "br0", "up")
         for gpu in self.hosts:
@@ -58,39 +56,24 @@ class RailLab(FabricLab):
             run(dom, "ip", "link", "set", f"g{g.rail}", "master", "br0")
             topo.link(self.ns(gpu), RAIL_IF, self.ns(f"r{g.rail}"), f"eth-d{g.domain}")
             add_loopback_device(LOOPBACK_DEVICE, self.ns(gpu))
-            run(self.ns(gpu), "sh", "-ec", "\n".join(shlex.join(c) for c in gpu_net_commands(f, gpu)))
-        macs = {gpu: self.mac(gpu, RAIL_IF) for gpu in self.hosts}
+            topo.run_commands(self.ns(gpu), gpu_net_commands(f, gpu))
+        macs = {gpu: topo.mac(self.ns(gpu), RAIL_IF) for gpu in self.hosts}
         for sw in self.switches:
-            run(self.ns(sw.name), "sh", "-ec", "\n".join(shlex.join(c) for c in rail_net_commands(f, sw.name)))
+            topo.run_commands(self.ns(sw.name), rail_net_commands(f, sw.name))
             ports = [p for p, _ in f.rail_ports(sw.index)]
             self.cli(sw.name, "attach", *ports, "--speed-mbps", str(f.rail_mbps))
             routes = self.work / f"routes-{sw.name}.json"
             routes.write_text(json.dumps(rail_routes(f, sw.name, macs)))
             self.cli(sw.name, "route", "apply", str(routes))
-        procs = {gpu: self._start(gpu) for gpu in self.hosts}      # all at once: each compiles
-        for gpu, (proc, log, start) in procs.items():
-            self._wait_started(gpu, proc, log, start, "rail-only GPU", timeout=120)
+        started = {gpu: self._launch(gpu, self._agent_cmd(gpu)) for gpu in self.hosts}   # all at once:
+        for gpu, (log, start) in started.items():                                     # each compiles
+            self._await(gpu, log, start, "rail-only GPU", timeout=120)
         return self
 
-    def mac(self, node: str, ifname: str) -> str:
-        return json.loads(run(self.ns(node), "ip", "-j", "link", "show", ifname))[0]["address"]
-
-    def _start(self, gpu: str):
+    def _agent_cmd(self, gpu: str) -> list[str]:
         cmd = [sys.executable, "-m", "rlbhost", "--netns", self.ns(gpu), "attach", LOOPBACK_DEVICE,
                "--fabric", str(self.fabric_file), "--node", gpu, "--coordinator", self.coordinator_url]
-        cmd += ["--metrics-addr", self.mgmt_addr(gpu)] if self.monitor else ["--metrics-port", "0"]
-        log = self.work / f"agent-{gpu}.log"
-        start = log.stat().st_size if log.exists() else 0
-        with open(log, "a") as out:
-            self.agents[gpu] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        return self.agents[gpu], log, start
-
-    def _wait_started(self, key, proc, log, start, ready, timeout):
-        deadline = time.time() + timeout
-        while ready not in log.read_text()[start:]:
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"agent {key} did not start: {log.read_text()[-1500:]}")
-            time.sleep(0.2)
+        return cmd + (["--metrics-addr", self.mgmt_addr(gpu)] if self.monitor else ["--metrics-port", "0"])
 
     def restart_coordinator(self, fabric_file: str | Path | None = None):
         """The registry again (from another fabric file: another delta); scores start over at 1."""
@@ -116,15 +99,10 @@ class RailLab(FabricLab):
 
     def wait_converged(self, timeout: float = 60.0):
         """Until every GPU's agent has h-scores and the MACs of all its first hops."""
-        deadline = time.time() + timeout
-        while True:
-            s = self.hscores()
-            if len(s["reporting"]) == len(self.hosts) and all(
-                    all(p["valid"] for p in json.loads(self.cli(g, "status", "--json"))["paths"]) for g in self.hosts):
-                return
-            if time.time() > deadline:
-                raise TimeoutError(f"rail-only lab not converged: {len(s['reporting'])} GPUs reporting")
-            time.sleep(0.5)
+        def converged():
+            return len(self.hscores()["reporting"]) == len(self.hosts) and all(
+                all(p["valid"] for p in json.loads(self.cli(g, "status", "--json"))["paths"]) for g in self.hosts)
+        self.wait_for(converged, timeout, "every GPU to report to the registry and know its first hops")
 
     # ---- traffic ------------------------------------------------------------------------
     def run_qps(self, src: str, dst: str, n_qps: int, packets: int, seed: int, payload_len: int = 256,

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import random
-import shlex
 import sys
 import time
 from pathlib import Path
 
-from rlbcommon.netns import run
 from rlbfabric.bird.conf import initial_includes, render
 from rlbfabric.scaleup import LOOPBACK_DEVICE, add_loopback_device, net_commands
 
@@ -48,7 +46,7 @@ class ScaleupLab(FabricLab):
                 topo.link(self.ns(g), port.ifname, self.ns(port.plane.name), port.switch_ifname)
             add_loopback_device(LOOPBACK_DEVICE, self.ns(g))
         for node in [*self.gpus, *(p.name for p in self.fabric.planes)]:   # what rlb-net.service runs
-            run(self.ns(node), "sh", "-ec", "\n".join(shlex.join(c) for c in net_commands(self.fabric, node)))
+            topo.run_commands(self.ns(node), net_commands(self.fabric, node))
         for p in self.fabric.planes:
             for inc, body in initial_includes(self.fabric, p, self.work).items():
                 inc.write_text(body)
@@ -101,13 +99,6 @@ class ScaleupLab(FabricLab):
             return all(self.plane_weights(a, b, programmed) == full for b in self.gpus if b != a)
         self.wait_for(lambda: all(converged(a) for a in self.gpus), timeout,
                       "every GPU to weight every peer on every plane")
-
-    def wait_for(self, cond, timeout: float, what: str):
-        deadline = time.time() + timeout
-        while not cond():
-            if time.time() > deadline:
-                raise TimeoutError(f"waited {timeout:g} s for {what}")
-            time.sleep(0.2)
 
     # ---- traffic ------------------------------------------------------------------------
     def sub_port_bytes(self, src: str) -> dict[tuple[int, int], int]:

@@ -89,5 +89,11 @@ def mac(ns: str, ifname: str) -> str:
     return json.loads(run(ns, "ip", "-j", "link", "show", ifname))[0]["address"]
 
 
+def run_commands(ns: str, commands: list[list[str]]):
+    """Commands in a namespace, in order, in one shell (stopping at the first that fails)."""
+    import shlex
+    run(ns, "sh", "-ec", "\n".join(shlex.join(c) for c in commands))
+
+
 def sysctl(ns: str, key: str, value: str):
     run(ns, "sysctl", "-qw", f"{key}={value}")
