@@ -9,6 +9,7 @@ also stated as a number from the loads (the theorem's pick), so both the policy 
 are checked."""
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 import time
@@ -21,9 +22,14 @@ from .scenarios import Check
 G1, G2 = "d1g1", "d2g2"
 
 
-def _rail_loads(lab, loads: dict[int, float]):
-    """Background traffic: rail k at loads[k] of its speed (d3g<k> -> d4g<k>)."""
-    return [lab.load(f"d3g{k}", f"d4g{k}", u * lab.fabric.rail_mbps) for k, u in loads.items() if u > 0]
+@contextlib.contextmanager
+def rail_loads(lab, loads: dict[int, float]):
+    """Background traffic while in the block: rail k at loads[k] of its speed (d3g<k> -> d4g<k>)."""
+    with contextlib.ExitStack() as stack:
+        for k, u in loads.items():
+            if u > 0:
+                stack.enter_context(lab.load(f"d3g{k}", f"d4g{k}", u * lab.fabric.rail_mbps))
+        yield
 
 
 def _settle(lab, want: dict[str, dict[int, float]], timeout: float = 6.0, tol: float = 0.03):
@@ -62,10 +68,7 @@ def remote_rail(lab, trials=(({1: 0.6, 2: 0.5, 3: 0.2}, 3), ({1: 0.5, 2: 0.6, 4:
     lab.wait_converged(60)
     for i, (loads, expect) in enumerate(trials, start=1):
         loads_txt = ", ".join(f"rail {k} {u:.0%}" for k, u in loads.items())
-        gens = _rail_loads(lab, loads)
-        for g in gens:
-            g.__enter__()
-        try:
+        with rail_loads(lab, loads):
             took, s = _settle(lab, {"rails": {k: 1 - loads.get(k, 0) for k in range(1, lab.fabric.rails + 1)}})
             checks.append(Check(f"trial {i} ({loads_txt}): registry H per rail; seconds to follow the step",
                                 (s["rails"], round(took, 2)), "1 - load within 0.03, in <= 2 s", took <= 2.0))
@@ -90,9 +93,6 @@ def remote_rail(lab, trials=(({1: 0.6, 2: 0.5, 3: 0.2}, 3), ({1: 0.5, 2: 0.6, 4:
                 checks.append(Check("rail-only dr H(d1)H(g2) vs rail-optimised H(g1)H(S)H(g2), H(S) = 1; "
                                     "the document's gamma(G1) < 1/H(S)", (round(ro, 3), round(opt, 3), pred),
                                     "the predicate agrees with the products", pred == (ro > opt)))
-        finally:
-            for g in gens:
-                g.__exit__(None, None, None)
         _settle(lab, {"rails": {k: 1.0 for k in loads}}, timeout=10)
     return checks
 
@@ -131,10 +131,7 @@ def spray(lab, delta: float = 0.45, n_qps: int = 64) -> list[Check]:
     checks = []
     try:
         lab.restart_coordinator(f.name)
-        gens = _rail_loads(lab, {1: 0.6, 2: 0.5, 3: 0.3, 4: 0.15})
-        for g in gens:
-            g.__enter__()
-        try:
+        with rail_loads(lab, {1: 0.6, 2: 0.5, 3: 0.3, 4: 0.15}):
             _, s = _settle(lab, {"rails": {1: 0.4, 2: 0.5, 3: 0.7, 4: 0.85}})
             time.sleep(0.3)
             d = _decision(s, delta)
@@ -147,9 +144,6 @@ def spray(lab, delta: float = 0.45, n_qps: int = 64) -> list[Check]:
             shares = {k: round(v / total, 4) for k, v in rx.items()}
             checks.append(Check(f"{n_qps} QPs: share per rail switch", shares, "rails 3 and 4 at 0.5 within 0.01",
                                 abs(shares[3] - 0.5) <= 0.01 and abs(shares[4] - 0.5) <= 0.01 and got == sent))
-        finally:
-            for g in gens:
-                g.__exit__(None, None, None)
     finally:
         lab.restart_coordinator()
         Path(f.name).unlink(missing_ok=True)

@@ -51,42 +51,30 @@ def test_qps_in_flight_keep_their_rail_when_the_decision_changes(lab):
     """Rail 1 at 20 %: G1 -> G2 is dr (gamma(G1) 0.8 < gamma(G2) 1; first hop (1, 2), rail 2).
     Then rails 1, 2, 3 at 60, 50, 20 %: the decision becomes drd via rail 3; QPs still active
     stay on rail 2, new ones take rail 3. (Loads keep every comparison clear of the noise.)"""
-    from rlblab.railscenarios import _rail_loads, _settle
+    from rlblab.railscenarios import _settle, rail_loads
     per_qp = 5 * 316                     # 5 datagrams of 256 bytes payload: 316 bytes on the wire
     lab.cli("d1g1", "config", "--expiry-ms", "60000")
 
-    def loaded(loads):
-        gens = _rail_loads(lab, loads)
-        for g in gens:
-            g.__enter__()
+    def settled(loads):
         took, s = _settle(lab, {"rails": {k: 1 - loads.get(k, 0) for k in range(1, 5)}})
         assert took <= 2.0, s
         time.sleep(0.3)
-        return gens
-
-    def stop(gens):
-        for g in gens:
-            g.__exit__(None, None, None)
 
     try:
-        gens = loaded({1: 0.2})
-        try:
+        with rail_loads(lab, {1: 0.2}):
+            settled({1: 0.2})
             assert lab.why("d1g1", "d2g2")["peers"]["d2g2"]["kind"] == "dr"
             b = lab.rail_rx(1)
             lab.run_qps("d1g1", "d2g2", 8, 5, seed=91)
             mid = lab.rail_rx(1)
-        finally:
-            stop(gens)
         assert carried({k: mid[k] - b[k] for k in b}, 8 * per_qp) == 2
-        gens = loaded({1: 0.6, 2: 0.5, 3: 0.2})
-        try:
+        with rail_loads(lab, {1: 0.6, 2: 0.5, 3: 0.2}):
+            settled({1: 0.6, 2: 0.5, 3: 0.2})
             assert lab.why("d1g1", "d2g2")["peers"]["d2g2"]["rails"] == [3]
             lab.run_qps("d1g1", "d2g2", 8, 5, seed=91)       # the same QPs, still active
             old = lab.rail_rx(1)
             lab.run_qps("d1g1", "d2g2", 8, 5, seed=92)       # new QPs
             new = lab.rail_rx(1)
-        finally:
-            stop(gens)
         assert carried({k: old[k] - mid[k] for k in b}, 8 * per_qp) == 2
         assert carried({k: new[k] - old[k] for k in b}, 8 * per_qp) == 3
     finally:
@@ -123,7 +111,7 @@ def test_the_rails_dashboard_has_data_for_every_panel(lab):
     grafana/rlb-rails.json returns data from the running lab."""
     import json
     import urllib.parse
-    from rlblab.railscenarios import _rail_loads
+    from rlblab.railscenarios import rail_loads
     from rlbmonitor import dashboards
 
     def promql(expr):
@@ -132,10 +120,7 @@ def test_the_rails_dashboard_has_data_for_every_panel(lab):
             return json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]["result"]
 
     lab.start_prometheus()
-    gens = _rail_loads(lab, {1: 0.6, 2: 0.5})
-    for g in gens:
-        g.__enter__()
-    try:
+    with rail_loads(lab, {1: 0.6, 2: 0.5}):
         lab.run_qps("d1g1", "d2g2", 8, 50, seed=5, rate_pps=400)
         queries = dashboards.panel_queries(dashboards.rails_dashboard())
         deadline = time.time() + 40
@@ -150,6 +135,3 @@ def test_the_rails_dashboard_has_data_for_every_panel(lab):
         assert len(promql("rlb_host_h_ratio")) == 16
         # GPUs weight per destination: their unused default weights must not look like idle paths
         assert not promql('ALERTS{alertname=~"RlbPathAtZeroWeight|RlbPathUnusable"}')
-    finally:
-        for g in gens:
-            g.__exit__(None, None, None)
