@@ -94,7 +94,7 @@ class Fabric:
     link_overrides: dict[frozenset, int]
     policy_overrides: dict[str, str]
     parallel: int = 1   # links between each leaf and each spine of its pod
-    kind: ClassVar[str] = "clos"   # rlbfabric/scaleup.ScaleupFabric is the other kind
+    kind: ClassVar[str] = "clos"   # the others: scaleup.ScaleupFabric, railonly.RailOnlyFabric
     # Sub-type of the community a super-spine attaches with the bandwidth of its link towards the
     # advertising spine. The draft makes it non-transitive, but bird 2.0.12 deletes
     # non-transitive ext communities on every eBGP export (ec_set_del_nontrans), so it would never
@@ -110,7 +110,7 @@ class Fabric:
 
     # ---- lookups ----------------------------------------------------------------------
     def is_gpu(self, node: str) -> bool:
-        """A GPU host of a scale-up fabric (its own bird config, ports mode): never here."""
+        """A GPU host of a scale-up or rail-only fabric (ports mode): never here."""
         return False
 
     @property
@@ -264,6 +264,18 @@ def node_name_asn(n: dict, role: str, i: int, where: str, seen: set[str]) -> tup
     if not isinstance(asn, int) or not 1 <= asn <= 65535:
         raise FabricError(f"{where}: {name}: asn must be a 2-byte AS number (1-65535)")
     return name, asn
+
+
+def one_hextet_prefix(f: dict, where: str) -> str:
+    """[fabric] prefix of a scale-up or rail-only fabric: the one hextet its addresses start with."""
+    prefix = f.get("prefix", "fc00")
+    try:
+        if not isinstance(prefix, str) or ":" in prefix:
+            raise ValueError
+        ipaddress.IPv6Network(f"{prefix}::/16")
+    except ValueError:
+        raise FabricError(f"{where}: prefix {prefix!r} must be one hextet, e.g. 'fc00'") from None
+    return prefix
 
 
 def parse(data: dict, where: str = "fabric") -> Fabric:

@@ -32,7 +32,7 @@ from typing import ClassVar
 
 from rlbcommon.cheader import constants
 
-from .fabric import FabricError, Node
+from .fabric import FabricError, Node, one_hextet_prefix
 from .hscore import Gpu
 from .scaleup import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL   # the same conventions as a scale-up GPU's
 
@@ -150,13 +150,7 @@ def parse(data: dict, where: str = "fabric") -> RailOnlyFabric:
     if not isinstance(delta, (int, float)) or isinstance(delta, bool) or not 0 <= delta <= 1:
         raise FabricError(f"{where}: delta {delta!r}: an h-score window, 0 (best fit only) to 1")
     tau_ms = whole("tau_ms", 400, 10, 60000)
-    prefix = f.get("prefix", "fc00")
-    try:
-        if not isinstance(prefix, str) or ":" in prefix:
-            raise ValueError
-        ipaddress.IPv6Network(f"{prefix}::/16")
-    except ValueError:
-        raise FabricError(f"{where}: prefix {prefix!r} must be one hextet, e.g. 'fc00'") from None
+    prefix = one_hextet_prefix(f, where)
     return RailOnlyFabric(domains, rails, prefix, rail_mbps, domain_mbps, float(delta), tau_ms / 1000)
 
 

@@ -39,7 +39,7 @@ from typing import ClassVar
 from rlbcommon.cheader import constants
 
 from .constants import POLICIES
-from .fabric import FabricError, Node, Port, node_name_asn
+from .fabric import FabricError, Node, Port, node_name_asn, one_hextet_prefix
 
 SWITCH_LL, GPU_LL = "fe80::1", "fe80::2"
 LOOPBACK_DEVICE = "rlb0"      # where a GPU's loopback lives and the peers' loopbacks are routed
@@ -210,13 +210,7 @@ def parse(data: dict, where: str = "fabric") -> ScaleupFabric:
     policy = f.get("policy", "fare")
     if policy not in POLICIES or policy == "dpf":
         raise FabricError(f"{where}: policy {policy!r}: a plane switch does fare, ecmp, dlb or spray")
-    prefix = f.get("prefix", "fc00")
-    try:
-        ipaddress.IPv6Network(f"{prefix}:0:ff::/64")
-        if ":" in prefix:
-            raise ValueError
-    except ValueError:
-        raise FabricError(f"{where}: prefix {prefix!r} must be one hextet, e.g. 'fc00'") from None
+    prefix = one_hextet_prefix(f, where)
     bfd_ms = f.get("bfd_ms", 50)
     if not isinstance(bfd_ms, int) or not 10 <= bfd_ms <= 10000:
         raise FabricError(f"{where}: bfd_ms {bfd_ms!r}: an interval in ms, 10 to 10000")
