@@ -142,10 +142,10 @@ def test_the_coordinator_serves_the_registry_over_http_and_rlbcoord_status_shows
     from typer.testing import CliRunner
     from rlbcommon import coordapi
     from rlbfabric.coord.cli import app
-    from rlbfabric.coord.metrics import registry_exposition
+    from rlbfabric.coord.metrics import exposition
     from rlbfabric.coord.service import make_server
     reg = HRegistry(fabric())
-    server = make_server(reg, "::1", 0, registry_exposition(reg))
+    server = make_server(reg, "::1", 0, exposition(reg))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = coordapi.url_for("::1", server.server_address[1])

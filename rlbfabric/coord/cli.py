@@ -45,16 +45,13 @@ def run(
     fab = load(fabric)
     if fab.kind == "rail-only":
         from .hregistry import HRegistry
-        from .metrics import registry_exposition
         coord = HRegistry(fab)
-        metrics = registry_exposition(coord)
     elif fab.kind == "clos":
         coord = Coordinator(fab, host_timeout_s)
-        metrics = exposition(coord)
     else:
         raise CoordError(f"{fabric}: a {fab.kind} fabric has no coordinator")
     try:
-        server = make_server(coord, listen, port, metrics)
+        server = make_server(coord, listen, port, exposition(coord))
     except OSError as e:
         raise CoordError(f"cannot listen on {coordapi.url_for(listen, port)}: {e.strerror}") from None
     stop = threading.Event()

@@ -52,13 +52,6 @@ class CoordinatorCollector:
         yield from (hosts, qps, link, bal, over, dead, reports, links, moves, solve, solves, expired)
 
 
-def exposition(coord: Coordinator):
-    """A function returning the Prometheus text for /metrics."""
-    registry = CollectorRegistry()
-    registry.register(CoordinatorCollector(coord))
-    return lambda: generate_latest(registry)
-
-
 class RegistryCollector:
     """A rail-only fabric's h-scores (rlbfabric/coord/hregistry.py)."""
 
@@ -80,7 +73,10 @@ class RegistryCollector:
         yield from (h, gpus, reports)
 
 
-def registry_exposition(registry):
-    reg = CollectorRegistry()
-    reg.register(RegistryCollector(registry))
-    return lambda: generate_latest(reg)
+def exposition(coord):
+    """A function returning the Prometheus text for /metrics: of the Coordinator of a
+    leaf-spine fabric, or of a rail-only fabric's HRegistry."""
+    from .hregistry import HRegistry
+    registry = CollectorRegistry()
+    registry.register((RegistryCollector if isinstance(coord, HRegistry) else CoordinatorCollector)(coord))
+    return lambda: generate_latest(registry)
