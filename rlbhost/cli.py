@@ -97,16 +97,23 @@ def attach(
                f"({', '.join(f'{p.value}:{p.address}' for p in paths)})")
     if once:
         return
-    from rlbcommon.metrics import serve
     from .coordclient import CoordinatorClient
-    from .metrics import HostCollector
     client = CoordinatorClient(dp, node, coordinator, report_ms / 1000, qp_memory_s, health=health) \
         if coordinator else None
+    _run_agent(agent, dp, health, metrics_port, metrics_addr, coordinator=client)
+
+
+def _run_agent(agent, dp, health, metrics_port: int, metrics_addr: str, **collect):
+    """The agent in the foreground, with its metrics served (0: none), until SIGTERM or ^C:
+    `collect` names what the metrics read besides the data plane (coordinator client, prober,
+    rail agent); a coordinator client starts reporting first."""
     if metrics_port:
-        serve(HostCollector(dp, ctx.node_label, client, health), metrics_port, metrics_addr)
+        from rlbcommon.metrics import serve
+        from .metrics import HostCollector
+        serve(HostCollector(dp, ctx.node_label, health=health, **collect), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    if client:
-        client.start()
+    if collect.get("coordinator"):
+        collect["coordinator"].start()
     try:
         agent.run()
     except KeyboardInterrupt:
@@ -116,7 +123,6 @@ def attach(
 
 def why_file(instance: str) -> Path:
     """Where a rail-only GPU's agent writes its decisions (read by `rlbhost why`)."""
-    from rlbcommon.paths import RUN_DIR
     return RUN_DIR / f"{instance}-host-why.json"
 
 
@@ -192,16 +198,7 @@ def _run_gpu_agent(interface, start, expiry_ms, roce_port, metrics_port, metrics
     typer.echo(f"attached to {interface} (ports mode): {summary}")
     if once:
         return
-    if metrics_port:
-        from rlbcommon.metrics import serve
-        from .metrics import HostCollector
-        serve(HostCollector(dp, ctx.node_label, None, health, **collect), metrics_port, metrics_addr)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        agent.run()
-    except KeyboardInterrupt:
-        pass
-    log.info("agent stopping; the programs and QP table stay in place")
+    _run_agent(agent, dp, health, metrics_port, metrics_addr, **collect)
 
 
 @app.command("bird-config")
@@ -232,7 +229,6 @@ def bird_config(
 
 def health_file(instance: str) -> Path:
     """Where the running agent keeps its loops' health (read by `rlbhost status`)."""
-    from rlbcommon.paths import RUN_DIR
     return RUN_DIR / f"{instance}-host-health.json"
 
 
