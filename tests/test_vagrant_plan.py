@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -195,3 +196,22 @@ def test_deploy_cli_writes_units(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "rlbfabric.deploy", "units", "--fabric", str(LAB / "fabric.toml"),
                           "--node", "h9", "--mgmt-ip", "10.1.0.3"], capture_output=True, text=True)
     assert bad.returncode != 0 and "no node 'h9'" in bad.stderr
+
+
+def test_vagrant_up_that_starts_no_vm_stops_with_the_reason(tmp_path):
+    """A stalled `vagrant up` (domains defined, none started) ends with a message naming the
+    likely cause and the log, instead of waiting forever: here a vagrant that never returns."""
+    from rlblab.vm.driver import VagrantLab
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "vagrant").write_text("#!/bin/sh\necho \"stalled after the domains' settings\"\nexec sleep 600\n")
+    (fake / "vagrant").chmod(0o755)
+    lab = VagrantLab(env={"PATH": f"{fake}:/usr/bin:/bin"}, log=tmp_path / "vagrant.log")
+    t0 = time.time()
+    with pytest.raises(TimeoutError) as err:
+        lab.up(start_timeout=3)
+    assert time.time() - t0 < 15
+    msg = str(err.value)
+    assert "none of the 7 VMs started within 3 s" in msg and "/dev/kvm" in msg and str(lab.log) in msg
+    assert "stalled after the domains' settings" in lab.log.read_text()
+    assert not subprocess.run(["pgrep", "-f", str(fake / "vagrant")], capture_output=True).stdout

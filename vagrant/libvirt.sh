@@ -15,6 +15,13 @@ start)
     ip netns list | grep -qw "$ns" || ip netns add "$ns"
     ip -n "$ns" link set lo up     # the VMs' UDP link tunnels run over the namespace's loopback
     mkdir -p /var/lib/libvirt/images
+    # Without udev nobody gives /dev/kvm its group and mode (udev's rule: kvm, 0660), so the
+    # QEMU user cannot open it. libvirt then finds its cached QEMU capabilities stale on every
+    # call (KVM recorded one way, usable the other) and probes QEMU again, forever: `vagrant up`
+    # defines the domains and never starts them. Do what udev would.
+    if [ -c /dev/kvm ] && getent group kvm >/dev/null; then
+        chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+    fi
     if ! [ -f /run/virtlogd.pid ] || ! kill -0 "$(cat /run/virtlogd.pid)" 2>/dev/null; then
         ip netns exec "$ns" virtlogd -d
     fi

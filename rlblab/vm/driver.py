@@ -41,8 +41,32 @@ class VagrantLab:
             raise RuntimeError(f"vagrant {' '.join(args)} failed (exit {res.returncode}); see {self.log}")
         return ""
 
-    def up(self):
-        self.vagrant("up")
+    def up(self, start_timeout: float = 900, timeout: float = 3600):
+        """`vagrant up`, watched: if no VM of the lab is running after start_timeout (the first up
+        of a box also uploads its 1.6 GB base volume, a few minutes), vagrant has stalled and
+        waiting longer would not help: stop it and say where to look."""
+        with open(self.log, "a") as f:
+            f.write("\n$ vagrant up\n")
+            f.flush()
+            proc = subprocess.Popen([*self.prefix, "vagrant", "up"], cwd=VAGRANT_DIR, env=self.env, stdout=f,
+                                    stderr=subprocess.STDOUT)
+        t0, started = time.time(), False
+        while proc.poll() is None:
+            waited = time.time() - t0
+            started = started or bool(self.domains(running=True))
+            if (not started and waited > start_timeout) or waited > timeout:
+                proc.kill()
+                proc.wait()
+                if started:
+                    raise TimeoutError(f"vagrant up: not done after {timeout:.0f} s; see {self.log}")
+                raise TimeoutError(
+                    f"vagrant up: none of the {len(self.vms)} VMs started within {start_timeout:.0f} s "
+                    f"(defined: {', '.join(self.domains()) or 'none'}). Where udev does not run, libvirt "
+                    "re-probes QEMU on every call while its user cannot open /dev/kvm (vagrant/libvirt.sh "
+                    f"start gives it udev's group and mode). See {self.log} and `virsh list --all`.")
+            time.sleep(5)
+        if proc.returncode:
+            raise RuntimeError(f"vagrant up failed (exit {proc.returncode}); see {self.log}")
         cfg = VAGRANT_DIR / ".vagrant" / "ssh-config"
         out = subprocess.run([*self.prefix, "vagrant", "ssh-config"], cwd=VAGRANT_DIR, env=self.env,
                              capture_output=True, text=True, check=True).stdout
@@ -88,9 +112,15 @@ class VagrantLab:
         raise TimeoutError(f"{what} not after {timeout:.0f} s (last error: {last})")
 
     # ---- a link's cable ---------------------------------------------------------------
+    def domains(self, running: bool = False) -> list[str]:
+        """This lab's libvirt domains (vagrant names them <directory>_<VM>), all or running."""
+        res = subprocess.run(["virsh", "-c", "qemu:///system", "list", "--name", *([] if running else ["--all"])],
+                             capture_output=True, text=True)
+        names = {f"_{v.name}" for v in self.vms}
+        return [d for d in res.stdout.split() if d.startswith("vagrant_") and d[len("vagrant"):] in names]
+
     def domain(self, name: str) -> str:
-        doms = subprocess.run(["virsh", "-c", "qemu:///system", "list", "--name"], capture_output=True,
-                              text=True, check=True).stdout.split()
+        doms = self.domains(running=True)
         match = [d for d in doms if d.endswith(f"_{name}")]
         if len(match) != 1:
             raise RuntimeError(f"no single libvirt domain for {name}: {doms}")
