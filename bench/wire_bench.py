@@ -255,7 +255,7 @@ def host_cases(chain: Chain, args, results: list):
                         with tc_prog(chain, ifname, direction, fd, name):
                             run_case(chain, args, results, label, frame, fd)
         finally:
-            host.detach(None)
+            host.destroy()
 
 
 def report(results: list[Result], args):

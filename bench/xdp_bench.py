@@ -66,7 +66,7 @@ def main() -> int:
                 results += run_host_cases(args, ref, host)
             finally:
                 dp.destroy()
-                host.detach(None)
+                host.destroy()
     finally:
         subprocess.run(["ip", "netns", "del", ns])
     report(args, results)

@@ -45,8 +45,17 @@ def _layout_file(source: str) -> Path:
     return RUN_DIR / "layouts" / f"{source_digest(source)}.json"
 
 
-def compile_program(source: str, pin_dir: Path, extra_cflags: list[str] | None = None):
-    """bcc-compile bpf/<source>; its pinned maps are created or reopened under pin_dir."""
+class LayoutChanged(BpfSetupError):
+    """A newer program whose maps are laid out differently cannot adopt the pinned ones."""
+
+
+def compile_program(source: str, pin_dir: Path, extra_cflags: list[str] | None = None, record: bool = True):
+    """bcc-compile bpf/<source>; its pinned maps are created or reopened under pin_dir.
+
+    bcc reopens a pinned map by path whatever its layout, so a program whose structs changed
+    would read and write the old entries as if they were new ones. The layout of every map is
+    recorded when pinned (record=True) and a program that describes a pinned map differently is
+    refused before anything is attached: the running one keeps forwarding."""
     try:
         from bcc import BPF
     except ImportError as e:  # pragma: no cover - environment problem
@@ -56,13 +65,48 @@ def compile_program(source: str, pin_dir: Path, extra_cflags: list[str] | None =
     pin_dir.mkdir(parents=True, exist_ok=True)
     cflags = [f"-I{BPF_DIR}", f'-DRLB_PIN_DIR="{pin_dir}"', "-Wno-unused-function",
               "-Wno-compare-distinct-pointer-types"] + (extra_cflags or [])
+    pinned = {p.name for p in pin_dir.iterdir()}
     try:
         bpf = BPF(src_file=str(BPF_DIR / source).encode(), cflags=cflags)
     except Exception as e:
         raise BpfSetupError(f"compiling {source} failed: {e}. Kernel headers present? "
                             f"(/lib/modules/{os.uname().release}/build)") from e
-    _save_layouts(bpf, source)
+    desc = _save_layouts(bpf, source)
+    if record:
+        try:
+            _adopt(pin_dir, desc, pinned)
+        except LayoutChanged:
+            bpf.cleanup()
+            raise
     return bpf
+
+
+def _pinned_layout_file(pin_dir: Path) -> Path:
+    """Where the layouts of a pin directory's maps are recorded: the run dir, which a reboot
+    empties as it empties bpffs."""
+    return RUN_DIR / "pinned-layouts" / (str(pin_dir).strip("/").replace("/", "+") + ".json")
+
+
+def _adopt(pin_dir: Path, desc: dict, pinned: set[str]):
+    """Refuse maps pinned with another layout; record the layouts of what is pinned now."""
+    rec = _pinned_layout_file(pin_dir)
+    old = json.loads(rec.read_text()) if rec.exists() else {}
+    changed = sorted(n for n in desc.keys() & old.keys() & pinned if desc[n] != old[n])
+    if changed:
+        raise LayoutChanged(
+            f"{pin_dir}: this version lays out the pinned maps {', '.join(changed)} differently from "
+            "the program that made them, so it cannot adopt them; the running program keeps "
+            "forwarding. Move traffic off this node first, then detach --all and attach this "
+            "version (docs/operations.md, 'An upgrade that changes a map')")
+    unknown = sorted(n for n in desc.keys() & pinned if n not in old)
+    if unknown:
+        log.warning("%s: maps %s adopted without a record of their layout", pin_dir, ", ".join(unknown))
+    write_atomic(rec, json.dumps({**old, **desc}))
+
+
+def forget_pinned_layouts(pin_dir: Path):
+    """The pins are gone (detach --all): so is the record of their layouts."""
+    _pinned_layout_file(pin_dir).unlink(missing_ok=True)
 
 
 def _save_layouts(bpf, source: str):
@@ -73,6 +117,7 @@ def _save_layouts(bpf, source: str):
         leaf = lib.bpf_table_leaf_desc(bpf.module, name)
         out[name.decode()] = [json.loads(key), json.loads(leaf)]
     write_atomic(_layout_file(source), json.dumps(out))
+    return out
 
 
 def _table_names(bpf):
@@ -94,7 +139,7 @@ def layouts(source: str) -> dict[str, tuple]:
         # Compile once into a scratch pin dir to learn the layouts; nothing is attached.
         scratch = PIN_ROOT / f"layout-scratch-{os.getpid()}"   # no dots: bpffs before 6.x refuses them
         try:
-            compile_program(source, scratch).cleanup()
+            compile_program(source, scratch, record=False).cleanup()
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     data = json.loads(path.read_text())

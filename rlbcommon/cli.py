@@ -5,6 +5,7 @@ command cannot act on), one line on stderr; 1 an unexpected error (a bug), one l
 naming the file where its traceback was appended (<run dir>/<program>-errors.log)."""
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import sys
@@ -38,9 +39,24 @@ class AgentContext:
         return self.dataplane_class(self.instance or self.netns)
 
 
+def _print_version(value: bool):
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            typer.echo(f"rlb {version('rlb')}")
+        except PackageNotFoundError:
+            typer.echo("rlb (not installed: a source tree)")
+        raise typer.Exit()
+
+
+# every program's --version: which release runs here (after an upgrade or a roll-back)
+VERSION_OPTION = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                              help="Print the installed version and exit.")
+
+
 def agent_app(doc: str, dataplane_class, log: logging.Logger) -> tuple[typer.Typer, AgentContext]:
     """A Typer app with the options every agent command takes (--netns, --instance, -v)."""
-    app = typer.Typer(help=doc, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    app = typer.Typer(help=doc, no_args_is_help=True, pretty_exceptions_enable=False)
     ctx = AgentContext(dataplane_class)
 
     @app.callback()
@@ -48,11 +64,30 @@ def agent_app(doc: str, dataplane_class, log: logging.Logger) -> tuple[typer.Typ
         netns_name: Optional[str] = typer.Option(None, "--netns", "-n", metavar="NAME", help=NETNS_HELP),
         instance: Optional[str] = typer.Option(None, help=INSTANCE_HELP),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+        version: bool = VERSION_OPTION,
     ):
         ctx.netns, ctx.instance = netns_name, instance
         setup(netns_name, verbose, log)
 
     return app, ctx
+
+
+def attach_or_run(command: typer.Context, interfaces) -> None:
+    """`attach` and `run` are one command in both agents: the agent in the foreground. `attach`
+    names what it attaches (the operator's words); `run` may leave it out and adopt what is
+    pinned (the service unit's words, after a restart or an upgrade)."""
+    if command.info_name == "attach" and not interfaces:
+        raise typer.BadParameter("name the interfaces to attach (or use 'run' to adopt what is pinned)",
+                                 param_hint="INTERFACES")
+
+
+def show(data, as_json: bool):
+    """A settings object: JSON for machines, 'key value' lines for people."""
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    for k, v in data.items():
+        typer.echo(f"{k:<24} {v}")
 
 
 def setup(netns_name: str | None, verbose: bool, log: logging.Logger):

@@ -7,7 +7,10 @@ from pathlib import Path
 
 from rlbfabric.constants import RUN_DIR
 
-BPF_DIR = Path(os.environ.get("RLB_BPF_DIR", Path(__file__).resolve().parent.parent / "bpf"))
+_HERE = Path(__file__).resolve().parent
+# bpf/ beside the packages in a checkout; rlbcommon/bpf/ once installed from a wheel
+BPF_DIR = Path(os.environ.get("RLB_BPF_DIR") or next(
+    (d for d in (_HERE.parent / "bpf", _HERE / "bpf") if (d / "rlb_switch.c").exists()), _HERE.parent / "bpf"))
 BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "rlb"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import shutil
 import socket
 import threading
 
@@ -99,6 +100,14 @@ class PinnedState:
             return socket.if_nametoindex(ifname)
         except OSError:
             raise self.error(f"no interface {ifname!r} here") from None
+
+    def remove_pins(self):
+        """Close, and delete every pinned map (with the record of their layouts)."""
+        self.close()
+        shutil.rmtree(self.pins, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.pins.parent.rmdir()
+        bpfprog.forget_pinned_layouts(self.pins)
 
     def close(self):
         """Close fds only: attached programs and pinned maps stay."""

@@ -1,9 +1,9 @@
 """What an operator installs on real switches and GPU hosts, rendered from the fabric file: the
 systemd units of every role and the boot-time link setup. The Vagrant lab installs exactly these.
 
-    python -m rlbfabric.deploy units --fabric F --node l1 --mgmt-ip 10.0.0.11 \\
+    rlbfabric units --fabric F --node l1 --mgmt-ip 10.0.0.11 \\
         --coordinator http://10.0.0.2:9473 -o /etc/systemd/system
-    python -m rlbfabric.deploy net --fabric F --node l1        # what rlb-net.service runs at boot
+    rlbfabric net --fabric F --node l1        # what rlb-net.service runs at boot
 
 Roles and units:
     leaf, spine, super-spine   rlb-net (forwarding, fabric ports up, a leaf's gateway addresses),
@@ -21,14 +21,12 @@ A scale-up fabric (kind = "scaleup"):
                                probes, carrier watcher)"""
 from __future__ import annotations
 
-import argparse
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from .constants import RUN_DIR
-from .fabric import Fabric, FabricError, load
+from .fabric import Fabric
 
 SWITCH_ROLES = ("leaf", "spine", "superspine")
 
@@ -65,7 +63,7 @@ After=systemd-udev-settle.service networking.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart={site.bin}/python -m rlbfabric.deploy net {args}
+ExecStart={site.bin}/rlbfabric net {args}
 [Install]
 WantedBy=multi-user.target
 """}
@@ -181,44 +179,3 @@ def net(fabric: Fabric, node: str):
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode and cmd[0] != "ethtool":           # a NIC may not let tx offload be set
             raise RuntimeError(f"{' '.join(cmd)}: {res.stderr.strip()}")
-
-
-def main(argv: list[str] | None = None):
-    ap = argparse.ArgumentParser(prog="python -m rlbfabric.deploy", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="command", required=True)
-    u = sub.add_parser("units", help="Write the systemd units of one machine.")
-    u.add_argument("--fabric", required=True, type=Path)
-    u.add_argument("--node", required=True, help="The machine's name in the fabric file (or 'coordinator').")
-    u.add_argument("--mgmt-ip", required=True, help="Its management address (metrics, coordinator).")
-    u.add_argument("--coordinator", help="The coordinator's URL (hosts report to it, leaves tell it their uplinks).")
-    u.add_argument("--bin", type=Path, default=Site.bin, help="Where rlbswitch, rlbhost, rlbcoord are.")
-    u.add_argument("--xdp", choices=("native", "generic"), default="native")
-    u.add_argument("-o", "--out", type=Path, help="Directory to write to (default: print them).")
-    n = sub.add_parser("net", help="Set the machine's fabric links up (what rlb-net.service runs).")
-    n.add_argument("--fabric", required=True, type=Path)
-    n.add_argument("--node", required=True)
-    args = ap.parse_args(argv)
-    try:
-        fab = load(args.fabric)
-        if args.command == "net":
-            net(fab, args.node)
-            return
-        site = Site(bin=args.bin, xdp=args.xdp)
-        fabric_file = args.fabric.resolve()
-        if args.node == "coordinator":
-            out = coordinator_unit(fabric_file, args.mgmt_ip, site)
-        else:
-            out = units(fab, fabric_file, args.node, args.mgmt_ip, args.coordinator, site)
-        for name, text in out.items():
-            if args.out:
-                args.out.mkdir(parents=True, exist_ok=True)
-                (args.out / f"{name}.service").write_text(text)
-                print(f"wrote {args.out / f'{name}.service'}")
-            else:
-                print(f"# {name}.service\n{text}")
-    except (FabricError, RuntimeError, OSError) as e:
-        sys.exit(f"rlbfabric.deploy: {e}")
-
-
-if __name__ == "__main__":
-    main()

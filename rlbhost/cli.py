@@ -24,9 +24,10 @@ weights_app = typer.Typer(help="Per-path weights (optionally per destination pre
 app.add_typer(weights_app, name="weights")
 
 
-@app.command()
-def attach(
-    interface: str = typer.Argument(..., help="The fabric interface, e.g. eth0."),
+def run(
+    command: typer.Context,
+    interface: Optional[str] = typer.Argument(None, help="The fabric interface, e.g. eth0 (run: "
+        "optional, the interface attached before is adopted)."),
     path_field: Optional[int] = typer.Option(None, min=0, max=3, help="Hextet (0-3) that numbers "
         "the paths in the /64 prefixes; detected when there are two or more."),
     base_path: Optional[int] = typer.Option(None, help="Path whose address applications use "
@@ -47,7 +48,8 @@ def attach(
         "reported (a collective's QPs return burst after burst); then they are forgotten."),
     metrics_port: int = typer.Option(METRICS_PORT["host"], help="Prometheus port (0: none)."),
     metrics_addr: str = typer.Option("127.0.0.1", help="Address the metrics bind to."),
-    once: bool = typer.Option(False, help="Attach and exit instead of running the agent."),
+    once: bool = typer.Option(False, "--once", help="Attach and return, without the agent: then "
+        "nothing follows addresses, carrier, BGP or the coordinator (for scripts and tests)."),
     run_dir: Path = typer.Option(Path(str(RUN_DIR)), help="Scale-up GPUs: where bird's socket "
         "(<node>.ctl) and the path-bandwidth include (<node>.pathbw.conf) are."),
     probe_ms: float = typer.Option(20, min=1, help="Scale-up GPUs: probe every peer over every "
@@ -58,15 +60,17 @@ def attach(
         "priority of the carrier watcher, which takes a port that loses carrier out of use "
         "(0: normal scheduling, slower on a busy host)."),
 ):
-    """Attach to an interface and run the host agent in the foreground (systemd-friendly).
+    """Run the host agent in the foreground: `attach` with the interface optional (adopted).
 
-    Attaching again is harmless: the programs are replaced in place and QPs keep their paths.
-    On a GPU of a scale-up fabric (kind = "scaleup" in the fabric file) the interface is the
-    loopback device, e.g. `rlbhost attach rlb0 --fabric scaleup.toml --node g1`: each QP is
-    placed on a plane's sub-port, weighted by the path bandwidth bird learns per plane.
-    On a GPU of a rail-only fabric (kind = "rail-only") it is the loopback device too, e.g.
-    `rlbhost attach rlb0 --fabric rail-only.toml --node d1g1 --coordinator URL`: each new QP takes
-    the first hop the h-scores from the coordinator choose (rd, dr or a remote rail: `rlbhost why`)."""
+    The command of the rlb-host unit: after a restart or an upgrade it adopts the pinned state
+    (QPs keep their paths) and the interface attached before.
+
+    Examples:\n
+      rlbhost run eth0 --fabric /etc/rlb/fabric.toml --node h1\n
+      rlbhost run                    # adopt: the interface that has the programs
+    """
+    common.attach_or_run(command, interface)
+    interface = interface or _attached(ctx.dataplane())
     import socket
     from rlbfabric.fabric import load
     from .agent import HostAgent, check_place
@@ -101,6 +105,37 @@ def attach(
     client = CoordinatorClient(dp, node, coordinator, report_ms / 1000, qp_memory_s, health=health) \
         if coordinator else None
     _run_agent(agent, dp, health, metrics_port, metrics_addr, coordinator=client)
+
+
+ATTACH_HELP = """Attach to an interface and run the host agent in the foreground.
+
+The host then works fully: each QP placed on a path (one address per path, from the leaf's RAs),
+paths followed as addresses and carrier come and go, weights from the fabric, metrics served.
+Stopping the agent leaves the programs and the QP table in place; attaching again replaces the
+programs in place and QPs keep their paths. --once attaches without the agent.
+
+On a GPU of a scale-up fabric (kind = "scaleup") the interface is the loopback device: each QP
+is placed on a plane's sub-port, weighted by the path bandwidth bird learns per plane. On a GPU of
+a rail-only fabric (kind = "rail-only") too: each new QP takes the first hop the h-scores from the
+coordinator choose (rd, dr or a remote rail: `rlbhost why`).
+
+Examples:\n
+  rlbhost attach eth0\n
+  rlbhost attach eth0 --fabric /etc/rlb/fabric.toml --node h1 --coordinator http://[fd00:99::1]:9473\n
+  rlbhost attach rlb0 --fabric scaleup.toml --node g1\n
+  rlbhost attach rlb0 --fabric rail-only.toml --node d1g1 --coordinator URL
+"""
+app.command("attach", help=ATTACH_HELP)(run)
+app.command("run")(run)
+
+
+def _attached(dp) -> str:
+    """The one interface that has this host's programs (what `run` adopts)."""
+    found = dp.attached_interfaces()
+    if len(found) != 1:
+        raise HostError(f"run: {'no interface has' if not found else 'several interfaces have'} the programs"
+                        f"{' (' + ', '.join(found) + ')' if found else ''}: name the interface")
+    return found[0]
 
 
 def _run_agent(agent, dp, health, metrics_port: int, metrics_addr: str, **collect):
@@ -208,8 +243,12 @@ def bird_config(
     run_dir: Path = typer.Option(Path(str(RUN_DIR)), help="Where bird's log and includes live."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write here (default: stdout)."),
 ):
-    """Render bird.conf for a GPU of a scale-up fabric (its include starts at full bandwidth;
-    the agent rewrites it as sub-ports come and go)."""
+    """Render bird.conf for a GPU of a scale-up fabric.
+
+    Its path-bandwidth include starts at full bandwidth; the agent rewrites it as sub-ports come
+    and go.
+
+    Example: rlbhost bird-config --fabric scaleup.toml --node g1 -o /etc/bird/bird.conf"""
     from rlbfabric.bird.conf import initial_includes, render
     from rlbfabric.fabric import load
     fab = load(fabric_file)
@@ -233,15 +272,35 @@ def health_file(instance: str) -> Path:
 
 
 @app.command()
-def detach(interface: Optional[str] = typer.Argument(None, help="The interface attached to.")):
-    """Remove the TC programs and all pinned state."""
-    ctx.dataplane().detach(interface)
-    typer.echo("detached; pinned state removed")
+def detach(
+    interfaces: Optional[List[str]] = typer.Argument(None, help="Interfaces to detach."),
+    all_: bool = typer.Option(False, "--all", help="Detach from every interface and delete all pinned state."),
+):
+    """Remove the TC programs from interfaces (--all: from every one, and all pinned state).
+
+    Without --all the QP table, paths and weights stay pinned, so attaching again adopts them.
+
+    Examples:\n
+      rlbhost detach eth0\n
+      rlbhost detach --all           # remove RLB from this host entirely
+    """
+    dp = ctx.dataplane()
+    if all_:
+        gone = dp.destroy()
+        typer.echo(f"detached{' from ' + ', '.join(gone) if gone else ''}; pinned state removed")
+        return
+    if not interfaces:
+        raise HostError("name the interfaces to detach, or use --all")
+    for ifname in interfaces:
+        dp.detach(ifname)
+    typer.echo(f"detached from {', '.join(interfaces)}; pinned state kept")
 
 
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Paths, addresses, weights, active QPs per path, counters, and the agent's loops."""
+    """What is programmed and its health: paths, weights, QPs per path, counters, agent loops.
+
+    Example: rlbhost status --json | jq '.paths[] | {path, address, weight, active_qps}'"""
     from rlbcommon import health
     dp = ctx.dataplane()
     s = dp.status()
@@ -269,7 +328,9 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
 
 @app.command()
 def qps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Every QP in the connection-tracking table: peer, UDP source port, QP, path, idle time."""
+    """Every QP in the connection-tracking table: peer, UDP source port, QP, path, idle time.
+
+    Example: rlbhost qps --json | jq 'group_by(.path) | map({path: .[0].path, qps: length})'"""
     rows = sorted(ctx.dataplane().qps(), key=lambda q: (q["peer"], q["sport"], q["qp"]))
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
@@ -281,7 +342,9 @@ def qps(as_json: bool = typer.Option(False, "--json", help="Machine-readable out
 
 @app.command()
 def paths(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Path index, address and RoCE GID index (where an RDMA device has one) per path."""
+    """Path index, address and RoCE GID index (where an RDMA device has one) per path.
+
+    Example: rlbhost paths        # then ib_write_bw -x GID_INDEX to pin a hardware QP to a path"""
     rows = ctx.dataplane().paths_with_gids()
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
@@ -295,12 +358,18 @@ def paths(as_json: bool = typer.Option(False, "--json", help="Machine-readable o
 def config_cmd(
     expiry_ms: Optional[float] = typer.Option(None, help="Idle QP entries are re-assigned after this."),
     roce_port: Optional[List[int]] = typer.Option(None, help="UDP destination ports to handle. Repeat."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ):
-    """Show or change settings."""
+    """Show or change settings (in place: QPs keep their paths).
+
+    Examples:\n
+      rlbhost config\n
+      rlbhost config --expiry-ms 500 --roce-port 4791
+    """
     dp = ctx.dataplane()
     if expiry_ms is not None or roce_port:
         dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
-    typer.echo(json.dumps(dp.config(), indent=2))
+    common.show(dp.config(), as_json)
 
 
 def parse_weights(items: List[str]) -> dict[int, float]:
@@ -322,7 +391,12 @@ def weights_set(
     prefix: str = typer.Option("::/0", help="Destinations these weights apply to."),
     spray: bool = typer.Option(False, help="Destinations tolerate reordering: choose per packet."),
 ):
-    """Set weights; QPs are released from degraded paths (the fewest needed) or reinstated."""
+    """Set weights; QPs are released from degraded paths (the fewest needed) or reinstated.
+
+    Examples:\n
+      rlbhost weights set 1=1 2=1 3=1 4=0.5          # path 4 at half capacity\n
+      rlbhost weights set 1=1 2=1 --prefix fc00:2::/32 --spray
+    """
     dp = ctx.dataplane()
     before = dp.stats()["reasons"]["ev_released"]
     dp.set_weights(parse_weights(weights), prefix, spray)
@@ -332,15 +406,19 @@ def weights_set(
 
 @weights_app.command("del")
 def weights_del(prefix: str = typer.Argument(..., help="The prefix given to 'weights set'.")):
-    """Remove per-destination weights (the default ::/0 stays)."""
+    """Remove per-destination weights (the default ::/0 stays).
+
+    Example: rlbhost weights del fc00:2::/32"""
     if not ctx.dataplane().del_weights(prefix):
         raise HostError(f"no weights for {prefix}")
     typer.echo(f"removed weights for {prefix}")
 
 
 @weights_app.command("show")
-def weights_show(as_json: bool = typer.Option(False, "--json")):
-    """Weights per destination prefix."""
+def weights_show(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Weights per destination prefix.
+
+    Example: rlbhost weights show --json"""
     w = ctx.dataplane().weights()
     typer.echo(json.dumps(w, indent=2) if as_json else
                "\n".join(f"{e['prefix']:<24} {e['weights']}{' spray' if e['spray'] else ''}" for e in w))

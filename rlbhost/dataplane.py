@@ -10,7 +10,6 @@ import glob
 import ipaddress
 import math
 import logging
-import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -59,6 +58,12 @@ class PortPath:
     ifname: str
     dmac: str | None              # None until the switch's MAC is known: the path is unusable
     up: bool                      # carrier
+
+
+def _is_ours(tc_filter) -> bool:
+    opts = tc_filter.get_attr("TCA_OPTIONS")
+    return (tc_filter["handle"] == TC_HANDLE and opts is not None
+            and (opts.get_attr("TCA_BPF_NAME") or "").startswith("rlb_host_"))
 
 
 class HostDataplane(PinnedState):
@@ -143,7 +148,7 @@ class HostDataplane(PinnedState):
         with self.locked():
             cfg = self.maps["config"].get(0)
             if not cfg.flags & PORTS_MODE and any(p.valid for p in self.paths()):
-                raise HostError("this host's paths are addresses: 'rlbhost detach' first")
+                raise HostError("this host's paths are addresses: 'rlbhost detach --all' first")
             cfg.flags |= PORTS_MODE
             cfg.base = 0
             cfg.group_size = group_size
@@ -223,19 +228,38 @@ class HostDataplane(PinnedState):
         link = self.ipr.get_links(ifindex)[0]
         return bytes.fromhex(link.get_attr("IFLA_ADDRESS").replace(":", ""))
 
-    def detach(self, ifname: str | None):
-        """Remove the programs (from ifname, if given) and every pinned map."""
-        if ifname:
-            with contextlib.suppress(HostError):
-                idx = self.ifindex(ifname)
-                for parent in (TC_EGRESS, TC_INGRESS):
-                    with contextlib.suppress(Exception):
-                        self.ipr.tc("del-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, parent=parent)
-        self.close()
-        shutil.rmtree(self.pins, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            self.pins.parent.rmdir()
-        log.info("detached%s; pinned state removed", f" from {ifname}" if ifname else "")
+    def attached_interfaces(self) -> list[str]:
+        """Interfaces that carry this program (either TC hook), found in the kernel, not in a
+        record that could be stale."""
+        out = []
+        for link in self.ipr.get_links():
+            for parent in (TC_EGRESS, TC_INGRESS):
+                try:
+                    filters = self.ipr.get_filters(link["index"], parent=parent)
+                except Exception:      # no clsact on this link
+                    continue
+                if any(_is_ours(f) for f in filters):
+                    out.append(link.get_attr("IFLA_IFNAME"))
+                    break
+        return out
+
+    def detach(self, ifname: str):
+        """Remove the programs from ifname; the pinned state stays, so attaching again adopts
+        it (QPs keep their paths)."""
+        idx = self.ifindex(ifname)
+        for parent in (TC_EGRESS, TC_INGRESS):
+            with contextlib.suppress(Exception):   # ports mode has no ingress program
+                self.ipr.tc("del-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, parent=parent)
+        log.info("detached from %s; pinned state kept", ifname)
+
+    def destroy(self) -> list[str]:
+        """Remove the programs from every interface that has them, and every pinned map."""
+        gone = self.attached_interfaces()
+        for ifname in gone:
+            self.detach(ifname)
+        self.remove_pins()
+        log.info("detached%s; pinned state removed", f" from {', '.join(gone)}" if gone else "")
+        return gone
 
     def global_addresses(self, ifname: str) -> list[ipaddress.IPv6Interface]:
         """Usable global addresses (DAD finished) of an interface."""

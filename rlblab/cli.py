@@ -9,11 +9,17 @@ from typing import Optional
 
 import typer
 
+from rlbcommon import cli as common
+
 from rlbcommon.paths import RUN_DIR
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_enable=False)
+app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_enable=False)
 DEFAULT_FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"
+
+
+@app.callback()
+def main_options(version: bool = common.VERSION_OPTION):
+    pass
 
 
 def _state(name: str) -> Path:
@@ -49,7 +55,16 @@ def up(
     name: str = typer.Option("rlb", help="Lab name (namespace prefix)."),
 ):
     """Build the fabric: namespaces, links, bird2 everywhere, agents; wait until converged.
-    A scale-up fabric file (kind = "scaleup", e.g. lab/scaleup.toml) builds planes and GPUs."""
+
+    A scale-up fabric file (kind = "scaleup", e.g. lab/scaleup.toml) builds planes and GPUs, a
+    rail-only one (lab/rail-only.toml) domains, rails and the h-score registry.
+
+    Examples:\n
+      rlblab up                                  # Juniper's example fabric, with RLB\n
+      rlblab up --mode baseline --name ecmp      # the same fabric with kernel ECMP\n
+      rlblab up --spines 4 --leaves 4 --hosts 2 --monitor\n
+      rlblab up --fabric lab/scaleup.toml --name su
+    """
     from .fabriclab import open_lab
     if spines is not None:
         from .fabricgen import make_fabric
@@ -79,6 +94,7 @@ def up(
 def scenario(
     name: Optional[str] = typer.Argument(None, help="The scenario to run (see --list)."),
     list_: bool = typer.Option(False, "--list", help="List the scenarios: name, source, what it shows."),
+    as_json: bool = typer.Option(False, "--json", help="With --list: machine-readable output."),
     lab_name: str = typer.Option("rlbsn", "--name", help="Name of the lab the scenario builds (and tears down)."),
 ):
     """Run one of the seeds' worked examples on the lab it needs and print what was measured,
@@ -89,6 +105,11 @@ def scenario(
       rlblab scenario juniper-fig13
     """
     from .scenarios import SCENARIOS, run_scenario
+    if list_ and as_json:
+        typer.echo(json.dumps([{"name": s.name, "source": s.source, "summary": s.summary,
+                                "fabric": f"lab/{s.fabric}", "minutes": s.minutes} for s in SCENARIOS.values()],
+                              indent=2))
+        return
     if list_ or name is None:
         for s in SCENARIOS.values():
             typer.echo(f"{s.name:<20} {s.source:<36} {s.summary} [lab/{s.fabric}, ~{s.minutes:g} min]")
@@ -104,7 +125,9 @@ def scenario(
 
 @app.command()
 def down(name: str = typer.Option("rlb", help="Lab name.")):
-    """Tear the lab down: agents, bird, namespaces, pinned maps. Leaves nothing behind."""
+    """Tear the lab down: agents, bird, namespaces, pinned maps. Leaves nothing behind.
+
+    Example: rlblab down --name ecmp"""
     if _state(name).exists():
         _lab(name).down()
         _state(name).unlink()
@@ -120,23 +143,34 @@ def down(name: str = typer.Option("rlb", help="Lab name.")):
 
 
 @app.command()
-def status(name: str = typer.Option("rlb", help="Lab name.")):
-    """Namespaces, BGP sessions and what each leaf programmed."""
+def status(name: str = typer.Option("rlb", help="Lab name."),
+           as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Namespaces, BGP sessions and what each leaf programmed.
+
+    Example: rlblab status --name ecmp --json"""
     from rlbfabric.bird.ctl import BirdClient, BirdError
     lab = _lab(name)
-    typer.echo(f"{lab.fabric.stages}-stage, mode {lab.mode}, fabric {lab.fabric_file}")
+    out = {"fabric": str(lab.fabric_file), "stages": lab.fabric.stages, "mode": lab.mode, "switches": {}}
     for sw in lab.switches:
+        e = out["switches"][sw.name] = {"role": sw.role}
         try:
             sess = [p for p in BirdClient(str(lab.work / f"{sw.name}.ctl")).protocols() if p["proto"] == "BGP"]
-            est = sum(p["info"].startswith("Established") for p in sess)
-            typer.echo(f"  {sw.role:<10} {sw.name:<6} BGP {est} established")
-        except BirdError as e:
-            typer.echo(f"  {sw.role:<10} {sw.name:<6} bird unreachable: {e}")
-    if lab.mode == "rlb":
-        for leaf in lab.fabric.leaves:
-            routes = lab.routes(leaf.name)
-            pinned = sum(r["mode"] == "pinned" for r in routes.values())
-            typer.echo(f"  {leaf.name}: {pinned} pinned, {sum(r['mode'] == 'weighted' for r in routes.values())} weighted")
+            e["bgp_established"] = sum(p["info"].startswith("Established") for p in sess)
+            e["bgp_sessions"] = len(sess)
+        except BirdError as err:
+            e["bird_error"] = str(err)
+        if lab.mode == "rlb" and sw.role == "leaf":
+            modes = [r["mode"] for r in lab.routes(sw.name).values()]
+            e["routes"] = {m: modes.count(m) for m in sorted(set(modes))}
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    typer.echo(f"{out['stages']}-stage, mode {out['mode']}, fabric {out['fabric']}")
+    for sw_name, e in out["switches"].items():
+        bgp = (f"bird unreachable: {e['bird_error']}" if "bird_error" in e else
+               f"BGP {e['bgp_established']} of {e['bgp_sessions']} established")
+        routes = ", ".join(f"{n} {m}" for m, n in e.get("routes", {}).items())
+        typer.echo(f"  {e['role']:<10} {sw_name:<6} {bgp}{'; ' + routes if routes else ''}")
 
 
 @app.command()
@@ -192,7 +226,9 @@ def traffic(
 @app.command()
 def coordinator(name: str = typer.Option("rlb", help="Lab name."),
                 as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """The lab coordinator's view: hosts reporting, QPs placed per link, balance."""
+    """The lab coordinator's view: hosts reporting, QPs placed per link, balance.
+
+    Example: rlblab coordinator --json"""
     from rlbcommon import netns
     from rlbfabric.coord.cli import status
     lab = _lab(name)
@@ -216,37 +252,42 @@ LINK_HELP = "Which of parallel links (1..n)."
 @app.command("fail-link")
 def fail_link(leaf: str, spine: str, link: int = typer.Option(0, help=LINK_HELP),
               name: str = typer.Option("rlb", help="Lab name.")):
-    """Take a leaf-spine link down (the leaf's side)."""
+    """Take a leaf-spine link down (the leaf's side).
+
+    Example: rlblab fail-link l1 s2          # then: rlblab traffic --from h1 --to h3"""
     _set_link(name, leaf, spine, link, "down")
 
 
 @app.command("restore-link")
 def restore_link(leaf: str, spine: str, link: int = typer.Option(0, help=LINK_HELP),
                  name: str = typer.Option("rlb", help="Lab name.")):
-    """Bring a leaf-spine link back."""
+    """Bring a leaf-spine link back.
+
+    Example: rlblab restore-link l1 s2"""
     _set_link(name, leaf, spine, link, "up")
 
 
 @app.command()
 def demo(keep: bool = typer.Option(False, help="Leave the RLB lab running afterwards."),
          chart: Path = typer.Option(Path("rlb-demo.png"), help="Where to draw the load chart (PNG).")):
-    """The main demo: kernel ECMP against RLB on Juniper's example fabric, side by side, then a
-    leaf-spine link failure during traffic."""
+    """The main demo: kernel ECMP against RLB on Juniper's example fabric, side by side.
+
+    Then a leaf-spine link failure during traffic. About 3 minutes.
+
+    Example: rlblab demo --keep      # leave the RLB lab up to explore (rlblab status)"""
     from .demo import main as demo_main
     sys.exit(demo_main(keep=keep, chart=chart))
 
 
 @app.command("switch-demo")
 def switch_demo(keep: bool = typer.Option(False, help="Leave the lab running afterwards.")):
-    """One XDP switch and four parallel links: the same QPs under each forwarding mode."""
+    """One XDP switch and four parallel links: the same QPs under each forwarding mode.
+
+    Example: rlblab switch-demo"""
     from .switchdemo import main as demo_main
     sys.exit(demo_main(keep=keep))
 
 
 def main():
     from rlbfabric.fabric import FabricError
-    try:
-        app()
-    except (FabricError, RuntimeError, TimeoutError) as e:
-        typer.echo(f"rlblab: error: {e}", err=True)
-        sys.exit(2)
+    common.run(app, "rlblab", (FabricError, RuntimeError, TimeoutError))

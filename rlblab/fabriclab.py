@@ -252,7 +252,7 @@ class FabricLab:
                                capture_output=True)
         for h in self.hosts:
             if self.ns(h) in existing:
-                subprocess.run([sys.executable, "-m", "rlbhost", "--netns", self.ns(h), "detach", self.HOST_IF],
+                subprocess.run([sys.executable, "-m", "rlbhost", "--netns", self.ns(h), "detach", "--all"],
                                capture_output=True)
         for ns in self.namespaces():
             topo.del_ns(ns)
@@ -288,7 +288,7 @@ class FabricLab:
         return res.stdout
 
     def routes(self, node: str) -> dict[str, dict]:
-        return {r["prefix"]: r for r in json.loads(self.cli(node, "routes", "--json"))}
+        return {r["prefix"]: r for r in json.loads(self.cli(node, "route", "show", "--json"))}
 
     def wait_converged(self, timeout: float = 60.0):
         """Until every leaf has a pinned route for every remote host prefix."""

@@ -88,7 +88,7 @@ class HostLab:
     def detach(self, host: int):
         self.kill_agent(host)
         if self.h[host] in topo.list_ns():
-            subprocess.run([sys.executable, "-m", "rlbhost", "--netns", self.h[host], "detach", "eth0"],
+            subprocess.run([sys.executable, "-m", "rlbhost", "--netns", self.h[host], "detach", "--all"],
                            capture_output=True)
 
     def down(self):

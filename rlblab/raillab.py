@@ -61,7 +61,7 @@ class RailLab(FabricLab):
         for sw in self.switches:
             topo.run_commands(self.ns(sw.name), rail_net_commands(f, sw.name))
             ports = [p for p, _ in f.rail_ports(sw.index)]
-            self.cli(sw.name, "attach", *ports, "--speed-mbps", str(f.rail_mbps))
+            self.cli(sw.name, "attach", "--once", *ports, "--speed-mbps", str(f.rail_mbps))
             routes = self.work / f"routes-{sw.name}.json"
             routes.write_text(json.dumps(rail_routes(f, sw.name, macs)))
             self.cli(sw.name, "route", "apply", str(routes))

@@ -34,7 +34,7 @@ RTPROT_BIRD = 12        # rtnetlink protocol id of routes bird installs
 
 
 def why_file(instance: str) -> Path:
-    """Why each route is programmed as it is (prefix -> reason), for `rlbswitch routes`."""
+    """Why each route is programmed as it is (prefix -> reason), for `rlbswitch route show`."""
     return RUN_DIR / f"{instance}-switch-routes.json"
 
 

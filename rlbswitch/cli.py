@@ -25,234 +25,12 @@ route_app = typer.Typer(help="Install, remove and show routes.", no_args_is_help
 app.add_typer(route_app, name="route")
 
 
-@app.command()
-def attach(
-    interfaces: List[str] = typer.Argument(..., help="Ports to forward on."),
-    generic: bool = typer.Option(False, help="Generic (skb) XDP for drivers without native XDP: slow."),
-    speed_mbps: Optional[int] = typer.Option(None, min=1, help="Port capacity for DLB quality "
-        "bands when the driver reports none or a wrong one (veth says 10000)."),
-):
-    """Load the XDP program on ports (native XDP; replaces an older version atomically)."""
-    dp = ctx.dataplane()
-    for ifname in interfaces:   # all must exist before anything is loaded
-        dp.ifindex(ifname)
-    for ifname in interfaces:
-        dp.attach(ifname, generic=generic, speed_mbps=speed_mbps)
-    typer.echo(f"attached to {', '.join(interfaces)}; state pinned at {dp.pins}")
-
-
-@app.command()
-def detach(
-    interfaces: Optional[List[str]] = typer.Argument(None, help="Ports to detach."),
-    all_: bool = typer.Option(False, "--all", help="Detach every port and delete all pinned state."),
-):
-    """Remove the XDP program from ports (with --all: everything, routes included)."""
-    dp = ctx.dataplane()
-    if all_:
-        dp.destroy()
-        typer.echo("detached from all ports; pinned state removed")
-        return
-    if not interfaces:
-        raise RouteError("name the ports to detach, or use --all")
-    for ifname in interfaces:
-        dp.detach(ifname)
-    typer.echo(f"detached from {', '.join(interfaces)}")
-
-
-@route_app.command("add")
-def route_add(
-    prefix: str = typer.Argument(..., help="IPv6 prefix, e.g. fc00:1:1:1::/64"),
-    mode: str = typer.Option(..., "--mode", "-m", help=f"One of: {', '.join(MODES)}."),
-    via: Optional[List[str]] = typer.Option(None, "--via", help="Next hop: ADDR%IFACE or IFACE@MAC, "
-        "with =WEIGHT for weighted and spray. Pinned: the primary. Repeat for groups."),
-    backup: Optional[List[str]] = typer.Option(None, "--backup", help="Pinned: a backup next hop "
-        "(DLB over the backups when the primary's port is down). Repeat."),
-    dev: Optional[str] = typer.Option(None, help="Connected: the port the hosts are on."),
-):
-    """Install or replace a route (make-before-break).
-
-    Examples:\n
-      rlbswitch route add fc00:2:1:1::/64 -m pinned --via fe80::1%eth1 --backup fe80::2%eth2\n
-      rlbswitch route add fc00:2::/32 -m weighted --via fe80::1%eth1=3 --via fe80::2%eth2=1\n
-      rlbswitch route add fc00:2::/32 -m dlb --via fe80::1%eth1 --via fe80::2%eth2\n
-      rlbswitch route add fc00:2::/32 -m spray --via fe80::1%eth1=2 --via fe80::2%eth2=1\n
-    Modes: pinned (BGP-DPF), weighted and ecmp (per flow by slot table), dlb (flowlets),
-    spray (per packet by weight: only for peers that tolerate reordering), connected, local.
-    """
-    route = Route(prefix, mode, [NextHop.parse(v) for v in via or []],
-                  [NextHop.parse(b) for b in backup or []], dev)
-    dp = ctx.dataplane()
-    dp.add_route(route)
-    typer.echo(f"{route.prefix}: {dp.describe(route)}")
-
-
-@route_app.command("del")
-def route_del(prefix: str = typer.Argument(..., help="The route's prefix, exactly.")):
-    """Remove a route."""
-    if not ctx.dataplane().del_route(prefix):
-        raise RouteError(f"no route {prefix}")
-    typer.echo(f"removed {prefix}")
-
-
-@route_app.command("apply")
-def route_apply(
-    file: str = typer.Argument(..., help="JSON list of routes ('-' for stdin): what 'route show "
-                               "--json' prints, or {prefix, mode, nexthops: [...], backups: [...], dev}."),
-    merge: bool = typer.Option(False, help="Only add and replace the routes given; keep the rest."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Check the file and show nothing but errors."),
-):
-    """Make the operator's routes equal to a file, in one batch (make-before-break); print what
-    changed. Routes in the file that are programmed already, by anyone, stay as they are; without
-    --merge the operator's routes not in the file are removed. The agent's routes (bird's) and the
-    connected ones are left to their owners, unless the file changes them."""
-    text = sys.stdin.read() if file == "-" else Path(file).read_text()
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise RouteError(f"{file}: not JSON ({e})") from None
-    if not isinstance(data, list):
-        raise RouteError(f"{file}: a JSON list of routes expected")
-    routes = []
-    for i, e in enumerate(data):
-        try:
-            routes.append(Route.from_json(e))
-        except RouteError as err:
-            raise RouteError(f"{file}: route {i + 1}: {err}") from None
-    if dry_run:
-        typer.echo(f"{len(routes)} routes read; nothing applied")
-        return
-    dp = ctx.dataplane()
-    ch = dp.apply_routes(routes, merge=merge, owner="operator",
-                         scope=lambda net: dp.tables.owner(net) == "operator")
-    for label, items in (("added", ch.added), ("changed", ch.changed), ("removed", ch.removed)):
-        for p in items:
-            typer.echo(f"{label:<8} {p}")
-    typer.echo(ch.summary())
-
-
-@route_app.command("show")
-def route_show(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Show programmed routes: mode, pinned next hop, backups, weights and slot shares."""
-    routes = ctx.dataplane().routes()
-    if as_json:
-        typer.echo(json.dumps(routes, indent=2))
-        return
-
-    def hop(h):
-        state = "" if h["resolved"] and h["port_up"] else \
-            " (port down)" if not h["port_up"] else " (unresolved)"
-        w = f" weight {h['weight']} slots {h['slots']}" if "slots" in h else ""
-        return f"{h['via']}{w}{state}"
-
-    for r in routes:
-        line = f"{r['prefix']:<28} {r['mode']:<9}"
-        if r["mode"] == "connected":
-            line += f" dev {r['dev']}"
-        if "nexthop" in r:
-            line += f" via {hop(r['nexthop'])}"
-        typer.echo(line)
-        for h in r.get("members", []):
-            typer.echo(f"{'':38} member {hop(h)}")
-        for h in r.get("backups", []):
-            typer.echo(f"{'':38} backup {hop(h)}")
-
-
-@app.command("bird-config")
-def bird_config(
-    fabric_file: Path = typer.Option(..., "--fabric", help="Fabric description (TOML)."),
-    node: str = typer.Option(..., help="The node to render for."),
-    run_dir: Path = typer.Option(Path("/run/rlb"), help="Where includes, socket and log live."),
-    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write here (default: stdout)."),
-    bfd_ms: Optional[int] = typer.Option(None, min=10, max=10000, help="BFD interval instead of the "
-        "fabric file's (slower for emulated VMs, whose timers jitter by hundreds of ms)."),
-):
-    """Render a complete bird.conf for one node of the fabric (and the include files the agent
-    keeps up to date, empty to start with)."""
-    from rlbfabric.bird.conf import initial_includes, render
-    from rlbfabric.fabric import load
-    fab = load(fabric_file)
-    if bfd_ms:
-        fab.bfd_ms = bfd_ms
-    text = render(fab, node, run_dir)
-    n = fab.node(node)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    incs = initial_includes(fab, n, run_dir)
-    for inc, body in incs.items():
-        if not inc.exists():   # the agent's discoveries survive a bird restart
-            inc.write_text(body)
-    if out:
-        out.write_text(text)
-        typer.echo(f"wrote {out} ({n.role} {node}); includes {', '.join(str(i) for i in incs)}")
-    else:
-        typer.echo(text, nl=False)
-
-
-@app.command()
-def routes(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """What is programmed and why (pinned path, weights, backups), as the agent decided it."""
-    from .birdsync import why_file
-    dp = ctx.dataplane()
-    why = {}
-    f = why_file(dp.instance)
-    if f.exists():
-        why = json.loads(f.read_text())
-    rows = dp.routes()
-    for r in rows:
-        r["why"] = why.get(r["prefix"], "connected/local from addresses" if r["mode"] in ("connected", "local")
-                           else "set by an operator")
-    if as_json:
-        typer.echo(json.dumps(rows, indent=2))
-        return
-    for r in rows:
-        via = r.get("nexthop", {}).get("via") or ", ".join(m["via"] for m in r.get("members", [])) or r.get("dev", "")
-        typer.echo(f"{r['prefix']:<24} {r['mode']:<9} {via}\n{'':24} {r['why']}")
-
-
-@app.command()
-def stats(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Per-port, per-next-hop and per-reason counters (summed over CPUs), and the health of the
-    running agent's loops."""
-    from rlbcommon import health
-    dp = ctx.dataplane()
-    s = dp.stats()
-    s["agent_loops"] = health.read(health_file(dp.instance))
-    if as_json:
-        typer.echo(json.dumps(s, indent=2))
-        return
-    typer.echo(f"{'port':<12}{'state':<7}{'rx_pkts':>12}{'rx_bytes':>15}{'tx_pkts':>12}{'tx_bytes':>15}")
-    for p in s["ports"]:
-        typer.echo(f"{p['interface']:<12}{'up' if p['up'] else 'down':<7}{p['rx_packets']:>12}"
-                   f"{p['rx_bytes']:>15}{p['tx_packets']:>12}{p['tx_bytes']:>15}")
-    typer.echo(f"\n{'next hop':<36}{'mac':<19}{'packets':>12}{'bytes':>15}")
-    for nh in s["nexthops"]:
-        typer.echo(f"{nh['via']:<36}{nh['mac']:<19}{nh['packets']:>12}{nh['bytes']:>15}")
-    typer.echo("\nreasons and events")
-    for k, v in s["reasons"].items():
-        if v:
-            typer.echo(f"  {k:<24}{v:>12}")
-    typer.echo("\nagent loops" + ("" if s["agent_loops"] else ": no agent has run here"))
-    for line in health.describe(s["agent_loops"]):
-        typer.echo(line)
-
-
-@app.command("config")
-def config_cmd(
-    flowlet_timeout_us: Optional[int] = typer.Option(None, min=1, help="DLB flowlet timeout (default 256)."),
-    hash_seed: Optional[int] = typer.Option(None, min=0, max=2**32 - 1, help="Flow hash seed."),
-    load_halflife_us: Optional[int] = typer.Option(None, min=1, help="Port-load decay half-life (default 100)."),
-    roce_port: Optional[int] = typer.Option(None, min=1, max=65535, help="UDP port whose BTH QP is hashed."),
-):
-    """Show or change data-plane settings."""
-    dp = ctx.dataplane()
-    dp.set_config(flowlet_timeout_ns=None if flowlet_timeout_us is None else flowlet_timeout_us * 1000,
-                  hash_seed=hash_seed, roce_port=roce_port,
-                  load_halflife_ns=None if load_halflife_us is None else load_halflife_us * 1000)
-    typer.echo(json.dumps(dp.config(), indent=2))
-
-
-@app.command()
 def run(
-    interfaces: Optional[List[str]] = typer.Argument(None, help="Ports to attach first (optional)."),
+    command: typer.Context,
+    interfaces: Optional[List[str]] = typer.Argument(None, help="Ports to attach (run: optional, "
+        "the ports pinned before are adopted)."),
+    once: bool = typer.Option(False, "--once", help="Attach and return, without the agent: then "
+        "nothing follows link state, neighbours or bird (for scripts that program routes by hand)."),
     generic: bool = typer.Option(False, help="Generic XDP for the ports given here."),
     speed_mbps: Optional[int] = typer.Option(None, min=1, help="Capacity of the ports given here "
         "(for DLB quality bands) when the driver reports none or a wrong one."),
@@ -273,10 +51,16 @@ def run(
         "this URL (e.g. http://[fd00:99::1]:9473) which uplinks are up, so it never places QPs on "
         "a dead one. Needs --fabric and --node."),
 ):
-    """Run the switch agent in the foreground (systemd-friendly).
+    """Run the switch agent in the foreground: `attach` with the ports optional (adopted).
 
-    Adopts the pinned state, attaches the ports given, follows link liveness, neighbours and
-    addresses from netlink, and serves Prometheus metrics."""
+    The command of the rlb-switch unit: after a restart or an upgrade it adopts the pinned state
+    and the ports attached before; ports named are attached first.
+
+    Examples:\n
+      rlbswitch run eth1 eth2 eth3 --fabric /etc/rlb/fabric.toml --node l1\n
+      rlbswitch run                  # after a restart or upgrade: adopt what is pinned
+    """
+    common.attach_or_run(command, interfaces)
     from .metrics import SwitchCollector
     from .watcher import Watcher
     from rlbcommon.metrics import serve
@@ -293,6 +77,17 @@ def run(
         interfaces, metrics_port = [], 0
     for ifname in interfaces or []:
         dp.attach(ifname, generic=generic, speed_mbps=speed_mbps)
+    if once:
+        if fabric_file or node or coordinator or control_only:
+            raise DataplaneError("--once only attaches: --fabric, --node, --coordinator and "
+                                 "--control-only need the agent")
+        if not interfaces:
+            raise DataplaneError("--once: name the ports to attach")
+        typer.echo(f"attached to {', '.join(interfaces)}; state pinned at {dp.pins}; no agent runs")
+        return
+    if interfaces:
+        typer.echo(f"attached to {', '.join(interfaces)}; state pinned at {dp.pins}; agent running "
+                   "(stop it with ^C or SIGTERM: forwarding goes on)")
     if adopted:
         n = len(dp.routes())
         log.info("adopted pinned state at %s: %d routes, %d ports", dp.pins, n, len(dp.ports()))
@@ -331,8 +126,260 @@ def run(
     log.info("agent stopping; forwarding continues from the pinned maps")
 
 
+
+ATTACH_HELP = """Attach the XDP program to ports and run the switch agent in the foreground.
+
+The switch then works fully: link and neighbour changes followed, bird's routes programmed with
+--fabric/--node, metrics served. Stopping the agent leaves forwarding running from the pinned maps; attaching again replaces the
+program atomically and adopts the state. --once attaches without the agent.
+
+Examples:\n
+  rlbswitch attach eth1 eth2 eth3 eth4\n
+  rlbswitch attach eth1 eth2 --fabric /etc/rlb/fabric.toml --node l1\n
+  rlbswitch attach --once eth1 eth2      # then: rlbswitch route add ...
+"""
+app.command("attach", help=ATTACH_HELP)(run)
+app.command("run")(run)
+
+
+@app.command()
+def detach(
+    interfaces: Optional[List[str]] = typer.Argument(None, help="Ports to detach."),
+    all_: bool = typer.Option(False, "--all", help="Detach every port and delete all pinned state."),
+):
+    """Remove the XDP program from ports (--all: from every port, and all pinned state).
+
+    Without --all, routes and counters stay pinned, so attaching again adopts them.
+
+    Examples:\n
+      rlbswitch detach eth3          # take one port out; the others keep forwarding\n
+      rlbswitch detach --all         # remove RLB from this switch entirely
+    """
+    dp = ctx.dataplane()
+    if all_:
+        dp.destroy()
+        typer.echo("detached from all ports; pinned state removed")
+        return
+    if not interfaces:
+        raise RouteError("name the ports to detach, or use --all")
+    for ifname in interfaces:
+        dp.detach(ifname)
+    typer.echo(f"detached from {', '.join(interfaces)}; routes stay pinned")
+
+
+@route_app.command("add")
+def route_add(
+    prefix: str = typer.Argument(..., help="IPv6 prefix, e.g. fc00:1:1:1::/64"),
+    mode: str = typer.Option(..., "--mode", "-m", help=f"One of: {', '.join(MODES)}."),
+    via: Optional[List[str]] = typer.Option(None, "--via", help="Next hop: ADDR%IFACE or IFACE@MAC, "
+        "with =WEIGHT for weighted and spray. Pinned: the primary. Repeat for groups."),
+    backup: Optional[List[str]] = typer.Option(None, "--backup", help="Pinned: a backup next hop "
+        "(DLB over the backups when the primary's port is down). Repeat."),
+    dev: Optional[str] = typer.Option(None, help="Connected: the port the hosts are on."),
+):
+    """Install or replace a route (make-before-break).
+
+    Examples:\n
+      rlbswitch route add fc00:2:1:1::/64 -m pinned --via fe80::1%eth1 --backup fe80::2%eth2\n
+      rlbswitch route add fc00:2::/32 -m weighted --via fe80::1%eth1=3 --via fe80::2%eth2=1\n
+      rlbswitch route add fc00:2::/32 -m dlb --via fe80::1%eth1 --via fe80::2%eth2\n
+      rlbswitch route add fc00:2::/32 -m spray --via fe80::1%eth1=2 --via fe80::2%eth2=1\n
+    Modes: pinned (BGP-DPF), weighted and ecmp (per flow by slot table), dlb (flowlets),
+    spray (per packet by weight: only for peers that tolerate reordering), connected, local.
+    """
+    route = Route(prefix, mode, [NextHop.parse(v) for v in via or []],
+                  [NextHop.parse(b) for b in backup or []], dev)
+    dp = ctx.dataplane()
+    dp.add_route(route)
+    typer.echo(f"{route.prefix}: {dp.describe(route)}")
+
+
+@route_app.command("del")
+def route_del(prefix: str = typer.Argument(..., help="The route's prefix, exactly.")):
+    """Remove a route.
+
+    Example: rlbswitch route del fc00:2:1:1::/64"""
+    if not ctx.dataplane().del_route(prefix):
+        raise RouteError(f"no route {prefix}")
+    typer.echo(f"removed {prefix}")
+
+
+@route_app.command("apply")
+def route_apply(
+    file: str = typer.Argument(..., help="JSON list of routes ('-' for stdin): what 'route show "
+                               "--json' prints, or {prefix, mode, nexthops: [...], backups: [...], dev}."),
+    merge: bool = typer.Option(False, help="Only add and replace the routes given; keep the rest."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the file and show nothing but errors."),
+):
+    """Make the operator's routes equal to a file, in one batch (make-before-break).
+
+    Prints what changed. Routes in the file that are programmed already, by anyone, stay as they
+    are; without --merge the operator's routes not in the file are removed. The agent's routes
+    (bird's) and the connected ones are left to their owners, unless the file changes them.
+
+    Examples:\n
+      rlbswitch route show --json > saved.json; rlbswitch route apply saved.json\n
+      rlbswitch route apply --merge extra.json
+    """
+    text = sys.stdin.read() if file == "-" else Path(file).read_text()
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise RouteError(f"{file}: not JSON ({e})") from None
+    if not isinstance(data, list):
+        raise RouteError(f"{file}: a JSON list of routes expected")
+    routes = []
+    for i, e in enumerate(data):
+        try:
+            routes.append(Route.from_json(e))
+        except RouteError as err:
+            raise RouteError(f"{file}: route {i + 1}: {err}") from None
+    if dry_run:
+        typer.echo(f"{len(routes)} routes read; nothing applied")
+        return
+    dp = ctx.dataplane()
+    ch = dp.apply_routes(routes, merge=merge, owner="operator",
+                         scope=lambda net: dp.tables.owner(net) == "operator")
+    for label, items in (("added", ch.added), ("changed", ch.changed), ("removed", ch.removed)):
+        for p in items:
+            typer.echo(f"{label:<8} {p}")
+    typer.echo(ch.summary())
+
+
+@route_app.command("show")
+def route_show(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """Programmed routes and why each is as it is.
+
+    Mode, pinned next hop, backups, weights and slot shares, and the reason: the agent's decision
+    from bird, the addresses, or an operator.
+
+    Examples:\n
+      rlbswitch route show\n
+      rlbswitch route show --json > routes.json      # what 'route apply' takes back
+    """
+    from .birdsync import why_file
+    dp = ctx.dataplane()
+    f = why_file(dp.instance)
+    why = json.loads(f.read_text()) if f.exists() else {}
+    routes = dp.routes()
+    for r in routes:
+        r["why"] = why.get(r["prefix"], "connected/local from addresses" if r["mode"] in ("connected", "local")
+                           else "set by an operator")
+    if as_json:
+        typer.echo(json.dumps(routes, indent=2))
+        return
+
+    def hop(h):
+        state = "" if h["resolved"] and h["port_up"] else \
+            " (port down)" if not h["port_up"] else " (unresolved)"
+        w = f" weight {h['weight']} slots {h['slots']}" if "slots" in h else ""
+        return f"{h['via']}{w}{state}"
+
+    for r in routes:
+        line = f"{r['prefix']:<28} {r['mode']:<9}"
+        if r["mode"] == "connected":
+            line += f" dev {r['dev']}"
+        if "nexthop" in r:
+            line += f" via {hop(r['nexthop'])}"
+        typer.echo(line)
+        for h in r.get("members", []):
+            typer.echo(f"{'':38} member {hop(h)}")
+        for h in r.get("backups", []):
+            typer.echo(f"{'':38} backup {hop(h)}")
+        typer.echo(f"{'':38} why: {r['why']}")
+
+
+@app.command("bird-config")
+def bird_config(
+    fabric_file: Path = typer.Option(..., "--fabric", help="Fabric description (TOML)."),
+    node: str = typer.Option(..., help="The node to render for."),
+    run_dir: Path = typer.Option(Path("/run/rlb"), help="Where includes, socket and log live."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write here (default: stdout)."),
+    bfd_ms: Optional[int] = typer.Option(None, min=10, max=10000, help="BFD interval instead of the "
+        "fabric file's (slower for emulated VMs, whose timers jitter by hundreds of ms)."),
+):
+    """Render a complete bird.conf for one node of the fabric.
+
+    Also writes the include files the agent keeps up to date (empty to start with).
+
+    Example: rlbswitch bird-config --fabric /etc/rlb/fabric.toml --node l1 -o /etc/bird/bird.conf"""
+    from rlbfabric.bird.conf import initial_includes, render
+    from rlbfabric.fabric import load
+    fab = load(fabric_file)
+    if bfd_ms:
+        fab.bfd_ms = bfd_ms
+    text = render(fab, node, run_dir)
+    n = fab.node(node)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    incs = initial_includes(fab, n, run_dir)
+    for inc, body in incs.items():
+        if not inc.exists():   # the agent's discoveries survive a bird restart
+            inc.write_text(body)
+    if out:
+        out.write_text(text)
+        typer.echo(f"wrote {out} ({n.role} {node}); includes {', '.join(str(i) for i in incs)}")
+    else:
+        typer.echo(text, nl=False)
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """What is programmed and its health: ports, tables, next hops, counters, agent loops.
+
+    Ports (up, rx/tx), route and table use, next hops, per-reason counters (summed over CPUs),
+    and the running agent's loops.
+
+    Example: rlbswitch status --json | jq '.ports[] | {interface, up, tx_bytes}'"""
+    from rlbcommon import health
+    dp = ctx.dataplane()
+    s = dp.stats()
+    s["tables"] = dp.tables.usage()
+    s["agent_loops"] = health.read(health_file(dp.instance))
+    if as_json:
+        typer.echo(json.dumps(s, indent=2))
+        return
+    t = s["tables"]
+    typer.echo(f"state pinned at {dp.pins}: {t['routes']} routes, {t['groups']} groups, "
+               f"{t['nexthops']} next hops\n")
+    typer.echo(f"{'port':<12}{'state':<7}{'rx_pkts':>12}{'rx_bytes':>15}{'tx_pkts':>12}{'tx_bytes':>15}")
+    for p in s["ports"]:
+        typer.echo(f"{p['interface']:<12}{'up' if p['up'] else 'down':<7}{p['rx_packets']:>12}"
+                   f"{p['rx_bytes']:>15}{p['tx_packets']:>12}{p['tx_bytes']:>15}")
+    typer.echo(f"\n{'next hop':<36}{'mac':<19}{'packets':>12}{'bytes':>15}")
+    for nh in s["nexthops"]:
+        typer.echo(f"{nh['via']:<36}{nh['mac']:<19}{nh['packets']:>12}{nh['bytes']:>15}")
+    typer.echo("\nreasons and events")
+    for k, v in s["reasons"].items():
+        if v:
+            typer.echo(f"  {k:<24}{v:>12}")
+    typer.echo("\nagent loops" + ("" if s["agent_loops"] else ": no agent has run here"))
+    for line in health.describe(s["agent_loops"]):
+        typer.echo(line)
+
+
+@app.command("config")
+def config_cmd(
+    flowlet_timeout_us: Optional[int] = typer.Option(None, min=1, help="DLB flowlet timeout (default 256)."),
+    hash_seed: Optional[int] = typer.Option(None, min=0, max=2**32 - 1, help="Flow hash seed."),
+    load_halflife_us: Optional[int] = typer.Option(None, min=1, help="Port-load decay half-life (default 100)."),
+    roce_port: Optional[int] = typer.Option(None, min=1, max=65535, help="UDP port whose BTH QP is hashed."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+):
+    """Show or change data-plane settings (in place: forwarding goes on).
+
+    Examples:\n
+      rlbswitch config\n
+      rlbswitch config --flowlet-timeout-us 128
+    """
+    dp = ctx.dataplane()
+    dp.set_config(flowlet_timeout_ns=None if flowlet_timeout_us is None else flowlet_timeout_us * 1000,
+                  hash_seed=hash_seed, roce_port=roce_port,
+                  load_halflife_ns=None if load_halflife_us is None else load_halflife_us * 1000)
+    common.show(dp.config(), as_json)
+
+
 def health_file(instance: str) -> Path:
-    """Where the running agent keeps its loops' health (read by `rlbswitch stats`)."""
+    """Where the running agent keeps its loops' health (read by `rlbswitch status`)."""
     from rlbcommon.paths import RUN_DIR
     return RUN_DIR / f"{instance}-switch-health.json"
 

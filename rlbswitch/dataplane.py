@@ -10,7 +10,6 @@ import contextlib
 import ipaddress
 import logging
 import random
-import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -283,10 +282,7 @@ class SwitchDataplane(PinnedState):
             for p in self.ports():
                 with contextlib.suppress(DataplaneError):
                     self.detach(p.ifname)
-        self.close()
-        shutil.rmtree(self.pins, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            self.pins.parent.rmdir()
+        self.remove_pins()
 
     # ---- neighbours -------------------------------------------------------------------
     def lookup_neighbour(self, ifindex: int, gateway: str) -> str | None:

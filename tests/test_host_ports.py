@@ -49,7 +49,7 @@ def host():
             dp.attach_ports("rlb0", LOOP_A, port_paths(), group_size=SUBS)
             yield dp
         finally:
-            dp.detach("rlb0")
+            dp.destroy()
 
 
 @pytest.fixture

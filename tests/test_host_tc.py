@@ -67,7 +67,7 @@ def hosts():
             yield made[0], made[1]
         finally:
             for h in made:
-                h.dp.detach(None)
+                h.dp.destroy()
             for name in (f"{ns}-a", f"{ns}-b"):   # a program that did not load: its maps were pinned
                 shutil.rmtree(pin_dir("host", name).parent, ignore_errors=True)
 

@@ -53,7 +53,7 @@ def vlab(tmp_path_factory):
         print(f"vagrant up: {time.time() - t0:.0f} s")
         for leaf, prefixes in PREFIXES.items():
             lab.wait(f"{leaf} programs the remote prefixes",
-                     lambda: {r["prefix"] for r in lab.json(leaf, "/opt/rlb/venv/bin/rlbswitch routes --json")}
+                     lambda: {r["prefix"] for r in lab.json(leaf, "/opt/rlb/venv/bin/rlbswitch route show --json")}
                      >= set(prefixes))
         for h in ("h1", "h2"):
             lab.wait(f"{h}: rxe0 GIDs on every path", lambda: len(gids(lab, h)) == 2)
@@ -72,7 +72,7 @@ def gids(lab, host) -> dict[int, int]:
 
 
 def base_gid(lab, host) -> int:
-    base = lab.json(host, "/opt/rlb/venv/bin/rlbhost config")["base_index"]
+    base = lab.json(host, "/opt/rlb/venv/bin/rlbhost config --json")["base_index"]
     return gids(lab, host)[base]
 
 
@@ -133,6 +133,76 @@ def test_transfer_survives_a_pulled_leaf_spine_cable(vlab, tmp_path):
     assert re.search(rf"^\s*{SIZE}\s+\d+", out, re.M)
     # what s2 still carries is the agents' reaction time under emulation (~0.5 s measured)
     assert moved["s2"] < 0.1 * moved["s1"] and moved["s1"] > 50 * SIZE
+
+
+BIN = "/opt/rlb/venv/bin"
+# docs/operations.md's release: a wheel of the source (pip wheel), here the synced source as
+# 0.1.0 and a copy of it as 0.1.1, built on the VM itself
+WHEELS = "/var/tmp/rlb-wheels"
+BUILD_WHEELS = (f"rm -rf {WHEELS} /var/tmp/rlb-next && cp -a /opt/rlb/src /var/tmp/rlb-next && "
+                "sed -i 's/^version = .*/version = \"0.1.1\"/' /var/tmp/rlb-next/pyproject.toml && "
+                f"for s in /opt/rlb/src /var/tmp/rlb-next; do {BIN}/pip wheel -q --no-deps --no-build-isolation "
+                f"-w {WHEELS} $s || exit 1; done")
+AGENT = {"l1": ("rlbswitch", "rlb-switch", "switch/routes"), "h1": ("rlbhost", "rlb-host", "host/paths")}
+
+
+def install(vm: str, version: str) -> str:
+    """The upgrade (or roll-back) of docs/operations.md: the release into the venv, the agent's
+    unit restarted: the new agent loads its programs, replaces the old ones in place and
+    adopts the pinned maps."""
+    unit = AGENT[vm][1]
+    return (f"{BIN}/pip install -q --no-deps --force-reinstall {WHEELS}/rlb-{version}-*.whl && "
+            f"systemctl restart {unit}")
+
+
+def dataplane(vlab, vm: str) -> dict:
+    """What an upgrade must change (the programs, the version) and keep (the pinned maps, the
+    routes or the QPs' paths)."""
+    prog, _, marker = AGENT[vm]
+    if prog == "rlbswitch":
+        links = vlab.json(vm, "ip -j link show")
+        progs = sorted(l["xdp"]["prog"]["id"] for l in links if "xdp" in l)
+        kept = sorted(r["prefix"] for r in vlab.json(vm, f"{BIN}/rlbswitch route show --json"))
+    else:
+        tc = vlab.json(vm, "tc -j filter show dev eth-l1 egress")
+        progs = sorted(f["options"]["prog"]["id"] for f in tc if "options" in f and "prog" in f["options"])
+        kept = sorted((q["sport"], q["qp"], q["path"]) for q in vlab.json(vm, f"{BIN}/rlbhost qps --json"))
+    return {"version": vlab.sh(vm, f"{BIN}/{prog} --version").stdout.strip(), "progs": progs,
+            "map_inode": vlab.sh(vm, f"stat -c %i /sys/fs/bpf/rlb/default/{marker}").stdout.strip(), "kept": kept}
+
+
+def test_upgrade_and_roll_back_under_traffic(vlab, tmp_path):
+    """A newer release on the leaf and the host of a running transfer, then the previous one:
+    each time the programs are new, the pinned maps the same (same inode, same routes, the QPs
+    on the same paths) and the transfer completes."""
+    for vm in AGENT:
+        vlab.sh(vm, BUILD_WHEELS, timeout=900)
+    expiry = "--expiry-ms 60000"          # the QPs' entries outlive the restarts between bursts
+    vlab.sh("h1", f"{BIN}/rlbhost config {expiry}")
+    try:
+        for version in ("0.1.1", "0.1.0"):
+            seen = {}
+
+            def swap():
+                time.sleep(10)
+                seen["before"] = {vm: dataplane(vlab, vm) for vm in AGENT}
+                for vm in AGENT:
+                    vlab.sh(vm, install(vm, version), timeout=600)
+                for vm in AGENT:           # the new agent has compiled and replaced its programs
+                    vlab.wait(f"{vm}: new programs", lambda: dataplane(vlab, vm)["progs"] not in
+                              ([], seen["before"][vm]["progs"]), timeout=600, every=5)
+                seen["after"] = {vm: dataplane(vlab, vm) for vm in AGENT}
+
+            out, _ = write_bw(vlab, tmp_path, 4, "-D 60", during=swap)
+            print(f"{version}: {seen}")
+            assert re.search(rf"^\s*{SIZE}\s+\d+", out, re.M)           # the transfer completed
+            for vm in AGENT:
+                b, a = seen["before"][vm], seen["after"][vm]
+                assert a["version"] == f"rlb {version}" and b["version"] != a["version"]
+                assert a["progs"] and set(a["progs"]).isdisjoint(b["progs"])   # new programs
+                assert a["map_inode"] == b["map_inode"] and a["kept"] == b["kept"] and b["kept"]
+    finally:
+        vlab.sh("h1", f"{BIN}/rlbhost config --expiry-ms 200", check=False)
 
 
 def on_mon(vlab, exprs: list[str]) -> list[list]:

@@ -65,7 +65,7 @@ def test_cli_prints_json_and_rejects_bad_fabric(tmp_path):
     bad.write_text("[fabric]\npaths = 2\n")
     res = subprocess.run([sys.executable, "-m", "rlblab.vm.plan", "--fabric", str(bad)],
                          capture_output=True, text=True)
-    assert res.returncode != 0 and res.stderr.startswith("vagrantplan: ")
+    assert res.returncode != 0 and res.stderr.startswith("rlblab.vm.plan: error: ")
 
 
 def test_scrape_config_takes_ipv4_management_addresses():
@@ -188,12 +188,12 @@ def test_scale_up_fabric_plan_and_units():
 
 
 def test_deploy_cli_writes_units(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "rlbfabric.deploy", "units", "--fabric", str(LAB / "fabric.toml"),
+    out = subprocess.run([sys.executable, "-m", "rlbfabric.cli", "units", "--fabric", str(LAB / "fabric.toml"),
                           "--node", "h3", "--mgmt-ip", "10.1.0.3", "--coordinator", "http://10.1.0.1:9473",
                           "-o", str(tmp_path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rlb-host.service", "rlb-net.service"]
-    bad = subprocess.run([sys.executable, "-m", "rlbfabric.deploy", "units", "--fabric", str(LAB / "fabric.toml"),
+    bad = subprocess.run([sys.executable, "-m", "rlbfabric.cli", "units", "--fabric", str(LAB / "fabric.toml"),
                           "--node", "h9", "--mgmt-ip", "10.1.0.3"], capture_output=True, text=True)
     assert bad.returncode != 0 and "no node 'h9'" in bad.stderr
 
@@ -205,13 +205,31 @@ def test_vagrant_up_that_starts_no_vm_stops_with_the_reason(tmp_path):
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "vagrant").write_text("#!/bin/sh\necho \"stalled after the domains' settings\"\nexec sleep 600\n")
-    (fake / "vagrant").chmod(0o755)
+    # libvirt's view: one domain defined, none running (as in the stall that was reported)
+    (fake / "virsh").write_text('#!/bin/sh\ncase "$*" in *--all*) echo vagrant_mon ;; esac\n')
+    for f in fake.iterdir():
+        f.chmod(0o755)
     lab = VagrantLab(env={"PATH": f"{fake}:/usr/bin:/bin"}, log=tmp_path / "vagrant.log")
     t0 = time.time()
     with pytest.raises(TimeoutError) as err:
         lab.up(start_timeout=3)
     assert time.time() - t0 < 15
     msg = str(err.value)
-    assert "none of the 7 VMs started within 3 s" in msg and "/dev/kvm" in msg and str(lab.log) in msg
+    assert "none of the 7 VMs started within 3 s (defined: vagrant_mon)" in msg
+    assert "/dev/kvm" in msg and str(lab.log) in msg
     assert "stalled after the domains' settings" in lab.log.read_text()
     assert not subprocess.run(["pgrep", "-f", str(fake / "vagrant")], capture_output=True).stdout
+
+
+def test_the_vms_python_dependencies_are_the_packages():
+    """vagrant/box/requirements.txt (box builder, box, provisioning) lists exactly the package's
+    dependencies plus the editable install's build tools: nothing drifts apart."""
+    import tomllib
+    root = LAB.parent
+    reqs = [l.strip() for l in (root / "vagrant" / "box" / "requirements.txt").read_text().splitlines()
+            if l.strip() and not l.startswith("#")]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert sorted(reqs) == sorted(deps + ["setuptools>=77", "wheel"])
+    for script in ("build-box.sh", "box/customize.sh", "provision.sh"):
+        text = (root / "vagrant" / script).read_text()
+        assert "requirements.txt" in text and "pyroute2" not in text, script

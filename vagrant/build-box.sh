@@ -37,8 +37,8 @@ trap '[ -n "$keep" ] || rm -rf "$work"' EXIT
 log() { echo "build-box: $(date +%T) $*"; }
 
 log "wheels for the VMs' venv"
-"$pip" download -q --only-binary=:all: -d "$work/wheels" \
-    "pyroute2>=0.7" "prometheus-client>=0.16" "typer>=0.9" "setuptools>=77" wheel
+"$pip" download -q --only-binary=:all: -d "$work/wheels" -r "$here/box/requirements.txt"
+cp "$here/box/requirements.txt" "$work/wheels/"
 
 mapfile -t mirrors < <(python3 "$here/apt-sources.py")
 log "mmdebstrap from: ${mirrors[*]}"

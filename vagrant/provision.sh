@@ -7,17 +7,17 @@
 set -euo pipefail
 node=$1 fabric=$2 xdp=${3:-native} bfd_ms=${4:-0}
 src=/opt/rlb/src venv=/opt/rlb/venv
-deps=(pyroute2 prometheus-client typer "setuptools>=77" wheel)
 if [ ! -x $venv/bin/python ]; then
     echo "provision: $node: installing dependencies from the network (public box)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
     apt-get install -y -q --no-install-recommends $(grep -v '^#' $src/vagrant/box/packages.txt)
     /usr/bin/python3 -m venv --system-site-packages $venv
-    $venv/bin/pip install -q "${deps[@]}"
 fi
 if [ -d /opt/rlb/wheels ]; then offline=(--no-index --find-links /opt/rlb/wheels); else offline=(); fi
-$venv/bin/pip install -q "${offline[@]}" --upgrade "setuptools>=77"    # venv bundles 66: no PEP 639 licence
+# the local box's venv has them already (from its wheels); a public box's come from PyPI; either
+# way the list is the synced source's (and the venv's setuptools 66, without PEP 639, is upgraded)
+$venv/bin/pip install -q "${offline[@]}" --upgrade -r $src/vagrant/box/requirements.txt
 $venv/bin/pip install -q "${offline[@]}" --no-deps --no-build-isolation -e $src
 if ! modinfo rdma_rxe >/dev/null 2>&1; then
     echo "provision: $node: kernel $(uname -r) has no rdma_rxe (a cloud kernel?):" \

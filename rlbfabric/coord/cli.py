@@ -8,23 +8,23 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import sys
 import threading
 from pathlib import Path
 
 import typer
 
-from rlbcommon import coordapi
+from rlbcommon import cli as common, coordapi
 from rlbfabric.fabric import FabricError
 
 log = logging.getLogger("rlbcoord")
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_enable=False)
 URL_HELP = "The coordinator's URL."
 DEFAULT_URL = coordapi.url_for("::1")
 
 
 @app.callback()
-def main_options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")):
+def main_options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+                 version: bool = common.VERSION_OPTION):
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
@@ -38,7 +38,11 @@ def run(
     port: int = typer.Option(coordapi.DEFAULT_PORT, min=1, max=65535, help="TCP port (API and /metrics)."),
     host_timeout_s: float = typer.Option(5.0, min=0.5, help="A host silent this long is forgotten."),
 ):
-    """Run the coordinator in the foreground (systemd-friendly)."""
+    """Run the coordinator in the foreground: the command of the rlb-coord unit.
+
+    A leaf-spine fabric gets QP placement; a rail-only fabric the h-score registry.
+
+    Example: rlbcoord run --fabric /etc/rlb/fabric.toml --listen fd00:99::1"""
     from rlbfabric.fabric import load
     from .service import Coordinator, make_server
     from .metrics import exposition
@@ -83,7 +87,9 @@ def run(
 @app.command()
 def status(url: str = typer.Option(DEFAULT_URL, help=URL_HELP),
            as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Hosts reporting, QPs, placed load per link and the balance against the best possible."""
+    """What the coordinator holds: hosts reporting, QPs, load per link, balance (or h-scores).
+
+    Example: rlbcoord status --url http://[fd00:99::1]:9473 --json"""
     s = coordapi.call(url, coordapi.STATUS)
     if as_json:
         typer.echo(json.dumps(s, indent=2))
@@ -112,11 +118,7 @@ class CoordError(RuntimeError):
 
 
 def main():
-    try:
-        app()
-    except (coordapi.CoordinatorError, CoordError, FabricError, FileNotFoundError) as e:
-        typer.echo(f"rlbcoord: error: {e}", err=True)
-        sys.exit(2)
+    common.run(app, "rlbcoord", (coordapi.CoordinatorError, CoordError, FabricError))
 
 
 if __name__ == "__main__":

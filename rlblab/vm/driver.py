@@ -115,7 +115,7 @@ class VagrantLab:
     def domains(self, running: bool = False) -> list[str]:
         """This lab's libvirt domains (vagrant names them <directory>_<VM>), all or running."""
         res = subprocess.run(["virsh", "-c", "qemu:///system", "list", "--name", *([] if running else ["--all"])],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, env=self.env)
         names = {f"_{v.name}" for v in self.vms}
         return [d for d in res.stdout.split() if d.startswith("vagrant_") and d[len("vagrant"):] in names]
 

@@ -15,7 +15,6 @@ GPUs get no Soft-RoCE device: rxe takes packets only on the netdev it is bound t
 QPs arrive on any of its sub-ports addressed to its loopback (the lab's UDP QPs stand in)."""
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import logging
@@ -23,6 +22,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import typer
 
 from rlbcommon import coordapi
 from rlbcommon.netns import run
@@ -179,25 +180,43 @@ def grafana(vm: VmNode):
     log.info("Grafana on http://%s:3000 with the RLB dashboards", vm.mgmt_ip)
 
 
-def main(argv: list[str] | None = None):
-    ap = argparse.ArgumentParser(prog="python -m rlblab.vm.node", description=__doc__.split("\n\n")[0])
-    ap.add_argument("command", choices=("setup", "net"))
-    ap.add_argument("--fabric", required=True, type=Path)
-    ap.add_argument("--node", required=True)
-    ap.add_argument("--xdp", choices=("native", "generic"), default="native",
-                    help="XDP mode on switch ports (generic for NICs without native XDP).")
-    ap.add_argument("--bfd-ms", type=int, default=0, help="BFD interval instead of the fabric file's.")
-    args = ap.parse_args(argv)
+app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
+FABRIC_HELP = "The fabric description (TOML), as synced into the VM."
+NODE_HELP = "This VM's name in the lab plan."
+
+
+@app.command("setup")
+def setup_cmd(
+    fabric: Path = typer.Option(..., help=FABRIC_HELP),
+    node_name: str = typer.Option(..., "--node", help=NODE_HELP),
+    xdp: str = typer.Option("native", help="XDP mode on switch ports: native, or generic for NICs without it."),
+    bfd_ms: int = typer.Option(0, min=0, help="BFD interval instead of the fabric file's (0: the file's)."),
+):
+    """Once, by the provisioner: name the fabric NICs, write and start the node's units.
+
+    Example: /opt/rlb/venv/bin/python -m rlblab.vm.node setup --fabric /opt/rlb/src/lab/fabric-2x2.toml --node l1"""
+    if xdp not in ("native", "generic"):
+        raise typer.BadParameter("native or generic", param_hint="--xdp")
+    setup(fabric, node_name, xdp, bfd_ms)
+
+
+@app.command("net")
+def net_cmd(fabric: Path = typer.Option(..., help=FABRIC_HELP),
+            node_name: str = typer.Option(..., "--node", help=NODE_HELP)):
+    """Every boot: links up, sysctls, a leaf's gateway addresses (the deployment's rlb-net).
+
+    Example: /opt/rlb/venv/bin/python -m rlblab.vm.node net --fabric /opt/rlb/src/lab/fabric-2x2.toml --node l1"""
+    net(fabric, node_name)
+
+
+def main():
+    from rlbcommon import cli as common
     logging.basicConfig(level=logging.INFO, format="vmnode: %(message)s")
     try:
-        if args.command == "net":
-            net(args.fabric, args.node)
-        else:
-            setup(args.fabric, args.node, args.xdp, args.bfd_ms)
+        common.run(app, "vmnode", (FabricError, RuntimeError))
     except subprocess.CalledProcessError as e:
         sys.exit(f"vmnode: {' '.join(e.cmd)}: {(e.stderr or e.stdout or '').strip()}")
-    except (FabricError, RuntimeError, OSError) as e:
-        sys.exit(f"vmnode: {e}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ their management addresses and their point-to-point fabric links (UDP tunnels un
 internal networks under VirtualBox). The Vagrantfile reads it as JSON on the host and the
 provisioning reads the same plan inside each VM, so both sides agree on names, MACs and ports.
 
-    python3 -m rlblab.vm.plan --fabric lab/fabric-2x2.toml        # JSON on stdout
+    python -m rlblab.vm.plan --fabric lab/fabric-2x2.toml        # JSON on stdout
 
 Interfaces in the VMs: eth0 is Vagrant's, eth1 the lab's management network (metrics,
 Prometheus, the perftest handshake), then one NIC per fabric link, renamed after its MAC to
@@ -12,12 +12,12 @@ A scale-up fabric (kind = "scaleup") has plane switches and GPUs: a GPU's sub-po
 is eth-P-i, the plane switch's end eth-<GPU>-i."""
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import typer
 
 from rlbfabric.fabric import Fabric, FabricError, load
 
@@ -99,19 +99,20 @@ def node(vms: list[VmNode], name: str) -> VmNode:
     raise FabricError(f"no VM {name!r} in the lab (have {', '.join(v.name for v in vms)})")
 
 
-def main(argv: list[str] | None = None):
-    ap = argparse.ArgumentParser(prog="python3 -m rlblab.vm.plan", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fabric", required=True, type=Path, help="Fabric description (TOML).")
-    ap.add_argument("--mgmt-net", default="10.77.0.0/24", help="IPv4 network for the lab's management NICs.")
-    args = ap.parse_args(argv)
+def main(
+    fabric: Path = typer.Option(..., help="Fabric description (TOML)."),
+    mgmt_net: str = typer.Option("10.77.0.0/24", help="IPv4 network for the lab's management NICs."),
+):
+    """The Vagrant lab's VMs from a fabric file, as JSON (what the Vagrantfile reads).
+
+    Example: python -m rlblab.vm.plan --fabric lab/fabric-2x2.toml"""
     try:
-        vms = plan(load(args.fabric), args.mgmt_net)
+        vms = plan(load(fabric), mgmt_net)
     except (FabricError, OSError, ValueError) as e:
-        sys.exit(f"vagrantplan: {e}")
-    json.dump({"fabric": str(args.fabric), "monitor": MONITOR, "nodes": [asdict(v) for v in vms]},
-              sys.stdout, indent=2)
-    print()
+        typer.echo(f"rlblab.vm.plan: error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(json.dumps({"fabric": str(fabric), "monitor": MONITOR, "nodes": [asdict(v) for v in vms]}, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    typer.run(main)

@@ -51,6 +51,6 @@ mkdir -p "$root/opt/rlb"
 cp -r "$RLB_WHEELS" "$root/opt/rlb/wheels"
 inroot /usr/bin/python3 -m venv --system-site-packages /opt/rlb/venv
 inroot /opt/rlb/venv/bin/pip install -q --upgrade --no-index --find-links /opt/rlb/wheels \
-    pyroute2 prometheus-client typer setuptools wheel
+    -r /opt/rlb/wheels/requirements.txt
 inroot apt-get clean
 rm -rf "$root"/var/lib/apt/lists/* "$root"/tmp/*

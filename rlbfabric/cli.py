@@ -1,0 +1,77 @@
+"""rlbfabric: what the fabric file means for each machine of a real fabric.
+
+`units` renders the systemd units an operator installs on a switch, a GPU host or the coordinator;
+`net` is the boot-time link setup those units run (docs/operations.md walks through both)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from rlbcommon import cli as common
+
+from .deploy import Site, coordinator_unit, net as net_setup, units as node_units
+from .fabric import FabricError, load
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_enable=False)
+FABRIC_HELP = "The fabric description (TOML)."
+
+
+@app.callback()
+def main_options(version: bool = common.VERSION_OPTION):
+    pass
+
+
+@app.command()
+def units(
+    fabric: Path = typer.Option(..., help=FABRIC_HELP),
+    node: str = typer.Option(..., help="The machine's name in the fabric file, or 'coordinator'."),
+    mgmt_ip: str = typer.Option(..., help="Its management address (metrics; the coordinator listens there)."),
+    coordinator: Optional[str] = typer.Option(None, help="The coordinator's URL: hosts report to it, "
+                                              "leaves tell it their uplinks."),
+    bin_dir: Path = typer.Option(Site.bin, "--bin", help="Where rlbswitch, rlbhost, rlbcoord and rlbfabric are."),
+    xdp: str = typer.Option("native", help="native, or generic for NICs without native XDP."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Directory to write to (default: print them)."),
+):
+    """Render the systemd units of one machine of the fabric.
+
+    Examples:\n
+      rlbfabric units --fabric /etc/rlb/fabric.toml --node l1 --mgmt-ip 10.0.0.11 \\\n
+          --coordinator http://10.0.0.2:9473 -o /etc/systemd/system\n
+      rlbfabric units --fabric /etc/rlb/fabric.toml --node coordinator --mgmt-ip 10.0.0.2
+    """
+    if xdp not in ("native", "generic"):
+        raise typer.BadParameter("native or generic", param_hint="--xdp")
+    fab = load(fabric)
+    site = Site(bin=bin_dir, xdp=xdp)
+    fabric_file = fabric.resolve()
+    rendered = (coordinator_unit(fabric_file, mgmt_ip, site) if node == "coordinator"
+                else node_units(fab, fabric_file, node, mgmt_ip, coordinator, site))
+    for name, text in rendered.items():
+        if out:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{name}.service").write_text(text)
+            typer.echo(f"wrote {out / f'{name}.service'}")
+        else:
+            typer.echo(f"# {name}.service\n{text}")
+
+
+@app.command()
+def net(
+    fabric: Path = typer.Option(..., help=FABRIC_HELP),
+    node: str = typer.Option(..., help="This machine's name in the fabric file."),
+):
+    """Set this machine's fabric links up: what rlb-net.service runs at boot (idempotent).
+
+    Example: rlbfabric net --fabric /etc/rlb/fabric.toml --node l1"""
+    net_setup(load(fabric), node)
+    typer.echo(f"{node}: fabric links set up")
+
+
+def main():
+    common.run(app, "rlbfabric", (FabricError, RuntimeError))
+
+
+if __name__ == "__main__":
+    main()
