@@ -6,8 +6,8 @@ into its domain) in both directions: POST /v1/gpus/<gpu>/load {"rail": {"tx_bps"
 "domain": {...}}. A link's utilisation is its busier direction over its speed; a rail's is its
 busiest link's (every rail-switch port is one GPU's rail link), a domain's its busiest GPU link.
 H = 1 - utilisation, smoothed by rlbfabric/hscore.HScores (time constant tau). A GPU that stops
-reporting drops out after `stale_s`. The answer to every report (and GET /v1/status) is the
-whole table: each GPU's agent decides its own paths from it, with the rails sorted by H for
+reporting drops out after `stale_s`. The answer to every report is the table of scores (GET
+/v1/status adds who reports): each GPU's agent decides its own paths from it, with the rails sorted by H for
 best-fit lookups in O(log K)."""
 from __future__ import annotations
 
@@ -67,13 +67,15 @@ class HRegistry:
         f = self.fabric
         return {"rails": {str(k): round(self.scores.h(("rail", k)), 4) for k in range(1, f.rails + 1)},
                 "domains": {str(d): round(self.scores.h(("domain", d)), 4) for d in range(1, f.domains + 1)},
-                "delta": f.delta, "tau_s": f.tau_s,
-                "reporting": sorted({g for per in self.latest.values() for g, (_, t) in per.items()
-                                     if now - t <= self.stale_s})}
+                "delta": f.delta, "tau_s": f.tau_s}
 
     def status(self) -> dict:
+        """The table, and who reports (O(GPUs): for operators, not in every answer)."""
         with self.lock:
-            out = self._table(self.clock())
+            now = self.clock()
+            out = self._table(now)
+            out["reporting"] = sorted({g for per in self.latest.values() for g, (_, t) in per.items()
+                                       if now - t <= self.stale_s})
         out["counters"] = dict(self.counters)
         return out
 
