@@ -1,5 +1,6 @@
 /* Reference programs for bench/xdp_bench.py: the floor (do nothing) and the least a
- * forwarder must do (parse Ethernet+IPv6, rewrite MACs, decrement hop limit, redirect). */
+ * forwarder must do (parse Ethernet+IPv6, rewrite MACs, decrement hop limit, redirect); for a
+ * GPU's TC egress in ports mode, the least it must do (parse, rewrite MACs, redirect to a port). */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
 #include <uapi/linux/ipv6.h>
@@ -30,4 +31,23 @@ int xdp_parse_redirect(struct xdp_md *ctx)
 int tc_empty(struct __sk_buff *skb)
 {
     return 0;   /* TC_ACT_OK */
+}
+
+BPF_ARRAY(bench_tc_tx, int, 1);
+
+int tc_parse_redirect(struct __sk_buff *skb)
+{
+    void *data = (void *)(long)skb->data;
+    void *data_end = (void *)(long)skb->data_end;
+    struct ethhdr *eth = data;
+    struct ipv6hdr *ip6 = (void *)(eth + 1);
+    if ((void *)(ip6 + 1) > data_end || eth->h_proto != htons(ETH_P_IPV6))
+        return 0;
+    __builtin_memset(eth->h_dest, 0x02, ETH_ALEN);
+    __builtin_memset(eth->h_source, 0x04, ETH_ALEN);
+    int k = 0;
+    int *ifindex = bench_tc_tx.lookup(&k);
+    if (!ifindex)
+        return 0;
+    return bpf_redirect(*ifindex, 0);
 }

@@ -7,7 +7,11 @@ Switch (XDP):
     our modes        pinned, weighted, dlb, pinned failover, connected, pass (no route)
 Host (TC):
     empty TC         returns TC_ACT_OK
-    egress/ingress   QP already placed (conntrack hit) and rewritten; ingress restore
+    parse+redirect   parse Ethernet/IPv6, rewrite MACs, bpf_redirect to a port (the least a
+                     scale-up GPU's egress must do)
+    egress/ingress   address mode: QP already placed (conntrack hit) and rewritten; ingress restore
+    ports egress     ports mode (FARE scale-up GPU, 4 planes x 2 sub-ports): a placed QP to its
+                     sub-port, and per-packet spray by weight
 
 Measured with BPF_PROG_TEST_RUN, kernel-timed. Test-run repeats work on one buffer, so a
 forwarder's hop-limit decrement accumulates: frames start at hop limit 255 and each run has
@@ -27,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rlbcommon import netns  # noqa: E402
 from rlbcommon import packets as P  # noqa: E402
-from rlbcommon.testrun import XDP_PASS, XDP_REDIRECT, prog_test_run  # noqa: E402
+from rlbcommon.testrun import TC_ACT_REDIRECT, XDP_PASS, XDP_REDIRECT, prog_test_run  # noqa: E402
 from rlbhost.dataplane import HostDataplane  # noqa: E402
 from rlbswitch.dataplane import SwitchDataplane  # noqa: E402
 from rlbfabric.routes import NextHop, Route  # noqa: E402
@@ -61,12 +65,15 @@ def main() -> int:
             ref = BPF(src_file=str(Path(__file__).with_name("baseline.c")).encode())
             dp = SwitchDataplane(ns)
             host = HostDataplane(ns)
+            gpu = HostDataplane(f"{ns}-gpu")          # a host is in one mode: a second instance
             try:
                 results = run_cases(args, ref, dp)
                 results += run_host_cases(args, ref, host)
+                results += run_ports_cases(args, ref, gpu)
             finally:
                 dp.destroy()
                 host.destroy()
+                gpu.destroy()
     finally:
         subprocess.run(["ip", "netns", "del", ns])
     report(args, results)
@@ -127,13 +134,42 @@ def run_host_cases(args, ref, host) -> list[tuple[str, float]]:
     return [(name, ns_per_packet(fd, frame, 1, args.rounds * 5, 0, name)) for name, fd, frame in cases]
 
 
+def run_ports_cases(args, ref, gpu) -> list[tuple[str, float]]:
+    """A scale-up GPU's egress in ports mode: 4 planes x 2 sub-ports, a QP already placed on its
+    sub-port (the steady state), and a reorder-tolerant peer sprayed per packet."""
+    from bcc import BPF
+    from rlbfabric.scaleup import add_loopback_device
+    from rlbhost.dataplane import PortPath
+    ports = [PortPath((p - 1) * 2 + i, f"eth-p{p}-{i}", f"02:00:00:00:{p:02x}:{i:02x}", True)
+             for p in range(1, 5) for i in (1, 2)]
+    for name in ["rlb0", *(p.ifname for p in ports)]:
+        add_loopback_device(name)
+    gpu.attach_ports("rlb0", "fc00:0:ff::1", ports, group_size=2)
+    gpu.set_config(expiry_ms=3_600_000)
+    gpu.apply_weights({"::/0": ({p.value: 1 for p in ports}, False),
+                       "fc00:0:ff::3/128": ({p.value: 1 for p in ports}, True)})
+    ref[b"bench_tc_tx"][ctypes.c_int(0)] = ctypes.c_int(gpu.ifindex("eth-p1-1"))
+    redirect = ref.load_func(b"tc_parse_redirect", BPF.SCHED_CLS).fd
+    qp = P.roce_frame("fc00:0:ff::1", "fc00:0:ff::2", 49152, 77, payload_len=1024)
+    spray = P.roce_frame("fc00:0:ff::1", "fc00:0:ff::3", 49152, 78, payload_len=1024)
+    egress = gpu.prog_fd("egress")
+    if prog_test_run(egress, qp).retval != TC_ACT_REDIRECT:       # places the QP
+        raise SystemExit("ports mode: the QP was not redirected to a port: the setup is wrong")
+    # the program only rewrites MACs, which a redirect leaves the same: repeats are alike
+    cases = [("TC parse+redirect", redirect, qp), ("rlbhost ports (placed QP)", egress, qp),
+             ("rlbhost ports (spray)", egress, spray)]
+    return [(name, ns_per_packet(fd, frame, args.repeat, args.rounds, TC_ACT_REDIRECT, name))
+            for name, fd, frame in cases]
+
+
 def report(args, results):
     empty_ns, base_ns = results[0][1], results[1][1]
     print(f"BPF_PROG_TEST_RUN, {args.rounds} runs x {args.repeat} packets per case (median of runs), "
           f"1024-byte RoCEv2 payload")
     print(f"{'case':<28}{'ns/pkt':>8}{'x empty':>9}{'x baseline':>12}")
-    switch = [r for r in results if not r[0].startswith(("empty TC", "rlbhost"))]
-    host = [r for r in results if r[0].startswith(("empty TC", "rlbhost"))]
+    switch = [r for r in results if not r[0].startswith(("empty TC", "rlbhost", "TC "))]
+    host = [r for r in results if r[0].startswith(("empty TC", "rlbhost egress", "rlbhost ingress"))]
+    ports = [r for r in results if r[0].startswith(("TC parse", "rlbhost ports"))]
     for name, v in switch:
         print(f"{name:<28}{v:>8.1f}{v / empty_ns:>9.2f}{v / base_ns:>12.2f}")
     if host:
@@ -141,6 +177,11 @@ def report(args, results):
         print(f"\n{'host case (TC, 1 pkt/run)':<28}{'ns/pkt':>8}{'x empty':>9}")
         for name, v in host:
             print(f"{name:<28}{v:>8.1f}{v / tc_empty:>9.2f}")
+    if ports:
+        redirect = ports[0][1]
+        print(f"\n{'GPU ports mode (TC egress)':<28}{'ns/pkt':>8}{'x redirect':>12}")
+        for name, v in ports:
+            print(f"{name:<28}{v:>8.1f}{v / redirect:>12.2f}")
 
 
 if __name__ == "__main__":

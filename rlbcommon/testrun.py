@@ -8,7 +8,7 @@ from .libbpf import TestRunOpts, check, lib
 
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
 XDP_VERDICTS = {0: "aborted", 1: "drop", 2: "pass", 3: "tx", 4: "redirect"}
-TC_ACT_OK, TC_ACT_SHOT = 0, 2
+TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
 
 
 @dataclass

@@ -13,14 +13,13 @@ import pytest
 from pyroute2 import IPRoute
 
 from rlbcommon import packets as P
-from rlbcommon.testrun import prog_test_run
+from rlbcommon.testrun import TC_ACT_REDIRECT, TC_ACT_SHOT, prog_test_run
 from rlbfabric.scaleup import add_loopback_device
 from rlbhost.carrier import down_mask, link_events
 from rlbhost.dataplane import HostDataplane, HostError, PortPath
 
 from .conftest import scratch_netns
 
-TC_ACT_SHOT, TC_ACT_REDIRECT = 2, 7
 LOOP_A, LOOP_B, LOOP_C = "fc00:0:ff::1", "fc00:0:ff::2", "fc00:0:ff::3"
 PLANES, SUBS = 4, 2
 # port (plane p, sub-port i) = eth-p<p>-<i>, path value (p-1)*SUBS + i, switch MAC 02:00:00:00:0p:0i
