@@ -81,6 +81,21 @@ def attach_or_run(command: typer.Context, interfaces) -> None:
                                  param_hint="INTERFACES")
 
 
+def detach(dp, interfaces, all_: bool, kept: str):
+    """detach's one meaning in both agents: the programs off the interfaces named, the pinned
+    state kept (`kept` says what, for this agent) so that attaching again adopts it; with --all
+    off every interface, and every pinned map removed."""
+    if all_:
+        gone = dp.destroy()
+        typer.echo(f"detached{' from ' + ', '.join(gone) if gone else ''}; pinned state removed")
+        return
+    if not interfaces:
+        raise dp.error("name the interfaces to detach, or use --all")
+    for ifname in interfaces:
+        dp.detach(ifname)
+    typer.echo(f"detached from {', '.join(interfaces)}; {kept}")
+
+
 def show(data, as_json: bool):
     """A settings object: JSON for machines, 'key value' lines for people."""
     if as_json:

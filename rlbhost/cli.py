@@ -284,16 +284,7 @@ def detach(
       rlbhost detach eth0\n
       rlbhost detach --all           # remove RLB from this host entirely
     """
-    dp = ctx.dataplane()
-    if all_:
-        gone = dp.destroy()
-        typer.echo(f"detached{' from ' + ', '.join(gone) if gone else ''}; pinned state removed")
-        return
-    if not interfaces:
-        raise HostError("name the interfaces to detach, or use --all")
-    for ifname in interfaces:
-        dp.detach(ifname)
-    typer.echo(f"detached from {', '.join(interfaces)}; pinned state kept")
+    common.detach(ctx.dataplane(), interfaces, all_, "pinned state kept")
 
 
 @app.command()

@@ -155,16 +155,7 @@ def detach(
       rlbswitch detach eth3          # take one port out; the others keep forwarding\n
       rlbswitch detach --all         # remove RLB from this switch entirely
     """
-    dp = ctx.dataplane()
-    if all_:
-        dp.destroy()
-        typer.echo("detached from all ports; pinned state removed")
-        return
-    if not interfaces:
-        raise RouteError("name the ports to detach, or use --all")
-    for ifname in interfaces:
-        dp.detach(ifname)
-    typer.echo(f"detached from {', '.join(interfaces)}; routes stay pinned")
+    common.detach(ctx.dataplane(), interfaces, all_, "routes stay pinned")
 
 
 @route_app.command("add")

@@ -276,13 +276,16 @@ class SwitchDataplane(PinnedState):
         self.remove_port(ifindex)
         log.info("detached from %s", ifname)
 
-    def destroy(self):
-        """Detach from every port and remove all pinned state."""
+    def destroy(self) -> list[str]:
+        """Detach from every port and remove all pinned state; the ports detached."""
+        gone = []
         if self.exists():
             for p in self.ports():
                 with contextlib.suppress(DataplaneError):
                     self.detach(p.ifname)
+                    gone.append(p.ifname)
         self.remove_pins()
+        return gone
 
     # ---- neighbours -------------------------------------------------------------------
     def lookup_neighbour(self, ifindex: int, gateway: str) -> str | None:
