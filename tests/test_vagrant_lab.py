@@ -186,15 +186,20 @@ def test_upgrade_and_roll_back_under_traffic(vlab, tmp_path):
             def swap():
                 time.sleep(10)
                 seen["before"] = {vm: dataplane(vlab, vm) for vm in AGENT}
+                t0 = time.time()
                 for vm in AGENT:
                     vlab.sh(vm, install(vm, version), timeout=600)
                 for vm in AGENT:           # the new agent has compiled and replaced its programs
                     vlab.wait(f"{vm}: new programs", lambda: dataplane(vlab, vm)["progs"] not in
                               ([], seen["before"][vm]["progs"]), timeout=600, every=5)
                 seen["after"] = {vm: dataplane(vlab, vm) for vm in AGENT}
+                seen["swap_s"] = round(time.time() - t0)
+                # under traffic: the transfer outlasts the swap (compiles are slow under TCG)
+                seen["client_running"] = vlab.sh("h1", "pgrep -x ib_write_bw", check=False).returncode == 0
 
-            out, _ = write_bw(vlab, tmp_path, 4, "-D 60", during=swap)
+            out, _ = write_bw(vlab, tmp_path, 4, "-D 300", during=swap)
             print(f"{version}: {seen}")
+            assert seen["client_running"], f"the transfer ended during the {seen['swap_s']} s swap"
             assert re.search(rf"^\s*{SIZE}\s+\d+", out, re.M)           # the transfer completed
             for vm in AGENT:
                 b, a = seen["before"][vm], seen["after"][vm]
@@ -218,7 +223,7 @@ def on_mon(vlab, exprs: list[str]) -> list[list]:
 def test_prometheus_on_mon_scrapes_every_agent_and_every_panel_has_data(vlab):
     (up,) = on_mon(vlab, ["up"])
     health = {r["metric"]["instance_node"]: r["value"][1] for r in up}
-    assert health == {n: "1" for n in ("s1", "s2", "l1", "l2", "h1", "h2")}
+    assert health == {n: "1" for n in ("s1", "s2", "l1", "l2", "h1", "h2", "coordinator")}
     queries = [q for fn in dashboards.LEAF_SPINE.values() for q in dashboards.panel_queries(fn())]
     results = on_mon(vlab, [dashboards.as_grafana_sends(e) for _, e in queries])
     empty = [title for (title, _), res in zip(queries, results) if not res]
