@@ -11,6 +11,7 @@ Plain HTTP on the management network (loopback by default): the coordinator trus
 reaches it there, and checks every name and address against the fabric file."""
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -46,5 +47,6 @@ def call(base: str, path: str, body: dict | None = None, timeout: float = 2.0) -
         except (ValueError, AttributeError):
             msg = ""
         raise CoordinatorError(f"{base}{path}: {e.code} {msg or e.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise CoordinatorError(f"{base}{path}: {getattr(e, 'reason', e)}") from None
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
+        # HTTPException: e.g. IncompleteRead, an answer cut short by the timeout on a busy host
+        raise CoordinatorError(f"{base}{path}: {getattr(e, 'reason', None) or str(e) or repr(e)}") from None

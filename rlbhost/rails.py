@@ -202,15 +202,15 @@ class RailAgent:
                  self.me.domain, self.me.rail, len(self.hops), self.coordinator or "none")
         while not self.stop.is_set():
             t0 = time.monotonic()
-            try:
+            try:                                       # a failed round never ends the agent
                 self.step()
                 self.health.ok("rails")
-            except (HostError, OSError) as e:
+            except Exception as e:
                 self.health.failed("rails", e, log, (HostError, OSError))
             try:
                 self.dp.rebalance(balance=False)       # idle QPs expire; none is moved
                 self.health.ok("sweep")
-            except (HostError, OSError) as e:
+            except Exception as e:
                 self.health.failed("sweep", e, log, (HostError, OSError))
             self.stop.wait(max(0.0, self.period_s - (time.monotonic() - t0)))
 

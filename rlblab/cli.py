@@ -156,7 +156,6 @@ def status(name: str = typer.Option("rlb", help="Lab name."),
         try:
             sess = [p for p in BirdClient(str(lab.work / f"{sw.name}.ctl")).protocols() if p["proto"] == "BGP"]
             e["bgp_established"] = sum(p["info"].startswith("Established") for p in sess)
-            e["bgp_sessions"] = len(sess)
         except BirdError as err:
             e["bird_error"] = str(err)
         if lab.mode == "rlb" and sw.role == "leaf":
@@ -168,7 +167,7 @@ def status(name: str = typer.Option("rlb", help="Lab name."),
     typer.echo(f"{out['stages']}-stage, mode {out['mode']}, fabric {out['fabric']}")
     for sw_name, e in out["switches"].items():
         bgp = (f"bird unreachable: {e['bird_error']}" if "bird_error" in e else
-               f"BGP {e['bgp_established']} of {e['bgp_sessions']} established")
+               f"BGP {e['bgp_established']} established")
         routes = ", ".join(f"{n} {m}" for m, n in e.get("routes", {}).items())
         typer.echo(f"  {e['role']:<10} {sw_name:<6} {bgp}{'; ' + routes if routes else ''}")
 

@@ -1,6 +1,7 @@
 """The rlblab command across separate invocations, as an operator uses it."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -28,8 +29,13 @@ def test_up_status_traffic_fail_restore_down():
     try:
         out = lab("up", "--spines", "2", "--leaves", "2", "--hosts", "1")
         assert "up: rlbcl-s1" in out
-        status = lab("status")
-        assert status.count("BGP 2 established") == 4 and "l1: 2 pinned" in status   # 2 spines, 2 leaves
+        status = lab("status")                      # 2 spines, 2 leaves
+        assert status.count("BGP 2 established") == 4
+        l1 = next(line for line in status.splitlines() if line.split()[:2] == ["leaf", "l1"])
+        assert "2 pinned" in l1
+        js = json.loads(lab("status", "--json"))
+        assert {n: e["bgp_established"] for n, e in js["switches"].items()} == {"s1": 2, "s2": 2, "l1": 2, "l2": 2}
+        assert js["switches"]["l1"]["routes"]["pinned"] == 2 and js["mode"] == "rlb"
         traffic = lab("traffic", "--from", "h1", "--to", "h2", "--qps", "2", "--packets", "50")
         assert "uplinks 1.00 (best possible 1.00), downlinks 1.00 (best possible 1.00); 2 QPs" in traffic
         up = uplinks_kb(traffic, "l1")
