@@ -233,3 +233,18 @@ def test_the_vms_python_dependencies_are_the_packages():
     for script in ("build-box.sh", "box/customize.sh", "provision.sh"):
         text = (root / "vagrant" / script).read_text()
         assert "requirements.txt" in text and "pyroute2" not in text, script
+
+
+def test_a_failed_vm_setup_command_is_one_line_with_its_output(monkeypatch, capsys):
+    """python -m rlblab.vm.node: a command of the setup that fails is an operator's error naming
+    the command and what it printed, not an internal error."""
+    from rlblab.vm import node
+
+    def fails(*args):
+        raise subprocess.CalledProcessError(1, ["ip", "link", "set", "eth9", "up"], "", 'Cannot find device "eth9"\n')
+    monkeypatch.setattr(node, "setup", fails)
+    monkeypatch.setattr(sys, "argv", ["vmnode", "setup", "--fabric", str(LAB / "fabric-2x2.toml"), "--node", "l1"])
+    with pytest.raises(SystemExit) as e:
+        node.main()
+    assert e.value.code == 2
+    assert capsys.readouterr().err == 'vmnode: error: ip link set eth9 up: Cannot find device "eth9"\n'

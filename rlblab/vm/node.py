@@ -20,7 +20,6 @@ import json
 import logging
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import typer
@@ -186,7 +185,20 @@ FABRIC_HELP = "The fabric description (TOML), as synced into the VM."
 NODE_HELP = "This VM's name in the lab plan."
 
 
+def _reported(command):
+    """A command line of the setup that fails is the operator's to see: which, and what it
+    printed (common.run would report a CalledProcessError as a bug, without its output)."""
+    @functools.wraps(command)
+    def checked(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except subprocess.CalledProcessError as e:
+            raise RuntimeError(f"{' '.join(e.cmd)}: {(e.stderr or e.stdout or '').strip()}") from None
+    return checked
+
+
 @app.command("setup")
+@_reported
 def setup_cmd(
     fabric: Path = typer.Option(..., help=FABRIC_HELP),
     node_name: str = typer.Option(..., "--node", help=NODE_HELP),
@@ -202,6 +214,7 @@ def setup_cmd(
 
 
 @app.command("net")
+@_reported
 def net_cmd(fabric: Path = typer.Option(..., help=FABRIC_HELP),
             node_name: str = typer.Option(..., "--node", help=NODE_HELP)):
     """Every boot: links up, sysctls, a leaf's gateway addresses (the deployment's rlb-net).
@@ -213,10 +226,7 @@ def net_cmd(fabric: Path = typer.Option(..., help=FABRIC_HELP),
 def main():
     from rlbcommon import cli as common
     logging.basicConfig(level=logging.INFO, format="vmnode: %(message)s")
-    try:
-        common.run(app, "vmnode", (FabricError, RuntimeError))
-    except subprocess.CalledProcessError as e:
-        sys.exit(f"vmnode: {' '.join(e.cmd)}: {(e.stderr or e.stdout or '').strip()}")
+    common.run(app, "vmnode", (FabricError, RuntimeError, OSError))
 
 
 if __name__ == "__main__":
