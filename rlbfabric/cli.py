@@ -11,7 +11,7 @@ import typer
 
 from rlbcommon import cli as common
 
-from .deploy import Site, coordinator_unit, net as net_setup, units as node_units
+from .deploy import Site, XdpMode, coordinator_unit, net as net_setup, units as node_units
 from .fabric import FabricError, load
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_enable=False)
@@ -31,7 +31,7 @@ def units(
     coordinator: Optional[str] = typer.Option(None, help="The coordinator's URL: hosts report to it, "
                                               "leaves tell it their uplinks."),
     bin_dir: Path = typer.Option(Site.bin, "--bin", help="Where rlbswitch, rlbhost, rlbcoord and rlbfabric are."),
-    xdp: str = typer.Option("native", help="native, or generic for NICs without native XDP."),
+    xdp: XdpMode = typer.Option(XdpMode.native, help="native, or generic for NICs without native XDP."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Directory to write to (default: print them)."),
 ):
     """Render the systemd units of one machine of the fabric.
@@ -41,10 +41,8 @@ def units(
           --coordinator http://10.0.0.2:9473 -o /etc/systemd/system\n
       rlbfabric units --fabric /etc/rlb/fabric.toml --node coordinator --mgmt-ip 10.0.0.2
     """
-    if xdp not in ("native", "generic"):
-        raise typer.BadParameter("native or generic", param_hint="--xdp")
     fab = load(fabric)
-    site = Site(bin=bin_dir, xdp=xdp)
+    site = Site(bin=bin_dir, xdp=xdp.value)
     fabric_file = fabric.resolve()
     rendered = (coordinator_unit(fabric_file, mgmt_ip, site) if node == "coordinator"
                 else node_units(fab, fabric_file, node, mgmt_ip, coordinator, site))

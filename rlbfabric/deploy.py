@@ -21,6 +21,7 @@ A scale-up fabric (kind = "scaleup"):
                                probes, carrier watcher)"""
 from __future__ import annotations
 
+import enum
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,12 @@ from .constants import RUN_DIR
 from .fabric import Fabric
 
 SWITCH_ROLES = ("leaf", "spine", "superspine")
+
+
+class XdpMode(str, enum.Enum):
+    """How the switch program attaches: native, or generic (skb) for NICs without native XDP."""
+    native = "native"
+    generic = "generic"
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The Vagrant lab's plan from a fabric file: every link has two consistent ends."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -196,6 +197,10 @@ def test_deploy_cli_writes_units(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "rlbfabric.cli", "units", "--fabric", str(LAB / "fabric.toml"),
                           "--node", "h9", "--mgmt-ip", "10.1.0.3"], capture_output=True, text=True)
     assert bad.returncode != 0 and "no node 'h9'" in bad.stderr
+    mode = subprocess.run([sys.executable, "-m", "rlbfabric.cli", "units", "--fabric", str(LAB / "fabric.toml"),
+                           "--node", "l1", "--mgmt-ip", "10.1.0.3", "--xdp", "fast"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"})     # the message on one line
+    assert mode.returncode == 2 and "'fast' is not one of 'native', 'generic'" in mode.stderr
 
 
 def test_vagrant_up_that_starts_no_vm_stops_with_the_reason(tmp_path):

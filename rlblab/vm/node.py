@@ -202,15 +202,14 @@ def _reported(command):
 def setup_cmd(
     fabric: Path = typer.Option(..., help=FABRIC_HELP),
     node_name: str = typer.Option(..., "--node", help=NODE_HELP),
-    xdp: str = typer.Option("native", help="XDP mode on switch ports: native, or generic for NICs without it."),
+    xdp: deploy.XdpMode = typer.Option(deploy.XdpMode.native, help="XDP mode on switch ports: native, or "
+                                       "generic for NICs without it."),
     bfd_ms: int = typer.Option(0, min=0, help="BFD interval instead of the fabric file's (0: the file's)."),
 ):
     """Once, by the provisioner: name the fabric NICs, write and start the node's units.
 
     Example: /opt/rlb/venv/bin/python -m rlblab.vm.node setup --fabric /opt/rlb/src/lab/fabric-2x2.toml --node l1"""
-    if xdp not in ("native", "generic"):
-        raise typer.BadParameter("native or generic", param_hint="--xdp")
-    setup(fabric, node_name, xdp, bfd_ms)
+    setup(fabric, node_name, xdp.value, bfd_ms)
 
 
 @app.command("net")
