@@ -54,6 +54,17 @@ VERSION_OPTION = typer.Option(False, "--version", is_eager=True, callback=_print
                               help="Print the installed version and exit.")
 
 
+def program_app(doc: str) -> typer.Typer:
+    """A program's Typer app with what every program has: help when run bare, no traceback
+    pages (run() reports errors), --version. The agents' add their own options (agent_app)."""
+    app = typer.Typer(help=doc, no_args_is_help=True, pretty_exceptions_enable=False)
+
+    @app.callback()
+    def main_options(version: bool = VERSION_OPTION):
+        pass
+    return app
+
+
 def agent_app(doc: str, dataplane_class, log: logging.Logger) -> tuple[typer.Typer, AgentContext]:
     """A Typer app with the options every agent command takes (--netns, --instance, -v)."""
     app = typer.Typer(help=doc, no_args_is_help=True, pretty_exceptions_enable=False)

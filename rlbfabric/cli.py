@@ -14,13 +14,8 @@ from rlbcommon import cli as common
 from .deploy import Site, XdpMode, coordinator_unit, net as net_setup, units as node_units
 from .fabric import FabricError, load
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_enable=False)
+app = common.program_app(__doc__)
 FABRIC_HELP = "The fabric description (TOML)."
-
-
-@app.callback()
-def main_options(version: bool = common.VERSION_OPTION):
-    pass
 
 
 @app.command()

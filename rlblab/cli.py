@@ -13,13 +13,8 @@ from rlbcommon import cli as common
 
 from rlbcommon.paths import RUN_DIR
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_enable=False)
+app = common.program_app(__doc__)
 DEFAULT_FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"
-
-
-@app.callback()
-def main_options(version: bool = common.VERSION_OPTION):
-    pass
 
 
 def _state(name: str) -> Path:
