@@ -61,6 +61,16 @@ def run(
       rlbswitch run                  # after a restart or upgrade: adopt what is pinned
     """
     common.attach_or_run(command, interfaces)
+    # what the options allow, before anything is attached
+    if once and (fabric_file or node or coordinator or control_only):
+        raise DataplaneError("--once only attaches: --fabric, --node, --coordinator and "
+                             "--control-only need the agent")
+    if once and not interfaces:
+        raise DataplaneError("--once: name the ports to attach")
+    if bool(fabric_file) != bool(node):
+        raise DataplaneError("--fabric and --node go together")
+    if (control_only or coordinator) and not fabric_file:
+        raise DataplaneError(f"{'--control-only' if control_only else '--coordinator'} needs --fabric and --node")
     from .metrics import SwitchCollector
     from .watcher import Watcher
     from rlbcommon.metrics import serve
@@ -72,17 +82,10 @@ def run(
     for ifname in interfaces or []:   # all must exist before anything is loaded
         dp.ifindex(ifname)
     if control_only:
-        if not (fabric_file and node):
-            raise DataplaneError("--control-only needs --fabric and --node")
         interfaces, metrics_port = [], 0
     for ifname in interfaces or []:
         dp.attach(ifname, generic=generic, speed_mbps=speed_mbps)
     if once:
-        if fabric_file or node or coordinator or control_only:
-            raise DataplaneError("--once only attaches: --fabric, --node, --coordinator and "
-                                 "--control-only need the agent")
-        if not interfaces:
-            raise DataplaneError("--once: name the ports to attach")
         typer.echo(f"attached to {', '.join(interfaces)}; state pinned at {dp.pins}; no agent runs")
         return
     if interfaces:
@@ -94,9 +97,7 @@ def run(
     elif not interfaces and not control_only:
         raise DataplaneError("nothing to run: no pinned state and no interfaces given")
     sync = None
-    if fabric_file or node:
-        if not (fabric_file and node):
-            raise DataplaneError("--fabric and --node go together")
+    if fabric_file:
         from .birdsync import BirdSync
         from rlbfabric.fabric import load
         sync = BirdSync(dp, load(fabric_file), node, bird_socket or str(run_dir / f"{node}.ctl"), run_dir,
@@ -104,8 +105,6 @@ def run(
         threading.Thread(target=sync.run, name="bird", daemon=True).start()
         log.info("following bird2 at %s for %s", sync.bird.path, node)
     if coordinator:
-        if not sync:
-            raise DataplaneError("--coordinator needs --fabric and --node")
         from .linkreport import LinkReporter
         try:
             LinkReporter(sync.fabric, node, coordinator, health=health).start()
@@ -126,12 +125,12 @@ def run(
     log.info("agent stopping; forwarding continues from the pinned maps")
 
 
-
 ATTACH_HELP = """Attach the XDP program to ports and run the switch agent in the foreground.
 
 The switch then works fully: link and neighbour changes followed, bird's routes programmed with
---fabric/--node, metrics served. Stopping the agent leaves forwarding running from the pinned maps; attaching again replaces the
-program atomically and adopts the state. --once attaches without the agent.
+--fabric/--node, metrics served. Stopping the agent leaves forwarding running from the pinned
+maps; attaching again replaces the program atomically and adopts the state. --once attaches
+without the agent.
 
 Examples:\n
   rlbswitch attach eth1 eth2 eth3 eth4\n

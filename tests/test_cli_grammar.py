@@ -136,6 +136,8 @@ def test_switch_attach_once_detach_keeps_routes_status_shows_them():
             assert "why: set by an operator" in cli("rlbswitch", ns, "route", "show").stdout
             res = cli("rlbswitch", ns, "attach", "--once", "--fabric", "x.toml", "p1")
             assert res.returncode == 2 and "--once only attaches" in res.stderr
+            s = json.loads(cli("rlbswitch", ns, "status", "--json").stdout)     # refused before attaching
+            assert [p["interface"] for p in s["ports"]] == ["p0"]
             assert cli("rlbswitch", ns, "detach", "--all").returncode == 0 and not pins.exists()
         finally:
             cli("rlbswitch", ns, "detach", "--all")
