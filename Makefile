@@ -1,5 +1,5 @@
 # Two commands for a fresh Debian 12 machine (as root). Each installs what is missing first.
-.PHONY: demo test bench setup clean vagrant-deps vagrant-box vagrant-test
+.PHONY: demo test bench setup clean vagrant-deps vagrant-box vagrant-test vagrant-test-scaleup
 
 setup:
 	@./scripts/bootstrap.sh
@@ -26,6 +26,9 @@ vagrant-box: setup vagrant-deps
 
 vagrant-test: setup vagrant-deps
 	RLB_VAGRANT=1 .venv/bin/python -m pytest -v -s tests/test_vagrant_lab.py
+
+vagrant-test-scaleup: setup vagrant-deps
+	RLB_VAGRANT=1 .venv/bin/python -m pytest -v -s tests/test_vagrant_scaleup.py
 
 clean:
 	-.venv/bin/rlblab down

@@ -45,6 +45,8 @@ class Site:
     run_dir: Path = RUN_DIR
     xdp: str = "native"                       # or generic, for NICs without native XDP
     bfd_ms: int = 0                           # instead of the fabric file's (slow emulation)
+    probe_ms: float = 0                       # scale-up GPUs' probes instead of the agent's
+    probe_dead_ms: float = 0                  # defaults (0: rlbhost's), for slow emulation
 
 
 def role(fabric: Fabric, node: str) -> str:
@@ -95,15 +97,18 @@ WantedBy=multi-user.target
     elif fabric.is_gpu(node):
         from .scaleup import LOOPBACK_DEVICE
         run = site.run_dir
+        bfd = f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else ""
+        probes = (f" --probe-ms {site.probe_ms:g}" if site.probe_ms else "") + \
+            (f" --probe-dead-ms {site.probe_dead_ms:g}" if site.probe_dead_ms else "")
         out["rlb-bird"] = _bird_unit(f"GPU {node} (its loopback into every plane, with its path bandwidth)",
-                                     f"{site.bin}/rlbhost bird-config {args}", node, run)
+                                     f"{site.bin}/rlbhost bird-config {args}{bfd}", node, run)
         out["rlb-host"] = f"""[Unit]
 Description=RLB GPU agent (QPs across planes and sub-ports, probes, carrier watcher) on {node}
 Requires=rlb-net.service
 Wants=rlb-bird.service
 After=rlb-net.service rlb-bird.service
 [Service]
-ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}
+ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes}
 Restart=always
 RestartSec=1
 [Install]

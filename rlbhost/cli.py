@@ -242,6 +242,8 @@ def bird_config(
     node: str = typer.Option(..., help="This GPU's name in the fabric file."),
     run_dir: Path = typer.Option(Path(str(RUN_DIR)), help="Where bird's log and includes live."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write here (default: stdout)."),
+    bfd_ms: Optional[int] = typer.Option(None, min=10, max=10000, help="BFD interval instead of the "
+        "fabric file's (slower for emulated VMs, whose timers jitter by hundreds of ms)."),
 ):
     """Render bird.conf for a GPU of a scale-up fabric.
 
@@ -254,6 +256,8 @@ def bird_config(
     fab = load(fabric_file)
     if not fab.is_gpu(node):
         raise HostError(f"{node!r} is not a GPU of a scale-up fabric in {fabric_file}")
+    if bfd_ms:
+        fab.bfd_ms = bfd_ms
     run_dir.mkdir(parents=True, exist_ok=True)
     for inc, body in initial_includes(fab, node, run_dir).items():
         if not inc.exists():

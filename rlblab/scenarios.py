@@ -6,6 +6,7 @@ what the document expects, PASS or FAIL. The end-to-end tests call the same run 
 their own labs, so what an operator runs is what CI asserts."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -188,8 +189,8 @@ def scaleup_3_2_spray(lab: FabricLab, packets: int = 20000) -> list[Check]:
 
 # ---- FARE for scale-up networks, on the multi-plane fabric (lab/scaleup.toml) ---------------
 
-def _wait_planes(lab, src: str, dst: str, want: dict[int, float], timeout: float = 15.0) -> dict[int, float]:
-    deadline, got = time.time() + timeout, {}
+def _wait_planes(lab, src: str, dst: str, want: dict[int, float], timeout: float | None = None) -> dict[int, float]:
+    deadline, got = time.time() + (timeout or lab.SETTLE_S), {}
     while time.time() < deadline:
         got = lab.plane_weights(src, dst)
         if got == want:
@@ -217,20 +218,9 @@ def _plane_of(lab, value: int) -> int:
 
 def _qp_paths(lab, gpu: str, peer: str) -> dict[tuple[int, int], int]:
     """{(UDP source port, QP): path value} of a GPU's active QPs to a peer."""
-    import json
     lo = lab.fabric.loopback(peer)
     return {(q["sport"], q["qp"]): q["path"] + 1 for q in json.loads(lab.cli(gpu, "qps", "--json"))
             if q["peer"] == lo and q["active"]}
-
-
-def _link(lab, node: str, ifname: str, state: str):
-    """A link down or up; up puts back its configured link-local (the kernel drops link-local
-    addresses on down whatever keep_addr_on_down says), as a real host's network config does."""
-    from rlbfabric.scaleup import GPU_LL, SWITCH_LL
-    run(lab.ns(node), "ip", "link", "set", ifname, state)
-    if state == "up":
-        ll = GPU_LL if lab.fabric.is_gpu(node) else SWITCH_LL
-        run(lab.ns(node), "ip", "addr", "replace", f"{ll}/64", "dev", ifname, "nodad")
 
 
 def _converged_first(fn):
@@ -241,7 +231,7 @@ def _converged_first(fn):
 
     @functools.wraps(fn)
     def run(lab, *a, **kw):
-        lab.wait_converged(60)
+        lab.wait_converged()
         return fn(lab, *a, **kw)
     return run
 
@@ -252,7 +242,7 @@ def scaleup_split(lab, n_qps: int = 64) -> list[Check]:
     plane 1 halves (FARE min() at g2, the plane switch and g1); 64 new QPs g1->g2 split 1:2:2:2
     across the planes, within 2 points of those weights, and evenly over each plane's sub-ports."""
     m = lab.fabric.subports
-    _link(lab, "g2", f"eth-p1-{m}", "down")
+    lab.set_port("g2", f"eth-p1-{m}", False)
     try:
         want = _one_subport_fewer(lab, 1)
         got = _wait_planes(lab, "g1", "g2", want)
@@ -271,7 +261,7 @@ def scaleup_split(lab, n_qps: int = 64) -> list[Check]:
                   - min(per_sub.get((p, i), 0) for i in range(1, m + 1)) > 1]
         checks.append(Check("QPs per sub-port within each plane", per_sub, "differ by at most 1", not uneven))
     finally:
-        _link(lab, "g2", f"eth-p1-{m}", "up")
+        lab.set_port("g2", f"eth-p1-{m}", True)
     return checks
 
 
@@ -284,7 +274,9 @@ def scaleup_subcable(lab, n_qps: int = 64) -> list[Check]:
     import math
     checks = []
     planes, m, _ = _shape(lab)
-    lab.cli("g1", "config", "--expiry-ms", "60000")
+    # the QPs must outlive a fault's travel to g1's weights and back: idle entries expire
+    expiry = json.loads(lab.cli("g1", "config", "--json"))["expiry_ms"]
+    lab.cli("g1", "config", "--expiry-ms", str(max(60000, int(4000 * lab.SETTLE_S))))
     full = lab.full_planes()
     try:
         def traffic():
@@ -296,15 +288,15 @@ def scaleup_subcable(lab, n_qps: int = 64) -> list[Check]:
                 ("sender", "g1", "eth-p2-1", 2, math.ceil(n_qps / (planes * m))),
                 ("receiver", "g2", "eth-p3-1", 3, math.ceil(n_qps / planes - n_qps * (m - 1) / (m * planes - 1)))):
             before = traffic()
-            _link(lab, node, port, "down")
+            lab.set_port(node, port, False)
             _wait_planes(lab, "g1", "g2", _one_subport_fewer(lab, plane))
             time.sleep(0.5)
             during = traffic()
             moved = sum(1 for q in before if during.get(q) != before[q])
             checks.append(Check(f"{where}'s sub-cable {port} down: QPs moved", moved,
                                 f"{expect} (ceil of the proportional share)", moved == expect))
-            _link(lab, node, port, "up")
-            _wait_planes(lab, "g1", "g2", full, timeout=30)
+            lab.set_port(node, port, True)
+            _wait_planes(lab, "g1", "g2", full, timeout=2 * lab.SETTLE_S)
             time.sleep(0.5)
             after = traffic()
             back = sum(1 for q in during if after.get(q) != during[q])
@@ -314,7 +306,7 @@ def scaleup_subcable(lab, n_qps: int = 64) -> list[Check]:
                                 f"{expect}; {' or '.join(map(str, sorted(share)))} each",
                                 back == expect and set(even.values()) <= share))
     finally:
-        lab.cli("g1", "config", "--expiry-ms", "200")
+        lab.cli("g1", "config", "--expiry-ms", f"{expiry:g}")
     return checks
 
 
@@ -363,7 +355,7 @@ def carrier_reaction_ms(lab, gpu: str, plane: str, sub: int = 1, trials: int = 2
                 while not mask_has_bit() and time.perf_counter() - t0 < 1.0:
                     time.sleep(0.00005)
                 out.append(((t1 - t0) * 1000, (time.perf_counter() - t0) * 1000))
-                _link(lab, plane, port.switch_ifname, "up")
+                lab.set_port(plane, port.switch_ifname, True)
                 end = time.perf_counter() + 2
                 while mask_has_bit() and time.perf_counter() < end:
                     time.sleep(0.001)
@@ -396,7 +388,7 @@ def scaleup_plane_failure(lab) -> list[Check]:
     try:
         rate, n = 8000, 16
         sent, got = _stream_loss(lab, "g1", "g2", n, 3.0, rate,
-                                 lambda: [_link(lab, last.name, p, "down") for p in ports], seed=41)
+                                 lambda: [lab.set_port(last.name, p, False) for p in ports], seed=41)
         lost = sent - got
         ms = lost / (rate / planes) * 1000      # the QPs spread evenly: 1/P of them on the plane
         checks.append(Check(f"{last.name} down: traffic lost on it (ms of its share)", round(ms, 2), "<= 1 ms",
@@ -405,9 +397,9 @@ def scaleup_plane_failure(lab) -> list[Check]:
         checks.append(Check("g1's plane weights to g2 after", w, f"{last.name} 0", w.get(last.index) == 0.0))
     finally:
         for p in ports:
-            _link(lab, last.name, p, "up")
+            lab.set_port(last.name, p, True)
         lab.cli("g1", "config", "--expiry-ms", "200")
-        _wait_planes(lab, "g1", "g2", lab.full_planes(), timeout=30)
+        _wait_planes(lab, "g1", "g2", lab.full_planes(), timeout=2 * lab.SETTLE_S)
     return checks
 
 
@@ -453,7 +445,7 @@ def scaleup_spray(lab, packets: int = 100_000) -> list[Check]:
     checks = []
     planes, m, gpus = _shape(lab)
     peer = gpus[-1]
-    _link(lab, "g1", f"eth-p1-{m}", "down")
+    lab.set_port("g1", f"eth-p1-{m}", False)
     try:
         want = _one_subport_fewer(lab, 1)
         got = _wait_planes(lab, "g1", peer, want)
@@ -471,7 +463,7 @@ def scaleup_spray(lab, packets: int = 100_000) -> list[Check]:
         checks.append(Check("share per sub-port of the other planes", subs, f"{exp[2] / m:.4f} within 0.01 each",
                             all(abs(v - exp[2] / m) <= 0.01 for v in subs.values())))
     finally:
-        _link(lab, "g1", f"eth-p1-{m}", "up")
+        lab.set_port("g1", f"eth-p1-{m}", True)
     return checks
 
 

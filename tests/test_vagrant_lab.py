@@ -5,18 +5,13 @@ the monitor) comes up from the local box; perftest's ib_write_bw runs N QPs host
 Soft-RoCE with IPv6 GIDs through the XDP switches. The spine VMs' own interface counters must
 show the QPs on distinct spines; a leaf-spine cable pulled mid-transfer must not fail it. The VMs
 are always destroyed. About 30 minutes under software emulation (TCG) on 2 cores."""
-import json
 import os
 import re
-import shlex
-import shutil
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from rlblab.vm.driver import LOCAL_BOX, VAGRANT_DIR, VagrantLab
+from rlblab.vm.driver import lab_session
 from rlbmonitor import dashboards
 
 pytestmark = [pytest.mark.vagrant,
@@ -28,41 +23,18 @@ PREFIXES = {"l1": ["fc00:2:1:1::/64", "fc00:2:1:2::/64"], "l2": ["fc00:1:1:1::/6
 SIZE, ITERS = 16384, 200
 
 
-def no_systemd() -> bool:
-    return Path("/proc/1/comm").read_text().strip() != "systemd"
-
-
 @pytest.fixture(scope="module")
 def vlab(tmp_path_factory):
-    if not shutil.which("vagrant"):
-        pytest.fail("vagrant is not installed: make vagrant-deps")
-    netns = "rlbvm" if no_systemd() else None
-    if netns:
-        subprocess.run([VAGRANT_DIR / "libvirt.sh", "start"], check=True)
-    boxes = subprocess.run(["vagrant", "box", "list"], capture_output=True, text=True).stdout
-    if LOCAL_BOX not in boxes:
-        subprocess.run([VAGRANT_DIR / "build-box.sh"], check=True)
-    # /dev/kvm here is PVM, on which stock kernels hang: software emulation unless told otherwise
-    env = {"RLB_BOX": LOCAL_BOX, "RLB_LIBVIRT_DRIVER": os.environ.get("RLB_LIBVIRT_DRIVER", "qemu"),
-           "RLB_MGMT_MODE": "none"}
-    lab = VagrantLab(netns=netns, env=env, log=tmp_path_factory.mktemp("vagrant") / "vagrant.log")
-    lab.destroy()
-    try:
+    with lab_session("lab/fabric-2x2.toml", tmp_path_factory.mktemp("vagrant") / "vagrant.log") as lab:
         t0 = time.time()
-        lab.up()
-        print(f"vagrant up: {time.time() - t0:.0f} s")
         for leaf, prefixes in PREFIXES.items():
             lab.wait(f"{leaf} programs the remote prefixes",
                      lambda: {r["prefix"] for r in lab.json(leaf, "/opt/rlb/venv/bin/rlbswitch route show --json")}
                      >= set(prefixes))
         for h in ("h1", "h2"):
             lab.wait(f"{h}: rxe0 GIDs on every path", lambda: len(gids(lab, h)) == 2)
-        print(f"converged: {time.time() - t0:.0f} s")
+        print(f"converged: {time.time() - t0:.0f} s after up")
         yield lab
-    finally:
-        lab.destroy()
-        if netns:
-            subprocess.run([VAGRANT_DIR / "libvirt.sh", "stop"])
 
 
 def gids(lab, host) -> dict[int, int]:
@@ -210,25 +182,15 @@ def test_upgrade_and_roll_back_under_traffic(vlab, tmp_path):
         vlab.sh("h1", f"{BIN}/rlbhost config --expiry-ms 200", check=False)
 
 
-def on_mon(vlab, exprs: list[str]) -> list[list]:
-    """Evaluate PromQL on mon's Prometheus (it listens on mon; the test host has no route)."""
-    script = ("import json, urllib.parse, urllib.request\n"
-              f"out = []\nfor q in json.loads({json.dumps(json.dumps(exprs))}):\n"
-              "    u = 'http://localhost:9090/api/v1/query?' + urllib.parse.urlencode({'query': q})\n"
-              "    out.append(json.loads(urllib.request.urlopen(u, timeout=10).read())['data']['result'])\n"
-              "print(json.dumps(out))\n")
-    return vlab.json("mon", "python3 -c " + shlex.quote(script))
-
-
 def test_prometheus_on_mon_scrapes_every_agent_and_every_panel_has_data(vlab):
-    (up,) = on_mon(vlab, ["up"])
+    (up,) = vlab.prometheus(["up"])
     health = {r["metric"]["instance_node"]: r["value"][1] for r in up}
     assert health == {n: "1" for n in ("s1", "s2", "l1", "l2", "h1", "h2", "coordinator")}
     queries = [q for fn in dashboards.LEAF_SPINE.values() for q in dashboards.panel_queries(fn())]
-    results = on_mon(vlab, [dashboards.as_grafana_sends(e) for _, e in queries])
+    results = vlab.prometheus([dashboards.as_grafana_sends(e) for _, e in queries])
     empty = [title for (title, _), res in zip(queries, results) if not res]
     assert not empty, f"panels without data: {empty}"
     # the spines' ports towards l2 carried the perftest traffic of the tests before
-    (tx,) = on_mon(vlab, ['rlb_switch_port_tx_bytes_total{interface="eth-l2"}'])
+    (tx,) = vlab.prometheus(['rlb_switch_port_tx_bytes_total{interface="eth-l2"}'])
     assert sorted(r["metric"]["instance_node"] for r in tx if float(r["value"][1]) > 1e6) == ["s1", "s2"]
     assert sorted(r["metric"]["node"] for r in tx) == ["s1", "s2"]     # the VM's name, not "default"

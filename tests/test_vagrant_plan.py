@@ -175,6 +175,9 @@ def test_scale_up_fabric_plan_and_units():
     assert sorted(gpu) == ["rlb-bird", "rlb-host", "rlb-net"]
     assert f"rlbhost attach rlb0 --fabric {fab_file} --node g3" in gpu["rlb-host"]
     assert "--coordinator" not in gpu["rlb-host"] and "rlbhost bird-config" in gpu["rlb-bird"]
+    assert "--probe-ms" not in gpu["rlb-host"] and "--bfd-ms" not in gpu["rlb-bird"]
+    slow = units(fab, vms, g3, fab_file, bfd_ms=1000, probe_ms=500, probe_dead_ms=5000)
+    assert "--probe-ms 500 --probe-dead-ms 5000" in slow["rlb-host"] and "--bfd-ms 1000" in slow["rlb-bird"]
     plane = units(fab, vms, node(vms, "p2"), fab_file)
     assert f"--speed-mbps {fab.sub_mbps('p2')}" in plane["rlb-switch"] and "eth-g8-2" in plane["rlb-switch"]
     mon = units(fab, vms, node(vms, "mon"), fab_file)
@@ -253,3 +256,71 @@ def test_a_failed_vm_setup_command_is_one_line_with_its_output(monkeypatch, caps
         node.main()
     assert e.value.code == 2
     assert capsys.readouterr().err == 'vmnode: error: ip link set eth9 up: Cannot find device "eth9"\n'
+
+
+def test_a_gpus_bird_config_takes_a_slower_bfd(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rlbhost", "bird-config", "--fabric", str(LAB / "scaleup.toml"),
+                          "--node", "g2", "--run-dir", str(tmp_path), "--bfd-ms", "700"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "min rx interval 700 ms; min tx interval 700 ms" in out.stdout
+    assert "interval 50 ms" not in out.stdout
+
+
+def test_a_pulled_sub_cable_in_the_vm_lab_is_the_named_ports_link_at_both_ends(tmp_path):
+    """set_port takes carrier off both NICs of that one link (of a GPU's m into a plane)."""
+    from rlblab.vm.driver import VagrantLab
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (fake / "virsh").write_text(f'#!/bin/sh\ncase "$*" in *list*) for n in p1 p2 p3 p4 g1 g2; do '
+                                f'echo vagrant_$n; done ;; *) echo "$*" >> {calls} ;; esac\n')
+    (fake / "virsh").chmod(0o755)
+    lab = VagrantLab("lab/scaleup.toml", env={"PATH": f"{fake}:/usr/bin:/bin"}, log=tmp_path / "log")
+    lab.set_port("g2", "eth-p3-2", False)
+    g2 = next(l for l in lab.vm("g2").links if l.ifname == "eth-p3-2")
+    p3 = next(l for l in lab.vm("p3").links if l.ifname == "eth-g2-2")
+    assert calls.read_text().split("\n")[:2] == [
+        f"-c qemu:///system domif-setlink vagrant_g2 {g2.mac} down",
+        f"-c qemu:///system domif-setlink vagrant_p3 {p3.mac} down"]
+    assert len({g2.mac, p3.mac} | {l.mac for l in lab.vm("g2").links if l.ifname != "eth-p3-2"}) == 9
+    with pytest.raises(RuntimeError, match="g2 has no fabric port eth-p9-1"):
+        lab.set_port("g2", "eth-p9-1", True)
+
+
+def test_the_vm_labs_qp_sender_sends_every_frame_through_the_loopback_device():
+    """What VagrantScaleup runs on a GPU VM to send QPs, run here in a namespace with an rlb0 of
+    its own (a veth: it counts what it sends; the lab's ssh replaced by `ip netns exec`); the
+    counters it reads, parsed likewise."""
+    from rlblab.traffic import Flow
+    from rlblab.vm.scaleup import VagrantScaleup
+    ns = f"rlbvs-{os.getpid()}"
+
+    class Here:
+        fabric = "lab/scaleup.toml"
+
+        def sh(self, name, cmd, timeout=300):
+            res = subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", cmd], capture_output=True, text=True,
+                                 timeout=timeout)
+            assert res.returncode == 0, res.stderr
+            return res
+
+        def json(self, name, cmd):
+            return json.loads(self.sh(name, cmd).stdout)
+
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        for conf in ("all", "default"):     # no neighbour discovery or MLD of its own in the counters
+            subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{conf}.disable_ipv6=1"],
+                           check=True)
+        subprocess.run(["ip", "-n", ns, "link", "add", "rlb0", "type", "veth", "peer", "name", "far"], check=True)
+        for dev in ("rlb0", "far"):
+            subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
+        lab = VagrantScaleup(Here(), venv=str(Path(sys.executable).parent))
+        flows = [Flow("fc00:0:ff::1", "fc00:0:ff::2", 49152 + i, i) for i in range(3)]
+        assert lab.send_flows("g1", flows, 4, 100, None) == 12
+        tx = lab.lab.json("g1", "ip -j -s link show rlb0")[0]["stats64"]["tx"]
+        assert tx["packets"] == 12 and tx["bytes"] >= 12 * 100
+        assert lab.port_rx_bytes("p1", ["far", "lo"]) == {"far": tx["bytes"], "lo": 0}
+    finally:
+        subprocess.run(["ip", "netns", "del", ns])

@@ -5,6 +5,7 @@ Where PID 1 is not systemd, libvirt runs in its own network namespace (vagrant/l
 vagrant, ssh and virsh must run there too: pass netns."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from rlbfabric.fabric import load
 
-from .plan import VmNode, node, plan
+from .plan import MONITOR, VmNode, node, plan
 
 VAGRANT_DIR = Path(__file__).resolve().parents[2] / "vagrant"
 LOCAL_BOX = "rlb/bookworm-lab"
@@ -127,9 +128,63 @@ class VagrantLab:
         return match[0]
 
     def set_link(self, a: str, b: str, up: bool):
-        """Both ends of the a-b link lose (or regain) carrier, as when a cable is pulled: a UDP
-        tunnel has no carrier of its own, so each VM's NIC is set down from the host."""
-        for x, y in ((a, b), (b, a)):
-            mac = next(l.mac for l in self.vm(x).links if l.peer == y)
-            subprocess.run(["virsh", "-c", "qemu:///system", "domif-setlink", self.domain(x), mac,
-                            "up" if up else "down"], check=True, capture_output=True)
+        """The (first) a-b link's cable pulled or put back: see set_port."""
+        self.set_port(a, next(l.ifname for l in self.vm(a).links if l.peer == b), up)
+
+    def set_port(self, name: str, ifname: str, up: bool):
+        """Both ends of the link on a VM's port lose (or regain) carrier, as when its cable is
+        pulled: a UDP tunnel has no carrier of its own, so each VM's NIC is set down from the
+        host. The addresses stay (carrier, unlike `ip link set down`, does not remove them)."""
+        end = next((l for l in self.vm(name).links if l.ifname == ifname), None)
+        if end is None:
+            raise RuntimeError(f"{name} has no fabric port {ifname}")
+        for vm, mac in ((name, end.mac), (end.peer, next(l.mac for l in self.vm(end.peer).links
+                                                         if l.ifname == end.peer_ifname and l.peer == name))):
+            subprocess.run(["virsh", "-c", "qemu:///system", "domif-setlink", self.domain(vm), mac,
+                            "up" if up else "down"], check=True, capture_output=True, env=self.env)
+
+    # ---- the monitor ------------------------------------------------------------------
+    def prometheus(self, exprs: list[str]) -> list[list]:
+        """Evaluate PromQL on the monitor's Prometheus (it listens on the monitor; this machine
+        has no route to it): one result list per expression."""
+        script = ("import json, urllib.parse, urllib.request\n"
+                  f"out = []\nfor q in json.loads({json.dumps(json.dumps(exprs))}):\n"
+                  "    u = 'http://localhost:9090/api/v1/query?' + urllib.parse.urlencode({'query': q})\n"
+                  "    out.append(json.loads(urllib.request.urlopen(u, timeout=10).read())['data']['result'])\n"
+                  "print(json.dumps(out))\n")
+        return self.json(MONITOR, "python3 -c " + shlex.quote(script))
+
+
+def no_systemd() -> bool:
+    return Path("/proc/1/comm").read_text().strip() != "systemd"
+
+
+@contextlib.contextmanager
+def lab_session(fabric: str, log: Path, env: dict | None = None):
+    """The lab of a fabric file up from the local box (built if missing), yielded, and always
+    destroyed: what the opt-in VM tests share. env adds to the Vagrantfile's settings
+    (RLB_BFD_MS ...). Where PID 1 is not systemd, libvirt runs in its own namespace for the
+    session (vagrant/libvirt.sh)."""
+    import shutil
+    if not shutil.which("vagrant"):
+        raise RuntimeError("vagrant is not installed: make vagrant-deps")
+    netns = "rlbvm" if no_systemd() else None
+    if netns:
+        subprocess.run([VAGRANT_DIR / "libvirt.sh", "start"], check=True)
+    boxes = subprocess.run(["vagrant", "box", "list"], capture_output=True, text=True).stdout
+    if LOCAL_BOX not in boxes:
+        subprocess.run([VAGRANT_DIR / "build-box.sh"], check=True)
+    # /dev/kvm here is PVM, on which stock kernels hang: software emulation unless told otherwise
+    env = {"RLB_BOX": LOCAL_BOX, "RLB_LIBVIRT_DRIVER": os.environ.get("RLB_LIBVIRT_DRIVER", "qemu"),
+           "RLB_MGMT_MODE": "none", **(env or {})}
+    lab = VagrantLab(fabric, netns=netns, env=env, log=log)
+    lab.destroy()
+    try:
+        t0 = time.time()
+        lab.up()
+        print(f"vagrant up ({len(lab.vms)} VMs): {time.time() - t0:.0f} s")
+        yield lab
+    finally:
+        lab.destroy()
+        if netns:
+            subprocess.run([VAGRANT_DIR / "libvirt.sh", "stop"])

@@ -74,10 +74,11 @@ def net(fabric_file: Path, name: str):
 
 
 def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, xdp: str = "native",
-          bfd_ms: int = 0) -> dict[str, str]:
+          bfd_ms: int = 0, probe_ms: float = 0, probe_dead_ms: float = 0) -> dict[str, str]:
     """{unit name: unit file} for one VM: what an operator installs (rlbfabric.deploy), plus the
     lab's own: Soft-RoCE on the hosts, Prometheus beside the coordinator on the monitor."""
-    site = deploy.Site(bin=VENV, run_dir=RUN, xdp=xdp, bfd_ms=bfd_ms)
+    site = deploy.Site(bin=VENV, run_dir=RUN, xdp=xdp, bfd_ms=bfd_ms, probe_ms=probe_ms,
+                       probe_dead_ms=probe_dead_ms)
     mon = node(vms, MONITOR)
     scaleup = fab.kind == "scaleup"
     if vm.role == "monitor":
@@ -109,7 +110,7 @@ WantedBy=multi-user.target
     return out
 
 
-def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0):
+def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: float = 0, probe_dead_ms: float = 0):
     fab = load(fabric_file)
     vms = plan(fab)
     vm = node(vms, name)
@@ -117,7 +118,7 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0):
     ETC.mkdir(parents=True, exist_ok=True)
     LINK_DIR.mkdir(parents=True, exist_ok=True)
     name_nics(vm)
-    todo = units(fab, vms, vm, fabric_file, xdp, bfd_ms)
+    todo = units(fab, vms, vm, fabric_file, xdp, bfd_ms, probe_ms, probe_dead_ms)
     for u, body in todo.items():
         (UNITS / f"{u}.service").write_text(body)
     if vm.role == "monitor":
@@ -205,11 +206,14 @@ def setup_cmd(
     xdp: deploy.XdpMode = typer.Option(deploy.XdpMode.native, help="XDP mode on switch ports: native, or "
                                        "generic for NICs without it."),
     bfd_ms: int = typer.Option(0, min=0, help="BFD interval instead of the fabric file's (0: the file's)."),
+    probe_ms: float = typer.Option(0, min=0, help="A scale-up GPU's probe interval (0: rlbhost's default)."),
+    probe_dead_ms: float = typer.Option(0, min=0, help="A scale-up GPU's probe dead time (0: rlbhost's "
+                                        "default)."),
 ):
     """Once, by the provisioner: name the fabric NICs, write and start the node's units.
 
     Example: /opt/rlb/venv/bin/python -m rlblab.vm.node setup --fabric /opt/rlb/src/lab/fabric-2x2.toml --node l1"""
-    setup(fabric, node_name, xdp.value, bfd_ms)
+    setup(fabric, node_name, xdp.value, bfd_ms, probe_ms, probe_dead_ms)
 
 
 @app.command("net")

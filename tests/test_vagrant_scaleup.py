@@ -1,0 +1,67 @@
+"""Opt-in (RLB_VAGRANT=1, `make vagrant-test-scaleup`): lab/scaleup.toml as VMs — 4 plane
+switches, 8 GPUs with 2 sub-port cables into every plane, and the monitor: 13 VMs from the same
+fabric file as the namespace lab. The GPUs are BGP speakers (bird2) and run `rlbhost attach rlb0`
+in ports mode; the planes run the XDP switch. The scale-up scenarios run here as the very code
+`rlblab scenario` runs on namespaces (rlblab.vm.scaleup adapts the lab), with a pulled cable for a
+port down. The VMs are always destroyed. About an hour under software emulation on 2 cores."""
+import os
+import time
+
+import pytest
+
+from rlblab import scenarios
+from rlblab.vm.driver import lab_session
+from rlblab.vm.scaleup import VagrantScaleup
+from rlbmonitor import dashboards
+
+pytestmark = [pytest.mark.vagrant,
+              pytest.mark.skipif(os.environ.get("RLB_VAGRANT") != "1", reason="opt-in: RLB_VAGRANT=1")]
+
+
+# 13 VMs under TCG on 2 cores: timers slower still than the Vagrantfile's qemu defaults, so that
+# neither BFD nor the probes take a healthy plane out of use (the scenarios here pull cables:
+# carrier, not timers, is what they test)
+SLOW = {"RLB_BFD_MS": "1000", "RLB_PROBE_MS": "500", "RLB_PROBE_DEAD_MS": "5000"}
+
+
+@pytest.fixture(scope="module")
+def slab(tmp_path_factory):
+    with lab_session("lab/scaleup.toml", tmp_path_factory.mktemp("vagrant") / "vagrant.log", SLOW) as vms:
+        lab = VagrantScaleup(vms)
+        t0 = time.time()
+        lab.wait_converged()
+        print(f"converged: {time.time() - t0:.0f} s after up")
+        yield lab
+
+
+def test_every_gpu_learns_every_peer_on_every_plane(slab):
+    """BGP from the GPUs through the planes: each GPU weights each peer's loopback on every
+    plane at the plane's path bandwidth (its sub-ports' speeds summed)."""
+    full = slab.full_planes()
+    for gpu in slab.gpus:
+        programmed = slab.weights(gpu)
+        peers = {f"{slab.fabric.loopback(p)}/128" for p in slab.gpus if p != gpu}
+        assert peers <= set(programmed), gpu
+        assert all(slab.plane_weights(gpu, p, programmed) == full for p in slab.gpus if p != gpu), gpu
+
+
+@pytest.mark.parametrize("name", ["scaleup-3.1-split", "scaleup-3.1-subcable", "scaleup-3.2-planes"])
+def test_scenario(slab, name):
+    s = scenarios.SCENARIOS[name]
+    checks = s.run(slab)
+    print(scenarios.format_checks(s, checks))
+    assert checks and all(c.ok for c in checks), scenarios.format_checks(s, checks)
+
+
+def test_prometheus_on_mon_scrapes_every_gpu_and_plane_and_the_planes_panels_have_data(slab):
+    (up,) = slab.lab.prometheus(["up"])
+    assert {r["metric"]["instance_node"]: r["value"][1] for r in up} == \
+        {n: "1" for n in [*slab.gpus, *(p.name for p in slab.fabric.planes)]}
+    queries = dashboards.panel_queries(dashboards.planes_dashboard())
+    results = slab.lab.prometheus([dashboards.as_grafana_sends(e) for _, e in queries])
+    empty = [title for (title, _), res in zip(queries, results) if not res]
+    assert not empty, f"panels without data: {empty}"
+    # every GPU probes each peer on each plane, and all are answered
+    (probes,) = slab.lab.prometheus(["rlb_host_plane_probe_up"])
+    g, p = len(slab.gpus), len(slab.fabric.planes)
+    assert len(probes) == g * (g - 1) * p and {r["value"][1] for r in probes} == {"1"}
