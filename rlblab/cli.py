@@ -91,13 +91,16 @@ def scenario(
     list_: bool = typer.Option(False, "--list", help="List the scenarios: name, source, what it shows."),
     as_json: bool = typer.Option(False, "--json", help="With --list: machine-readable output."),
     lab_name: str = typer.Option("rlbsn", "--name", help="Name of the lab the scenario builds (and tears down)."),
+    fabric: Optional[Path] = typer.Option(None, help="Another fabric file of the kind the scenario needs "
+                                          "(the scale-up ones take their expected figures from it)."),
 ):
     """Run one of the seeds' worked examples on the lab it needs and print what was measured,
     with PASS/FAIL against the document's expectation (exit 1 on FAIL).
 
     Examples:\n
       rlblab scenario --list\n
-      rlblab scenario juniper-fig13
+      rlblab scenario juniper-fig13\n
+      rlblab scenario scaleup-3.1-subcable --fabric lab/scaleup-small.toml
     """
     from .scenarios import SCENARIOS, run_scenario
     if list_ and as_json:
@@ -114,7 +117,7 @@ def scenario(
     if name not in SCENARIOS:
         raise typer.BadParameter(f"no scenario {name!r}; choose one of: {', '.join(SCENARIOS)}",
                                  param_hint="NAME")
-    if not run_scenario(name, lab_name, echo=typer.echo):
+    if not run_scenario(name, lab_name, echo=typer.echo, fabric=fabric):
         raise typer.Exit(1)
 
 

@@ -15,6 +15,8 @@ from typing import Callable
 
 from rlbcommon.netns import run
 
+from rlbfabric.fabric import FabricError, load
+
 from .fabriclab import FabricLab, balance, open_lab
 
 LAB_DIR = Path(__file__).resolve().parent.parent / "lab"
@@ -459,7 +461,7 @@ def scaleup_spray(lab, packets: int = 100_000) -> list[Check]:
                             all(abs(shares[k] - exp[k]) <= 0.01 for k in exp)))
         subs = {k: round(v / total, 4) for k, v in r["qp_packets"].items() if k[0] != 1}
         checks.append(Check("packets g1 sent / the plane switches counted from it", (total, sum(
-            v for v in r["ports"].values())), f"{packets} sent", total == packets))
+            v for v in r["ports"].values())), f"{r['sent']} sent", total == r["sent"]))
         checks.append(Check("share per sub-port of the other planes", subs, f"{exp[2] / m:.4f} within 0.01 each",
                             all(abs(v - exp[2] / m) <= 0.01 for v in subs.values())))
     finally:
@@ -519,12 +521,17 @@ def format_checks(s: Scenario, checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def run_scenario(name: str, lab_name: str = "rlbsn", echo=print) -> bool:
-    """Build the scenario's lab, run it, print its checks, tear the lab down."""
+def run_scenario(name: str, lab_name: str = "rlbsn", echo=print, fabric: Path | None = None) -> bool:
+    """Build the scenario's lab (from its own fabric file, or another of the same kind), run it,
+    print its checks, tear the lab down."""
     s = SCENARIOS[name]
-    lab = open_lab(LAB_DIR / s.fabric, lab_name, **s.lab)
+    fabric = fabric or LAB_DIR / s.fabric
+    kind, wanted = load(fabric).kind, load(LAB_DIR / s.fabric).kind
+    if kind != wanted:
+        raise FabricError(f"{name} runs on a {wanted} fabric; {fabric} is {kind}")
+    lab = open_lab(fabric, lab_name, **s.lab)
     try:
-        echo(f"==> building {s.fabric} as lab {lab_name} ({s.lab.get('mode', 'rlb')})")
+        echo(f"==> building {fabric.name} as lab {lab_name} ({s.lab.get('mode', 'rlb')})")
         lab.up()
         lab.wait_converged(180)
         echo(f"==> running {name}")

@@ -1,9 +1,11 @@
-"""Opt-in (RLB_VAGRANT=1, `make vagrant-test-scaleup`): lab/scaleup.toml as VMs — 4 plane
-switches, 8 GPUs with 2 sub-port cables into every plane, and the monitor: 13 VMs from the same
-fabric file as the namespace lab. The GPUs are BGP speakers (bird2) and run `rlbhost attach rlb0`
-in ports mode; the planes run the XDP switch. The scale-up scenarios run here as the very code
-`rlblab scenario` runs on namespaces (rlblab.vm.scaleup adapts the lab), with a pulled cable for a
-port down. The VMs are always destroyed. About an hour under software emulation on 2 cores."""
+"""Opt-in (RLB_VAGRANT=1, `make vagrant-test-scaleup`): a scale-up fabric as VMs, from the same
+fabric file as the namespace lab — lab/scaleup.toml (4 plane switches, 8 GPUs with 2 sub-port
+cables into every plane, and the monitor: 13 VMs), or another scale-up file in RLB_FABRIC
+(lab/scaleup-small.toml: 3 planes, 3 GPUs, 7 VMs, for a machine with few cores). The GPUs are BGP
+speakers (bird2) and run `rlbhost attach rlb0` in ports mode; the planes run the XDP switch. The
+scale-up scenarios run here as the very code `rlblab scenario` runs on namespaces
+(rlblab.vm.scaleup adapts the lab), with a pulled cable for a port down, and their expected
+figures follow from the fabric file. The VMs are always destroyed."""
 import os
 import time
 
@@ -18,15 +20,16 @@ pytestmark = [pytest.mark.vagrant,
               pytest.mark.skipif(os.environ.get("RLB_VAGRANT") != "1", reason="opt-in: RLB_VAGRANT=1")]
 
 
-# 13 VMs under TCG on 2 cores: timers slower still than the Vagrantfile's qemu defaults, so that
+# VMs under TCG on 2 cores: timers slower still than the Vagrantfile's qemu defaults, so that
 # neither BFD nor the probes take a healthy plane out of use (the scenarios here pull cables:
 # carrier, not timers, is what they test)
 SLOW = {"RLB_BFD_MS": "1000", "RLB_PROBE_MS": "500", "RLB_PROBE_DEAD_MS": "5000"}
+FABRIC = os.environ.get("RLB_FABRIC", "lab/scaleup.toml")
 
 
 @pytest.fixture(scope="module")
 def slab(tmp_path_factory):
-    with lab_session("lab/scaleup.toml", tmp_path_factory.mktemp("vagrant") / "vagrant.log", SLOW) as vms:
+    with lab_session(FABRIC, tmp_path_factory.mktemp("vagrant") / "vagrant.log", SLOW) as vms:
         lab = VagrantScaleup(vms)
         t0 = time.time()
         lab.wait_converged()

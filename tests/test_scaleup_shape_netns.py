@@ -1,0 +1,34 @@
+"""The scale-up scenarios on another shape of fabric (lab/scaleup-small.toml: 3 planes, 3 GPUs,
+2 sub-ports each, the last GPU spraying): their expected figures follow from the fabric file,
+so the same scenario code must pass here with other numbers — a sender's sub-cable moves
+ceil(64/6) = 11 QPs, a receiver's ceil(64/3 - 64/5) = 9, a half plane's share is 1/5."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import fabric_lab, scenario_passes
+
+FABRIC = Path(__file__).resolve().parent.parent / "lab" / "scaleup-small.toml"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with fabric_lab(FABRIC, "rlbs3", timeout=180) as lab:
+        yield lab
+
+
+def test_split_follows_the_fabric(lab):
+    checks = scenario_passes("scaleup-3.1-split", lab)
+    assert checks[1].expected.startswith("{1: 0.2, 2: 0.4, 3: 0.4}")     # a half plane of three
+
+
+def test_sub_cable_moves_follow_the_fabric(lab):
+    checks = scenario_passes("scaleup-3.1-subcable", lab)
+    assert [c.measured for c in checks[::2]] == [11, 9]
+
+
+def test_spray_follows_the_fabric(lab):
+    checks = scenario_passes("scaleup-3.2-planes", lab)
+    assert checks[0].measured == {1: 10.0, 2: 20.0, 3: 20.0}
