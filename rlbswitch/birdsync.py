@@ -16,6 +16,7 @@ import socket
 import struct
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 from rlbcommon.health import Health
@@ -62,6 +63,17 @@ def echo_peer(ifname: str, ifindex: int, own: set[str], timeout: float = 0.3) ->
                     and scope == ifindex and src.lower().startswith("fe80:") and src not in own):
                 return src
     return None
+
+
+def restarted(before: str, now: str, slack_s: float = 1.0) -> bool:
+    """Whether bird's start time moved on: a new bird (restarted or replaced). bird derives the
+    time it prints from its monotonic clock and the wall clock, so the same bird's start time
+    drifts by milliseconds whenever the wall clock is slewed (NTP; under emulation, every few
+    reads): only a later start, by more than slack_s, is a new bird."""
+    try:
+        return (datetime.fromisoformat(now) - datetime.fromisoformat(before)).total_seconds() > slack_s
+    except ValueError:                  # not a time bird printed: any change is a new bird
+        return now != before
 
 
 class BirdSync:
@@ -214,7 +226,7 @@ class BirdSync:
 
     # ---- a restarted bird ------------------------------------------------------------
     def bird_boot(self) -> str:
-        """bird's own start time: a new value means a new bird (restarted or replaced)."""
+        """bird's own start time, as `show status` says it."""
         for _, text in self.bird.command("show status"):
             if text.startswith("Last reboot on "):
                 return text[len("Last reboot on "):].strip()
@@ -256,7 +268,7 @@ class BirdSync:
 
     def _check_bird(self):
         boot = self.bird_boot()
-        if self.boot is not None and boot != self.boot:
+        if self.boot is not None and restarted(self.boot, boot):
             self.hold_since = time.monotonic()
             self._hold_table, self._hold_stable_since = None, None
             self.stats["holding"] = 1

@@ -31,3 +31,15 @@ def test_an_include_whose_configure_failed_is_configured_again(tmp_path):
     sync._configure("neighbours", inc)
     assert sync.bird.calls == 2
     assert not sync._write(inc, "protocol bgp s1 ...\n")
+
+
+def test_a_bird_whose_printed_start_time_drifts_has_not_restarted():
+    """Seen in the VM lab: bird prints its start time from its monotonic clock and the wall
+    clock, so one bird's start time moved by 22 ms back and forth between reads and the switch
+    agent held its routes as if bird had restarted, every second. Only a later start is a new bird."""
+    from rlbswitch.birdsync import restarted
+    assert not restarted("2026-11-23 06:02:02.586", "2026-11-23 06:02:02.564")
+    assert not restarted("2026-11-23 06:02:02.564", "2026-11-23 06:02:02.586")
+    assert restarted("2026-11-23 06:02:02.586", "2026-11-23 07:09:40.120")
+    assert restarted("", "2026-11-23 07:09:40.120") and restarted("garbled", "other")
+    assert not restarted("2026-11-23 06:02:02.586", "2026-11-23 06:02:02.586")
