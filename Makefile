@@ -15,7 +15,7 @@ bench: setup
 	.venv/bin/python bench/wire_bench.py
 	.venv/bin/python bench/xdp_bench.py
 
-# The Vagrant lab (opt-in, not in CI): VMs under libvirt; ~30 min here under software emulation.
+# The Vagrant lab (opt-in, not in CI): VMs under libvirt; about an hour each here under software emulation.
 vagrant-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends qemu-system-x86 \
 	    qemu-utils mmdebstrap grub-pc-bin vagrant vagrant-libvirt libvirt-daemon-system dnsmasq-base \

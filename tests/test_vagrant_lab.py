@@ -4,7 +4,7 @@ The smallest fabric that shows the point (lab/fabric-2x2.toml: 2 spines, 2 leave
 the monitor) comes up from the local box; perftest's ib_write_bw runs N QPs host to host over
 Soft-RoCE with IPv6 GIDs through the XDP switches. The spine VMs' own interface counters must
 show the QPs on distinct spines; a leaf-spine cable pulled mid-transfer must not fail it. The VMs
-are always destroyed. About 30 minutes under software emulation (TCG) on 2 cores."""
+are always destroyed. About an hour under software emulation (TCG) on 2 cores."""
 import os
 import re
 import time
