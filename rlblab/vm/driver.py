@@ -52,20 +52,24 @@ class VagrantLab:
             proc = subprocess.Popen([*self.prefix, "vagrant", "up"], cwd=VAGRANT_DIR, env=self.env, stdout=f,
                                     stderr=subprocess.STDOUT)
         t0, started = time.time(), False
-        while proc.poll() is None:
-            waited = time.time() - t0
-            started = started or bool(self.domains(running=True))
-            if (not started and waited > start_timeout) or waited > timeout:
+        try:
+            while proc.poll() is None:
+                waited = time.time() - t0
+                started = started or bool(self.domains(running=True))
+                if (not started and waited > start_timeout) or waited > timeout:
+                    if started:
+                        raise TimeoutError(f"vagrant up: not done after {timeout:.0f} s; see {self.log}")
+                    raise TimeoutError(
+                        f"vagrant up: none of the {len(self.vms)} VMs started within {start_timeout:.0f} s "
+                        f"(defined: {', '.join(self.domains()) or 'none'}). Where udev does not run, libvirt "
+                        "re-probes QEMU on every call while its user cannot open /dev/kvm (vagrant/libvirt.sh "
+                        f"start gives it udev's group and mode). See {self.log} and `virsh list --all`.")
+                time.sleep(5)
+        except BaseException:       # a timeout, Ctrl-C: no `vagrant up` left holding the machines' locks
+            if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-                if started:
-                    raise TimeoutError(f"vagrant up: not done after {timeout:.0f} s; see {self.log}")
-                raise TimeoutError(
-                    f"vagrant up: none of the {len(self.vms)} VMs started within {start_timeout:.0f} s "
-                    f"(defined: {', '.join(self.domains()) or 'none'}). Where udev does not run, libvirt "
-                    "re-probes QEMU on every call while its user cannot open /dev/kvm (vagrant/libvirt.sh "
-                    f"start gives it udev's group and mode). See {self.log} and `virsh list --all`.")
-            time.sleep(5)
+            raise
         if proc.returncode:
             raise RuntimeError(f"vagrant up failed (exit {proc.returncode}); see {self.log}")
         cfg = VAGRANT_DIR / ".vagrant" / "ssh-config"
