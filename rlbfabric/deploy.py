@@ -66,6 +66,7 @@ def units(fabric: Fabric, fabric_file: Path, node: str, mgmt_ip: str, coordinato
     r = role(fabric, node)
     args = f"--fabric {fabric_file} --node {node}"
     coord = f" --coordinator {coordinator}" if coordinator else ""
+    bfd = f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else ""        # bird-config, switch or GPU
     out = {"rlb-net": f"""[Unit]
 Description=RLB fabric links of {node} ({r})
 After=systemd-udev-settle.service networking.service
@@ -80,7 +81,6 @@ WantedBy=multi-user.target
         ports = " ".join(fabric.switch_ports(fabric.node(node)))
         mbps = fabric.sub_mbps(node) if fabric.kind == "scaleup" else fabric.link_mbps
         run = site.run_dir
-        bfd = f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else ""
         out["rlb-bird"] = _bird_unit(f"fabric switch {node}", f"{site.bin}/rlbswitch bird-config {args}{bfd}",
                                      node, run)
         out["rlb-switch"] = f"""[Unit]
@@ -97,7 +97,6 @@ WantedBy=multi-user.target
     elif fabric.is_gpu(node):
         from .scaleup import LOOPBACK_DEVICE
         run = site.run_dir
-        bfd = f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else ""
         probes = (f" --probe-ms {site.probe_ms:g}" if site.probe_ms else "") + \
             (f" --probe-dead-ms {site.probe_dead_ms:g}" if site.probe_dead_ms else "")
         out["rlb-bird"] = _bird_unit(f"GPU {node} (its loopback into every plane, with its path bandwidth)",

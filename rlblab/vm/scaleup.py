@@ -15,8 +15,7 @@ from rlbfabric.scaleup import LOOPBACK_DEVICE
 
 from ..scaleupview import FRAME_DMAC, FRAME_SMAC, ScaleupView
 from .driver import VAGRANT_DIR, VagrantLab
-
-VENV = "/opt/rlb/venv/bin"
+from .node import VENV
 
 # run on a GPU VM: argv = flows (JSON), packets per flow, payload length, rate (0: unpaced)
 SENDER = f"""
@@ -34,7 +33,7 @@ class VagrantScaleup(ScaleupView):
     SETTLE_S = 120.0
     CONVERGE_S = 900.0
 
-    def __init__(self, lab: VagrantLab, venv: str = VENV):
+    def __init__(self, lab: VagrantLab, venv: str = str(VENV)):
         self.lab, self.venv = lab, venv
         self.fabric = load(VAGRANT_DIR.parent / lab.fabric)
         if self.fabric.kind != "scaleup":
