@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import select
 import socket
 import threading
 
@@ -30,8 +31,8 @@ class Watcher:
         self.events = 0
         self.errors = 0
 
-    def resync(self):
-        """Bring the maps in line with the kernel: links, addresses, neighbours."""
+    def resync_links(self):
+        """Bring port liveness in line with the kernel (the liveness follower's share)."""
         for p in self.dp.ports():
             try:
                 links = self.dp.ipr.get_links(p.ifindex)
@@ -44,6 +45,13 @@ class Watcher:
             up = self.dp._link_up(links[0])
             if self.dp.set_port_up(p.ifindex, up, links[0].get_attr("IFLA_MTU")):
                 log.info("port %s is %s", p.ifname, "up" if up else "down")
+                if up:
+                    self.resolve(p.ifindex)
+
+    def resync_neighbours(self):
+        """Bring addresses and neighbours in line with the kernel (the neighbour follower's
+        share). Only the thread that applies neighbour events may apply a snapshot of them: a
+        snapshot applied from elsewhere can land after a newer event and undo it."""
         self.sync_addresses()
         self.dp.sync_neighbours()
         for p in self.dp.ports():
@@ -76,76 +84,116 @@ class Watcher:
             if e["mode"] in ("connected", "local") and prefix not in want:
                 self.dp.del_route(prefix)
 
-    def on_link(self, msg):
+    def on_links(self, msgs: list):
+        """One batch of link events. Liveness is a level, not an edge: only each port's last
+        state is applied, so a storm costs one map write per port per batch, not per event.
+        A down then up inside the batch still means the carrier loss flushed the port's
+        neighbours, so its next hops are resolved again."""
+        last, flapped = {}, set()
+        for msg in msgs:
+            if msg["event"] not in ("RTM_NEWLINK", "RTM_DELLINK"):
+                continue
+            if msg["event"] == "RTM_DELLINK" or not self.dp._link_up(msg):
+                flapped.add(msg["index"])
+            last[msg["index"]] = msg
+        for index, msg in last.items():
+            self.guarded("liveness", self.on_link, msg, index in flapped)
+
+    def on_link(self, msg, flapped: bool = False):
         if msg["event"] == "RTM_DELLINK":
             if self.dp.remove_port(msg["index"]):
                 log.warning("port %s is gone: removed, its next hops unusable",
                             msg.get_attr("IFLA_IFNAME"))
             return
         up = self.dp._link_up(msg)
-        if self.dp.set_port_up(msg["index"], up, msg.get_attr("IFLA_MTU")):
+        changed = self.dp.set_port_up(msg["index"], up, msg.get_attr("IFLA_MTU"))
+        if changed:
             log.info("port %s is %s", msg.get_attr("IFLA_IFNAME"), "up" if up else "down")
-            if up:      # carrier loss flushed its neighbours: resolve the next hops again now
-                self.resolve(msg["index"])
+        if up and (changed or flapped):   # carrier loss flushed its neighbours: resolve again now
+            self.resolve(msg["index"])
 
     def resolve(self, ifindex: int, gateways: list[str] | None = None):
         ifname = self.dp.ifname(ifindex)
         for gw in gateways if gateways is not None else self.dp.tables.gateways(ifindex):
             self.dp.solicit(ifname, gw)
 
-    def on_other(self, msg):
-        event = msg["event"]
-        if event in ("RTM_NEWNEIGH", "RTM_DELNEIGH"):
-            dst = msg.get_attr("NDA_DST")
-            if not dst or msg["family"] != socket.AF_INET6:
-                return
-            mac = msg.get_attr("NDA_LLADDR")
-            usable = event == "RTM_NEWNEIGH" and msg["state"] & NUD_USABLE and mac
-            if self.dp.update_neighbour(msg["ifindex"], dst, mac if usable else None):
-                log.debug("neighbour %s on %d: %s", dst, msg["ifindex"], mac if usable else "gone")
-                if event == "RTM_DELNEIGH" and dst in self.dp.tables.gateways(msg["ifindex"]):
-                    self.resolve(msg["ifindex"], [dst])    # a next hop needs it: ask again
-        elif event in ("RTM_NEWADDR", "RTM_DELADDR"):
-            self.sync_addresses()
+    def on_others(self, msgs: list):
+        """One batch of neighbour and address events: each neighbour's last state, and the
+        addresses read once if any changed (a storm of 500 neighbours is 500 writes at most)."""
+        neighbours, addresses = {}, False
+        for msg in msgs:
+            if msg["event"] in ("RTM_NEWNEIGH", "RTM_DELNEIGH"):
+                dst = msg.get_attr("NDA_DST")
+                if dst and msg["family"] == socket.AF_INET6:
+                    neighbours[(msg["ifindex"], dst)] = msg
+            elif msg["event"] in ("RTM_NEWADDR", "RTM_DELADDR"):
+                addresses = True
+        for msg in neighbours.values():
+            self.guarded("neighbours", self.on_neighbour, msg)
+        if addresses:
+            self.guarded("neighbours", self.sync_addresses)
 
-    def _follow(self, groups: int, handler, ready: threading.Event, name: str):
-        """Apply netlink events as they come. If the socket fails (ENOBUFS: events were dropped
-        in a storm), bind a new one and resynchronise from the kernel, so nothing is missed."""
+    def on_neighbour(self, msg):
+        event, dst = msg["event"], msg.get_attr("NDA_DST")
+        mac = msg.get_attr("NDA_LLADDR")
+        usable = event == "RTM_NEWNEIGH" and msg["state"] & NUD_USABLE and mac
+        if self.dp.update_neighbour(msg["ifindex"], dst, mac if usable else None):
+            log.debug("neighbour %s on %d: %s", dst, msg["ifindex"], mac if usable else "gone")
+            if event == "RTM_DELNEIGH" and dst in self.dp.tables.gateways(msg["ifindex"]):
+                self.resolve(msg["ifindex"], [dst])    # a next hop needs it: ask again
+
+    def guarded(self, name: str, fn, *args):
+        """One bad event must not stop the watcher: counted in the loop's health, logged."""
+        try:
+            fn(*args)
+        except Exception as e:
+            self.health.failed(name, e, log, ())
+
+    def _follow(self, groups: int, handler, resync, ready: threading.Event, name: str):
+        """Apply netlink events as they come. Every (re)bind is followed by a resync of this
+        follower's share from the kernel: after binding, so a change made meanwhile arrives as
+        an event, and in this thread, so the snapshot cannot overtake a newer event. A socket
+        failure (ENOBUFS: events were dropped in a storm) rebinds, so nothing is missed."""
         while not self.stop.is_set():
             try:
                 with IPRoute() as mon:
                     mon.bind(groups=groups)
-                    if ready.is_set():
-                        self.resync()          # after a failure: whatever was missed
+                    resync()
                     ready.set()
                     while not self.stop.is_set():
-                        for msg in mon.get():
-                            self.events += 1
-                            try:
-                                handler(msg)
-                            except Exception as e:  # one bad event must not stop the watcher
-                                self.health.failed(name, e, log, ())
+                        msgs = self._batch(mon)
+                        self.events += len(msgs)
+                        handler(msgs)
                         self.health.ok(name)
             except Exception as e:     # the socket itself (ENOBUFS): rebind and resynchronise
                 self.errors += 1
                 self.health.failed(name, e, log)
                 self.stop.wait(0.05)
 
+    @staticmethod
+    def _batch(mon, most: int = 4096) -> list:
+        """Wait for an event, then take whatever else is already queued: the kernel queues one
+        message per read, and a storm is handled as one batch rather than event by event."""
+        msgs = list(mon.get())
+        while len(msgs) < most and select.select([mon], [], [], 0)[0]:
+            msgs.extend(mon.get())
+        return msgs
+
     def run(self):
         """Follow netlink until stop is set (liveness in a thread of its own)."""
-        ready = threading.Event()
-        links = threading.Thread(target=self._follow, args=(RTMGRP_LINK, self.on_link, ready, "liveness"),
-                                 name="liveness", daemon=True)
-        links.start()
-        ready.wait()
-        bound = threading.Event()
-        rest = threading.Thread(target=self._follow, name="neighbours",
-                                args=(RTMGRP_NEIGH | RTMGRP_IPV6_IFADDR, self.on_other, bound, "neighbours"),
-                                daemon=True)
-        rest.start()
-        bound.wait()
-        self.resync()   # after binding, so nothing that changes meanwhile is missed
+        followers = [(RTMGRP_LINK, self.on_links, self.resync_links, "liveness"),
+                     (RTMGRP_NEIGH | RTMGRP_IPV6_IFADDR, self.on_others, self.resync_neighbours, "neighbours")]
+        threads = []
+        for groups, handler, resync, name in followers:     # liveness first: resolving needs it
+            ready = threading.Event()
+            t = threading.Thread(target=self._follow, args=(groups, handler, resync, ready, name),
+                                 name=name, daemon=True)
+            t.start()
+            while not ready.wait(0.5):
+                if not t.is_alive():
+                    return False
+            threads.append(t)
         log.info("following links, neighbours and addresses")
-        while not self.stop.is_set() and links.is_alive() and rest.is_alive():
+        while not self.stop.is_set() and all(t.is_alive() for t in threads):
             self.stop.wait(0.5)
         return self.stop.is_set()       # False: a follower died, which must not pass unnoticed

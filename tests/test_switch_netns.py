@@ -201,19 +201,33 @@ def test_netlink_storm_leaves_the_agent_alive_and_its_state_equal_to_the_kernels
     batch.write_text("\n".join(cmds) + "\n")
     topo.run(lab.sw, "ip", "-batch", str(batch))
     topo.run(lab.sw, "ip", "link", "set", "up3", "down")        # and end with one port down
-    time.sleep(1.5)
-    assert lab.agent.poll() is None
-    with lab.dataplane() as dp:
+
+    def differences(dp) -> list:
+        """Where the agent's maps and the kernel disagree (empty once the agent caught up)."""
         ports = {p.ifname: p.up for p in dp.ports()}
-        kernel = {name: "LOWER_UP" in topo.run(lab.sw, "ip", "-o", "link", "show", name) and
-                  ",UP" in topo.run(lab.sw, "ip", "-o", "link", "show", name) for name in ports}
-        assert ports == kernel and ports["up3"] is False
+        out = [(name, up) for name, up in ports.items()
+               if up != ("LOWER_UP" in (link := topo.run(lab.sw, "ip", "-o", "link", "show", name))
+                         and ",UP" in link)]
+        for h in [h for r in dp.routes() for h in [r.get("nexthop"), *r.get("backups", [])] if h]:
+            gw, _, ifname = h["via"].partition("%")      # resolved exactly where the kernel has it
+            if h["resolved"] != (dp.lookup_neighbour(dp.ifindex(ifname), gw) is not None):
+                out.append(h)
+        return out
+
+    # The kernel reports carrier changes through linkwatch, paced and behind `ip` (seconds on a
+    # loaded machine); the agent works through that backlog (or rebinds after ENOBUFS and
+    # resyncs) and must end equal to the kernel. A stale write (a snapshot applied after a
+    # newer event) stays wrong until the next event, so it fails here however long we wait.
+    deadline, started = time.monotonic() + 30, time.monotonic()
+    with lab.dataplane() as dp:
+        while (diff := differences(dp)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert diff == []
+        print(f"agent equal to the kernel {time.monotonic() - started:.1f} s after the storm")
+        assert lab.agent.poll() is None
+        assert not {p.ifname: p.up for p in dp.ports()}["up3"]
         hops = [h for r in dp.routes() for h in [r.get("nexthop"), *r.get("backups", [])] if h]
-        assert hops
-        for h in hops:                       # resolved exactly where the kernel has the neighbour
-            gw, _, ifname = h["via"].partition("%")
-            assert h["resolved"] == (dp.lookup_neighbour(dp.ifindex(ifname), gw) is not None), h
-        assert any(not h["resolved"] for h in hops if h["via"].endswith("%up3"))
+        assert hops and any(not h["resolved"] for h in hops if h["via"].endswith("%up3"))
     topo.run(lab.sw, "ip", "link", "set", "up3", "up")
     topo.run(lab.sw, "ip", "-6", "neigh", "flush", "dev", "h1", "to", "fc00:99::/64")
     lab.wait_resolved()
