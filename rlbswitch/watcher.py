@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import select
 import socket
 import threading
 
-from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR, RTMGRP_LINK, RTMGRP_NEIGH
 
 from rlbcommon.health import Health
+from rlbcommon.netlinkevents import NetlinkEvents
 
 from .dataplane import NUD_USABLE, SwitchDataplane
 from rlbfabric.routes import Route
@@ -156,28 +155,19 @@ class Watcher:
         failure (ENOBUFS: events were dropped in a storm) rebinds, so nothing is missed."""
         while not self.stop.is_set():
             try:
-                with IPRoute() as mon:
-                    mon.bind(groups=groups)
+                with NetlinkEvents(groups) as events:
                     resync()
                     ready.set()
                     while not self.stop.is_set():
-                        msgs = self._batch(mon)
-                        self.events += len(msgs)
-                        handler(msgs)
+                        msgs = events.batch(timeout=0.5)
+                        if msgs:
+                            self.events += len(msgs)
+                            handler(msgs)
                         self.health.ok(name)
             except Exception as e:     # the socket itself (ENOBUFS): rebind and resynchronise
                 self.errors += 1
                 self.health.failed(name, e, log)
                 self.stop.wait(0.05)
-
-    @staticmethod
-    def _batch(mon, most: int = 4096) -> list:
-        """Wait for an event, then take whatever else is already queued: the kernel queues one
-        message per read, and a storm is handled as one batch rather than event by event."""
-        msgs = list(mon.get())
-        while len(msgs) < most and select.select([mon], [], [], 0)[0]:
-            msgs.extend(mon.get())
-        return msgs
 
     def run(self):
         """Follow netlink until stop is set (liveness in a thread of its own)."""

@@ -5,7 +5,7 @@ events can land after a newer event and undo it (seen once in the netlink storm 
 hop on a port set down stayed "resolved"). So each follower resynchronises its own share,
 in its own thread, after it has bound its socket, including after a storm's ENOBUFS."""
 import errno
-import os
+import subprocess
 import threading
 import time
 from types import SimpleNamespace
@@ -61,35 +61,31 @@ class FakeDataplane:
         pass
 
 
-def fake_iproute(log: Log, storms: dict[int, int]):
-    """IPRoute whose socket for `groups` fails with ENOBUFS storms[groups] times."""
-    quiet = os.pipe()
-    class FakeIPRoute:
+def fake_events(log: Log, storms: dict[int, int]):
+    """NetlinkEvents whose subscription to `groups` fails with ENOBUFS storms[groups] times."""
+    class FakeEvents:
+        def __init__(self, groups):
+            self.groups = groups
+            log.add("bind")
+
         def __enter__(self):
             return self
 
         def __exit__(self, *exc):
             return False
 
-        def bind(self, groups):
-            self.groups = groups
-            log.add("bind")
-
-        def fileno(self):          # never readable: each get() is a batch of its own
-            return quiet[0]
-
-        def get(self):
+        def batch(self, most=4096, timeout=None):
             if storms.get(self.groups, 0) > 0:
                 storms[self.groups] -= 1
                 raise OSError(errno.ENOBUFS, "No buffer space available")
             time.sleep(0.01)
             return []
-    return FakeIPRoute
+    return FakeEvents
 
 
 def run_watcher(monkeypatch, storms):
     log = Log()
-    monkeypatch.setattr(watcher_mod, "IPRoute", fake_iproute(log, storms))
+    monkeypatch.setattr(watcher_mod, "NetlinkEvents", fake_events(log, storms))
     w = Watcher(FakeDataplane(log))
     t = threading.Thread(target=w.run, name="agent")
     t.start()
@@ -195,24 +191,27 @@ def test_a_batch_of_neighbour_changes_applies_each_neighbours_last_state():
     assert dp.solicited == ["fe80::1"]                # ...so it is asked for again
 
 
-def test_a_batch_is_everything_already_queued_and_no_more_than_the_cap():
-    import socket
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-
-    class Mon:              # like pyroute2: one read returns one datagram's messages
-        def fileno(self):
-            return b.fileno()
-
-        def get(self):
-            return [b.recv(64)]
+def test_netlink_events_hand_over_a_storm_as_one_batch_parsed():
+    """The real socket in a namespace of its own: 200 flaps queued, one call returns them all
+    (RCVBUF holds them: no ENOBUFS), parsed into messages the handlers read; `most` caps it."""
+    from rlbcommon.netlinkevents import NetlinkEvents
+    from rlbcommon.netns import inside
+    from rlblab import topo
+    ns = "rlbwu-events"
+    topo.run(None, "ip", "netns", "add", ns)
     try:
-        for i in range(10):
-            a.send(b"m%d" % i)
-        assert Watcher._batch(Mon()) == [b"m%d" % i for i in range(10)]
-        for i in range(10):
-            a.send(b"m%d" % i)
-        assert len(Watcher._batch(Mon(), most=4)) == 4
-        assert len(Watcher._batch(Mon())) == 6
+        topo.run(ns, "ip", "link", "add", "w0", "type", "veth", "peer", "name", "w1")
+        topo.run(ns, "ip", "link", "set", "w1", "up")
+        with inside(ns), NetlinkEvents(RTMGRP_LINK) as events:
+            assert events.batch(timeout=0.05) == []               # nothing yet: the timeout
+            script = "".join("link set w0 up\nlink set w0 down\n" for _ in range(200))
+            subprocess.run(["ip", "-n", ns, "-batch", "-"], input=script, text=True, check=True)
+            time.sleep(0.5)
+            first = events.batch(most=10, timeout=1)
+            rest = events.batch(timeout=1)
+        assert len(first) == 10 and len(first) + len(rest) >= 400
+        w0 = [m for m in first + rest if m.get_attr("IFLA_IFNAME") == "w0"]
+        assert {m["event"] for m in w0} == {"RTM_NEWLINK"}
+        assert w0[-1]["flags"] & 0x1 == 0                           # it ended down
     finally:
-        a.close()
-        b.close()
+        topo.run(None, "ip", "netns", "del", ns)
