@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 import threading
 
-from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR
 
 from rlbcommon.health import Health
+from rlbcommon.netlinkevents import NetlinkEvents
 from rlbfabric.policy import localrule
 from rlbfabric.fabric import Fabric
 
@@ -59,13 +59,12 @@ class HostAgent:
         one and read the addresses afresh, so no change is missed."""
         while not self.stop.is_set():
             try:
-                with IPRoute() as mon:
-                    mon.bind(groups=RTMGRP_IPV6_IFADDR)
+                with NetlinkEvents(RTMGRP_IPV6_IFADDR) as events:
                     if ready.is_set():
                         self.sync()
                     ready.set()
                     while not self.stop.is_set():
-                        msgs = mon.get()
+                        msgs = events.batch(timeout=0.5)
                         if any(m["event"] in ("RTM_NEWADDR", "RTM_DELADDR") for m in msgs):
                             self.sync()   # DAD completing also arrives as RTM_NEWADDR
             except Exception as e:

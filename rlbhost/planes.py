@@ -26,6 +26,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_LINK
 
 from rlbcommon.health import Health
+from rlbcommon.netlinkevents import NetlinkEvents
 from rlbfabric.bird.conf import pathbw_file, render_gpu_pathbw
 from rlbfabric.bird.ctl import BirdClient, BirdError
 from rlbfabric.constants import PROBE_PORT
@@ -222,27 +223,34 @@ class PlaneAgent:
         self.wake.set()
 
     def _links(self, ready: threading.Event):
-        """Carrier changes: the port's paths flip in the map at once; the rest follows."""
+        """Carrier changes: the port's paths flip in the map at once; the rest follows. Every
+        (re)bind reads the carriers afresh: a storm's ENOBUFS loses events, not state."""
         names = {p.ifname for p in self.ports}
         while not self.stop.is_set():
             try:
-                with IPRoute() as mon:
-                    mon.bind(groups=RTMGRP_LINK)
+                with NetlinkEvents(RTMGRP_LINK) as events:
+                    with IPRoute() as ipr:
+                        links = [m for m in ipr.get_links() if m.get_attr("IFLA_IFNAME") in names]
+                    for m in links:
+                        self._carrier_event(m)
                     ready.set()
                     while not self.stop.is_set():
-                        for m in mon.get():
-                            name = m.get_attr("IFLA_IFNAME")
-                            if m["event"] != "RTM_NEWLINK" or name not in names:
-                                continue
-                            up = has_carrier(m)
-                            if self.carrier.get(name) != up:
-                                self.carrier[name] = up
-                                self.dp.set_port_up(name, up)
-                                log.info("%s: carrier %s", name, "up" if up else "lost")
-                                self.wake.set()
+                        last = {m.get_attr("IFLA_IFNAME"): m for m in events.batch(timeout=0.5)
+                                if m["event"] == "RTM_NEWLINK"}
+                        for name, m in last.items():     # a port's last state in the batch
+                            if name in names:
+                                self._carrier_event(m)
             except Exception as e:
                 self.health.failed("links", e, log)
                 self.stop.wait(0.1)
+
+    def _carrier_event(self, m):
+        name, up = m.get_attr("IFLA_IFNAME"), has_carrier(m)
+        if self.carrier.get(name) != up:
+            self.carrier[name] = up
+            self.dp.set_port_up(name, up)
+            log.info("%s: carrier %s", name, "up" if up else "lost")
+            self.wake.set()
 
     def _carrier_watch(self):
         """Keep the carrier watcher running (started from the thread that runs the agent: it

@@ -44,8 +44,8 @@ class Watcher:
             up = self.dp._link_up(links[0])
             if self.dp.set_port_up(p.ifindex, up, links[0].get_attr("IFLA_MTU")):
                 log.info("port %s is %s", p.ifname, "up" if up else "down")
-                if up:
-                    self.resolve(p.ifindex)
+            if up:      # a flap lost with the events still flushed its neighbours: ask again
+                self.resolve(p.ifindex)
 
     def resync_neighbours(self):
         """Bring addresses and neighbours in line with the kernel (the neighbour follower's
