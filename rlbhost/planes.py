@@ -77,17 +77,18 @@ class PlaneAgent:
     def _read_carrier(self):
         """Carrier and own MAC of every port, from netlink (sysfs shows the namespace it was
         mounted in, not necessarily the agent's)."""
-        names = {p.ifname for p in self.ports}
-        seen = set()
-        with IPRoute() as ipr:
-            for link in ipr.get_links():
-                name = link.get_attr("IFLA_IFNAME")
-                if name in names:
-                    seen.add(name)
-                    self.carrier[name] = has_carrier(link)
-                    self.own_macs[name] = link.get_attr("IFLA_ADDRESS")
-        for name in names - seen:
+        links = self._port_links()
+        for name, link in links.items():
+            self.carrier[name] = has_carrier(link)
+            self.own_macs[name] = link.get_attr("IFLA_ADDRESS")
+        for name in {p.ifname for p in self.ports} - links.keys():
             self.carrier[name] = False
+
+    def _port_links(self) -> dict:
+        """{port name: its link message}, one dump for all the ports."""
+        names = {p.ifname for p in self.ports}
+        with IPRoute() as ipr:
+            return {n: link for link in ipr.get_links() if (n := link.get_attr("IFLA_IFNAME")) in names}
 
     def _learn_macs(self):
         """The plane switch's MAC on each port, from the neighbour table (BGP runs over the link,
@@ -229,9 +230,7 @@ class PlaneAgent:
         while not self.stop.is_set():
             try:
                 with NetlinkEvents(RTMGRP_LINK) as events:
-                    with IPRoute() as ipr:
-                        links = [m for m in ipr.get_links() if m.get_attr("IFLA_IFNAME") in names]
-                    for m in links:
+                    for m in self._port_links().values():
                         self._carrier_event(m)
                     ready.set()
                     while not self.stop.is_set():

@@ -129,8 +129,8 @@ def install(vm: str, version: str) -> str:
 
 
 def programs(vlab, vm: str) -> list[int]:
-    """The ids of the agent's programs on its ports, from the kernel (ip, tc: cheap, where the
-    agents' own CLI loads bcc and LLVM, a minute under TCG)."""
+    """The ids of the agent's programs on its ports, from the kernel (ip, tc: a shell command,
+    where the agents' own CLI starts Python, slow on a VM whose vCPU a compile holds)."""
     if AGENT[vm][0] == "rlbswitch":
         return sorted(l["xdp"]["prog"]["id"] for l in vlab.json(vm, "ip -j link show") if "xdp" in l)
     tc = vlab.json(vm, "tc -j filter show dev eth-l1 egress")
@@ -179,8 +179,8 @@ def test_upgrade_and_roll_back_under_traffic(vlab, tmp_path):
                 seen["after"] = on_both(lambda vm: dataplane(vlab, vm))
                 seen["swap_s"] = round(time.time() - t0)
                 # under traffic: the transfer outlasts the swap (418 s in one run, machine after
-                # machine; over 16 min in another, polling through the agents' CLI, which loads
-                # bcc and LLVM: a minute a call under TCG on a VM compiling its programs)
+                # machine; over 16 min in another, polling through the agents' CLI: a minute a
+                # call under TCG while the new agent compiled its programs on the VM's one vCPU)
                 seen["client_running"] = vlab.sh("h1", "pgrep -x ib_write_bw", check=False).returncode == 0
 
             out, _ = write_bw(vlab, tmp_path, 4, "-D 900", during=swap)
