@@ -131,12 +131,13 @@ class HostDataplane(PinnedState):
         """TC programs on clsact egress and ingress (replaced in place if already there)."""
         idx = self.ifindex(ifname)
         fns = self.load()
-        with contextlib.suppress(Exception):   # EEXIST: clsact is shared with others
-            self.ipr.tc("add", "clsact", idx)
-        for name, parent in (("rlb_host_egress", TC_EGRESS), ("rlb_host_ingress", TC_INGRESS)):
-            fn = fns[name]
-            self.ipr.tc("replace-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, fd=fn.fd,
-                        name=fn.name, parent=parent, classid=1, direct_action=True)
+        with self.netlink() as ipr:
+            with contextlib.suppress(Exception):   # EEXIST: clsact is shared with others
+                ipr.tc("add", "clsact", idx)
+            for name, parent in (("rlb_host_egress", TC_EGRESS), ("rlb_host_ingress", TC_INGRESS)):
+                fn = fns[name]
+                ipr.tc("replace-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, fd=fn.fd,
+                       name=fn.name, parent=parent, classid=1, direct_action=True)
         self.sync_paths(ifname, path_field, base_value)
         log.info("attached to %s (TC egress and ingress)", ifname)
 
@@ -153,11 +154,12 @@ class HostDataplane(PinnedState):
             cfg.base = 0
             cfg.group_size = group_size
             self.maps["config"].set(0, cfg)
-        with contextlib.suppress(Exception):
-            self.ipr.tc("add", "clsact", idx)
         fn = fns["rlb_host_egress"]
-        self.ipr.tc("replace-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, fd=fn.fd,
-                    name=fn.name, parent=TC_EGRESS, classid=1, direct_action=True)
+        with self.netlink() as ipr:
+            with contextlib.suppress(Exception):
+                ipr.tc("add", "clsact", idx)
+            ipr.tc("replace-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, fd=fn.fd,
+                   name=fn.name, parent=TC_EGRESS, classid=1, direct_action=True)
         self.set_port_paths(loopback, ports)
         log.info("attached to %s (TC egress, ports mode, loopback %s)", device, loopback)
 
@@ -225,31 +227,34 @@ class HostDataplane(PinnedState):
         return out
 
     def _mac(self, ifindex: int) -> bytes:
-        link = self.ipr.get_links(ifindex)[0]
+        with self.netlink() as ipr:
+            link = ipr.get_links(ifindex)[0]
         return bytes.fromhex(link.get_attr("IFLA_ADDRESS").replace(":", ""))
 
     def attached_interfaces(self) -> list[str]:
         """Interfaces that carry this program (either TC hook), found in the kernel, not in a
         record that could be stale."""
         out = []
-        for link in self.ipr.get_links():
-            for parent in (TC_EGRESS, TC_INGRESS):
-                try:
-                    filters = self.ipr.get_filters(link["index"], parent=parent)
-                except Exception:      # no clsact on this link
-                    continue
-                if any(_is_ours(f) for f in filters):
-                    out.append(link.get_attr("IFLA_IFNAME"))
-                    break
+        with self.netlink() as ipr:
+            for link in ipr.get_links():
+                for parent in (TC_EGRESS, TC_INGRESS):
+                    try:
+                        filters = ipr.get_filters(link["index"], parent=parent)
+                    except Exception:      # no clsact on this link
+                        continue
+                    if any(_is_ours(f) for f in filters):
+                        out.append(link.get_attr("IFLA_IFNAME"))
+                        break
         return out
 
     def detach(self, ifname: str):
         """Remove the programs from ifname; the pinned state stays, so attaching again adopts
         it (QPs keep their paths)."""
         idx = self.ifindex(ifname)
-        for parent in (TC_EGRESS, TC_INGRESS):
-            with contextlib.suppress(Exception):   # ports mode has no ingress program
-                self.ipr.tc("del-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, parent=parent)
+        with self.netlink() as ipr:
+            for parent in (TC_EGRESS, TC_INGRESS):
+                with contextlib.suppress(Exception):   # ports mode has no ingress program
+                    ipr.tc("del-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, parent=parent)
         log.info("detached from %s; pinned state kept", ifname)
 
     def destroy(self) -> list[str]:
@@ -264,7 +269,9 @@ class HostDataplane(PinnedState):
     def global_addresses(self, ifname: str) -> list[ipaddress.IPv6Interface]:
         """Usable global addresses (DAD finished) of an interface."""
         out = []
-        for a in self.ipr.get_addr(family=socket.AF_INET6, index=self.ifindex(ifname)):
+        with self.netlink() as ipr:
+            addrs = ipr.get_addr(family=socket.AF_INET6, index=self.ifindex(ifname))
+        for a in addrs:
             flags = a.get_attr("IFA_FLAGS") or a["flags"]
             addr = ipaddress.IPv6Address(a.get_attr("IFA_ADDRESS"))
             if addr.is_link_local or addr.is_multicast or flags & (IFA_F_TENTATIVE | IFA_F_DADFAILED):

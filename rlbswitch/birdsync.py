@@ -142,7 +142,8 @@ class BirdSync:
                 ifindex = self.dp.ifindex(port.ifname)
             except DataplaneError:
                 continue
-            own = {a.get_attr("IFA_ADDRESS") for a in self.dp.ipr.get_addr(family=socket.AF_INET6, index=ifindex)}
+            with self.dp.netlink() as ipr:
+                own = {a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=socket.AF_INET6, index=ifindex)}
             addr = echo_peer(port.ifname, ifindex, own)
             if addr and self._found.get(port.bgp_name) != addr:
                 log.info("%s: peer %s answered on %s", port.bgp_name, addr, port.ifname)

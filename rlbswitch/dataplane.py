@@ -149,7 +149,8 @@ class SwitchDataplane(PinnedState):
         few ports many times. Renames are rare; an unknown index just asks netlink again."""
         name = self._names.get(ifindex)
         if name is None:
-            links = self.ipr.get_links(ifindex)
+            with self.netlink() as ipr:
+                links = ipr.get_links(ifindex)
             if not links:
                 return f"if{ifindex}"
             name = self._names[ifindex] = links[0].get_attr("IFLA_IFNAME")
@@ -213,7 +214,8 @@ class SwitchDataplane(PinnedState):
                 port.ifindex = ifindex
                 self.maps["port_stats"].zero(slot)
                 self.maps["port_load"].zero(slot)
-            link = self.ipr.get_links(ifindex)[0]
+            with self.netlink() as ipr:
+                link = ipr.get_links(ifindex)[0]
             ifname = link.get_attr("IFLA_IFNAME")
             port.up = int(self._link_up(link))
             port.mtu = link.get_attr("IFLA_MTU") or 0
@@ -289,7 +291,9 @@ class SwitchDataplane(PinnedState):
 
     # ---- neighbours -------------------------------------------------------------------
     def lookup_neighbour(self, ifindex: int, gateway: str) -> str | None:
-        for n in self.ipr.get_neighbours(family=socket.AF_INET6, ifindex=ifindex):
+        with self.netlink() as ipr:
+            neighbours = ipr.get_neighbours(family=socket.AF_INET6, ifindex=ifindex)
+        for n in neighbours:
             if n.get_attr("NDA_DST") == gateway and n["state"] & NUD_USABLE and n.get_attr("NDA_LLADDR"):
                 return n.get_attr("NDA_LLADDR")
         return None
@@ -326,7 +330,9 @@ class SwitchDataplane(PinnedState):
     def sync_neighbours(self) -> int:
         """Full resync from the kernel's neighbour table (agent start-up)."""
         changed = 0
-        for n in self.ipr.get_neighbours(family=socket.AF_INET6):
+        with self.netlink() as ipr:
+            neighbours = ipr.get_neighbours(family=socket.AF_INET6)
+        for n in neighbours:
             dst = n.get_attr("NDA_DST")
             if not dst or ipaddress.IPv6Address(dst).is_multicast:
                 continue
@@ -437,7 +443,9 @@ class SwitchDataplane(PinnedState):
         """Received, per ifindex, is the kernel's count (it sees every frame before XDP does):
         one link dump for all ports."""
         out = {}
-        for link in self.ipr.get_links():
+        with self.netlink() as ipr:
+            links = ipr.get_links()
+        for link in links:
             st = link.get_attr("IFLA_STATS64")
             if st is not None:
                 out[link["index"]] = {"rx_packets": st["rx_packets"], "rx_bytes": st["rx_bytes"]}

@@ -31,18 +31,18 @@ class Watcher:
         self.errors = 0
 
     def resync_links(self):
-        """Bring port liveness in line with the kernel (the liveness follower's share)."""
+        """Bring port liveness in line with the kernel (the liveness follower's share): one dump
+        of the links, read against every port."""
+        with self.dp.netlink() as ipr:
+            links = {link["index"]: link for link in ipr.get_links()}
         for p in self.dp.ports():
-            try:
-                links = self.dp.ipr.get_links(p.ifindex)
-            except Exception:       # ENODEV: removed while we were not looking
-                links = []
-            if not links:
+            link = links.get(p.ifindex)
+            if link is None:        # removed while we were not looking
                 if self.dp.remove_port(p.ifindex):
                     log.warning("port %s (ifindex %d) is gone: removed", p.ifname, p.ifindex)
                 continue
-            up = self.dp._link_up(links[0])
-            if self.dp.set_port_up(p.ifindex, up, links[0].get_attr("IFLA_MTU")):
+            up = self.dp._link_up(link)
+            if self.dp.set_port_up(p.ifindex, up, link.get_attr("IFLA_MTU")):
                 log.info("port %s is %s", p.ifname, "up" if up else "down")
             if up:      # a flap lost with the events still flushed its neighbours: ask again
                 self.resolve(p.ifindex)
@@ -62,7 +62,9 @@ class Watcher:
         address itself is local (the kernel answers it)."""
         ports = {p.ifindex: p.ifname for p in self.dp.ports()}
         want: dict[str, Route] = {}
-        for a in self.dp.ipr.get_addr(family=socket.AF_INET6):
+        with self.dp.netlink() as ipr:
+            addrs = ipr.get_addr(family=socket.AF_INET6)
+        for a in addrs:
             if a["index"] not in ports:
                 continue
             addr = ipaddress.IPv6Address(a.get_attr("IFA_ADDRESS"))

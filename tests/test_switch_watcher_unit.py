@@ -4,6 +4,7 @@ A snapshot of the neighbour table applied by any thread but the one that applies
 events can land after a newer event and undo it (seen once in the netlink storm test: a next
 hop on a port set down stayed "resolved"). So each follower resynchronises its own share,
 in its own thread, after it has bound its socket, including after a storm's ENOBUFS."""
+import contextlib
 import errno
 import subprocess
 import threading
@@ -29,13 +30,21 @@ class Log:
         return {t for t, w in self.events if w == what}
 
 
+class FakeLink(dict):
+    def get_attr(self, name):
+        return 1500          # IFLA_MTU
+
+
 class FakeDataplane:
     def __init__(self, log: Log):
         self.log = log
         self.port = SimpleNamespace(ifindex=3, ifname="up3", up=1)
-        self.ipr = SimpleNamespace(get_links=lambda i: [SimpleNamespace(get_attr=lambda k: 1500)],
-                                   get_addr=lambda family: [])
+        self.ipr = SimpleNamespace(get_links=lambda: [FakeLink(index=3)], get_addr=lambda family: [])
         self.tables = SimpleNamespace(gateways=lambda ifindex: ["fe80::1"])
+
+    @contextlib.contextmanager
+    def netlink(self):
+        yield self.ipr
 
     def ports(self):
         return [self.port]
