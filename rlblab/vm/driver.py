@@ -165,8 +165,8 @@ def no_systemd() -> bool:
 
 @contextlib.contextmanager
 def lab_session(fabric: str, log: Path, env: dict | None = None):
-    """The lab of a fabric file up from the local box (built if missing), yielded, and always
-    destroyed: what the opt-in VM tests share. env adds to the Vagrantfile's settings
+    """The lab of a fabric file up from the local box (built if missing), yielded, and
+    destroyed (kept with RLB_VAGRANT_KEEP=1): what the opt-in VM tests share. env adds to the Vagrantfile's settings
     (RLB_BFD_MS ...). Where PID 1 is not systemd, libvirt runs in its own namespace for the
     session (vagrant/libvirt.sh)."""
     import shutil
@@ -189,6 +189,12 @@ def lab_session(fabric: str, log: Path, env: dict | None = None):
         print(f"vagrant up ({len(lab.vms)} VMs): {time.time() - t0:.0f} s")
         yield lab
     finally:
+        if os.environ.get("RLB_VAGRANT_KEEP") == "1":    # to look at a failure: the VMs stay up
+            inside = f"ip netns exec {netns} " if netns else ""
+            print(f"RLB_VAGRANT_KEEP=1: the VMs are left running; look with 'cd vagrant; {inside}vagrant "
+                  f"ssh VM', remove with '{inside}vagrant destroy -f'"
+                  + (" and 'vagrant/libvirt.sh stop'" if netns else ""))
+            return
         lab.destroy()
         if netns:
             subprocess.run([VAGRANT_DIR / "libvirt.sh", "stop"])
