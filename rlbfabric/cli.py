@@ -1,11 +1,13 @@
 """rlbfabric: what the fabric file means for each machine of a real fabric.
 
 `units` renders the systemd units an operator installs on a switch, a GPU host or the coordinator;
-`net` is the boot-time link setup those units run (docs/operations.md walks through both)."""
+`net` is the boot-time link setup those units run; `prometheus` the scrape configuration of every
+agent of the fabric (docs/operations.md walks through all three)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -60,6 +62,46 @@ def net(
     Example: rlbfabric net --fabric /etc/rlb/fabric.toml --node l1"""
     net_setup(load(fabric), node)
     typer.echo(f"{node}: fabric links set up")
+
+
+@app.command()
+def prometheus(
+    fabric: Path = typer.Option(..., help=FABRIC_HELP),
+    mgmt: Optional[List[str]] = typer.Option(None, help="NODE=ADDRESS: a node's management address "
+                                             "(repeat; added to --mgmt-file's)."),
+    mgmt_file: Optional[Path] = typer.Option(None, help="An inventory: one 'node address' a line, # comments."),
+    coordinator: Optional[str] = typer.Option(None, help="The coordinator's management address (scraped on 9473)."),
+    rules: Optional[Path] = typer.Option(None, help="Alerting rules to load, as Prometheus will find them "
+                                         "(e.g. /etc/prometheus/rlb-alerts.yml, from prometheus/rlb-alerts.yml)."),
+    interval: str = typer.Option("2s", help="Scrape and rule evaluation interval (a Prometheus duration)."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="File to write (default: print it)."),
+):
+    """Render Prometheus's configuration: every agent of the fabric, labelled with its node and role.
+
+    Every switch and host of the fabric needs a management address, and every address must name
+    one of them, so that nothing is left unwatched by a typo.
+
+    Examples:\n
+      rlbfabric prometheus --fabric /etc/rlb/fabric.toml --mgmt-file /etc/rlb/mgmt.txt \\\n
+          --coordinator 10.0.0.2 --rules /etc/prometheus/rlb-alerts.yml -o /etc/prometheus/prometheus.yml\n
+      rlbfabric prometheus --fabric lab/fabric-2x2.toml --mgmt s1=10.0.0.1 --mgmt s2=10.0.0.2 ...
+    """
+    from rlbmonitor.prometheus import fabric_scrape_config, read_addresses
+    if not re.fullmatch(r"[0-9]+(ms|s|m|h)", interval):
+        raise typer.BadParameter(f"{interval!r}: a duration such as 2s, 500ms or 1m", param_hint="--interval")
+    addrs = read_addresses(mgmt_file.read_text(), str(mgmt_file)) if mgmt_file else {}
+    for item in mgmt or []:
+        node, sep, addr = item.partition("=")
+        if not sep or not node or not addr:
+            raise typer.BadParameter(f"{item!r}: expected NODE=ADDRESS", param_hint="--mgmt")
+        addrs[node] = addr
+    text = fabric_scrape_config(load(fabric), addrs, coordinator, interval,
+                                [str(rules)] if rules else []) + "\n"
+    if out:
+        out.write_text(text)
+        typer.echo(f"wrote {out}")
+    else:
+        typer.echo(text, nl=False)
 
 
 def main():

@@ -1,8 +1,13 @@
 """Prometheus scrape configuration for a fabric: every switch agent (:9471), host agent (:9472)
-and the coordinator (:9473), labelled with the node's name and role."""
+and the coordinator (:9473), labelled with the node's name and role. `rlbfabric prometheus`
+renders it for a real fabric, and the VM lab's monitor runs what it renders."""
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
+
+HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
 def scrape_config(targets: dict[str, tuple[str, str]], interval: str = "2s", rule_files: list[str] = ()) -> str:
@@ -22,3 +27,58 @@ def scrape_config(targets: dict[str, tuple[str, str]], interval: str = "2s", rul
     if rule_files:
         conf["rule_files"] = list(rule_files)
     return json.dumps(conf, indent=2)
+
+
+def agent_role(fabric, node: str) -> str | None:
+    """The role a node is scraped as, or None where no agent of ours runs (a rail-only fabric's
+    rail switches): the role deploy.units gives it, so what is scraped is what is installed."""
+    from rlbfabric.deploy import SWITCH_ROLES, role
+    r = role(fabric, node)
+    return r if r in SWITCH_ROLES or r == "host" else None
+
+
+def check_address(node: str, addr: str) -> str:
+    """A management address: an IP address or a DNS name (Prometheus resolves it)."""
+    try:
+        return str(ipaddress.ip_address(addr))
+    except ValueError:
+        if HOSTNAME.match(addr) and not addr.replace(".", "").isdigit():
+            return addr
+    from rlbfabric.fabric import FabricError
+    raise FabricError(f"{node}: {addr!r} is neither an IP address nor a host name")
+
+
+def fabric_scrape_config(fabric, addrs: dict[str, str], coordinator: str | None = None,
+                         interval: str = "2s", rule_files: list[str] = ()) -> str:
+    """The scrape configuration of every agent of a fabric from {node: management address}.
+    Every node that runs an agent needs an address, and every address must name such a node:
+    a fabric scraped in part would look healthy where it is not watched."""
+    from rlbfabric.fabric import FabricError
+    nodes = [n.name for n in fabric.switches] + list(fabric.hosts)
+    unknown = sorted(set(addrs) - set(nodes))
+    if unknown:
+        raise FabricError(f"not in the fabric: {', '.join(unknown)}")
+    roles = {n: r for n in nodes if (r := agent_role(fabric, n))}
+    missing = [n for n in roles if n not in addrs]
+    if missing:
+        raise FabricError(f"no management address for {', '.join(missing)}")
+    targets = {n: (check_address(n, addrs[n]), r) for n, r in roles.items()}
+    if coordinator:
+        targets["coordinator"] = (check_address("coordinator", coordinator), "coordinator")
+    return scrape_config(targets, interval, rule_files)
+
+
+def read_addresses(text: str, where: str) -> dict[str, str]:
+    """An inventory of management addresses: one `node address` per line, # comments."""
+    from rlbfabric.fabric import FabricError
+    out: dict[str, str] = {}
+    for i, line in enumerate(text.splitlines(), start=1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if len(words) != 2:
+            raise FabricError(f"{where}:{i}: expected 'node address', got {line.strip()!r}")
+        if words[0] in out:
+            raise FabricError(f"{where}:{i}: {words[0]} is listed twice")
+        out[words[0]] = words[1]
+    return out

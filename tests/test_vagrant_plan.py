@@ -75,6 +75,41 @@ def test_scrape_config_takes_ipv4_management_addresses():
     assert targets == {"rlbswitch": ["10.77.0.10:9471"], "rlbhost": ["[fd00:99::2]:9472"]}
 
 
+def test_rlbfabric_prometheus_scrapes_every_agent_of_the_fabric_and_refuses_gaps(tmp_path):
+    """`rlbfabric prometheus`: an inventory of management addresses in, every switch and host
+    scraped on its port with its role; a node missing, a name not in the fabric, a bad address
+    or a bad line is an operator's error (exit 2), not a partial configuration."""
+    fab_file = str(LAB / "fabric-2x2.toml")
+    inv = tmp_path / "mgmt.txt"
+    inv.write_text("# node address\ns1 10.0.0.1\ns2 10.0.0.2\nl1 10.0.0.11\nl2 fd00::12  # v6\n"
+                   "h1 h1.mgmt.example\n")
+
+    def rlbfabric(*args):
+        return subprocess.run([sys.executable, "-m", "rlbfabric.cli", "prometheus", "--fabric", fab_file, *args],
+                              capture_output=True, text=True)
+    res = rlbfabric("--mgmt-file", str(inv), "--mgmt", "h2=10.0.0.22", "--coordinator", "10.0.0.2",
+                    "--rules", "/etc/prometheus/rlb-alerts.yml", "--interval", "5s")
+    assert res.returncode == 0, res.stderr
+    conf = json.loads(res.stdout)
+    got = {c["labels"]["instance_node"]: (j["job_name"], c["targets"], c["labels"]["role"])
+           for j in conf["scrape_configs"] for c in j["static_configs"]}
+    assert got == {"s1": ("rlbswitch", ["10.0.0.1:9471"], "spine"), "s2": ("rlbswitch", ["10.0.0.2:9471"], "spine"),
+                   "l1": ("rlbswitch", ["10.0.0.11:9471"], "leaf"), "l2": ("rlbswitch", ["[fd00::12]:9471"], "leaf"),
+                   "h1": ("rlbhost", ["h1.mgmt.example:9472"], "host"), "h2": ("rlbhost", ["10.0.0.22:9472"], "host"),
+                   "coordinator": ("rlbcoord", ["10.0.0.2:9473"], "coordinator")}
+    assert conf["rule_files"] == ["/etc/prometheus/rlb-alerts.yml"] and conf["global"]["scrape_interval"] == "5s"
+    for args, error in ((["--mgmt-file", str(inv)], "no management address for h2"),
+                        (["--mgmt-file", str(inv), "--mgmt", "h2=10.0.0.22", "--mgmt", "h9=10.0.0.9"], "not in the fabric: h9"),
+                        (["--mgmt-file", str(inv), "--mgmt", "h2=10.0..22"], "h2: '10.0..22' is neither"),
+                        (["--mgmt-file", str(inv), "--mgmt", "h2"], "expected NODE=ADDRESS"),
+                        (["--mgmt-file", str(inv), "--mgmt", "h2=10.0.0.22", "--interval", "2 s"], "a duration")):
+        res = rlbfabric(*args)
+        assert res.returncode == 2 and error in res.stderr, (args, res.stderr)
+    inv.write_text("s1 10.0.0.1 extra\n")
+    res = rlbfabric("--mgmt-file", str(inv))
+    assert res.returncode == 2 and "mgmt.txt:1: expected 'node address'" in res.stderr, res.stderr
+
+
 def test_grafana_provisioning_points_at_prometheus_and_the_dashboards(tmp_path):
     yaml = pytest.importorskip("yaml")   # Debian's python3-yaml, through the system site packages
     from rlblab.vm.node import grafana_provisioning
@@ -129,7 +164,7 @@ def test_units_wire_every_agent_to_the_coordinator_on_the_monitor():
     leaf = units(fab, vms, node(vms, "l1"), fab_file)["rlb-switch"]
     spine = units(fab, vms, node(vms, "s1"), fab_file)["rlb-switch"]
     assert leaf.rstrip().count(f"--coordinator {url}") == 1 and "--coordinator" not in spine
-    jobs = {j["job_name"]: j for j in json.loads(scrape_targets(vms, mon))["scrape_configs"]}
+    jobs = {j["job_name"]: j for j in json.loads(scrape_targets(fab, vms, mon))["scrape_configs"]}
     assert jobs["rlbcoord"]["static_configs"][0]["targets"] == [f"{mon.mgmt_ip}:9473"]
 
 
@@ -182,7 +217,7 @@ def test_scale_up_fabric_plan_and_units():
     assert f"--speed-mbps {fab.sub_mbps('p2')}" in plane["rlb-switch"] and "eth-g8-2" in plane["rlb-switch"]
     mon = units(fab, vms, node(vms, "mon"), fab_file)
     assert sorted(mon) == ["rlb-prometheus"]
-    assert "rlbcoord" not in scrape_targets(vms, node(vms, "mon"), coordinator=False)
+    assert "rlbcoord" not in scrape_targets(fab, vms, node(vms, "mon"), coordinator=False)
     cmds = net_commands(fab, "g3")
     assert deploy.net_commands(fab, "g3") == cmds
     assert ["ip", "addr", "replace", f"{fab.loopback('g3')}/128", "dev", "rlb0", "nodad"] in cmds

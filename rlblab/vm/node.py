@@ -124,7 +124,7 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
     if vm.role == "monitor":
         from rlbmonitor.alerts import write as write_rules
         rules = write_rules(ETC)
-        (ETC / "prometheus.yml").write_text(scrape_targets(vms, vm, coordinator=fab.kind != "scaleup",
+        (ETC / "prometheus.yml").write_text(scrape_targets(fab, vms, vm, coordinator=fab.kind != "scaleup",
                                                            rule_files=[str(rules)]))
     sh("systemctl", "daemon-reload")
     for u in todo:
@@ -135,14 +135,12 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
         grafana(vm)
 
 
-def scrape_targets(vms: list[VmNode], vm: VmNode, coordinator: bool = True, rule_files=()) -> str:
+def scrape_targets(fab, vms: list[VmNode], vm: VmNode, coordinator: bool = True, rule_files=()) -> str:
     """Prometheus on the monitor scrapes every agent and the coordinator beside it, and
-    evaluates the alerting rules (rlbmonitor/alerts.py)."""
-    from rlbmonitor.prometheus import scrape_config
-    targets = {v.name: (v.mgmt_ip, v.role) for v in vms if v.role != "monitor"}
-    if coordinator:
-        targets["coordinator"] = (vm.mgmt_ip, "coordinator")
-    return scrape_config(targets, rule_files=rule_files)
+    evaluates the alerting rules (rlbmonitor/alerts.py): what `rlbfabric prometheus` renders."""
+    from rlbmonitor.prometheus import fabric_scrape_config
+    return fabric_scrape_config(fab, {v.name: v.mgmt_ip for v in vms if v.role != "monitor"},
+                                vm.mgmt_ip if coordinator else None, rule_files=rule_files)
 
 
 GRAFANA_DASHBOARDS = Path("/var/lib/grafana/dashboards/rlb")
