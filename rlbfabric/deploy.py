@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .constants import RUN_DIR
-from .fabric import Fabric
+from .fabric import Fabric, FabricError
 
 SWITCH_ROLES = ("leaf", "spine", "superspine")
 
@@ -49,6 +49,15 @@ class Site:
     probe_dead_ms: float = 0                  # defaults (0: rlbhost's), for slow emulation
 
 
+def deployable(fabric: Fabric):
+    """Units and link setup exist for leaf-spine and scale-up fabrics. A rail-only fabric's rail
+    switches take static routes to the GPUs' MACs (the namespace lab, rlblab/raillab.py, sets
+    them up); rendering them as units is not built."""
+    if fabric.kind == "rail-only":
+        raise FabricError("rail-only fabrics have no rendered units or link setup yet: "
+                          "rlblab/raillab.py shows what each GPU and rail switch runs")
+
+
 def role(fabric: Fabric, node: str) -> str:
     if node in fabric.hosts:
         return "host"
@@ -63,6 +72,7 @@ def host_port(fabric: Fabric, host: str) -> str:
 def units(fabric: Fabric, fabric_file: Path, node: str, mgmt_ip: str, coordinator: str | None,
           site: Site = Site()) -> dict[str, str]:
     """{unit name: unit file} for one machine of the fabric."""
+    deployable(fabric)
     r = role(fabric, node)
     args = f"--fabric {fabric_file} --node {node}"
     coord = f" --coordinator {coordinator}" if coordinator else ""
@@ -162,6 +172,7 @@ def net_commands(fabric: Fabric, node: str) -> list[list[str]]:
     up without DAD delay (fast restore on link-up), a leaf carries its gateway address of every
     host prefix (bird's radv advertises the prefixes of its addresses); a host takes SLAAC on its
     fabric port. Transmit checksum offload off: redirected frames must not carry partial ones."""
+    deployable(fabric)
     if fabric.kind == "scaleup":
         from .scaleup import net_commands as scaleup_net
         return scaleup_net(fabric, node)
@@ -183,6 +194,7 @@ def net_commands(fabric: Fabric, node: str) -> list[list[str]]:
 
 
 def net(fabric: Fabric, node: str):
+    deployable(fabric)
     if fabric.is_gpu(node):
         from .scaleup import add_loopback_device
         add_loopback_device()

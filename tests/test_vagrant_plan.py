@@ -359,3 +359,22 @@ def test_the_vm_labs_qp_sender_sends_every_frame_through_the_loopback_device():
         assert lab.port_rx_bytes("p1", ["far", "lo"]) == {"far": tx["bytes"], "lo": 0}
     finally:
         subprocess.run(["ip", "netns", "del", ns])
+
+
+def test_a_rail_only_fabric_is_refused_where_nothing_is_rendered_for_it_and_its_gpus_are_scraped():
+    """Units, link setup and VMs exist for leaf-spine and scale-up fabrics; a rail-only one is an
+    operator's error (exit 2, one line), not a traceback or a scale-up GPU's units. Its GPUs run
+    rlbhost (the rail lab's), so Prometheus scrapes them, and only them."""
+    fab_file = str(LAB / "rail-only.toml")
+    for cmd in (["rlbfabric.cli", "units", "--fabric", fab_file, "--node", "r1", "--mgmt-ip", "10.0.0.1"],
+                ["rlbfabric.cli", "units", "--fabric", fab_file, "--node", "d1g1", "--mgmt-ip", "10.0.0.1"],
+                ["rlbfabric.cli", "net", "--fabric", fab_file, "--node", "d1g1"],
+                ["rlblab.vm.plan", "--fabric", fab_file]):
+        res = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True)
+        assert res.returncode == 2 and "rail-only fabrics have no rendered units" in res.stderr \
+            and "Traceback" not in res.stderr, (cmd, res.stderr)
+    from rlbmonitor.prometheus import fabric_scrape_config
+    fab = load(fab_file)
+    conf = json.loads(fabric_scrape_config(fab, {g: f"10.0.1.{i}" for i, g in enumerate(fab.hosts, start=1)}))
+    assert [j["job_name"] for j in conf["scrape_configs"]] == ["rlbhost"]
+    assert len(conf["scrape_configs"][0]["static_configs"]) == len(fab.hosts)

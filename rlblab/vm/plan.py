@@ -74,6 +74,8 @@ def fabric_links(fabric: Fabric) -> list[tuple[str, str, str, str, int]]:
 
 
 def plan(fabric: Fabric, mgmt_net: str = "10.77.0.0/24") -> list[VmNode]:
+    from rlbfabric.deploy import deployable
+    deployable(fabric)            # the VMs run the rendered units
     net = ipaddress.IPv4Network(mgmt_net)
     hosts = list(fabric.hosts) if fabric.kind == "scaleup" else \
         [h for leaf in fabric.leaves for h in leaf.hosts]
