@@ -62,8 +62,6 @@ class Prober:
         self._heads: dict[tuple, bytes] = {}
         self._seq = 0
         self._peer_of = {addr: n for n, addr in peers.items()}
-        self._ports: dict = {}
-        self._next_verdict = float("inf")
 
     # ---- frames ---------------------------------------------------------------------------
     def _send(self, ifname: str, dmac: str, smac: str, dst: str, kind: int, plane: int, seq: int, t_ns: int,
@@ -103,13 +101,9 @@ class Prober:
             while not self.stop.is_set():
                 now = time.monotonic()
                 if now >= next_round:
-                    self._ports = self.ports()
-                    self._round(now, self._ports)
+                    self._round(now)
                     next_round = now + self.interval
-                if now >= self._next_verdict:
-                    self._judge(now, self._ports)
-                wake = min(next_round, self._next_verdict)
-                ready, _, _ = select.select([rx], [], [], max(0.0, wake - time.monotonic()))
+                ready, _, _ = select.select([rx], [], [], max(0.0, next_round - time.monotonic()))
                 if ready:
                     self._receive(rx)
         finally:
@@ -117,8 +111,8 @@ class Prober:
             for s in self._raw.values():
                 s.close()
 
-    def _round(self, now: float, ports: dict):
-        """Probe every peer over every plane with a live port; then judge."""
+    def _round(self, now: float):
+        ports = self.ports()
         self._seq += 1
         t_ns = time.monotonic_ns()
         for peer, addr in self.peers.items():
@@ -131,12 +125,6 @@ class Prober:
                 st.unanswered += 1
                 st.window.append([self._seq, False])
                 self._send(p[0], p[1], p[2], addr, PROBE, plane, self._seq, t_ns, self.me)
-        self._judge(now, ports)
-
-    def _judge(self, now: float, ports: dict):
-        """Decide each (peer, plane), and when next to: at the moment the oldest answer of a
-        plane in use turns dead_after old, not at the next round, so that a silent plane is out
-        of use dead_after after its last answer rather than up to an interval later."""
         # down: no answer for dead_after, AND as many probes sent since the last answer as fit
         # in it (a stall of this very loop is not a silent plane), AND the peer answering on
         # another plane meanwhile: a plane failing in its middle goes quiet alone, while a peer
@@ -145,19 +133,15 @@ class Prober:
         fresh: dict[int, list[float]] = {}
         for (peer, plane), st in self.state.items():
             fresh.setdefault(peer, []).append(st.last_answer)
-        next_verdict = now + self.interval
         for (peer, plane), st in list(self.state.items()):
             others_answer = any(t > st.last_answer and now - t <= self.dead_after / 2 for t in fresh[peer])
             up = plane in ports and (now - st.last_answer <= self.dead_after or st.unanswered < need
                                      or not others_answer)
-            if up and now - st.last_answer <= self.dead_after:
-                next_verdict = min(next_verdict, st.last_answer + self.dead_after + 1e-4)
             if up != st.up:
                 st.up = up
                 log.warning("probes to GPU %d over plane %d: %s", peer, plane,
                             "answered again" if up else f"no answer for {self.dead_after * 1000:.0f} ms")
                 self.on_change(peer, plane, up)
-        self._next_verdict = next_verdict
 
     def _receive(self, rx):
         ports = None
