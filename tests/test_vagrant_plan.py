@@ -247,9 +247,11 @@ def test_vagrant_up_that_starts_no_vm_stops_with_the_reason(tmp_path):
     from rlblab.vm.driver import VagrantLab
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "vagrant").write_text("#!/bin/sh\necho \"stalled after the domains' settings\"\nexec sleep 600\n")
-    # libvirt's view: one domain defined, none running (as in the stall that was reported)
-    (fake / "virsh").write_text('#!/bin/sh\ncase "$*" in *--all*) echo vagrant_mon ;; esac\n')
+    defined = tmp_path / "defined"
+    (fake / "vagrant").write_text(f"#!/bin/sh\ntouch {defined}\necho \"stalled after the domains' settings\"\n"
+                                  "exec sleep 600\n")
+    # libvirt's view once vagrant has run: one domain defined, none running (as in the stall reported)
+    (fake / "virsh").write_text(f'#!/bin/sh\n[ -e {defined} ] || exit 0\ncase "$*" in *--all*) echo vagrant_mon ;; esac\n')
     for f in fake.iterdir():
         f.chmod(0o755)
     lab = VagrantLab(env={"PATH": f"{fake}:/usr/bin:/bin"}, log=tmp_path / "vagrant.log")
@@ -262,6 +264,32 @@ def test_vagrant_up_that_starts_no_vm_stops_with_the_reason(tmp_path):
     assert "/dev/kvm" in msg and str(lab.log) in msg
     assert "stalled after the domains' settings" in lab.log.read_text()
     assert not subprocess.run(["pgrep", "-f", str(fake / "vagrant")], capture_output=True).stdout
+
+
+def test_vagrant_up_refuses_at_once_where_another_checkouts_domains_hold_the_names(tmp_path, monkeypatch):
+    """vagrant names domains <directory>_<VM>: a lab left by another checkout made every VM's
+    `vagrant up` fail after minutes ("Name `vagrant_g5` ... is already taken"). Refused before
+    vagrant starts, naming them and how to remove them; the domains this checkout made pass."""
+    from rlblab.vm import driver
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    started = tmp_path / "vagrant-started"
+    (fake / "vagrant").write_text(f"#!/bin/sh\ntouch {started}\n")
+    (fake / "virsh").write_text("#!/bin/sh\necho vagrant_mon; echo vagrant_s1; echo other_l1\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    checkout = tmp_path / "checkout" / "vagrant"
+    monkeypatch.setattr(driver, "VAGRANT_DIR", checkout)
+    lab = driver.VagrantLab(fabric=str(LAB / "fabric-2x2.toml"), env={"PATH": f"{fake}:/usr/bin:/bin"},
+                            log=tmp_path / "vagrant.log")
+    (checkout / ".vagrant" / "machines" / "mon" / "libvirt").mkdir(parents=True)
+    (checkout / ".vagrant" / "machines" / "mon" / "libvirt" / "id").write_text("0b5e")
+    with pytest.raises(RuntimeError) as err:
+        lab.up(start_timeout=3)
+    msg = str(err.value)
+    assert msg.startswith("libvirt already has vagrant_s1, not made by this checkout's vagrant")
+    assert "vagrant_mon" not in msg and "other_l1" not in msg and "undefine NAME --remove-all-storage" in msg
+    assert not started.exists()
 
 
 def test_the_vms_python_dependencies_are_the_packages():
@@ -378,3 +406,24 @@ def test_a_rail_only_fabric_is_refused_where_nothing_is_rendered_for_it_and_its_
     conf = json.loads(fabric_scrape_config(fab, {g: f"10.0.1.{i}" for i, g in enumerate(fab.hosts, start=1)}))
     assert [j["job_name"] for j in conf["scrape_configs"]] == ["rlbhost"]
     assert len(conf["scrape_configs"][0]["static_configs"]) == len(fab.hosts)
+
+
+def test_a_failed_vagrant_up_is_reported_even_when_the_vms_are_kept(tmp_path, monkeypatch):
+    """RLB_VAGRANT_KEEP=1 keeps the VMs for a look, and must not hide why the session ended: a
+    return in lab_session's finally once turned a failed `vagrant up` into pytest's "generator
+    didn't yield"."""
+    from rlblab.vm import driver
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "vagrant").write_text('#!/bin/sh\ncase "$1" in box) echo "rlb/bookworm-lab (libvirt, 0)";; '
+                                  'up) echo "domain name taken"; exit 1;; esac\n')
+    (fake / "virsh").write_text("#!/bin/sh\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
+    monkeypatch.setattr(driver, "no_systemd", lambda: False)
+    for keep in ("1", "0"):
+        monkeypatch.setenv("RLB_VAGRANT_KEEP", keep)
+        with pytest.raises(RuntimeError, match=r"^vagrant up failed \(exit 1\); see "):
+            with driver.lab_session("lab/fabric-2x2.toml", tmp_path / "vagrant.log"):
+                pass

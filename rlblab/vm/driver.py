@@ -46,6 +46,7 @@ class VagrantLab:
         """`vagrant up`, watched: if no VM of the lab is running after start_timeout (the first up
         of a box also uploads its 1.6 GB base volume, a few minutes), vagrant has stalled and
         waiting longer would not help: stop it and say where to look."""
+        self.refuse_foreign_domains()
         with open(self.log, "a") as f:
             f.write("\n$ vagrant up\n")
             f.flush()
@@ -77,6 +78,21 @@ class VagrantLab:
                              capture_output=True, text=True, check=True).stdout
         cfg.write_text(out)
         self._ssh_config = cfg
+
+    def refuse_foreign_domains(self):
+        """vagrant names a domain <directory>_<VM>, so every checkout's lab wants vagrant_g1 ...:
+        domains this checkout's vagrant does not know (another checkout's lab, or one whose
+        .vagrant/ was lost) make `vagrant up` fail on each VM after minutes. Say so at once; they
+        are not ours to remove."""
+        ours = VAGRANT_DIR / ".vagrant" / "machines"
+        foreign = [d for d in self.domains() if not (ours / d[len("vagrant_"):] / "libvirt" / "id").exists()]
+        if foreign:
+            virsh = " ".join([*self.prefix, "virsh", "-c", "qemu:///system"])
+            raise RuntimeError(
+                f"libvirt already has {', '.join(foreign)}, not made by this checkout's vagrant ({VAGRANT_DIR}): "
+                "another checkout's lab, or one whose .vagrant/ is gone. Run `vagrant destroy -f` in that "
+                f"checkout's vagrant/, or remove each with `{virsh} destroy NAME; {virsh} undefine NAME "
+                "--remove-all-storage`")
 
     def destroy(self):
         subprocess.run([*self.prefix, "vagrant", "destroy", "-f"], cwd=VAGRANT_DIR, env=self.env,
@@ -188,13 +204,13 @@ def lab_session(fabric: str, log: Path, env: dict | None = None):
         lab.up()
         print(f"vagrant up ({len(lab.vms)} VMs): {time.time() - t0:.0f} s")
         yield lab
-    finally:
+    finally:    # no return in here: it would swallow the exception that brought us here
         if os.environ.get("RLB_VAGRANT_KEEP") == "1":    # to look at a failure: the VMs stay up
             inside = f"ip netns exec {netns} " if netns else ""
             print(f"RLB_VAGRANT_KEEP=1: the VMs are left running; look with 'cd vagrant; {inside}vagrant "
                   f"ssh VM', remove with '{inside}vagrant destroy -f'"
                   + (" and 'vagrant/libvirt.sh stop'" if netns else ""))
-            return
-        lab.destroy()
-        if netns:
-            subprocess.run([VAGRANT_DIR / "libvirt.sh", "stop"])
+        else:
+            lab.destroy()
+            if netns:
+                subprocess.run([VAGRANT_DIR / "libvirt.sh", "stop"])
