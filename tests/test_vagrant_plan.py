@@ -427,3 +427,16 @@ def test_a_failed_vagrant_up_is_reported_even_when_the_vms_are_kept(tmp_path, mo
         with pytest.raises(RuntimeError, match=r"^vagrant up failed \(exit 1\); see "):
             with driver.lab_session("lab/fabric-2x2.toml", tmp_path / "vagrant.log"):
                 pass
+
+
+def test_a_vm_read_that_times_out_is_not_yet_until_the_waits_deadline():
+    """13 VMs under TCG on 2 cores: an ssh read took over 300 s and its TimeoutExpired ended
+    the convergence wait of 900 s at once. A read that times out is "not yet"; the wait's own
+    deadline decides, and names the last error."""
+    from rlblab.vm.driver import VagrantLab
+    lab = VagrantLab()
+    answers = iter([subprocess.TimeoutExpired("ssh g1", 300), False, True])
+    lab.wait("g1 converged", lambda: next(answers), timeout=5, every=0.01)
+    with pytest.raises(TimeoutError, match=r"g1 converged not after 0 s \(last error: Command 'ssh g1' timed out"):
+        lab.wait("g1 converged", lambda: (_ for _ in ()).throw(subprocess.TimeoutExpired("ssh g1", 300)),
+                 timeout=0.05, every=0.01)

@@ -127,8 +127,8 @@ class VagrantLab:
             try:
                 if pred():
                     return
-            except (RuntimeError, ValueError, KeyError, IndexError) as e:
-                last = e
+            except (RuntimeError, ValueError, KeyError, IndexError, subprocess.TimeoutExpired) as e:
+                last = e        # not yet (a VM too busy to answer an ssh in time included): the deadline decides
             time.sleep(every)
         raise TimeoutError(f"{what} not after {timeout:.0f} s (last error: {last})")
 
