@@ -27,7 +27,7 @@ vagrant-box: setup vagrant-deps
 vagrant-test: setup vagrant-deps
 	RLB_VAGRANT=1 .venv/bin/python -m pytest -v -s tests/test_vagrant_lab.py
 
-# RLB_FABRIC=lab/scaleup-small.toml: 7 VMs instead of 13
+# RLB_FABRIC=lab/scaleup-small.toml: 7 VMs instead of 13 (13 emulated VMs need about 4 cores)
 vagrant-test-scaleup: setup vagrant-deps
 	RLB_VAGRANT=1 .venv/bin/python -m pytest -v -s tests/test_vagrant_scaleup.py
 

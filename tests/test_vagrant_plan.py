@@ -422,6 +422,7 @@ def test_a_failed_vagrant_up_is_reported_even_when_the_vms_are_kept(tmp_path, mo
         f.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
     monkeypatch.setattr(driver, "no_systemd", lambda: False)
+    monkeypatch.setenv("RLB_VAGRANT_CROWDED", "1")      # whatever this machine's cores
     for keep in ("1", "0"):
         monkeypatch.setenv("RLB_VAGRANT_KEEP", keep)
         with pytest.raises(RuntimeError, match=r"^vagrant up failed \(exit 1\); see "):
@@ -440,3 +441,20 @@ def test_a_vm_read_that_times_out_is_not_yet_until_the_waits_deadline():
     with pytest.raises(TimeoutError, match=r"g1 converged not after 0 s \(last error: Command 'ssh g1' timed out"):
         lab.wait("g1 converged", lambda: (_ for _ in ()).throw(subprocess.TimeoutExpired("ssh g1", 300)),
                  timeout=0.05, every=0.01)
+
+
+def test_an_emulated_lab_too_big_for_the_machines_cores_is_refused_before_anything_starts(monkeypatch):
+    """13 emulated VMs on 2 cores booted in 45 min and then starved; 7 worked. Refused at once
+    with what to do instead; KVM, a machine with the cores, or RLB_VAGRANT_CROWDED=1 go ahead."""
+    from rlblab.vm.driver import check_room
+    monkeypatch.delenv("RLB_VAGRANT_CROWDED", raising=False)
+    assert len(plan(load(LAB / "scaleup.toml"))) == 13 and len(plan(load(LAB / "scaleup-small.toml"))) == 7
+    with pytest.raises(RuntimeError) as err:
+        check_room(13, "qemu", 2)
+    assert str(err.value).startswith("13 emulated VMs on 2 core(s)")
+    assert "lab/scaleup-small.toml" in str(err.value) and "a machine with 4 cores" in str(err.value)
+    check_room(7, "qemu", 2)
+    check_room(13, "qemu", 4)
+    check_room(13, "kvm", 2)
+    monkeypatch.setenv("RLB_VAGRANT_CROWDED", "1")
+    check_room(13, "qemu", 2)

@@ -5,7 +5,8 @@ cables into every plane, and the monitor: 13 VMs), or another scale-up file in R
 speakers (bird2) and run `rlbhost attach rlb0` in ports mode; the planes run the XDP switch. The
 scale-up scenarios run here as the very code `rlblab scenario` runs on namespaces
 (rlblab.vm.scaleup adapts the lab), with a pulled cable for a port down, and their expected
-figures follow from the fabric file. The VMs are always destroyed."""
+figures follow from the fabric file. The VMs are destroyed at the end (RLB_VAGRANT_KEEP=1
+keeps them). Under emulation the 13 VMs need about 4 cores (refused on fewer: rlblab.vm.driver)."""
 import os
 import time
 

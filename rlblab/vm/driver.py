@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -19,6 +20,10 @@ from .plan import MONITOR, VmNode, node, plan
 
 VAGRANT_DIR = Path(__file__).resolve().parents[2] / "vagrant"
 LOCAL_BOX = "rlb/bookworm-lab"
+# Emulated VMs (one vCPU each) per host core that the labs have run at: 7 on 2 cores passed
+# (about 0.28 of a core each); 13 on 2 booted but starved (0.15 each: ssh took minutes, BFD
+# flapped, agents took 10 min to attach)
+EMULATED_VMS_PER_CORE = 3.5
 
 
 class VagrantLab:
@@ -175,6 +180,20 @@ class VagrantLab:
         return self.json(MONITOR, "python3 -c " + shlex.quote(script))
 
 
+def check_room(vms: int, driver: str, cores: int):
+    """Refuse at once a lab this machine cannot emulate, rather than fail an hour in
+    (RLB_VAGRANT_CROWDED=1 tries anyway)."""
+    if driver != "qemu" or os.environ.get("RLB_VAGRANT_CROWDED") == "1":
+        return
+    if vms > EMULATED_VMS_PER_CORE * cores:
+        raise RuntimeError(
+            f"{vms} emulated VMs on {cores} core(s): the most these labs have worked at is "
+            f"{EMULATED_VMS_PER_CORE:g} per core (13 on 2 cores booted in 45 min, then starved: ssh took "
+            "minutes, BFD flapped). Use a smaller fabric (lab/scaleup-small.toml: 7 VMs), a machine "
+            f"with {math.ceil(vms / EMULATED_VMS_PER_CORE)} cores, RLB_LIBVIRT_DRIVER=kvm where KVM "
+            "works, or RLB_VAGRANT_CROWDED=1 to try anyway")
+
+
 def no_systemd() -> bool:
     return Path("/proc/1/comm").read_text().strip() != "systemd"
 
@@ -188,6 +207,8 @@ def lab_session(fabric: str, log: Path, env: dict | None = None):
     import shutil
     if not shutil.which("vagrant"):
         raise RuntimeError("vagrant is not installed: make vagrant-deps")
+    driver = os.environ.get("RLB_LIBVIRT_DRIVER", "qemu")
+    check_room(len(plan(load(VAGRANT_DIR.parent / fabric))), driver, os.cpu_count() or 1)
     netns = "rlbvm" if no_systemd() else None
     if netns:
         subprocess.run([VAGRANT_DIR / "libvirt.sh", "start"], check=True)
@@ -195,7 +216,7 @@ def lab_session(fabric: str, log: Path, env: dict | None = None):
     if LOCAL_BOX not in boxes:
         subprocess.run([VAGRANT_DIR / "build-box.sh"], check=True)
     # /dev/kvm here is PVM, on which stock kernels hang: software emulation unless told otherwise
-    env = {"RLB_BOX": LOCAL_BOX, "RLB_LIBVIRT_DRIVER": os.environ.get("RLB_LIBVIRT_DRIVER", "qemu"),
+    env = {"RLB_BOX": LOCAL_BOX, "RLB_LIBVIRT_DRIVER": driver,
            "RLB_MGMT_MODE": "none", **(env or {})}
     lab = VagrantLab(fabric, netns=netns, env=env, log=log)
     lab.destroy()
