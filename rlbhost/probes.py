@@ -42,6 +42,8 @@ class PlaneHealth:
     last_answer: float = 0.0           # monotonic seconds
     rtt_s: float = 0.0                 # last round trip
     unanswered: int = 0                # probes sent since the last answer
+    last_seq: int = 0                  # the round of the newest probe answered
+    answers: deque = field(default_factory=lambda: deque(maxlen=16))  # [(round, monotonic arrival)]
     up: bool = True
     window: deque = field(default_factory=lambda: deque(maxlen=50))   # [sent seq, answered?]
 
@@ -101,6 +103,8 @@ class Prober:
             while not self.stop.is_set():
                 now = time.monotonic()
                 if now >= next_round:
+                    self._receive(rx)       # answers already here count before any verdict
+                    now = time.monotonic()
                     self._round(now)
                     next_round = now + self.interval
                 ready, _, _ = select.select([rx], [], [], max(0.0, next_round - time.monotonic()))
@@ -128,15 +132,25 @@ class Prober:
         # down: no answer for dead_after, AND as many probes sent since the last answer as fit
         # in it (a stall of this very loop is not a silent plane), AND the peer answering on
         # another plane meanwhile: a plane failing in its middle goes quiet alone, while a peer
-        # too busy to answer (or a busy host) goes quiet on every plane at once
+        # too busy to answer (or a busy host) goes quiet on every plane at once. "Meanwhile" is
+        # by round: another plane answered a later round than this plane's last, and that answer
+        # is an interval old without this plane's for the same round. A peer back from a stall
+        # answers its backlog plane after plane, a few microseconds apart: judged by arrival
+        # alone, the first plane's answer made the others look silent (3 planes falsely down)
         need = max(2, int(self.dead_after / self.interval) - 1)
-        fresh: dict[int, list[float]] = {}
+        by_peer: dict[int, list[PlaneHealth]] = {}
         for (peer, plane), st in self.state.items():
-            fresh.setdefault(peer, []).append(st.last_answer)
+            by_peer.setdefault(peer, []).append(st)
         for (peer, plane), st in list(self.state.items()):
-            others_answer = any(t > st.last_answer and now - t <= self.dead_after / 2 for t in fresh[peer])
-            up = plane in ports and (now - st.last_answer <= self.dead_after or st.unanswered < need
-                                     or not others_answer)
+            others_answer = any(o is not st and now - o.last_answer <= self.dead_after / 2
+                                and any(seq > st.last_seq and now - t >= self.interval for seq, t in o.answers)
+                                for o in by_peer[peer])
+            answering = now - st.last_answer <= self.dead_after
+            if st.up:
+                up = plane in ports and (answering or st.unanswered < need or not others_answer)
+            else:   # back only on an answer of its own: others going quiet too (a loaded peer or
+                # host) is no news of this plane, and flipped it up and down every few rounds
+                up = plane in ports and answering
             if up != st.up:
                 st.up = up
                 log.warning("probes to GPU %d over plane %d: %s", peer, plane,
@@ -163,16 +177,21 @@ class Prober:
                     self._send(p[0], p[1], p[2], src, REPLY, plane, seq, t_ns, sender)
             elif kind == REPLY and sender == self.me:
                 st = self.state.get((self._peer_of.get(src), plane))
-                if st is None:
-                    continue
-                st.answered += 1
-                st.unanswered = 0
-                st.last_answer = time.monotonic()
-                st.rtt_s = (time.monotonic_ns() - t_ns) / 1e9
-                for entry in reversed(st.window):      # usually the newest
-                    if entry[0] == seq:
-                        entry[1] = True
-                        break
+                if st is not None:
+                    self._answered(st, seq, time.monotonic(), (time.monotonic_ns() - t_ns) / 1e9)
+
+    @staticmethod
+    def _answered(st: PlaneHealth, seq: int, now: float, rtt_s: float):
+        st.answered += 1
+        st.unanswered = 0
+        st.last_answer = now
+        st.last_seq = max(st.last_seq, seq)
+        st.answers.append((seq, now))
+        st.rtt_s = rtt_s
+        for entry in reversed(st.window):      # usually the newest
+            if entry[0] == seq:
+                entry[1] = True
+                break
 
     def snapshot(self) -> list[dict]:
         """Per (peer, plane): up, round trip, loss over the last probes (those older than

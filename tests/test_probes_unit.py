@@ -1,0 +1,108 @@
+"""The probes' verdict (rlbhost.probes.Prober), driven round by round with a clock of the test's
+own: no sockets (frames are not sent), answers handed in as the receive loop would."""
+from rlbhost.probes import Prober
+
+INTERVAL, DEAD = 0.02, 0.1
+PORTS = {plane: [(f"eth-p{plane}-1", "02:00:00:00:00:0%d" % plane, "02:00:00:00:01:01")] for plane in (1, 2, 3, 4)}
+
+
+def prober():
+    changes = []
+    p = Prober(1, "fc00:0:ff::1", {2: "fc00:0:ff::2"}, 4792, lambda: PORTS,
+               lambda peer, plane, up: changes.append((peer, plane, up)), INTERVAL, DEAD)
+    p._send = lambda *a: None
+    return p, changes
+
+
+def answer(p, plane, seq, now):
+    p._answered(p.state[(2, plane)], seq, now, 0.001)
+
+
+def test_a_peer_back_from_a_stall_is_not_judged_silent_on_the_planes_it_answers_last():
+    """The lab's false downs: the peer stalls past dead_after, then answers its backlog plane
+    after plane; the round judging between the first plane's answer and the others' took the
+    others down (3 planes of 4 at once, back 40 ms later)."""
+    p, changes = prober()
+    t = 0.0
+    for _ in range(10):                         # healthy: every plane answers every round
+        p._round(t)
+        for plane in PORTS:
+            answer(p, plane, p._seq, t + 0.001)
+        t += INTERVAL
+    for _ in range(8):                          # the peer stalls 160 ms: nothing answered
+        p._round(t)
+        t += INTERVAL
+    stalled = p._seq
+    answer(p, 1, stalled - 7, t)                # its backlog: plane 1 first ...
+    p._round(t)                                 # ... a round judges here
+    for plane in (2, 3, 4):
+        answer(p, plane, stalled - 7, t + 0.0001)
+    t += INTERVAL
+    p._round(t)
+    assert changes == []
+
+
+def test_a_plane_silent_alone_is_judged_down_within_dead_after_and_an_interval():
+    """A silent failure in a plane's middle: plane 2 stops answering, the others go on."""
+    p, changes = prober()
+    t = 0.0
+    for _ in range(10):
+        p._round(t)
+        for plane in PORTS:
+            answer(p, plane, p._seq, t + 0.001)
+        t += INTERVAL
+    failed_at = t - INTERVAL + 0.002            # just after plane 2's last answer
+    down_at = None
+    while down_at is None and t < 1.0:
+        p._round(t)
+        if (2, 2, False) in changes:
+            down_at = t
+        for plane in (1, 3, 4):
+            answer(p, plane, p._seq, t + 0.001)
+        t += INTERVAL
+    assert down_at is not None and down_at - failed_at <= DEAD + INTERVAL
+    assert changes == [(2, 2, False)]
+    p._round(t)                                 # it answers again: up at the next round
+    answer(p, 2, p._seq, t + 0.001)
+    p._round(t + INTERVAL)
+    assert changes == [(2, 2, False), (2, 2, True)]
+
+
+def test_a_peer_silent_on_every_plane_is_not_a_plane_failure():
+    p, changes = prober()
+    t = 0.0
+    for _ in range(10):
+        p._round(t)
+        for plane in PORTS:
+            answer(p, plane, p._seq, t + 0.001)
+        t += INTERVAL
+    for _ in range(50):
+        p._round(t)
+        t += INTERVAL
+    assert changes == []
+
+
+def test_a_plane_judged_silent_comes_back_only_on_an_answer_of_its_own():
+    """In the loaded lab the other planes' answers went stale for a round or two while plane 2
+    was still dropping: 'no one else answers' put it back in use (9 flips in 2 s, and the QPs
+    moved onto the dead plane each time). Only plane 2's own answer brings it back."""
+    p, changes = prober()
+    t = 0.0
+    for _ in range(10):
+        p._round(t)
+        for plane in PORTS:
+            answer(p, plane, p._seq, t + 0.001)
+        t += INTERVAL
+    for _ in range(8):                          # plane 2 silent: judged down
+        p._round(t)
+        for plane in (1, 3, 4):
+            answer(p, plane, p._seq, t + 0.001)
+        t += INTERVAL
+    assert changes == [(2, 2, False)]
+    for _ in range(5):                          # the peer's other answers late by 100 ms
+        p._round(t)
+        t += INTERVAL
+    assert changes == [(2, 2, False)]
+    answer(p, 2, p._seq, t)
+    p._round(t + 0.001)
+    assert changes == [(2, 2, False), (2, 2, True)]
