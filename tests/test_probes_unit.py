@@ -18,20 +18,23 @@ def answer(p, plane, seq, now):
     p._answered(p.state[(2, plane)], seq, now, 0.001)
 
 
+def rounds(p, t, n, answering=tuple(PORTS)):
+    """n probe rounds from time t, the given planes answering each 1 ms after it; the time after."""
+    for _ in range(n):
+        p._round(t)
+        for plane in answering:
+            answer(p, plane, p._seq, t + 0.001)
+        t += INTERVAL
+    return t
+
+
 def test_a_peer_back_from_a_stall_is_not_judged_silent_on_the_planes_it_answers_last():
     """The lab's false downs: the peer stalls past dead_after, then answers its backlog plane
     after plane; the round judging between the first plane's answer and the others' took the
     others down (3 planes of 4 at once, back 40 ms later)."""
     p, changes = prober()
-    t = 0.0
-    for _ in range(10):                         # healthy: every plane answers every round
-        p._round(t)
-        for plane in PORTS:
-            answer(p, plane, p._seq, t + 0.001)
-        t += INTERVAL
-    for _ in range(8):                          # the peer stalls 160 ms: nothing answered
-        p._round(t)
-        t += INTERVAL
+    t = rounds(p, 0.0, 10)                      # healthy: every plane answers every round
+    t = rounds(p, t, 8, answering=())           # the peer stalls 160 ms: nothing answered
     stalled = p._seq
     answer(p, 1, stalled - 7, t)                # its backlog: plane 1 first ...
     p._round(t)                                 # ... a round judges here
@@ -45,12 +48,7 @@ def test_a_peer_back_from_a_stall_is_not_judged_silent_on_the_planes_it_answers_
 def test_a_plane_silent_alone_is_judged_down_within_dead_after_and_an_interval():
     """A silent failure in a plane's middle: plane 2 stops answering, the others go on."""
     p, changes = prober()
-    t = 0.0
-    for _ in range(10):
-        p._round(t)
-        for plane in PORTS:
-            answer(p, plane, p._seq, t + 0.001)
-        t += INTERVAL
+    t = rounds(p, 0.0, 10)
     failed_at = t - INTERVAL + 0.002            # just after plane 2's last answer
     down_at = None
     while down_at is None and t < 1.0:
@@ -70,15 +68,8 @@ def test_a_plane_silent_alone_is_judged_down_within_dead_after_and_an_interval()
 
 def test_a_peer_silent_on_every_plane_is_not_a_plane_failure():
     p, changes = prober()
-    t = 0.0
-    for _ in range(10):
-        p._round(t)
-        for plane in PORTS:
-            answer(p, plane, p._seq, t + 0.001)
-        t += INTERVAL
-    for _ in range(50):
-        p._round(t)
-        t += INTERVAL
+    t = rounds(p, 0.0, 10)
+    rounds(p, t, 50, answering=())
     assert changes == []
 
 
@@ -87,21 +78,10 @@ def test_a_plane_judged_silent_comes_back_only_on_an_answer_of_its_own():
     was still dropping: 'no one else answers' put it back in use (9 flips in 2 s, and the QPs
     moved onto the dead plane each time). Only plane 2's own answer brings it back."""
     p, changes = prober()
-    t = 0.0
-    for _ in range(10):
-        p._round(t)
-        for plane in PORTS:
-            answer(p, plane, p._seq, t + 0.001)
-        t += INTERVAL
-    for _ in range(8):                          # plane 2 silent: judged down
-        p._round(t)
-        for plane in (1, 3, 4):
-            answer(p, plane, p._seq, t + 0.001)
-        t += INTERVAL
+    t = rounds(p, 0.0, 10)
+    t = rounds(p, t, 8, answering=(1, 3, 4))    # plane 2 silent: judged down
     assert changes == [(2, 2, False)]
-    for _ in range(5):                          # the peer's other answers late by 100 ms
-        p._round(t)
-        t += INTERVAL
+    t = rounds(p, t, 5, answering=())           # the peer's other answers late by 100 ms
     assert changes == [(2, 2, False)]
     answer(p, 2, p._seq, t)
     p._round(t + 0.001)
