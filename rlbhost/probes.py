@@ -138,16 +138,11 @@ class Prober:
         # answers its backlog plane after plane, a few microseconds apart: judged by arrival
         # alone, the first plane's answer made the others look silent (3 planes falsely down)
         need = max(2, int(self.dead_after / self.interval) - 1)
-        by_peer: dict[int, list[PlaneHealth]] = {}
-        for (peer, plane), st in self.state.items():
-            by_peer.setdefault(peer, []).append(st)
         for (peer, plane), st in list(self.state.items()):
-            others_answer = any(o is not st and now - o.last_answer <= self.dead_after / 2
-                                and any(seq > st.last_seq and now - t >= self.interval for seq, t in o.answers)
-                                for o in by_peer[peer])
             answering = now - st.last_answer <= self.dead_after
-            if st.up:
-                up = plane in ports and (answering or st.unanswered < need or not others_answer)
+            if st.up:       # the others are asked only of a plane that has gone quiet (rare)
+                up = plane in ports and (answering or st.unanswered < need
+                                         or not self._answered_elsewhere(peer, st, now))
             else:   # back only on an answer of its own: others going quiet too (a loaded peer or
                 # host) is no news of this plane, and flipped it up and down every few rounds
                 up = plane in ports and answering
@@ -156,6 +151,13 @@ class Prober:
                 log.warning("probes to GPU %d over plane %d: %s", peer, plane,
                             "answered again" if up else f"no answer for {self.dead_after * 1000:.0f} ms")
                 self.on_change(peer, plane, up)
+
+    def _answered_elsewhere(self, peer: int, st: PlaneHealth, now: float) -> bool:
+        """The peer answers now on another plane, and answered there a later round than st's
+        last, an interval ago or more."""
+        return any(o is not st and pe == peer and now - o.last_answer <= self.dead_after / 2
+                   and any(seq > st.last_seq and now - t >= self.interval for seq, t in o.answers)
+                   for (pe, _), o in self.state.items())
 
     def _receive(self, rx):
         ports = None
