@@ -59,21 +59,20 @@ class ScaleupView:
         """Until every GPU weights every peer on every plane at full bandwidth (scenarios
         start from here: a fault the last one cleared may still be travelling through BGP)."""
         full = self.full_planes()
-        behind: dict = {}
+        behind = [""]      # the pair that held the last look back (a look stops at the first)
 
         def converged(a):
             programmed = self.weights(a)
-            behind.pop(a, None)
             for b in self.gpus:
                 if b != a and (w := self.plane_weights(a, b, programmed)) != full:
-                    behind[a] = f"{a}->{b} {w}"
+                    behind[0] = f"{a}->{b} {w}"
                     return False
             return True
         try:
             self.wait_for(lambda: all(converged(a) for a in self.gpus), timeout or self.CONVERGE_S,
                           "every GPU to weight every peer on every plane")
-        except TimeoutError as e:     # say which pair held it back, at the last look
-            raise TimeoutError(f"{e}: last seen {'; '.join(behind.values())} (full: {full})") from None
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}: last seen {behind[0]} (full: {full})") from None
 
     def sub_port_bytes(self, src: str) -> dict[tuple[int, int], int]:
         """{(plane, sub-port): bytes} the plane switches received from src (their port counters)."""
