@@ -16,6 +16,17 @@ from rlbfabric.fabric import FabricError, load
 LAB = Path(__file__).resolve().parent.parent / "lab"
 
 
+def fake_tools(tmp_path, **scripts: str) -> Path:
+    """A directory of executable shell scripts standing in for vagrant, virsh ... (body after
+    the #!/bin/sh line), to put first on a lab's PATH."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name, body in scripts.items():
+        (fake / name).write_text("#!/bin/sh\n" + body)
+        (fake / name).chmod(0o755)
+    return fake
+
+
 def test_smallest_fabric_plan():
     vms = plan(load(LAB / "fabric-2x2.toml"))
     assert [(v.name, v.role) for v in vms] == [("s1", "spine"), ("s2", "spine"), ("l1", "leaf"), ("l2", "leaf"),
@@ -245,15 +256,11 @@ def test_vagrant_up_that_starts_no_vm_stops_with_the_reason(tmp_path):
     """A stalled `vagrant up` (domains defined, none started) ends with a message naming the
     likely cause and the log, instead of waiting forever: here a vagrant that never returns."""
     from rlblab.vm.driver import VagrantLab
-    fake = tmp_path / "bin"
-    fake.mkdir()
     defined = tmp_path / "defined"
-    (fake / "vagrant").write_text(f"#!/bin/sh\ntouch {defined}\necho \"stalled after the domains' settings\"\n"
-                                  "exec sleep 600\n")
     # libvirt's view once vagrant has run: one domain defined, none running (as in the stall reported)
-    (fake / "virsh").write_text(f'#!/bin/sh\n[ -e {defined} ] || exit 0\ncase "$*" in *--all*) echo vagrant_mon ;; esac\n')
-    for f in fake.iterdir():
-        f.chmod(0o755)
+    fake = fake_tools(tmp_path,
+                      vagrant=f"touch {defined}\necho \"stalled after the domains' settings\"\nexec sleep 600\n",
+                      virsh=f'[ -e {defined} ] || exit 0\ncase "$*" in *--all*) echo vagrant_mon ;; esac\n')
     lab = VagrantLab(env={"PATH": f"{fake}:/usr/bin:/bin"}, log=tmp_path / "vagrant.log")
     t0 = time.time()
     with pytest.raises(TimeoutError) as err:
@@ -271,13 +278,8 @@ def test_vagrant_up_refuses_at_once_where_another_checkouts_domains_hold_the_nam
     `vagrant up` fail after minutes ("Name `vagrant_g5` ... is already taken"). Refused before
     vagrant starts, naming them and how to remove them; the domains this checkout made pass."""
     from rlblab.vm import driver
-    fake = tmp_path / "bin"
-    fake.mkdir()
     started = tmp_path / "vagrant-started"
-    (fake / "vagrant").write_text(f"#!/bin/sh\ntouch {started}\n")
-    (fake / "virsh").write_text("#!/bin/sh\necho vagrant_mon; echo vagrant_s1; echo other_l1\n")
-    for f in fake.iterdir():
-        f.chmod(0o755)
+    fake = fake_tools(tmp_path, vagrant=f"touch {started}\n", virsh="echo vagrant_mon; echo vagrant_s1; echo other_l1\n")
     checkout = tmp_path / "checkout" / "vagrant"
     monkeypatch.setattr(driver, "VAGRANT_DIR", checkout)
     lab = driver.VagrantLab(fabric=str(LAB / "fabric-2x2.toml"), env={"PATH": f"{fake}:/usr/bin:/bin"},
@@ -333,12 +335,9 @@ def test_a_gpus_bird_config_takes_a_slower_bfd(tmp_path):
 def test_a_pulled_sub_cable_in_the_vm_lab_is_the_named_ports_link_at_both_ends(tmp_path):
     """set_port takes carrier off both NICs of that one link (of a GPU's m into a plane)."""
     from rlblab.vm.driver import VagrantLab
-    fake = tmp_path / "bin"
-    fake.mkdir()
     calls = tmp_path / "calls"
-    (fake / "virsh").write_text(f'#!/bin/sh\ncase "$*" in *list*) for n in p1 p2 p3 p4 g1 g2; do '
-                                f'echo vagrant_$n; done ;; *) echo "$*" >> {calls} ;; esac\n')
-    (fake / "virsh").chmod(0o755)
+    fake = fake_tools(tmp_path, virsh=f'case "$*" in *list*) for n in p1 p2 p3 p4 g1 g2; do '
+                                      f'echo vagrant_$n; done ;; *) echo "$*" >> {calls} ;; esac\n')
     lab = VagrantLab("lab/scaleup.toml", env={"PATH": f"{fake}:/usr/bin:/bin"}, log=tmp_path / "log")
     lab.set_port("g2", "eth-p3-2", False)
     g2 = next(l for l in lab.vm("g2").links if l.ifname == "eth-p3-2")
@@ -413,13 +412,9 @@ def test_a_failed_vagrant_up_is_reported_even_when_the_vms_are_kept(tmp_path, mo
     return in lab_session's finally once turned a failed `vagrant up` into pytest's "generator
     didn't yield"."""
     from rlblab.vm import driver
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "vagrant").write_text('#!/bin/sh\ncase "$1" in box) echo "rlb/bookworm-lab (libvirt, 0)";; '
-                                  'up) echo "domain name taken"; exit 1;; esac\n')
-    (fake / "virsh").write_text("#!/bin/sh\n")
-    for f in fake.iterdir():
-        f.chmod(0o755)
+    fake = fake_tools(tmp_path, virsh="",
+                      vagrant='case "$1" in box) echo "rlb/bookworm-lab (libvirt, 0)";; '
+                              'up) echo "domain name taken"; exit 1;; esac\n')
     monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
     monkeypatch.setattr(driver, "no_systemd", lambda: False)
     monkeypatch.setenv("RLB_VAGRANT_CROWDED", "1")      # whatever this machine's cores

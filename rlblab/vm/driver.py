@@ -207,18 +207,17 @@ def lab_session(fabric: str, log: Path, env: dict | None = None):
     import shutil
     if not shutil.which("vagrant"):
         raise RuntimeError("vagrant is not installed: make vagrant-deps")
-    driver = os.environ.get("RLB_LIBVIRT_DRIVER", "qemu")
-    check_room(len(plan(load(VAGRANT_DIR.parent / fabric))), driver, os.cpu_count() or 1)
     netns = "rlbvm" if no_systemd() else None
+    # /dev/kvm here is PVM, on which stock kernels hang: software emulation unless told otherwise
+    env = {"RLB_BOX": LOCAL_BOX, "RLB_LIBVIRT_DRIVER": os.environ.get("RLB_LIBVIRT_DRIVER", "qemu"),
+           "RLB_MGMT_MODE": "none", **(env or {})}
+    lab = VagrantLab(fabric, netns=netns, env=env, log=log)     # the plan only: nothing started
+    check_room(len(lab.vms), env["RLB_LIBVIRT_DRIVER"], os.cpu_count() or 1)
     if netns:
         subprocess.run([VAGRANT_DIR / "libvirt.sh", "start"], check=True)
     boxes = subprocess.run(["vagrant", "box", "list"], capture_output=True, text=True).stdout
     if LOCAL_BOX not in boxes:
         subprocess.run([VAGRANT_DIR / "build-box.sh"], check=True)
-    # /dev/kvm here is PVM, on which stock kernels hang: software emulation unless told otherwise
-    env = {"RLB_BOX": LOCAL_BOX, "RLB_LIBVIRT_DRIVER": driver,
-           "RLB_MGMT_MODE": "none", **(env or {})}
-    lab = VagrantLab(fabric, netns=netns, env=env, log=log)
     lab.destroy()
     try:
         t0 = time.time()
