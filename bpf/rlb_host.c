@@ -12,7 +12,8 @@
  * ports mode (RLBH_F_PORTS, FARE scale-up): egress runs on the device the kernel routes the
  *          peers' loopbacks to and sends each packet out of its path's port (a plane's
  *          sub-port) with the link's MACs: QPs by the same conntrack and weights, other traffic
- *          by flow hash and weight. No address changes, so no ingress program.
+ *          by flow hash and weight. No address changes, so no ingress program on that device;
+ *          each port's ingress has the echo, which answers the GPUs' plane probes.
  * Compiled by bcc with -DRLB_PIN_DIR="..." so both programs and every agent share the maps. */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -455,4 +456,40 @@ int rlb_host_ingress(struct __sk_buff *skb)
     if (src_on_path && store_addr(skb, SADDR_OFF, p.saddr, new_src))
         return pass(RLBH_R_PASS_MALFORMED);
     return pass(RLBH_R_RESTORED);
+}
+
+/* Ports mode, on each port's TC ingress: a plane probe (rlbhost/probes.py) goes straight back out
+ * of the port it came in by, addressed to its sender, as an answer. In the kernel, so that an
+ * answer says the plane and this GPU's port work and never waits for this host's agent to be
+ * scheduled (a busy agent answered late on one plane and not yet on another, which looked like a
+ * silent plane). Everything else goes on untouched to the hook's next filter (TC_ACT_UNSPEC):
+ * the port's ingress may carry the operator's own. */
+int rlb_host_echo(struct __sk_buff *skb)
+{
+    void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+    struct rlb_l3 l3 = {};
+    if (parse_ipv6(data, end, &l3) != RLB_PARSE_OK || l3.proto != IPPROTO_UDP)
+        return TC_ACT_UNSPEC;
+    struct udphdr *udp = l3.l4;
+    struct rlbh_probe *pr = (void *)(udp + 1);
+    if ((void *)(pr + 1) > end || udp->dest != htons(RLBH_PROBE_PORT) ||
+        pr->magic != htonl(RLBH_PROBE_MAGIC) || pr->kind != RLBH_PROBE_ASK)
+        return TC_ACT_UNSPEC;
+    u8 macs[12], addrs[32];
+    __builtin_memcpy(macs, l3.eth->h_source, 6);
+    __builtin_memcpy(macs + 6, l3.eth->h_dest, 6);
+    __builtin_memcpy(addrs, &l3.ip6->daddr, 16);
+    __builtin_memcpy(addrs + 16, &l3.ip6->saddr, 16);
+    u16 old_word = *(u16 *)&pr->kind, csum = udp->check;
+    u8 answer[2] = {RLBH_PROBE_ANSWER, pr->plane};
+    u16 new_word = *(u16 *)answer;
+    /* Swapped fields of one size at even offsets leave every checksum as it was; only the kind
+     * changes one (skb->csum through the store, the UDP checksum unless the probe sent zero). */
+    if (bpf_skb_store_bytes(skb, 0, macs, 12, 0) || bpf_skb_store_bytes(skb, SADDR_OFF, addrs, 32, 0) ||
+        bpf_skb_store_bytes(skb, UDP_OFF + 8 + offsetof(struct rlbh_probe, kind), answer, 2,
+                            BPF_F_RECOMPUTE_CSUM))
+        return TC_ACT_SHOT;
+    if (csum && bpf_l4_csum_replace(skb, UCSUM_OFF, old_word, new_word, 2 | BPF_F_MARK_MANGLED_0))
+        return TC_ACT_SHOT;
+    return bpf_redirect(skb->ifindex, 0);
 }

@@ -100,6 +100,21 @@ struct rlbh_rev {
     u32 pad;
 };
 
+/* Ports mode: the GPUs' per-plane health probes (rlbhost/probes.py), UDP to RLBH_PROBE_PORT on
+ * a GPU's loopback. rlb_host_echo answers them in the kernel, on the port they arrive at. */
+#define RLBH_PROBE_PORT     4799
+#define RLBH_PROBE_MAGIC    0x524c4250   /* "RLBP" */
+#define RLBH_PROBE_ASK      1
+#define RLBH_PROBE_ANSWER   2
+
+struct rlbh_probe {               /* the head of a probe's UDP payload (network order), as much */
+    u32 magic;                    /* as the echo reads; the prober's send time (u64) follows */
+    u8  kind;                     /* RLBH_PROBE_ASK or RLBH_PROBE_ANSWER */
+    u8  plane;                    /* the plane the probe tests */
+    u16 sender;                   /* the prober's GPU number */
+    u32 seq;                      /* the prober's round */
+};
+
 struct rlbh_path_stats {
     u64 tx_packets;
     u64 tx_bytes;

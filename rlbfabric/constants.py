@@ -15,4 +15,3 @@ COORDINATOR_PORT = METRICS_PORT["coordinator"]   # the coordinator's API and /me
 COLOUR_COMMUNITY = 0x030B0000
 # Runtime files (bird includes, sockets, locks, layouts); RLB_RUN_DIR moves them (tests, labs).
 RUN_DIR = Path(os.environ.get("RLB_RUN_DIR", "/run/rlb"))
-PROBE_PORT = 4799                  # UDP port of the GPUs' per-plane health probes (rlbhost/probes.py)

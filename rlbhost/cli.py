@@ -15,6 +15,7 @@ import typer
 from rlbcommon import cli as common
 from rlbfabric.constants import METRICS_PORT, RUN_DIR
 
+from . import probes
 from .dataplane import HostDataplane, HostError
 
 log = logging.getLogger("rlbhost")
@@ -52,10 +53,10 @@ def run(
         "nothing follows addresses, carrier, BGP or the coordinator (for scripts and tests)."),
     run_dir: Path = typer.Option(Path(str(RUN_DIR)), help="Scale-up GPUs: where bird's socket "
         "(<node>.ctl) and the path-bandwidth include (<node>.pathbw.conf) are."),
-    probe_ms: float = typer.Option(20, min=1, help="Scale-up GPUs: probe every peer over every "
+    probe_ms: float = typer.Option(probes.INTERVAL_MS, min=1, help="Scale-up GPUs: probe every peer over every "
         "plane this often."),
-    probe_dead_ms: float = typer.Option(100, min=5, help="Scale-up GPUs: a plane unanswered this "
-        "long is not used towards that peer."),
+    probe_dead_ms: float = typer.Option(probes.DEAD_MS, min=5, help="Scale-up GPUs: a plane unanswered "
+        "this long (while the peer answers on another) is not used towards that peer."),
     carrier_rt_priority: int = typer.Option(10, min=0, max=99, help="Scale-up GPUs: SCHED_FIFO "
         "priority of the carrier watcher, which takes a port that loses carrier out of use "
         "(0: normal scheduling, slower on a busy host)."),

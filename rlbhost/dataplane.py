@@ -60,10 +60,14 @@ class PortPath:
     up: bool                      # carrier
 
 
-def _is_ours(tc_filter) -> bool:
+ECHO = "rlb_host_echo"        # ports mode: on each port's ingress, answers the plane probes
+
+
+def _is_ours(tc_filter, echo: bool = True) -> bool:
+    """One of this program's filters (echo=False: not the ports' probe echo)."""
     opts = tc_filter.get_attr("TCA_OPTIONS")
-    return (tc_filter["handle"] == TC_HANDLE and opts is not None
-            and (opts.get_attr("TCA_BPF_NAME") or "").startswith("rlb_host_"))
+    name = (opts.get_attr("TCA_BPF_NAME") or "") if opts is not None else ""
+    return tc_filter["handle"] == TC_HANDLE and name.startswith("rlb_host_") and (echo or name != ECHO)
 
 
 class HostDataplane(PinnedState):
@@ -81,7 +85,7 @@ class HostDataplane(PinnedState):
     def load(self):
         if self.bpf is None:
             self.compile()
-            for name in ("rlb_host_egress", "rlb_host_ingress"):
+            for name in ("rlb_host_egress", "rlb_host_ingress", ECHO):
                 self.fns[name] = self.bpf.load_func(name.encode(), self.bpf.SCHED_CLS)
             self._init_config()
         return self.fns
@@ -143,7 +147,8 @@ class HostDataplane(PinnedState):
 
     def attach_ports(self, device: str, loopback: str, ports: list[PortPath], group_size: int = 1):
         """Ports mode: TC egress on `device` (where the kernel routes the peers' loopbacks), each
-        path one of `ports`. A host is in one mode: switching needs a detach first."""
+        path one of `ports`, and the probe echo on every port's ingress (replaced in place: a
+        newer program takes over). A host is in one mode: switching needs a detach first."""
         idx = self.ifindex(device)
         fns = self.load()
         with self.locked():
@@ -161,7 +166,18 @@ class HostDataplane(PinnedState):
             ipr.tc("replace-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, fd=fn.fd,
                    name=fn.name, parent=TC_EGRESS, classid=1, direct_action=True)
         self.set_port_paths(loopback, ports)
-        log.info("attached to %s (TC egress, ports mode, loopback %s)", device, loopback)
+        self._attach_echo({self.ifindex(p.ifname) for p in ports})
+        log.info("attached to %s (TC egress, ports mode, loopback %s; probe echo on %d ports)", device,
+                 loopback, len(ports))
+
+    def _attach_echo(self, ifindexes):
+        fn = self.load()[ECHO]
+        with self.netlink() as ipr:
+            for idx in ifindexes:
+                with contextlib.suppress(Exception):
+                    ipr.tc("add", "clsact", idx)
+                ipr.tc("replace-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, fd=fn.fd,
+                       name=fn.name, parent=TC_INGRESS, classid=1, direct_action=True)
 
     def set_port_paths(self, loopback: str, ports: list[PortPath]) -> bool:
         """Program the ports as paths (path value v at index v - 1, so a QP's entry keeps naming
@@ -170,7 +186,7 @@ class HostDataplane(PinnedState):
         if not 0 < len(ports) <= MAX_PATHS or any(not 1 <= p.value <= MAX_PATHS for p in ports):
             raise HostError(f"ports mode takes 1 to {MAX_PATHS} ports valued 1 to {MAX_PATHS}")
         lo = ipaddress.IPv6Address(loopback).packed
-        changed = False
+        changed, new_ports = False, set()
         with self.locked(), self.locked_part("ports"):
             before = self._before()
             pm = self.maps["paths"]
@@ -186,6 +202,8 @@ class HostDataplane(PinnedState):
                         changed = True
                     continue
                 ifindex = self.ifindex(port.ifname)
+                if old is None or old.ifindex != ifindex:
+                    new_ports.add(ifindex)              # a port new to us, or made anew
                 smac = self._mac(ifindex)
                 dmac = bytes.fromhex(port.dmac.replace(":", "")) if port.dmac else bytes(6)
                 valid = int(port.up and bool(port.dmac))
@@ -201,6 +219,8 @@ class HostDataplane(PinnedState):
                              "" if valid else " (unusable)")
             if self.maps["weights"].get(self._wkey("::/0")) is None:
                 self._set_weights_locked("::/0", {}, False)
+        if new_ports:
+            self._attach_echo(new_ports)
         if changed:
             self.rebalance(release=True, before=before)
         return changed
@@ -231,9 +251,9 @@ class HostDataplane(PinnedState):
             link = ipr.get_links(ifindex)[0]
         return bytes.fromhex(link.get_attr("IFLA_ADDRESS").replace(":", ""))
 
-    def attached_interfaces(self) -> list[str]:
-        """Interfaces that carry this program (either TC hook), found in the kernel, not in a
-        record that could be stale."""
+    def attached_interfaces(self, echo: bool = False) -> list[str]:
+        """Interfaces that carry this program (either TC hook; echo: also the ports that carry
+        only the probe echo), found in the kernel, not in a record that could be stale."""
         out = []
         with self.netlink() as ipr:
             for link in ipr.get_links():
@@ -242,24 +262,35 @@ class HostDataplane(PinnedState):
                         filters = ipr.get_filters(link["index"], parent=parent)
                     except Exception:      # no clsact on this link
                         continue
-                    if any(_is_ours(f) for f in filters):
+                    if any(_is_ours(f, echo) for f in filters):
                         out.append(link.get_attr("IFLA_IFNAME"))
                         break
         return out
 
     def detach(self, ifname: str):
-        """Remove the programs from ifname; the pinned state stays, so attaching again adopts
-        it (QPs keep their paths)."""
+        """Remove the programs from ifname (the ports-mode device: also the echo from its
+        ports); the pinned state stays, so attaching again adopts it (QPs keep their paths)."""
         idx = self.ifindex(ifname)
+        hooks = [(idx, TC_EGRESS), (idx, TC_INGRESS)]
+        ports = self._port_ifindexes()
+        if ports and idx not in ports:
+            hooks += [(p, TC_INGRESS) for p in sorted(ports)]
         with self.netlink() as ipr:
-            for parent in (TC_EGRESS, TC_INGRESS):
-                with contextlib.suppress(Exception):   # ports mode has no ingress program
-                    ipr.tc("del-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, parent=parent)
-        log.info("detached from %s; pinned state kept", ifname)
+            for i, parent in hooks:
+                with contextlib.suppress(Exception):   # a hook without our filter
+                    ipr.tc("del-filter", "bpf", i, handle=TC_HANDLE, prio=TC_PRIO, parent=parent)
+        log.info("detached from %s%s; pinned state kept", ifname,
+                 f" and the probe echo from {len(hooks) - 2} ports" if len(hooks) > 2 else "")
+
+    def _port_ifindexes(self) -> set[int]:
+        """Ports mode: the ports' ifindexes, as the paths map has them (none otherwise)."""
+        if not self.exists() or not self.maps["config"].get(0).flags & PORTS_MODE:
+            return set()
+        return {p.ifindex for p in self.paths() if p.ifindex}
 
     def destroy(self) -> list[str]:
         """Remove the programs from every interface that has them, and every pinned map."""
-        gone = self.attached_interfaces()
+        gone = self.attached_interfaces(echo=True)
         for ifname in gone:
             self.detach(ifname)
         self.remove_pins()
@@ -341,6 +372,8 @@ class HostDataplane(PinnedState):
                     changed = True
             if self.maps["weights"].get(self._wkey("::/0")) is None:
                 self._set_weights_locked("::/0", {}, False)
+        if new_ports:
+            self._attach_echo(new_ports)
         if changed:
             self.rebalance(release=True, before=before)
         return changed

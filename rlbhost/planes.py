@@ -29,12 +29,11 @@ from rlbcommon.health import Health
 from rlbcommon.netlinkevents import NetlinkEvents
 from rlbfabric.bird.conf import pathbw_file, render_gpu_pathbw
 from rlbfabric.bird.ctl import BirdClient, BirdError
-from rlbfabric.constants import PROBE_PORT
 from rlbfabric.scaleup import LOOPBACK_DEVICE, SWITCH_LL, ScaleupFabric
 
 from .dataplane import HostDataplane, HostError, PortPath
 from .links import has_carrier, neighbour_macs
-from .probes import Prober
+from .probes import DEAD_MS, INTERVAL_MS, PROBE_PORT, Prober
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ GBPS = 1e9 / 8           # weights are in Gb/s: bytes/s / GBPS
 class PlaneAgent:
     def __init__(self, dp: HostDataplane, fabric: ScaleupFabric, gpu: str, run_dir: Path,
                  bird_socket: str | None = None, health: Health | None = None,
-                 probe_ms: float = 20, probe_dead_ms: float = 100, period_s: float = 0.5,
+                 probe_ms: float = INTERVAL_MS, probe_dead_ms: float = DEAD_MS, period_s: float = 0.5,
                  carrier_rt_priority: int = 10):
         self.dp, self.fabric, self.gpu, self.run_dir = dp, fabric, gpu, Path(run_dir)
         self.bird = BirdClient(bird_socket or str(self.run_dir / f"{gpu}.ctl"))

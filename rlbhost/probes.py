@@ -4,13 +4,15 @@ mechanisms running directly between GPUs, spanning each network plane").
 Why a UDP probe and not multihop BFD: a probe must cross one chosen plane, both ways, and bird's
 multihop BFD follows the kernel's route (one plane, whichever it picks) and cannot be pinned; the
 probe is built here and sent out of a port of the plane under test with that link's MACs (the way
-the data plane sends QPs), the answer comes back the same way, and the result feeds the same agent
-that sets the weights. Cost: one small frame per peer per plane per interval, each way.
+the data plane sends QPs), and the result feeds the same agent that sets the weights. The peer's
+kernel answers it (rlb_host_echo on the port's TC ingress, like BFD's echo) straight back over
+the same plane: an answer says the plane and the peer's port work, and no answer waits for the
+peer's agent to be scheduled. Cost: one small frame per peer per plane per interval, each way,
+and no user-space work at the peer.
 
-Each GPU sends a probe to every peer on every plane it has a live port in every `interval`; a
-peer answers on the plane the probe names. A (peer, plane) with no answer for `dead_after` while
-the peer still answers on another plane is down: the agent stops using that plane towards that
-peer (its QPs move), until answers return."""
+Each GPU sends a probe to every peer on every plane it has a live port in every `interval`. A
+(peer, plane) with no answer for `dead_after` while the peer still answers on another plane is
+down: the agent stops using that plane towards that peer (its QPs move), until answers return."""
 from __future__ import annotations
 
 import logging
@@ -24,14 +26,23 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rlbcommon import packets as P
+from rlbcommon.cheader import constants
 
 log = logging.getLogger(__name__)
 
 UDP_NO_CHECK6_RX = 102    # linux/udp.h: accept IPv6 UDP with a zero checksum (RFC 6936)
-MAGIC = b"RLBP"
-PROBE, REPLY = 1, 2
+_C = constants("rlb_host.h")                  # the echo reads the same head (struct rlbh_probe)
+PROBE_PORT = _C["RLBH_PROBE_PORT"]
+MAGIC = struct.pack("!I", _C["RLBH_PROBE_MAGIC"])
+PROBE, REPLY = _C["RLBH_PROBE_ASK"], _C["RLBH_PROBE_ANSWER"]
 FMT = "!4sBBHIQ"           # magic, kind, plane, sender GPU number, sequence, sender's send time (ns)
 SIZE = struct.calcsize(FMT)
+# Defaults: a probe per peer per plane every 20 ms, a plane silent for 3 of them is down (BFD's
+# usual detect multiplier). Detection then takes 40-80 ms after a silent failure (the last
+# answer came up to one interval before it), leaving room within FARE scale-up's 150 ms for a
+# loaded host's late rounds and the weights' update; the verdict's other conditions, not a
+# longer wait, keep a stalled peer or host from looking like a silent plane.
+INTERVAL_MS, DEAD_MS = 20, 60
 
 
 @dataclass
@@ -43,6 +54,7 @@ class PlaneHealth:
     rtt_s: float = 0.0                 # last round trip
     unanswered: int = 0                # probes sent since the last answer
     last_seq: int = 0                  # the round of the newest probe answered
+    first_answer: float = 0.0          # monotonic seconds of the first answer (0: none yet)
     answers: deque = field(default_factory=lambda: deque(maxlen=16))  # [(round, monotonic arrival)]
     up: bool = True
     window: deque = field(default_factory=lambda: deque(maxlen=50))   # [sent seq, answered?]
@@ -54,10 +66,12 @@ class Prober:
 
     def __init__(self, me: int, loopback: str, peers: dict[int, str], port: int,
                  ports: Callable[[], dict[int, list[tuple[str, str, str]]]],
-                 on_change: Callable[[int, int, bool], None], interval: float = 0.02, dead_after: float = 0.1):
+                 on_change: Callable[[int, int, bool], None], interval: float = INTERVAL_MS / 1000,
+                 dead_after: float = DEAD_MS / 1000):
         self.me, self.loopback, self.peers, self.port = me, loopback, peers, port
         self.ports, self.on_change = ports, on_change
         self.interval, self.dead_after = interval, dead_after
+        self.startup_grace = max(1.0, 10 * dead_after)
         self.state: dict[tuple[int, int], PlaneHealth] = {}
         self.stop = threading.Event()
         self._raw: dict[str, socket.socket] = {}
@@ -66,14 +80,13 @@ class Prober:
         self._peer_of = {addr: n for n, addr in peers.items()}
 
     # ---- frames ---------------------------------------------------------------------------
-    def _send(self, ifname: str, dmac: str, smac: str, dst: str, kind: int, plane: int, seq: int, t_ns: int,
-              who: int):
+    def _send(self, ifname: str, dmac: str, smac: str, dst: str, plane: int, seq: int, t_ns: int):
         s = self._raw.get(ifname)
         if s is None:
             s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
             s.bind((ifname, 0))
             self._raw[ifname] = s
-        body = struct.pack(FMT, MAGIC, kind, plane, who, seq, t_ns)   # who: the prober
+        body = struct.pack(FMT, MAGIC, PROBE, plane, self.me, seq, t_ns)
         head = self._heads.get((ifname, dmac, dst))
         if head is None:
             # zero UDP checksum (the receiver allows it, RFC 6936): the headers are built once
@@ -128,7 +141,7 @@ class Prober:
                 st.sent += 1
                 st.unanswered += 1
                 st.window.append([self._seq, False])
-                self._send(p[0], p[1], p[2], addr, PROBE, plane, self._seq, t_ns, self.me)
+                self._send(p[0], p[1], p[2], addr, plane, self._seq, t_ns)
         # down: no answer for dead_after, AND as many probes sent since the last answer as fit
         # in it (a stall of this very loop is not a silent plane), AND the peer answering on
         # another plane meanwhile: a plane failing in its middle goes quiet alone, while a peer
@@ -137,7 +150,7 @@ class Prober:
         # is an interval old without this plane's for the same round. A peer back from a stall
         # answers its backlog plane after plane, a few microseconds apart: judged by arrival
         # alone, the first plane's answer made the others look silent (3 planes falsely down)
-        need = max(2, int(self.dead_after / self.interval) - 1)
+        need = max(2, round(self.dead_after / self.interval) - 1)
         for (peer, plane), st in list(self.state.items()):
             answering = now - st.last_answer <= self.dead_after
             if st.up:       # the others are asked only of a plane that has gone quiet (rare)
@@ -154,13 +167,17 @@ class Prober:
 
     def _answered_elsewhere(self, peer: int, st: PlaneHealth, now: float) -> bool:
         """The peer answers now on another plane, and answered there a later round than st's
-        last, an interval ago or more."""
+        last, an interval ago or more. A plane that has never answered is judged only once
+        another has answered for a while: a starting peer's echo appears port by port."""
+        settled = now - self.startup_grace
         return any(o is not st and pe == peer and now - o.last_answer <= self.dead_after / 2
+                   and (st.answered or 0 < o.first_answer <= settled)
                    and any(seq > st.last_seq and now - t >= self.interval for seq, t in o.answers)
                    for (pe, _), o in self.state.items())
 
     def _receive(self, rx):
-        ports = None
+        """Answers to our probes (the peers' kernels send them; probes to us never get here,
+        the echo on our ports answers them)."""
         while True:
             try:
                 data, (src, *_) = rx.recvfrom(256)
@@ -169,23 +186,17 @@ class Prober:
             if len(data) < SIZE:
                 continue
             magic, kind, plane, sender, seq, t_ns = struct.unpack(FMT, data[:SIZE])
-            if magic != MAGIC:
+            if magic != MAGIC or kind != REPLY or sender != self.me:
                 continue
-            src = src.split("%")[0]
-            if kind == PROBE:
-                ports = ports or self.ports()
-                p = self._port_for(ports, plane, seq)
-                if p is not None:
-                    self._send(p[0], p[1], p[2], src, REPLY, plane, seq, t_ns, sender)
-            elif kind == REPLY and sender == self.me:
-                st = self.state.get((self._peer_of.get(src), plane))
-                if st is not None:
-                    self._answered(st, seq, time.monotonic(), (time.monotonic_ns() - t_ns) / 1e9)
+            st = self.state.get((self._peer_of.get(src.split("%")[0]), plane))
+            if st is not None:
+                self._answered(st, seq, time.monotonic(), (time.monotonic_ns() - t_ns) / 1e9)
 
     @staticmethod
     def _answered(st: PlaneHealth, seq: int, now: float, rtt_s: float):
         st.answered += 1
         st.unanswered = 0
+        st.first_answer = st.first_answer or now
         st.last_answer = now
         st.last_seq = max(st.last_seq, seq)
         st.answers.append((seq, now))

@@ -19,12 +19,14 @@ int drop_to(struct __sk_buff *skb)
     struct ethhdr *eth = data;
     struct ipv6hdr *ip6 = (void *)(eth + 1);
     if ((void *)(ip6 + 1) > end || eth->h_proto != htons(ETH_P_IPV6))
-        return TC_ACT_OK;
+        return TC_ACT_UNSPEC;   /* on to the hook's next filter */
     u64 *d = (u64 *)&ip6->daddr;
-    return d[0] == DST0 && d[1] == DST1 ? TC_ACT_SHOT : TC_ACT_OK;
+    return d[0] == DST0 && d[1] == DST1 ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 }
 """
-TC_INGRESS, PRIO, HANDLE = 0xFFFFFFF2, 0xFA17, 0x1
+# prio 1: ahead of the GPU's own filters (the probe echo), so the packets die before the host
+# sees them, as they would in the plane
+TC_INGRESS, PRIO, HANDLE = 0xFFFFFFF2, 0x1, 0xFA17
 
 
 class SilentDrop:

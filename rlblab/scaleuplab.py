@@ -94,8 +94,9 @@ class ScaleupLab(ScaleupView, FabricLab):
 
 
 class Receiver(SocketReader):
-    """A UDP socket on a GPU's loopback:4791 counting datagrams in a thread (use as a context:
-    on exit it waits for stragglers, then stops)."""
+    """A UDP socket on a GPU's loopback:4791 counting datagrams in a thread, in all and per
+    source port (one per QP in the labs' traffic); use as a context: on exit it waits for
+    stragglers, then stops."""
 
     def __init__(self, ns: str, addr: str):
         import socket
@@ -104,11 +105,13 @@ class Receiver(SocketReader):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
             sock.bind((addr, ROCE_PORT))
         self.count = 0
+        self.per_sport: dict[int, int] = {}
         super().__init__(sock)
 
     def take(self):
-        self.sock.recv(4096)
+        _, (_, sport, *_) = self.sock.recvfrom(4096)
         self.count += 1
+        self.per_sport[sport] = self.per_sport.get(sport, 0) + 1
 
     def __enter__(self):
         return self

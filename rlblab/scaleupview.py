@@ -93,18 +93,22 @@ class ScaleupView:
     def run_qps(self, src: str, dst: str, n_qps: int, packets: int, seed: int,
                 payload_len: int = 512, rate_pps: float | None = None) -> dict:
         """n QPs between two GPUs' loopbacks (UDP 4791, random source ports and QPs) sent
-        through src's TC program; per (plane, sub-port) bytes from the plane switches' counters
-        and packets from src's own."""
+        through src's TC program, in rounds of one packet per QP; per (plane, sub-port) bytes
+        from the plane switches' counters and packets from src's own, the flows and the
+        seconds the sending took."""
         from .traffic import Flow
         rnd = random.Random(seed)
         a, b = self.fabric.loopback(src), self.fabric.loopback(dst)
         flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(n_qps)]
         before, sent_before = self.sub_port_bytes(src), self.sent_per_port(src)
+        t0 = time.perf_counter()
         sent = self.send_flows(src, flows, packets, payload_len, rate_pps)
+        seconds = time.perf_counter() - t0
         time.sleep(0.3)
         after, sent_after = self.sub_port_bytes(src), self.sent_per_port(src)
         return {"sent": sent, "ports": {k: after[k] - before[k] for k in after},
-                "qp_packets": {k: sent_after[k] - sent_before[k] for k in sent_after}}
+                "qp_packets": {k: sent_after[k] - sent_before[k] for k in sent_after},
+                "flows": flows, "seconds": seconds}
 
     def plane_shares(self, ports: dict[tuple[int, int], int]) -> dict[int, float]:
         total = sum(ports.values())

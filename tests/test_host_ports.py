@@ -5,6 +5,7 @@ QPs; other traffic by flow hash; spray per packet."""
 from __future__ import annotations
 
 import random
+import struct
 import subprocess
 import sys
 import time
@@ -293,3 +294,69 @@ def test_the_carrier_watcher_follows_the_kernels_link_events(dp):
         watcher.terminate()
         err = watcher.communicate(timeout=5)[1]
     assert "ports without carrier: eth-p4-1" in err
+
+
+# ---- the probe echo (ports' TC ingress) --------------------------------------------------
+
+def probe_frame(kind=None, magic=None, zero_checksum=True, port=None, plane=3):
+    from rlbhost import probes
+    body = struct.pack(probes.FMT, magic or probes.MAGIC, probes.PROBE if kind is None else kind,
+                       plane, 7, 1234, 99)
+    port = port or probes.PROBE_PORT
+    return P.ipv6_frame(LOOP_B, LOOP_A, 17, P.udp6(LOOP_B, LOOP_A, port, port, body, zero_checksum=zero_checksum),
+                        dmac="02:00:00:00:0a:01", smac="02:00:00:00:0b:02", hop_limit=63)
+
+
+TC_ACT_UNSPEC = 2**32 - 1          # -1 as the test run's unsigned retval
+
+
+def echo(dp, frame):
+    r = prog_test_run(dp.load()["rlb_host_echo"].fd, frame)
+    return r.retval, r.data
+
+
+@pytest.mark.parametrize("zero_checksum", [True, False])
+def test_the_echo_answers_a_probe_back_to_its_sender_with_nothing_else_changed(dp, zero_checksum):
+    from rlbhost import probes
+    frame = probe_frame(zero_checksum=zero_checksum)
+    rc, data = echo(dp, frame)
+    assert rc == TC_ACT_REDIRECT
+    got, sent = P.parse(data), P.parse(frame)
+    assert (got.dmac, got.smac) == (sent.smac, sent.dmac)
+    assert (got.src, got.dst) == (LOOP_A, LOOP_B)
+    head = 14 + 40 + 8
+    assert data[head:head + probes.SIZE] == struct.pack(probes.FMT, probes.MAGIC, probes.REPLY, 3, 7, 1234, 99)
+    assert data[14:14 + 8] == frame[14:14 + 8]                  # version, length, hop limit
+    if zero_checksum:
+        assert data[head - 2:head] == b"\0\0"
+    else:
+        assert data[head - 2:head] != b"\0\0" and P.udp_checksum_ok(data)
+
+
+@pytest.mark.parametrize("case", ["answer", "magic", "port", "roce"])
+def test_the_echo_leaves_everything_but_a_probe_alone(dp, case):
+    from rlbhost import probes
+    frame = {"answer": lambda: probe_frame(kind=probes.REPLY), "magic": lambda: probe_frame(magic=b"XXXX"),
+             "port": lambda: probe_frame(port=probes.PROBE_PORT + 1),
+             "roce": lambda: P.roce_frame(LOOP_B, LOOP_A, 50000, 1)}[case]()
+    assert echo(dp, frame) == (TC_ACT_UNSPEC, frame)              # on to the hook's next filter
+
+
+def test_the_echo_is_on_every_port_and_leaves_with_the_device(host):
+    """attach_ports puts the echo on each port's ingress; `run` still finds the one device
+    with the programs; detaching the device takes the echo off the ports too."""
+    def echo_on():
+        with IPRoute() as ipr:
+            return sorted(n for n in PORTS.values()
+                          if any((f.get_attr("TCA_OPTIONS").get_attr("TCA_BPF_NAME") or "") == "rlb_host_echo"
+                                 for f in ipr.get_filters(ipr.link_lookup(ifname=n)[0], parent=0xFFFFFFF2)
+                                 if f.get_attr("TCA_OPTIONS") is not None))
+    assert echo_on() == sorted(PORTS.values())
+    assert host.attached_interfaces() == ["rlb0"]
+    assert sorted(host.attached_interfaces(echo=True)) == sorted(["rlb0", *PORTS.values()])
+    try:
+        host.detach("rlb0")
+        assert echo_on() == [] and host.attached_interfaces(echo=True) == []
+    finally:
+        host.attach_ports("rlb0", LOOP_A, port_paths(), group_size=SUBS)
+    assert echo_on() == sorted(PORTS.values())

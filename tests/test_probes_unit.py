@@ -1,8 +1,8 @@
 """The probes' verdict (rlbhost.probes.Prober), driven round by round with a clock of the test's
 own: no sockets (frames are not sent), answers handed in as the receive loop would."""
-from rlbhost.probes import Prober
+from rlbhost.probes import DEAD_MS, INTERVAL_MS, Prober
 
-INTERVAL, DEAD = 0.02, 0.1
+INTERVAL, DEAD = INTERVAL_MS / 1000, DEAD_MS / 1000      # the agent's defaults
 PORTS = {plane: [(f"eth-p{plane}-1", "02:00:00:00:00:0%d" % plane, "02:00:00:00:01:01")] for plane in (1, 2, 3, 4)}
 
 
@@ -86,3 +86,17 @@ def test_a_plane_judged_silent_comes_back_only_on_an_answer_of_its_own():
     answer(p, 2, p._seq, t)
     p._round(t + 0.001)
     assert changes == [(2, 2, False), (2, 2, True)]
+
+
+def test_a_starting_peer_answering_plane_by_plane_is_not_judged_but_a_plane_that_never_answers_is():
+    """A peer's echo appears port by port as its agent attaches (tens of ms apart on a loaded
+    host): planes not yet answering are not silent failures; one still silent after the others
+    have answered for the grace is."""
+    p, changes = prober()
+    t = rounds(p, 0.0, 10, answering=())        # the peer not attached yet: nothing answers
+    t = rounds(p, t, 4, answering=(1,))         # plane 1's echo first, for 80 ms
+    t = rounds(p, t, 10, answering=(1, 2, 3))   # then 2 and 3; plane 4 never
+    assert changes == []
+    while t < 0.5 + p.startup_grace and not changes:
+        t = rounds(p, t, 1, answering=(1, 2, 3))
+    assert changes == [(2, 4, False)]
