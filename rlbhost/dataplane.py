@@ -372,8 +372,6 @@ class HostDataplane(PinnedState):
                     changed = True
             if self.maps["weights"].get(self._wkey("::/0")) is None:
                 self._set_weights_locked("::/0", {}, False)
-        if new_ports:
-            self._attach_echo(new_ports)
         if changed:
             self.rebalance(release=True, before=before)
         return changed
