@@ -93,6 +93,8 @@ def scenario(
     lab_name: str = typer.Option("rlbsn", "--name", help="Name of the lab the scenario builds (and tears down)."),
     fabric: Optional[Path] = typer.Option(None, help="Another fabric file of the kind the scenario needs "
                                           "(the scale-up ones take their expected figures from it)."),
+    repeat: int = typer.Option(1, min=1, help="Run it this many times on the one lab (a spread of "
+                               "figures); exit 1 if any run fails."),
 ):
     """Run one of the seeds' worked examples on the lab it needs and print what was measured,
     with PASS/FAIL against the document's expectation (exit 1 on FAIL).
@@ -100,7 +102,8 @@ def scenario(
     Examples:\n
       rlblab scenario --list\n
       rlblab scenario juniper-fig13\n
-      rlblab scenario scaleup-3.1-subcable --fabric lab/scaleup-small.toml
+      rlblab scenario scaleup-3.1-subcable --fabric lab/scaleup-small.toml\n
+      rlblab scenario scaleup-silent --repeat 5
     """
     from .scenarios import SCENARIOS, run_scenario
     if list_ and as_json:
@@ -117,7 +120,7 @@ def scenario(
     if name not in SCENARIOS:
         raise typer.BadParameter(f"no scenario {name!r}; choose one of: {', '.join(SCENARIOS)}",
                                  param_hint="NAME")
-    if not run_scenario(name, lab_name, echo=typer.echo, fabric=fabric):
+    if not run_scenario(name, lab_name, echo=typer.echo, fabric=fabric, repeat=repeat):
         raise typer.Exit(1)
 
 

@@ -540,22 +540,31 @@ def format_checks(s: Scenario, checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def run_scenario(name: str, lab_name: str = "rlbsn", echo=print, fabric: Path | None = None) -> bool:
-    """Build the scenario's lab (from its own fabric file, or another of the same kind), run it,
-    print its checks, tear the lab down."""
+def run_scenario(name: str, lab_name: str = "rlbsn", echo=print, fabric: Path | None = None,
+                 repeat: int = 1) -> bool:
+    """Build the scenario's lab (from its own fabric file, or another of the same kind), run it
+    `repeat` times on that lab (each run puts back what it changed), print each run's checks,
+    tear the lab down. True when every run passed."""
     s = SCENARIOS[name]
     fabric = fabric or LAB_DIR / s.fabric
     kind, wanted = load(fabric).kind, load(LAB_DIR / s.fabric).kind
     if kind != wanted:
         raise FabricError(f"{name} runs on a {wanted} fabric; {fabric} is {kind}")
+    if repeat < 1:
+        raise FabricError(f"repeat {repeat}: run a scenario at least once")
     lab = open_lab(fabric, lab_name, **s.lab)
+    passed = []
     try:
         echo(f"==> building {fabric.name} as lab {lab_name} ({s.lab.get('mode', 'rlb')})")
         lab.up()
         lab.wait_converged(180)
-        echo(f"==> running {name}")
-        checks = s.run(lab)
+        for i in range(1, repeat + 1):
+            echo(f"==> running {name}" + (f" ({i} of {repeat})" if repeat > 1 else ""))
+            checks = s.run(lab)
+            echo(format_checks(s, checks))
+            passed.append(all(c.ok for c in checks))
     finally:
         lab.down()
-    echo(format_checks(s, checks))
-    return all(c.ok for c in checks)
+    if repeat > 1:
+        echo(f"{name}: {sum(passed)} of {repeat} runs passed")
+    return all(passed)

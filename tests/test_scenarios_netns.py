@@ -61,3 +61,6 @@ def test_scenario_cli_lists_every_scenario_and_refuses_unknown_names():
     assert [line.split()[0] for line in out.splitlines()] == list(SCENARIOS)
     bad = subprocess.run([sys.executable, "-m", "rlblab", "scenario", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "juniper-fig13" in bad.stderr
+    none = subprocess.run([sys.executable, "-m", "rlblab", "scenario", "scaleup-silent", "--repeat", "0"],
+                          capture_output=True, text=True)
+    assert none.returncode == 2 and "--repeat" in none.stderr
