@@ -145,10 +145,12 @@ class HostDataplane(PinnedState):
         self.sync_paths(ifname, path_field, base_value)
         log.info("attached to %s (TC egress and ingress)", ifname)
 
-    def attach_ports(self, device: str, loopback: str, ports: list[PortPath], group_size: int = 1):
+    def attach_ports(self, device: str, loopback: str, ports: list[PortPath], group_size: int = 1,
+                     echo: bool = False):
         """Ports mode: TC egress on `device` (where the kernel routes the peers' loopbacks), each
-        path one of `ports`, and the probe echo on every port's ingress (replaced in place: a
-        newer program takes over). A host is in one mode: switching needs a detach first."""
+        path one of `ports`; with echo (scale-up GPUs, which probe their planes) the probe echo
+        on every port's ingress, replaced in place: a newer program takes over. A host is in
+        one mode: switching needs a detach first."""
         idx = self.ifindex(device)
         fns = self.load()
         with self.locked():
@@ -165,10 +167,11 @@ class HostDataplane(PinnedState):
                 ipr.tc("add", "clsact", idx)
             ipr.tc("replace-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, fd=fn.fd,
                    name=fn.name, parent=TC_EGRESS, classid=1, direct_action=True)
-        self.set_port_paths(loopback, ports)
-        self._attach_echo({self.ifindex(p.ifname) for p in ports})
-        log.info("attached to %s (TC egress, ports mode, loopback %s; probe echo on %d ports)", device,
-                 loopback, len(ports))
+        self.set_port_paths(loopback, ports, echo)
+        if echo:
+            self._attach_echo({self.ifindex(p.ifname) for p in ports})
+        log.info("attached to %s (TC egress, ports mode, loopback %s%s)", device, loopback,
+                 f"; probe echo on {len(ports)} ports" if echo else "")
 
     def _attach_echo(self, ifindexes):
         fn = self.load()[ECHO]
@@ -179,14 +182,15 @@ class HostDataplane(PinnedState):
                 ipr.tc("replace-filter", "bpf", idx, handle=TC_HANDLE, prio=TC_PRIO, fd=fn.fd,
                        name=fn.name, parent=TC_INGRESS, classid=1, direct_action=True)
 
-    def set_port_paths(self, loopback: str, ports: list[PortPath]) -> bool:
+    def set_port_paths(self, loopback: str, ports: list[PortPath], echo: bool = False) -> bool:
         """Program the ports as paths (path value v at index v - 1, so a QP's entry keeps naming
         the same port); a port not given, down, or without a known switch MAC is unusable and
-        its QPs are released. Returns True when something changed."""
+        its QPs are released; with echo, a port made anew gets the probe echo again (attach_ports
+        puts it on the others). Returns True when something changed."""
         if not 0 < len(ports) <= MAX_PATHS or any(not 1 <= p.value <= MAX_PATHS for p in ports):
             raise HostError(f"ports mode takes 1 to {MAX_PATHS} ports valued 1 to {MAX_PATHS}")
         lo = ipaddress.IPv6Address(loopback).packed
-        changed, new_ports = False, set()
+        changed, remade = False, set()
         with self.locked(), self.locked_part("ports"):
             before = self._before()
             pm = self.maps["paths"]
@@ -202,8 +206,8 @@ class HostDataplane(PinnedState):
                         changed = True
                     continue
                 ifindex = self.ifindex(port.ifname)
-                if old is None or old.ifindex != ifindex:
-                    new_ports.add(ifindex)              # a port new to us, or made anew
+                if echo and old is not None and old.ifindex != ifindex:
+                    remade.add(ifindex)
                 smac = self._mac(ifindex)
                 dmac = bytes.fromhex(port.dmac.replace(":", "")) if port.dmac else bytes(6)
                 valid = int(port.up and bool(port.dmac))
@@ -219,8 +223,8 @@ class HostDataplane(PinnedState):
                              "" if valid else " (unusable)")
             if self.maps["weights"].get(self._wkey("::/0")) is None:
                 self._set_weights_locked("::/0", {}, False)
-        if new_ports:
-            self._attach_echo(new_ports)
+        if remade:
+            self._attach_echo(remade)
         if changed:
             self.rebalance(release=True, before=before)
         return changed

@@ -187,7 +187,7 @@ class PlaneAgent:
             self._learn_macs()
             ports = self.port_paths()
             if ports != self._ports_programmed:
-                self.dp.set_port_paths(self.loopback, ports)
+                self.dp.set_port_paths(self.loopback, ports, echo=True)
                 self._ports_programmed = ports
         self.sync_pathbw()
         try:
@@ -314,5 +314,5 @@ def attach(dp: HostDataplane, fabric: ScaleupFabric, gpu: str, run_dir: Path, **
     agent = PlaneAgent(dp, fabric, gpu, run_dir, **kw)
     agent._read_carrier()
     agent._learn_macs()
-    dp.attach_ports(LOOPBACK_DEVICE, agent.loopback, agent.port_paths(), group_size=fabric.subports)
+    dp.attach_ports(LOOPBACK_DEVICE, agent.loopback, agent.port_paths(), group_size=fabric.subports, echo=True)
     return agent

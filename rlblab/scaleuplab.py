@@ -104,13 +104,15 @@ class Receiver(SocketReader):
             sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
             sock.bind((addr, ROCE_PORT))
-        self.count = 0
         self.per_sport: dict[int, int] = {}
         super().__init__(sock)
 
+    @property
+    def count(self) -> int:
+        return sum(self.per_sport.values())
+
     def take(self):
         _, (_, sport, *_) = self.sock.recvfrom(4096)
-        self.count += 1
         self.per_sport[sport] = self.per_sport.get(sport, 0) + 1
 
     def __enter__(self):

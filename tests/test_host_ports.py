@@ -46,7 +46,7 @@ def host():
             add_loopback_device(name)
         dp = HostDataplane(f"{ns}-h")
         try:
-            dp.attach_ports("rlb0", LOOP_A, port_paths(), group_size=SUBS)
+            dp.attach_ports("rlb0", LOOP_A, port_paths(), group_size=SUBS, echo=True)
             yield dp
         finally:
             dp.destroy()
@@ -358,5 +358,5 @@ def test_the_echo_is_on_every_port_and_leaves_with_the_device(host):
         host.detach("rlb0")
         assert echo_on() == [] and host.attached_interfaces(echo=True) == []
     finally:
-        host.attach_ports("rlb0", LOOP_A, port_paths(), group_size=SUBS)
+        host.attach_ports("rlb0", LOOP_A, port_paths(), group_size=SUBS, echo=True)
     assert echo_on() == sorted(PORTS.values())
