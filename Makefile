@@ -1,5 +1,5 @@
 # Two commands for a fresh Debian 12 machine (as root). Each installs what is missing first.
-.PHONY: demo test bench setup clean vagrant-deps vagrant-box vagrant-test vagrant-test-scaleup
+.PHONY: demo test bench setup clean vagrant-deps vagrant-box vagrant-test vagrant-test-scaleup vagrant-test-verbs
 
 setup:
 	@./scripts/bootstrap.sh
@@ -7,7 +7,9 @@ setup:
 demo: setup
 	.venv/bin/rlblab demo
 
+# the layers and no circles first (pyproject.toml, [tool.importlinter]), then every test
 test: setup
+	.venv/bin/lint-imports
 	.venv/bin/python -m pytest -v tests
 
 # Real packets through each forwarder side by side (about 3 minutes), then test-run costs.
@@ -26,6 +28,10 @@ vagrant-box: setup vagrant-deps
 
 vagrant-test: setup vagrant-deps
 	RLB_VAGRANT=1 .venv/bin/python -m pytest -v -s tests/test_vagrant_lab.py
+
+# the verbs library over Soft-RoCE: perftest and a dlopen program with LD_PRELOAD, TC off and on
+vagrant-test-verbs: setup vagrant-deps
+	RLB_VAGRANT=1 .venv/bin/python -m pytest -v -s tests/test_vagrant_verbs.py
 
 # RLB_FABRIC=lab/scaleup-small.toml: 7 VMs instead of 13 (13 emulated VMs need about 4 cores)
 vagrant-test-scaleup: setup vagrant-deps

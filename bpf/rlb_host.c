@@ -23,6 +23,7 @@
 #include "lib/stats.h"
 #include "lib/csum.h"
 #include "lib/hash.h"
+#include "lib/siphash.h"
 #define IP6_OFF    ETH_HLEN
 #define SADDR_OFF  (ETH_HLEN + 8)
 #define DADDR_OFF  (ETH_HLEN + 24)
@@ -40,6 +41,8 @@ BPF_TABLE_PINNED("lru_hash", struct rlbh_rev_key, struct rlbh_rev, reverse, RLBH
                  PIN(reverse));
 BPF_TABLE_PINNED7("hash", struct rlbh_ct_key, u32, placed, RLBH_PLACEMENTS, PIN(placed),
                   BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED7("hash", struct rlbh_verbs_key, struct rlbh_verbs, verbs, RLBH_VERBS_ENTRIES,
+                  PIN(verbs), BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("percpu_array", u32, struct rlbh_path_stats, path_stats, RLBH_MAX_PATHS,
                  PIN(path_stats));
 BPF_TABLE_PINNED("percpu_array", u32, u64, reasons, RLBH_R_MAX, PIN(reasons));
@@ -47,6 +50,7 @@ BPF_TABLE_PINNED("percpu_array", u32, u64, reasons, RLBH_R_MAX, PIN(reasons));
  * (rlbhost/carrier.py), a small process that follows the kernel's link events, so a port that
  * loses carrier is out of use before the agent has even read the event. */
 BPF_TABLE_PINNED("array", u32, u32, port_down, 1, PIN(port_down));
+BPF_TABLE_PINNED("array", u32, struct rlbh_echo_cfg, echo_cfg, 1, PIN(echo_cfg));
 
 struct parsed {
     u8  saddr[16] __attribute__((aligned(8)));
@@ -179,7 +183,9 @@ static __always_inline u32 eff_weight(struct rlbh_weights *w, u32 i, u32 down)
     return w->weight[i & (RLBH_MAX_PATHS - 1)];
 }
 
-/* Weighted least-active: the path minimising (active + 1) / weight; ties go to the first path
+/* Weighted least-active: the path minimising (active + 1/2) / weight (Webster's divisors: with
+ * unequal weights (active + 1) / weight favoured the heavier path, 2 QPs over a 10 and a 5 Gb/s
+ * path both went on the 10; equal weights choose as before); ties go to the first path
  * from `start` on, so hosts that start at different places spread before they meet. Paths in
  * groups (a plane's sub-ports) are chosen flat here, by per-path weights that are the plane's
  * path bandwidth over its live sub-ports; the agent's sweep keeps each plane within one QP of
@@ -197,7 +203,7 @@ static __always_inline u32 least_active(struct rlbh_weights *w, u32 start, u32 d
         u32 idx = w->id * RLBH_MAX_PATHS + i;
         u32 *a = active.lookup(&idx);
         u64 act = a ? *a : 0;
-        if (best == RLBH_MAX_PATHS || (act + 1) * best_w < (best_a + 1) * wt) {
+        if (best == RLBH_MAX_PATHS || (2 * act + 1) * best_w < (2 * best_a + 1) * wt) {
             best = i;
             best_a = act;
             best_w = wt;
@@ -319,6 +325,14 @@ static __always_inline int prologue(struct __sk_buff *skb, struct rlbh_config **
     return -1;
 }
 
+/* A QP the verbs library placed (its packets carry the addresses its QP was given)? */
+static __always_inline int verbs_qp(const u8 *peer, u32 qpn, u32 dir)
+{
+    struct rlbh_verbs_key k = {.qpn = qpn, .dir = dir};
+    __builtin_memcpy(k.peer, peer, 16);
+    return verbs.lookup(&k) != 0;
+}
+
 /* Address mode: only QPs from the base path's address to a peer's base address are placed;
  * returns a reason >= 0 to pass the packet, -1 to go on. */
 static __always_inline int addresses_to_place(struct rlbh_config *cfg, struct rlbh_path *base,
@@ -333,6 +347,8 @@ static __always_inline int addresses_to_place(struct rlbh_config *cfg, struct rl
     }
     if (field_value(p->daddr, cfg->field) != base->value)
         return RLBH_R_PASS_APP_CHOSE;  /* addressed to one of the peer's path addresses */
+    if (verbs_qp(p->daddr, p->qp, RLBH_V_TX))
+        return RLBH_R_PASS_APP_CHOSE;  /* the verbs library put it on the base path */
     return -1;
 }
 
@@ -428,6 +444,8 @@ int rlb_host_ingress(struct __sk_buff *skb)
         st->rx_packets++;
         st->rx_bytes += p.len;
     }
+    if (path != base_idx && verbs_qp(p.saddr, p.qp, RLBH_V_RX))
+        return pass(RLBH_R_PASS_APP_CHOSE);   /* its QP was given these addresses: keep them */
 
     u8 new_src[16] __attribute__((aligned(8)));
     u8 new_dst[16] __attribute__((aligned(8)));
@@ -475,6 +493,28 @@ int rlb_host_echo(struct __sk_buff *skb)
     if ((void *)(pr + 1) > end || udp->dest != htons(RLBH_PROBE_PORT) ||
         pr->magic != htonl(RLBH_PROBE_MAGIC) || pr->kind != RLBH_PROBE_ASK)
         return TC_ACT_UNSPEC;
+    u32 zero = 0;
+    struct rlbh_echo_cfg *ec = echo_cfg.lookup(&zero);
+    if (ec && (ec->flags & RLBH_ECHO_OWN_ADDR)) {
+        u64 d[2], own[2];
+        __builtin_memcpy(d, &l3.ip6->daddr, 16);
+        __builtin_memcpy(own, ec->addr, 16);
+        if (d[0] != own[0] || d[1] != own[1])
+            return TC_ACT_UNSPEC; /* another GPU's probe, misdelivered: no answer from here */
+    }
+    u64 tag = 0;
+    if (ec && (ec->flags & RLBH_ECHO_SIGN)) {
+        u64 m[SIP_WORDS];
+        u8 *w = (u8 *)m;
+        __builtin_memcpy(w, &pr->seq, 4);
+        __builtin_memcpy(w + 4, pr->t_ns, 8);
+        w[12] = pr->plane;
+        __builtin_memcpy(w + 13, &pr->sender, 2);
+        w[15] = 0;
+        __builtin_memcpy(w + 16, &l3.ip6->daddr, 16);
+        __builtin_memcpy(w + 32, &l3.ip6->saddr, 16);
+        tag = siphash24_words(ec->k0, ec->k1, m);
+    }
     u8 macs[12], addrs[32];
     __builtin_memcpy(macs, l3.eth->h_source, 6);
     __builtin_memcpy(macs + 6, l3.eth->h_dest, 6);
@@ -489,6 +529,16 @@ int rlb_host_echo(struct __sk_buff *skb)
         bpf_skb_store_bytes(skb, UDP_OFF + 8 + offsetof(struct rlbh_probe, kind), answer, 2,
                             BPF_F_RECOMPUTE_CSUM))
         return TC_ACT_SHOT;
+    if (tag) {
+        /* the tag changes 8 bytes: the answer goes out with a zero UDP checksum, which the
+         * prober's socket accepts (UDP_NO_CHECK6_RX, RFC 6936) */
+        u16 none = 0;
+        if (bpf_skb_store_bytes(skb, UDP_OFF + 8 + offsetof(struct rlbh_probe, mac), &tag, 8,
+                                BPF_F_RECOMPUTE_CSUM) ||
+            bpf_skb_store_bytes(skb, UCSUM_OFF, &none, 2, BPF_F_RECOMPUTE_CSUM))
+            return TC_ACT_SHOT;
+        return bpf_redirect(skb->ifindex, 0);
+    }
     if (csum && bpf_l4_csum_replace(skb, UCSUM_OFF, old_word, new_word, 2 | BPF_F_MARK_MANGLED_0))
         return TC_ACT_SHOT;
     return bpf_redirect(skb->ifindex, 0);

@@ -14,6 +14,7 @@
 #define RLBH_REV_ENTRIES    65536   /* paths learnt on ingress */
 #define RLBH_ROCE_PORTS     4
 #define RLBH_PLACEMENTS     65536   /* coordinator placements (QPs) */
+#define RLBH_VERBS_ENTRIES  131072  /* QPs placed by the verbs library: two entries each */
 
 #define RLBH_W_SPRAY        1       /* destination tolerates reordering: per-packet choice */
 #define RLBH_F_PORTS        1       /* config flags: paths are egress ports, not addresses */
@@ -26,7 +27,8 @@ enum rlbh_reason {
     RLBH_R_PASS_MALFORMED,
     RLBH_R_PASS_FRAGMENT,
     RLBH_R_PASS_NOT_ROCE,         /* not UDP to a RoCE port */
-    RLBH_R_PASS_APP_CHOSE,        /* already on a non-base path address: left alone */
+    RLBH_R_PASS_APP_CHOSE,        /* already on a non-base path address, or a QP whose
+                                   * addresses the verbs library chose: left alone */
     RLBH_R_PASS_NOT_BASE,         /* source or destination outside the address plan */
     RLBH_R_PASS_NO_PATH,          /* no path with a positive weight */
     RLBH_R_PASS_NOT_PATH_ADDR,    /* ingress: not addressed to one of our path addresses */
@@ -88,6 +90,32 @@ struct rlbh_ct {
     u64 bytes;                    /* sent on this QP (reported to the coordinator) */
 };
 
+/* QPs whose addresses the verbs library chose (rlbhost/verbs/, verbs/rlb_verbs.c): the NIC (or
+ * Soft-RoCE) builds their packets with the path's addresses already, so egress must not place
+ * them again and ingress must not restore them (the QP expects exactly those addresses). Each QP
+ * has one entry per direction, keyed as its packets carry it. Written only by the agent. */
+#define RLBH_V_TX           1       /* key: the peer's address and QP number (our packets) */
+#define RLBH_V_RX           2       /* key: the peer's address and our QP number (its packets) */
+#define RLBH_VF_DECIDED     1       /* flags: this host's agent chose the path (the pair's rendezvous) */
+#define RLBH_VF_AH          2       /* flags: a UD address handle, not a QP */
+
+struct rlbh_verbs_key {
+    u8  peer[16];                 /* the peer's address on the QP's path */
+    u32 qpn;                      /* RLBH_V_TX: the peer's QP number; RLBH_V_RX: ours */
+    u32 dir;
+};
+
+struct rlbh_verbs {
+    u64 created_ns;
+    u8  peer_base[16];            /* the peer's base address (accounting and reports) */
+    u32 path;                     /* path index */
+    u32 wid;                      /* weight entry it counts under */
+    u32 local_qpn;                /* ours (an address handle: RLBV_AH_HANDLE_BIT | id) */
+    u32 remote_qpn;
+    u32 pid;                      /* the process that owns it: gone with it */
+    u32 flags;                    /* RLBH_VF_* */
+};
+
 struct rlbh_rev_key {
     u8  peer[16];
     u16 sport;
@@ -107,12 +135,28 @@ struct rlbh_rev {
 #define RLBH_PROBE_ASK      1
 #define RLBH_PROBE_ANSWER   2
 
-struct rlbh_probe {               /* the head of a probe's UDP payload (network order), as much */
-    u32 magic;                    /* as the echo reads; the prober's send time (u64) follows */
+struct rlbh_probe {               /* a probe's UDP payload (network order) */
+    u32 magic;
     u8  kind;                     /* RLBH_PROBE_ASK or RLBH_PROBE_ANSWER */
     u8  plane;                    /* the plane the probe tests */
     u16 sender;                   /* the prober's GPU number */
     u32 seq;                      /* the prober's round */
+    u32 t_ns[2];                  /* the prober's send time (u64, network order) */
+    u8  mac[8];                   /* the answer's SipHash-2-4 tag (little-endian u64), 0 in a probe */
+};
+
+/* The echo's settings: answer only probes addressed to this GPU's loopback, and sign answers
+ * with the fabric's probe key (tag over seq, send time, plane, sender, then the probe's
+ * destination and source addresses: 48 bytes), so a spoofed answer cannot keep a dead plane up.
+ * Two keys: the prober accepts either while a new one rolls out; the echo signs with key 0. */
+#define RLBH_ECHO_OWN_ADDR  1
+#define RLBH_ECHO_SIGN      2
+struct rlbh_echo_cfg {
+    u8  addr[16];                 /* this GPU's loopback */
+    u64 k0;                       /* the signing key, as two little-endian words */
+    u64 k1;
+    u32 flags;                    /* RLBH_ECHO_* */
+    u32 pad;
 };
 
 struct rlbh_path_stats {

@@ -25,6 +25,9 @@ BPF_TABLE_PINNED("percpu_array", u32, struct rlb_counter, nh_stats, RLB_MAX_NEXT
 BPF_TABLE_PINNED("percpu_array", u32, u64, reasons, RLB_R_MAX, PIN(reasons));
 BPF_TABLE_PINNED("percpu_array", u32, u32, spray_seq, 1, PIN(spray_seq));
 BPF_XDP_REDIRECT_MAP("devmap:" PIN(tx_ports), int, tx_ports, RLB_MAX_PORTS);
+BPF_TABLE_PINNED("hash", u32, u32, port_class, RLB_MAX_PORTS, PIN(port_class));
+BPF_TABLE_PINNED("array", u32, struct rlb_police_cfg, police_cfg, RLB_P_MAX, PIN(police_cfg));
+BPF_TABLE_PINNED("percpu_array", u32, struct rlb_police_state, police, RLB_P_MAX, PIN(police));
 
 #include "lib/stats.h"
 
@@ -33,8 +36,47 @@ static __always_inline void count(u32 reason)
     bump(reasons.lookup(&reason));
 }
 
-static __always_inline int pass(u32 reason)
+/* The bucket a punted packet is charged to. */
+static __always_inline u32 police_bucket(u32 reason, u32 edge)
 {
+    switch (reason) {
+    case RLB_R_PASS_CONTROL:
+    case RLB_R_PASS_LINK_LOCAL:
+    case RLB_R_PASS_MULTICAST:
+        return edge ? RLB_P_EDGE_CONTROL : RLB_P_FABRIC_CONTROL;
+    case RLB_R_PASS_HOP_LIMIT:
+        return RLB_P_HOP_LIMIT;
+    case RLB_R_PASS_NEIGH_MISS:
+        return RLB_P_NEIGH_MISS;
+    default:
+        return RLB_P_OTHER;
+    }
+}
+
+/* 1: within the bucket's rate (or the bucket does not police); 0: drop. */
+static __always_inline int police_ok(u32 bucket)
+{
+    struct rlb_police_cfg *c = police_cfg.lookup(&bucket);
+    if (!c || !c->interval_ns)
+        return 1;
+    struct rlb_police_state *st = police.lookup(&bucket);
+    if (!st)
+        return 1;
+    u64 now = bpf_ktime_get_ns();
+    u64 tat = st->tat_ns > now ? st->tat_ns : now;
+    if (tat - now > c->tolerance_ns) {
+        st->dropped++;
+        return 0;
+    }
+    st->tat_ns = tat + c->interval_ns;
+    return 1;
+}
+
+/* Hand the packet to the kernel, within its bucket's rate. */
+static __always_inline int pass_edge(u32 reason, u32 edge)
+{
+    if (!police_ok(police_bucket(reason, edge)))
+        return XDP_DROP;
     count(reason);
     return XDP_PASS;
 }
@@ -43,6 +85,7 @@ static __always_inline int pass(u32 reason)
  * (a pinned route whose primary is up never does). */
 struct pkt {
     struct rlb_l3 l3;
+    u32 edge;          /* came in on a host port (port_class): its punts have buckets of their own */
     struct rlb_config *cfg;
     u64 now;
     u32 len;
@@ -337,9 +380,9 @@ static __always_inline int forward(struct pkt *pk, u32 slot, struct rlb_port *po
                                    const u8 *dmac, const u8 *smac, u32 nh_id)
 {
     if (port->mtu && pk->len - ETH_HLEN > port->mtu)
-        return pass(RLB_R_PASS_TOO_BIG);
+        return pass_edge(RLB_R_PASS_TOO_BIG, pk->edge);
     if (tx_ports.redirect_map(slot, XDP_PASS) != XDP_REDIRECT)
-        return pass(RLB_R_PASS_NO_PORT);    /* the interface went away under us */
+        return pass_edge(RLB_R_PASS_NO_PORT, pk->edge);    /* the interface went away under us */
     struct ethhdr *eth = pk->l3.eth;
     __builtin_memcpy(eth->h_dest, dmac, ETH_ALEN);
     __builtin_memcpy(eth->h_source, smac, ETH_ALEN);
@@ -363,13 +406,13 @@ static __always_inline int forward_connected(struct pkt *pk, struct rlb_route *r
     __builtin_memcpy(dkey.addr, pk->l3.ip6->daddr.in6_u.u6_addr8, 16);
     struct rlb_neighbor *n = neighbors.lookup(&dkey);
     if (!n || n->ifindex != rt->ifindex)
-        return pass(RLB_R_PASS_NEIGH_MISS);
+        return pass_edge(RLB_R_PASS_NEIGH_MISS, pk->edge);
     u32 slot = rt->port;
     struct rlb_port *port = ports.lookup(&slot);
     if (!port || port->ifindex != rt->ifindex || !rt->ifindex)
-        return pass(RLB_R_PASS_NO_PORT);
+        return pass_edge(RLB_R_PASS_NO_PORT, pk->edge);
     if (!port->up)
-        return pass(RLB_R_PASS_NO_NEXTHOP);
+        return pass_edge(RLB_R_PASS_NO_NEXTHOP, pk->edge);
     u8 dmac[6], smac[6];
     __builtin_memcpy(dmac, n->dmac, 6);
     __builtin_memcpy(smac, port->mac, 6);
@@ -382,27 +425,30 @@ int rlb_switch(struct xdp_md *ctx)
     void *data_end = (void *)(long)ctx->data_end;
     struct pkt pk = {};
     pk.len = data_end - data;
+    u32 in = ctx->ingress_ifindex;
+    u32 *cls = port_class.lookup(&in);
+    pk.edge = cls && *cls == RLB_PORT_EDGE;
 
     /* parse */
     int r = parse_ipv6(data, data_end, &pk.l3);
     if (r == RLB_PARSE_NOT_IPV6)
-        return pass(RLB_R_PASS_NOT_IPV6);  /* IPv4, ARP, VLANs: the kernel's business */
+        return pass_edge(RLB_R_PASS_NOT_IPV6, pk.edge);  /* IPv4, ARP, VLANs: the kernel's business */
     if (r != RLB_PARSE_OK)
-        return pass(RLB_R_PASS_MALFORMED);
+        return pass_edge(RLB_R_PASS_MALFORMED, pk.edge);
     u32 zero = 0;
     pk.cfg = config.lookup(&zero);
     if (!pk.cfg)
-        return pass(RLB_R_PASS_NO_ROUTE);
+        return pass_edge(RLB_R_PASS_NO_ROUTE, pk.edge);
 
     /* punt */
     r = punt(&pk, data_end);
     if (r >= 0)
-        return pass(r);
+        return pass_edge(r, pk.edge);
 
     /* lookup */
     struct rlb_route *rt = lookup(&pk);
     if (!rt)
-        return pass(RLB_R_PASS_NO_ROUTE);
+        return pass_edge(RLB_R_PASS_NO_ROUTE, pk.edge);
 
     /* select */
     u32 nh = 0, dlb_group = 0;
@@ -410,7 +456,7 @@ int rlb_switch(struct xdp_md *ctx)
     struct rlb_nexthop *nhp = 0;
     switch (rt->mode) {
     case RLB_MODE_LOCAL:
-        return pass(RLB_R_PASS_LOCAL);
+        return pass_edge(RLB_R_PASS_LOCAL, pk.edge);
     case RLB_MODE_CONNECTED:
         return forward_connected(&pk, rt);
     case RLB_MODE_PINNED:
@@ -443,7 +489,7 @@ int rlb_switch(struct xdp_md *ctx)
         }
         break;
     default:
-        return pass(RLB_R_PASS_NO_ROUTE);
+        return pass_edge(RLB_R_PASS_NO_ROUTE, pk.edge);
     }
     if (dlb_group) {
         hash_packet(&pk);      /* again after weighted: one path for the verifier */
@@ -451,7 +497,7 @@ int rlb_switch(struct xdp_md *ctx)
         nhp = group_dlb(dlb_group, &pk, &port, &nh);
     }
     if (!nhp || !port)
-        return pass(RLB_R_PASS_NO_NEXTHOP);
+        return pass_edge(RLB_R_PASS_NO_NEXTHOP, pk.edge);
 
     /* forward */
     return forward(&pk, nhp->port, port, nhp->dmac, nhp->smac, nh);

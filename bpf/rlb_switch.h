@@ -60,6 +60,36 @@ enum rlb_reason {
     RLB_R_MAX,
 };
 
+/* The slow path's policer: every packet handed to the kernel is charged to one bucket by its
+ * reason and the class of the port it came in on, so a flood from a host (TTL-1 packets, TCP 179
+ * to any address, traffic to unresolved neighbours) is dropped here, in XDP, before it can starve
+ * the switch's BGP, BFD and ND with its fabric neighbours, which have a bucket of their own.
+ * Per CPU (no atomics): a bucket lets through `rate` packets a second on each CPU, bursts of
+ * `burst` (GCRA: a theoretical arrival time advanced by 1/rate per packet). */
+enum rlb_police {
+    RLB_P_FABRIC_CONTROL = 0, /* BGP, BFD, ND, link-local from fabric ports: protected */
+    RLB_P_EDGE_CONTROL,       /* the same kinds from host ports */
+    RLB_P_HOP_LIMIT,          /* hop limit expired: the kernel answers Time Exceeded */
+    RLB_P_NEIGH_MISS,         /* to a neighbour not resolved yet: the kernel resolves it */
+    RLB_P_OTHER,              /* everything else the kernel must see */
+    RLB_P_MAX,
+};
+
+enum rlb_port_class {
+    RLB_PORT_FABRIC = 0,      /* towards another switch (the default: no entry) */
+    RLB_PORT_EDGE   = 1,      /* towards a host */
+};
+
+struct rlb_police_cfg {
+    u64 interval_ns;          /* 1e9 / rate; 0: this bucket does not police */
+    u64 tolerance_ns;         /* burst x interval */
+};
+
+struct rlb_police_state {
+    u64 tat_ns;               /* theoretical arrival time of the next packet */
+    u64 dropped;              /* packets this bucket dropped on this CPU */
+};
+
 /* Next-hop flags */
 #define RLB_NH_VALID     1
 #define RLB_NH_RESOLVED  2   /* dmac is known */

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from .maps import PinnedMap
-from .paths import BPF_DIR, BPFFS, PIN_ROOT, RUN_DIR, write_atomic
+from .paths import BPF_DIR, BPFFS, PIN_ROOT, RUN_DIR, private_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +25,29 @@ class BpfSetupError(RuntimeError):
 
 
 def ensure_bpffs():
-    """Pins need bpffs at /sys/fs/bpf; mount it if this machine has not."""
+    """Pins need bpffs at /sys/fs/bpf; mount it if this machine has not, readable by root only
+    (pinned maps steer the traffic: nobody else may open them)."""
     with open("/proc/mounts") as f:
         if any(line.split()[1:3] == [str(BPFFS), "bpf"] for line in f):
             return
     BPFFS.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "bpf", "bpf", str(BPFFS)], check=True)
-    log.info("mounted bpffs at %s", BPFFS)
+    subprocess.run(["mount", "-t", "bpf", "-o", "mode=0700", "bpf", str(BPFFS)], check=True)
+    log.info("mounted bpffs at %s (mode 0700)", BPFFS)
+
+
+def private_pin_dir(pin_dir: Path):
+    """Create the pin directory (and /sys/fs/bpf/rlb) root-only, or adopt it only if root owns
+    it and nobody else may write it: maps pinned in a directory someone else controls could be
+    swapped under the agent."""
+    if not pin_dir.is_relative_to(BPFFS):
+        pin_dir.mkdir(parents=True, exist_ok=True)
+        return
+    path = BPFFS
+    for part in pin_dir.relative_to(BPFFS).parts:
+        path = path / part
+        problem = private_dir(path)
+        if problem:
+            raise BpfSetupError(f"{problem}: refusing to pin maps there")
 
 
 def source_digest(source: str) -> str:
@@ -62,7 +78,7 @@ def compile_program(source: str, pin_dir: Path, extra_cflags: list[str] | None =
         raise BpfSetupError("bcc is not importable: install python3-bpfcc and use a venv made "
                             "with --system-site-packages (scripts/bootstrap.sh does both)") from e
     ensure_bpffs()
-    pin_dir.mkdir(parents=True, exist_ok=True)
+    private_pin_dir(pin_dir)
     cflags = [f"-I{BPF_DIR}", f'-DRLB_PIN_DIR="{pin_dir}"', "-Wno-unused-function",
               "-Wno-compare-distinct-pointer-types"] + (extra_cflags or [])
     pinned = {p.name for p in pin_dir.iterdir()}

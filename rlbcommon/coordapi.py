@@ -16,7 +16,7 @@ import json
 import urllib.error
 import urllib.request
 
-from rlbfabric.constants import COORDINATOR_PORT as DEFAULT_PORT
+from rlbcommon.constants import COORDINATOR_PORT as DEFAULT_PORT
 
 REPORT = "/v1/hosts/{}/report"
 LINKS = "/v1/switches/{}/links"

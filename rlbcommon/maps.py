@@ -118,6 +118,22 @@ class PinnedMap:
             raise OSError(f"batch lookup {self.path.name}: {count.value} of {n} slots")
         return vals.raw
 
+    def array_slice(self, start: int, n: int) -> bytes:
+        """Slots start .. start+n-1 of an array map in one BPF_MAP_LOOKUP_BATCH call (a batch
+        continues after the key it is given: start-1)."""
+        size = ct.sizeof(self.leaf_type)
+        keys = (ct.c_uint32 * n)()
+        vals = ct.create_string_buffer(size * n)
+        token, count = ct.c_uint32(), ct.c_uint32(n)
+        prev = ct.c_uint32(start - 1)
+        ret = lib.bpf_map_lookup_batch(self.fd, ct.byref(prev) if start else None, ct.byref(token), keys,
+                                       vals, ct.byref(count), None)
+        if ret < 0 and ct.get_errno() != 2:
+            check(ret, f"batch lookup {self.path.name}")
+        if count.value != n or (n and (keys[0], keys[n - 1]) != (start, start + n - 1)):
+            raise OSError(f"batch lookup {self.path.name}: {count.value} of slots {start}..{start + n - 1}")
+        return vals.raw
+
     def array_values(self) -> list:
         """Every slot of an array map in one BPF_MAP_LOOKUP_BATCH call (not per-CPU maps):
         scanning a 4096-entry table costs one syscall instead of 4096. All-zero slots

@@ -8,7 +8,7 @@ import ipaddress
 import struct
 from dataclasses import dataclass
 
-from rlbfabric.constants import ROCE_PORT
+from rlbcommon.constants import ROCE_PORT
 
 ETH_P_IPV6 = 0x86DD
 ETH_P_IP = 0x0800

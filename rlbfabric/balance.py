@@ -5,7 +5,10 @@ that leaf's links (by utilisation when capacities differ), then the worst leaf: 
 is what a collective waits for. Leaves that carry nothing on that side are left out."""
 from __future__ import annotations
 
+import itertools
 import math
+import random
+import statistics
 from typing import Sequence
 
 
@@ -43,6 +46,13 @@ def best_max_over_mean(d: int, caps: Sequence[float]) -> float:
     return lam / (d / sum(live))
 
 
+def link_caps(fabric) -> dict[str, list[float]]:
+    """Every leaf's uplinks' speed (Mb/s) in colour order, from the fabric file; a leaf-spine
+    link's downlink has the same."""
+    return {lf.name: [float(fabric.link_mbps_between(lf.name, fabric.pod_spines(lf.pod)[c // fabric.parallel].name))
+                      for c in range(fabric.colours())] for lf in fabric.leaves}
+
+
 def leaf_loads(fabric, placed) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
     """QPs per uplink and per downlink of every leaf from (source, destination, colour or None)
     triples; QPs within a leaf (or unplaced) load no fabric link."""
@@ -78,3 +88,30 @@ def best_figures(fabric, qps: list[tuple[str, str]], caps: dict[str, list[float]
         return worst([best_max_over_mean(v[0], (caps or {}).get(k) or [1.0] * n) if v[0] else None
                       for k, v in loads.items()])
     return side(up), side(down)
+
+
+def random_figures(fabric, qps: list[tuple[str, str]], samples: int = 2000, seed: int = 0,
+                   caps: dict[str, list[float]] | None = None) -> tuple[float, float]:
+    """The mean (uplinks, downlinks) figures when every QP takes a colour at random, as a hash
+    over fresh source ports does (kernel ECMP's model; the benches measure the kernel itself)."""
+    rnd = random.Random(seed)
+    n = fabric.colours()
+    got = [figures(*leaf_loads(fabric, [(s, d, rnd.randrange(n)) for s, d in qps]), caps) for _ in range(samples)]
+    return statistics.mean(g[0] for g in got), statistics.mean(g[1] for g in got)
+
+
+def searched_best(fabric, qps: list[tuple[str, str]], caps: dict[str, list[float]],
+                  limit: int = 20000) -> float | None:
+    """The lowest worst-leaf figure (uplinks and downlinks alike, by utilisation) of any
+    placement of these QPs, by trying every one; None when there are more than `limit`. Unlike
+    best_figures' per-leaf bound, this one is always reachable."""
+    leaf = {h: fabric.leaf_of_host(h)[0].name for h in fabric.hosts}
+    crossing = [(s, d) for s, d in qps if leaf[s] != leaf[d]]
+    live = [[c for c in range(fabric.colours()) if caps[leaf[s]][c] > 0 and caps[leaf[d]][c] > 0]
+            for s, d in crossing]
+    if math.prod(len(x) for x in live) > limit:
+        return None
+    if not crossing:
+        return 1.0
+    return min(max(figures(*leaf_loads(fabric, [(s, d, c) for (s, d), c in zip(crossing, cols)]), caps))
+               for cols in itertools.product(*live))

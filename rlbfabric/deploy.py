@@ -26,8 +26,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .constants import RUN_DIR
-from .fabric import Fabric, FabricError
+from rlbcommon.constants import RUN_DIR
+
+from .base import LOOPBACK_DEVICE, Fabric, FabricError
 
 SWITCH_ROLES = ("leaf", "spine", "superspine")
 
@@ -69,6 +70,42 @@ def host_port(fabric: Fabric, host: str) -> str:
     return f"eth-{fabric.leaf_of_host(host)[0].name}"
 
 
+# Every long-running unit: restarted however often it fails (the default start limit gave up after
+# five fast failures: a switch agent that cannot reach a restarting bird must keep trying), and
+# confined where that cannot break the data plane: read-only system, no home, private /tmp, no new
+# privileges, and root's capabilities bounded to what the process uses. The agents keep
+# CAP_SYS_ADMIN: bcc loads programs and maps, they enter namespaces and mount bpffs; the rest is
+# the data plane's (NET_ADMIN, BPF, PERFMON, RAW), locked memory for maps, SCHED_FIFO for the GPU
+# carrier watcher (SYS_NICE), the verbs socket's group (CHOWN, FOWNER). The namespace labs run
+# every agent, bird and the coordinator under the same sets (rlblab: confined()), so the suite
+# proves they suffice.
+AGENT_CAPS = ("CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_BPF", "CAP_PERFMON", "CAP_NET_RAW", "CAP_SYS_RESOURCE",
+              "CAP_IPC_LOCK", "CAP_SYS_NICE", "CAP_CHOWN", "CAP_FOWNER", "CAP_DAC_OVERRIDE")
+BIRD_CAPS = ("CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW")    # routes, port 179, BFD sockets
+COORDINATOR_CAPS: tuple[str, ...] = ()                                 # an HTTP server on 9473: none
+RESTART = """Restart=always
+RestartSec=1"""
+HARDENING = """NoNewPrivileges=yes
+ProtectSystem=full
+ProtectHome=yes
+PrivateTmp=yes
+ProtectControlGroups=yes
+LockPersonality=yes
+SystemCallArchitectures=native"""
+NO_START_LIMIT = "StartLimitIntervalSec=0"
+
+
+def capabilities(caps: tuple[str, ...]) -> str:
+    """The unit line bounding a root process to caps (empty: none at all)."""
+    return "CapabilityBoundingSet=" + " ".join(caps)
+
+
+def confined(cmd: list[str], caps: tuple[str, ...]) -> list[str]:
+    """cmd run as a unit with CapabilityBoundingSet=caps runs it: root bounded to those (setpriv
+    from util-linux; what the labs start their processes with)."""
+    return ["setpriv", "--bounding-set", ",".join(["-all"] + [f"+{c[4:].lower()}" for c in caps]), "--", *cmd]
+
+
 def units(fabric: Fabric, fabric_file: Path, node: str, mgmt_ip: str, coordinator: str | None,
           site: Site = Site()) -> dict[str, str]:
     """{unit name: unit file} for one machine of the fabric."""
@@ -94,44 +131,49 @@ WantedBy=multi-user.target
         out["rlb-bird"] = _bird_unit(f"fabric switch {node}", f"{site.bin}/rlbswitch bird-config {args}{bfd}",
                                      node, run)
         out["rlb-switch"] = f"""[Unit]
+{NO_START_LIMIT}
 Description=RLB switch agent (XDP data plane fed by bird2) on {node}
 Wants=rlb-bird.service
 After=rlb-bird.service
 [Service]
 ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {mbps}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}
-Restart=always
-RestartSec=1
+{RESTART}
+{HARDENING}
+{capabilities(AGENT_CAPS)}
 [Install]
 WantedBy=multi-user.target
 """
     elif fabric.is_gpu(node):
-        from .scaleup import LOOPBACK_DEVICE
         run = site.run_dir
         probes = (f" --probe-ms {site.probe_ms:g}" if site.probe_ms else "") + \
             (f" --probe-dead-ms {site.probe_dead_ms:g}" if site.probe_dead_ms else "")
         out["rlb-bird"] = _bird_unit(f"GPU {node} (its loopback into every plane, with its path bandwidth)",
                                      f"{site.bin}/rlbhost bird-config {args}{bfd}", node, run)
         out["rlb-host"] = f"""[Unit]
+{NO_START_LIMIT}
 Description=RLB GPU agent (QPs across planes and sub-ports, probes, carrier watcher) on {node}
 Requires=rlb-net.service
 Wants=rlb-bird.service
 After=rlb-net.service rlb-bird.service
 [Service]
 ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes}
-Restart=always
-RestartSec=1
+{RESTART}
+{HARDENING}
+{capabilities(AGENT_CAPS)}
 [Install]
 WantedBy=multi-user.target
 """
     else:
         out["rlb-host"] = f"""[Unit]
+{NO_START_LIMIT}
 Description=RLB host agent (per-QP path selection) on {host_port(fabric, node)}
 Requires=rlb-net.service
 After=rlb-net.service
 [Service]
 ExecStart={site.bin}/rlbhost attach {host_port(fabric, node)} {args}{coord} --metrics-addr {mgmt_ip}
-Restart=always
-RestartSec=1
+{RESTART}
+{HARDENING}
+{capabilities(AGENT_CAPS)}
 [Install]
 WantedBy=multi-user.target
 """
@@ -141,6 +183,7 @@ WantedBy=multi-user.target
 def _bird_unit(what: str, render: str, node: str, run: Path) -> str:
     """bird2 with its config rendered from the fabric file at every start."""
     return f"""[Unit]
+{NO_START_LIMIT}
 Description=bird2 for {what}
 Requires=rlb-net.service
 After=rlb-net.service
@@ -149,6 +192,9 @@ ExecStartPre={render} --run-dir {run} -o {run}/{node}.conf
 ExecStart=/usr/sbin/bird -f -c {run}/{node}.conf -s {run}/{node}.ctl
 ExecReload=/usr/sbin/birdc -s {run}/{node}.ctl configure
 Restart=on-failure
+RestartSec=1
+{HARDENING}
+{capabilities(BIRD_CAPS)}
 [Install]
 WantedBy=multi-user.target
 """
@@ -156,12 +202,14 @@ WantedBy=multi-user.target
 
 def coordinator_unit(fabric_file: Path, listen: str, site: Site = Site()) -> dict[str, str]:
     return {"rlb-coord": f"""[Unit]
+{NO_START_LIMIT}
 Description=RLB fabric coordinator (QP placements for the whole fabric)
 After=network-online.target
 [Service]
 ExecStart={site.bin}/rlbcoord run --fabric {fabric_file} --listen {listen}
-Restart=always
-RestartSec=1
+{RESTART}
+{HARDENING}
+{capabilities(COORDINATOR_CAPS)}
 [Install]
 WantedBy=multi-user.target
 """}

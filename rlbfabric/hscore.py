@@ -163,6 +163,10 @@ class HScores:
         a = 1 - math.exp(-max(0.0, now - t) / self.tau_s)
         self._u[element] = (s + a * (u - s), now)
 
+    def force(self, element, utilisation: float, now: float):
+        """Set the element's utilisation outright (no smoothing): what is known to be so."""
+        self._u[element] = (min(1.0, max(0.0, utilisation)), now)
+
     def h(self, element) -> float:
         prev = self._u.get(element)
         return 1.0 if prev is None else 1.0 - prev[0]

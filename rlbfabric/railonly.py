@@ -27,14 +27,14 @@ Forwarding, all plain Linux apart from the GPU's first hop:
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from rlbcommon.cheader import constants
 
-from .fabric import FabricError, Node, one_hextet_prefix
+from .bgpsec import BgpSecurity
+from .base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Node, kind, one_hextet_prefix
 from .hscore import Gpu
-from .scaleup import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL   # the same conventions as a scale-up GPU's
 
 RAIL_IF, DOMAIN_IF = "eth-rail", "eth-dom"
 LOCAL_TABLE = 100                             # what this GPU sends: to rlb0
@@ -60,6 +60,7 @@ class RailOnlyFabric:
     delta: float
     tau_s: float
     kind: ClassVar[str] = "rail-only"
+    bgp: BgpSecurity = field(default_factory=BgpSecurity)   # no BGP here (static routes); labs set it alike
 
     # ---- names ---------------------------------------------------------------------------
     @property
@@ -130,6 +131,7 @@ class RailOnlyFabric:
         return RAIL_PATH if first_hop_rail is None else RAIL_PATH + first_hop_rail
 
 
+@kind("rail-only")
 def parse(data: dict, where: str = "fabric") -> RailOnlyFabric:
     f = data.get("fabric", {})
     for role in ("spine", "leaf", "superspine", "plane", "gpu"):

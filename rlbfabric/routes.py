@@ -11,7 +11,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
-from rlbfabric.constants import U32_MAX
+from rlbcommon.constants import U32_MAX
 
 MODES = ("pinned", "weighted", "ecmp", "dlb", "spray", "connected", "local")
 _MAC = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")

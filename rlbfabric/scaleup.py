@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from rlbcommon.cheader import constants
+from rlbcommon.constants import POLICIES
 
-from .constants import POLICIES
-from .fabric import FabricError, Node, Port, node_name_asn, one_hextet_prefix
+from . import bgpsec
+from .bgpsec import BgpSecurity
+from .base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Node, Port, kind, node_name_asn, one_hextet_prefix
 
-SWITCH_LL, GPU_LL = "fe80::1", "fe80::2"
-LOOPBACK_DEVICE = "rlb0"      # where a GPU's loopback lives and the peers' loopbacks are routed
 MAX_PATHS = constants("rlb_host.h")["RLBH_MAX_PATHS"]   # the host data plane's path table
 
 
@@ -73,6 +73,7 @@ class ScaleupFabric:
     parallel: int = 1
     kind: ClassVar[str] = "scaleup"
     link_overrides: dict = field(default_factory=dict)
+    bgp: BgpSecurity = field(default_factory=BgpSecurity)     # GTSM, TCP MD5 (bgpsec.py)
 
     def is_gpu(self, node: str) -> bool:
         return node in self.hosts
@@ -129,6 +130,10 @@ class ScaleupFabric:
         return [Port(g, i, f"eth-{g.name}-{i}", f"eth-{node.name}-{i}", 0, f"{g.name}p{i}")
                 for g in self.gpus for i in range(1, self.subports + 1)]
 
+    def edge_ports(self, node: str) -> set[str]:
+        """Every port of a plane switch faces a GPU."""
+        return {p.ifname for p in self.ports_down(self.node(node))}
+
     def switch_ports(self, node: Node) -> list[str]:
         return [p.ifname for p in self.ports_down(node)]
 
@@ -174,6 +179,7 @@ class ScaleupFabric:
         return self.plane_mbps.get(plane, self.link_mbps)
 
 
+@kind("scaleup")
 def parse(data: dict, where: str = "fabric") -> ScaleupFabric:
     f = data.get("fabric", {})
     seen: set[str] = set()
@@ -219,7 +225,8 @@ def parse(data: dict, where: str = "fabric") -> ScaleupFabric:
             raise FabricError(f"{where}: {key} is for leaf-spine fabrics; a scale-up fabric has subports")
     return ScaleupFabric(planes, gpus, m, prefix, policy, int(f.get("link_mbps", 10000)),
                          bool(f.get("bfd", True)), int(f.get("pathbw_subtype", 0x88)), plane_mbps, spray,
-                         bfd_ms, int(f.get("graceful_restart_s", 30)), int(f.get("linkbw_subtype", 0x89)))
+                         bfd_ms, int(f.get("graceful_restart_s", 30)), int(f.get("linkbw_subtype", 0x89)),
+                         bgp=bgpsec.parse(f, where))
 
 
 def net_commands(fabric: "ScaleupFabric", node: str) -> list[list[str]]:
@@ -254,7 +261,7 @@ def add_loopback_device(name: str = LOOPBACK_DEVICE, netns: str | None = None):
     ns = ["-n", netns] if netns else []
     if subprocess.run(["ip", *ns, "link", "show", name], capture_output=True).returncode == 0:
         return "existing"
-    for kind in ("dummy", "ifb"):
-        if subprocess.run(["ip", *ns, "link", "add", name, "type", kind], capture_output=True).returncode == 0:
-            return kind
+    for devtype in ("dummy", "ifb"):
+        if subprocess.run(["ip", *ns, "link", "add", name, "type", devtype], capture_output=True).returncode == 0:
+            return devtype
     raise FabricError(f"cannot create {name}: this kernel has neither dummy nor ifb devices")

@@ -13,7 +13,7 @@ from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR
 from rlbcommon.health import Health
 from rlbcommon.netlinkevents import NetlinkEvents
 from rlbfabric.policy import localrule
-from rlbfabric.fabric import Fabric
+from rlbfabric.clos import ClosFabric
 
 from .dataplane import HostDataplane, HostError
 
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 class HostAgent:
     def __init__(self, dp: HostDataplane, ifname: str, path_field: int | None = None,
-                 base_value: int | None = None, fabric: Fabric | None = None, node: str | None = None,
+                 base_value: int | None = None, fabric: ClosFabric | None = None, node: str | None = None,
                  health: Health | None = None):
         self.dp, self.ifname = dp, ifname
         self.path_field, self.base_value = path_field, base_value
@@ -32,7 +32,10 @@ class HostAgent:
 
     def sync(self):
         try:
-            self.dp.sync_paths(self.ifname, self.path_field, self.base_value)
+            allowed = None
+            if self.fabric:       # only this host's prefixes in the fabric file are paths
+                allowed = self.fabric.host_prefixes(*self.fabric.leaf_of_host(self.node))
+            self.dp.sync_paths(self.ifname, self.path_field, self.base_value, allowed)
             if self.fabric:
                 self.place()
             self.health.ok("addresses")
@@ -40,9 +43,10 @@ class HostAgent:
             self.health.failed("addresses", e, log, (HostError, OSError))
 
     def place(self):
-        """The host's place in the fabric: the rotation where its ties start, and a weight entry
+        """The host's place in the fabric: the rotation where its ties start, a weight entry
         of its own for QPs to hosts on the same leaf (they never reach a spine, so they must not
-        turn the rotation the fabric-crossing QPs follow)."""
+        turn the rotation the fabric-crossing QPs follow), and weights by link speed for leaves
+        reached over paths of unequal speed."""
         leaf, port = self.fabric.leaf_of_host(self.node)
         index = {p.value: p.index for p in self.dp.paths() if p.valid}
         start = localrule.rotation(self.fabric, self.node) + 1          # a path value
@@ -50,9 +54,18 @@ class HostAgent:
             self.dp.set_config(rotation=index[start])
             log.info("ties between paths start at path %d (%s, port %d of %s)", start, self.node, port, leaf.name)
         own = str(self.fabric.leaf_prefix(leaf))
-        if not any(w["prefix"] == own for w in self.dp.weights()):
+        have = {w["prefix"] for w in self.dp.weights()}
+        if own not in have:
             self.dp.set_weights({}, prefix=own)
             log.info("QPs to %s (hosts on %s) counted apart", own, leaf.name)
+        # leaves reached over slower links: their paths weighed by speed, so the local rule splits
+        # by capacity too (an operator's own entry for a prefix is never overwritten)
+        for prefix, ws in localrule.path_weights(self.fabric, self.node).items():
+            ws = {k: w for k, w in ws.items() if k in index}
+            if ws and prefix not in have:
+                self.dp.set_weights(ws, prefix=prefix)
+                log.info("QPs to %s weighed by the fabric file's link speeds: %s", prefix,
+                         ", ".join(f"path {k} {w:g}" for k, w in sorted(ws.items())))
 
     def _addresses(self, ready: threading.Event):
         """Follow address events; if the socket fails (ENOBUFS: events were dropped), bind a new
@@ -88,6 +101,6 @@ class HostAgent:
                 self.health.failed("sweep", e, log, (HostError, OSError))
 
 
-def check_place(fabric: Fabric, node: str):
+def check_place(fabric: ClosFabric, node: str):
     if node not in fabric.hosts:
         raise HostError(f"{node!r} is not a host in the fabric file (hosts: {', '.join(fabric.hosts)})")

@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 
 from rlbcommon import cli as common
-from rlbfabric.constants import METRICS_PORT, RUN_DIR
+from rlbcommon.constants import METRICS_PORT, RUN_DIR
 
 from . import probes
 from .dataplane import HostDataplane, HostError
@@ -23,6 +23,10 @@ app, ctx = common.agent_app(__doc__, HostDataplane, log)
 weights_app = typer.Typer(help="Per-path weights (optionally per destination prefix).",
                           no_args_is_help=True)
 app.add_typer(weights_app, name="weights")
+verbs_app = typer.Typer(help="The verbs path selector: librlbverbs.so, loaded into RDMA jobs, puts each "
+                        "QP on a path where the NIC builds the packets (hardware RoCE).", no_args_is_help=True)
+app.add_typer(verbs_app, name="verbs")
+LIB_DIR = Path("/usr/local/lib/rlb")
 
 
 def run(
@@ -35,8 +39,8 @@ def run(
         "(default: the lowest)."),
     expiry_ms: Optional[float] = typer.Option(None, help="Idle QP entries are re-assigned after "
         "this (default 200 ms: between collective bursts)."),
-    roce_port: Optional[List[int]] = typer.Option(None, help="UDP destination ports to handle "
-        "(default 4791). Repeat for several."),
+    roce_port: Optional[List[int]] = typer.Option(None, min=1, max=65535, help="UDP destination ports "
+        "to handle (default 4791). Repeat for several."),
     fabric: Optional[Path] = typer.Option(None, help="The fabric description: with --node, this "
         "host's place in the fabric (where its ties between paths start, so hosts spread before "
         "they meet; QPs within its leaf counted apart). Needed for --coordinator."),
@@ -57,9 +61,21 @@ def run(
         "plane this often."),
     probe_dead_ms: float = typer.Option(probes.DEAD_MS, min=5, help="Scale-up GPUs: a plane unanswered "
         "this long (while the peer answers on another) is not used towards that peer."),
+    probe_key: Path = typer.Option(Path("/etc/rlb/probe-key"), "--fabric-key", "--probe-key", help="The "
+        "fabric's keys (32 hex digits a line, mode 600): scale-up GPUs' probe answers and the verbs agents' "
+        "messages (UDP 4798) are signed with the first and checked against all. Without the file, "
+        "they go unsigned (a warning says so)."),
     carrier_rt_priority: int = typer.Option(10, min=0, max=99, help="Scale-up GPUs: SCHED_FIFO "
         "priority of the carrier watcher, which takes a port that loses carrier out of use "
         "(0: normal scheduling, slower on a busy host)."),
+    tc: bool = typer.Option(True, "--tc/--no-tc", help="TC programs on the interface, for RoCE the "
+        "kernel builds (Soft-RoCE). --no-tc on hosts whose RDMA NICs build the packets: the agent "
+        "still follows the paths and places QPs through the verbs library."),
+    verbs: bool = typer.Option(True, "--verbs/--no-verbs", help="Answer the verbs library "
+        "(librlbverbs.so, `rlbhost verbs`) on a local socket, and agree on QPs' paths with the "
+        "peers' agents (UDP 4798)."),
+    verbs_group: Optional[str] = typer.Option(None, help="Only this group's members may use the "
+        "verbs socket (default: every user; each process's pid and uid are logged)."),
 ):
     """Run the host agent in the foreground: `attach` with the interface optional (adopted).
 
@@ -82,14 +98,17 @@ def run(
                             metrics_addr, once)
     if fab is not None and fab.kind == "scaleup":
         return _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, probe_dead_ms,
-                           metrics_port, metrics_addr, once, carrier_rt_priority)
+                           metrics_port, metrics_addr, once, carrier_rt_priority, probe_key)
     if fab:
         check_place(fab, node)
     if coordinator and not fab:
         raise HostError("--coordinator needs --fabric (and --node unless the host name is the fabric's)")
     dp = ctx.dataplane()
     dp.ifindex(interface)   # before anything is loaded
-    dp.attach(interface, path_field, base_path)
+    if tc:
+        dp.attach(interface, path_field, base_path)
+    else:
+        dp.prepare(interface, path_field, base_path)
     if expiry_ms is not None or roce_port:
         dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
     from rlbcommon.health import Health
@@ -98,14 +117,46 @@ def run(
     if fab:
         agent.place()
     paths = [p for p in dp.paths() if p.valid]
-    typer.echo(f"attached to {interface}: {len(paths)} paths "
+    typer.echo(f"{'attached to' if tc else 'following'} {interface}: {len(paths)} paths "
                f"({', '.join(f'{p.value}:{p.address}' for p in paths)})")
     if once:
         return
     from .coordclient import CoordinatorClient
-    client = CoordinatorClient(dp, node, coordinator, report_ms / 1000, qp_memory_s, health=health) \
+    from .verbs.advice import FabricView
+    view = FabricView(fab, node) if coordinator and verbs else None
+    client = CoordinatorClient(dp, node, coordinator, report_ms / 1000, qp_memory_s, health=health, view=view) \
         if coordinator else None
-    _run_agent(agent, dp, health, metrics_port, metrics_addr, coordinator=client)
+    service = _verbs_service(dp, interface, verbs_group, health, view, probe_key) if verbs else None
+    try:
+        _run_agent(agent, dp, health, metrics_port, metrics_addr, coordinator=client, verbs=service)
+    finally:
+        if service is not None:
+            service.shutdown()
+            service.close()
+
+
+def _verbs_service(dp, interface: str, group: str | None, health, advice=None, key_file: Path | None = None):
+    """The verbs library's agent, started beside the host agent (an operator error if its socket
+    or port cannot be had: a second agent for the same instance, say)."""
+    from .verbs.service import VerbsService
+    from .verbs.paths import socket_path, status_path, table_path
+    keys = _fabric_keys(key_file, "the verbs agents' messages are neither signed nor checked")
+    service = VerbsService(dp, socket_path(dp.instance), interface, group=group, health=health,
+                           status_path=status_path(dp.instance), advice=advice, table_path=table_path(dp.instance),
+                           keys=keys)
+    try:
+        service.open()
+    except KeyError:
+        raise HostError(f"--verbs-group {group}: no such group") from None
+    except OSError as e:
+        service.close()
+        raise HostError(f"verbs: cannot open {service.socket_path} or UDP {service.port}: {e.strerror} "
+                        "(another agent for this instance? --no-verbs to run without)") from None
+    service.start()
+    # the verbs thread answers within milliseconds: let it have the interpreter sooner than the
+    # default 5 ms switch interval would when another loop of the agent runs Python
+    sys.setswitchinterval(0.0005)
+    return service
 
 
 ATTACH_HELP = """Attach to an interface and run the host agent in the foreground.
@@ -172,16 +223,18 @@ def _attach_rail(fab, node, interface, expiry_ms, roce_port, coordinator, metric
 
 
 @app.command()
-def why(peer: Optional[str] = typer.Argument(None, help="Only this destination GPU, e.g. d2g2."),
+def why(peer: Optional[str] = typer.Argument(None, help="Rail-only GPUs: only this destination GPU, e.g. "
+        "d2g2. Hosts: only this QP (its number, e.g. 0x1a) or this peer address."),
         as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Rail-only GPUs: the path to each destination and the numbers behind it.
+    """Why a path: a rail-only GPU's per destination, a host's QPs placed through verbs.
 
-    Example: `rlbhost why d2g2` -> drd via rail 3: gamma(src) 0.40, gamma(dst) 0.50, H(rail 3)
-    0.80 is the lowest above max(gamma) = 0.50 (the Remote Rail Theorem's best fit)."""
-    import json
+    Examples:\n
+      rlbhost why d2g2       # rail-only: drd via rail 3: gamma(src) 0.40, gamma(dst) 0.50, H(rail 3) 0.80 ...\n
+      rlbhost why 0x1a       # a host: QP 0x1a <-> fc00:2:1:1::4 QP 0x33: path 2, decided here: paths both
+                             # ends can use [1, 2], QPs on them {1: 3, 2: 2} ..."""
     path = why_file(ctx.dataplane().instance)
     if not path.exists():
-        raise HostError(f"no decisions at {path}: is the agent running on a rail-only GPU?")
+        return _why_verbs(peer, as_json)
     w = json.loads(path.read_text())
     if peer:
         if peer not in w["peers"]:
@@ -200,17 +253,55 @@ def why(peer: Optional[str] = typer.Argument(None, help="Only this destination G
         typer.echo(f"  {name:<7} {e['kind']:<4} first hop {e['first_hop']:<12} {e['why']}{nums}")
 
 
+def _why_verbs(which: Optional[str], as_json: bool):
+    """A host's recent verbs decisions (the agent keeps the last ones with their reasons)."""
+    from .verbs.paths import status_path
+    s = _read_json(status_path(ctx.dataplane().instance))
+    if not s:
+        raise HostError("no decisions to explain: no rail-only GPU agent and no verbs service runs here")
+    rows = s.get("decisions", [])
+    if which:
+        try:
+            qp = int(which, 0)
+            rows = [r for r in rows if r["qp"] == qp]
+        except ValueError:
+            rows = [r for r in rows if r["peer"] == which]
+        if not rows:
+            raise HostError(f"no recent verbs decision for {which!r}")
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        what = f"path {r['path']}" if r["path"] else "kept the application's addresses"
+        typer.echo(f"QP 0x{r['qp']:x} <-> {r['peer']} QP 0x{r['peer_qp']:x}: {what}: {r['why']}")
+
+
 def _num(x) -> str:
     return "inf" if x is None else f"{x:.3f}"
 
 
+def _fabric_keys(path: Path | None, without: str):
+    """The fabric's key file (rlbhost/probekeys.py), read once here so a bad one is an operator
+    error at start; the agents reread it when it changes."""
+    from .probekeys import KeyFile, ProbeKeyError
+    try:
+        keys = KeyFile(path)
+    except ProbeKeyError as e:
+        raise HostError(str(e)) from None
+    if path is not None and not keys.keys:
+        log.warning("no keys at %s: %s", path, without)
+    return keys
+
+
 def _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, probe_dead_ms,
-                metrics_port, metrics_addr, once, carrier_rt_priority=10):
+                metrics_port, metrics_addr, once, carrier_rt_priority=10, probe_key=None):
     from . import planes
+    keys = _fabric_keys(probe_key, "probe answers are neither signed nor checked")
 
     def start(dp, health):
         agent = planes.attach(dp, fab, node, run_dir, health=health, probe_ms=probe_ms,
-                              probe_dead_ms=probe_dead_ms, carrier_rt_priority=carrier_rt_priority)
+                              probe_dead_ms=probe_dead_ms, carrier_rt_priority=carrier_rt_priority,
+                              keys=keys)
         live = [p for p in dp.paths() if p.valid]
         return (agent, f"{len(live)} of {len(agent.ports)} sub-ports usable, loopback {agent.loopback}",
                 {"prober": agent.prober})
@@ -252,6 +343,7 @@ def bird_config(
     and go.
 
     Example: rlbhost bird-config --fabric scaleup.toml --node g1 -o /etc/bird/bird.conf"""
+    from rlbcommon.paths import write_private
     from rlbfabric.bird.conf import initial_includes, render
     from rlbfabric.fabric import load
     fab = load(fabric_file)
@@ -264,8 +356,12 @@ def bird_config(
         if not inc.exists():
             inc.write_text(body)
     text = render(fab, node, run_dir)
+    if not fab.bgp.secret():
+        where = fab.bgp.password_file or "the file bgp_password_file names"
+        typer.echo(f"note: BGP sessions without TCP MD5: put one shared secret in {where} on every switch "
+                   f"and GPU (docs/operations.md)", err=True)
     if out:
-        out.write_text(text)
+        write_private(out, text)      # it may hold the BGP password
         typer.echo(f"wrote {out} (GPU {node})")
     else:
         typer.echo(text, nl=False)
@@ -289,7 +385,12 @@ def detach(
       rlbhost detach eth0\n
       rlbhost detach --all           # remove RLB from this host entirely
     """
-    common.detach(ctx.dataplane(), interfaces, all_, "pinned state kept")
+    dp = ctx.dataplane()
+    common.detach(dp, interfaces, all_, "pinned state kept")
+    if all_:                          # the verbs service's decision table and status go with the rest
+        from .verbs.paths import status_path, table_path
+        for f in (table_path(dp.instance), status_path(dp.instance)):
+            f.unlink(missing_ok=True)
 
 
 @app.command()
@@ -317,6 +418,10 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
         if w["prefix"] != "::/0" or w["spray"]:
             typer.echo(f"weights {w['prefix']}: {w['weights']}{' spray' if w['spray'] else ''}")
     typer.echo("counters: " + ", ".join(f"{k} {v}" for k, v in s["reasons"].items() if v))
+    if any(p["verbs_qps"] for p in s["paths"]):
+        typer.echo("verbs QPs (in the QPs column): " + ", ".join(f"path {p['path']}: {p['verbs_qps']}"
+                                                              for p in s["paths"] if p["verbs_qps"])
+                   + " (rlbhost verbs status)")
     typer.echo("agent loops" + ("" if s["agent_loops"] else ": no agent has run here"))
     for line in health.describe(s["agent_loops"]):
         typer.echo(line)
@@ -324,16 +429,102 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
 
 @app.command()
 def qps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Every QP in the connection-tracking table: peer, UDP source port, QP, path, idle time.
+    """Every QP: in the connection-tracking table (peer, UDP source port, QP, path, idle time), and
+    those the verbs library placed (QP numbers at both ends, path, process).
 
     Example: rlbhost qps --json | jq 'group_by(.path) | map({path: .[0].path, qps: length})'"""
-    rows = sorted(ctx.dataplane().qps(), key=lambda q: (q["peer"], q["sport"], q["qp"]))
+    dp = ctx.dataplane()
+    rows = sorted(dp.qps(), key=lambda q: (q["peer"], q["sport"], q["qp"]))
+    verbs = sorted(dp.verbs_rows(), key=lambda q: (q["peer"], q["qp"]))
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps(rows + [{**v, "source": "verbs"} for v in verbs], indent=2))
         return
     for q in rows:
         typer.echo(f"{q['peer']:<40} sport {q['sport']:<6} qp {q['qp']:<9} path {q['path'] + 1:<3} "
                    f"idle {q['idle_ms']:.0f} ms{'' if q['active'] else ' (expired)'}")
+    for v in verbs:
+        what = "address handle" if v["kind"] == "ah" else f"qp 0x{v['qp']:x} <-> 0x{v['peer_qp']:x}"
+        typer.echo(f"{v['peer']:<40} verbs {what:<24} path {v['path'] + 1:<3} pid {v['pid']:<7} "
+                   f"decided {v['decided']}, {v['age_s']:.0f} s")
+
+
+@verbs_app.command("install")
+def verbs_install(directory: Path = typer.Option(LIB_DIR, "--dir", help="Where the libraries go (a path "
+                  "every job can read; a running job keeps the copy it loaded)."),
+                  cc: str = typer.Option("gcc", help="The C compiler.")):
+    """Build the verbs library for this host (from the source this package carries).
+
+    librlbverbs.so, and librlbverbs-ibverbs.so for programs that dlopen libibverbs (NCCL), built
+    against this host's rdma-core and glibc. Needs gcc and rdma-core's headers (apt install gcc libibverbs-dev). Then a job loads it with
+    LD_PRELOAD (`rlbhost verbs env` prints the line).
+
+    Example: rlbhost verbs install && rlbhost verbs env"""
+    from .verbs.build import BuildError, build
+    try:
+        lib, shim = build(directory, cc)
+    except BuildError as e:
+        raise HostError(str(e)) from None
+    typer.echo(f"built {lib} and {shim}")
+    typer.echo(f"a job uses it with: {_verbs_env(lib)}")
+
+
+def _verbs_env(lib: Path) -> str:
+    from .verbs.paths import socket_path
+    sock = socket_path(ctx.dataplane().instance)
+    default = socket_path("default")
+    return f"LD_PRELOAD={lib}" + ("" if sock == default else f" RLB_VERBS_SOCKET={sock}")
+
+
+@verbs_app.command("env")
+def verbs_env(directory: Path = typer.Option(LIB_DIR, "--dir", help="Where `verbs install` put the library.")):
+    """The environment a job needs to load the library and find this host's agent.
+
+    Examples:\n
+      env $(rlbhost verbs env) ib_write_bw -d mlx5_0 -x 3 -q 8 peer\n
+      mpirun -x LD_PRELOAD=/usr/local/lib/rlb/librlbverbs.so ... all_reduce_perf -b 1G -e 1G"""
+    lib = directory / "librlbverbs.so"
+    if not lib.exists():
+        raise HostError(f"no {lib}: run 'rlbhost verbs install' first")
+    typer.echo(_verbs_env(lib))
+
+
+@verbs_app.command("status")
+def verbs_status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+    """The agent's verbs service: processes, QPs placed per path, why QPs kept their addresses.
+
+    Example: rlbhost verbs status --json | jq .kept"""
+    from .verbs.paths import status_path
+    dp = ctx.dataplane()
+    s = _read_json(status_path(dp.instance))
+    rows = dp.verbs_rows()
+    values = {p.index: p.value for p in dp.paths()}
+    per_path: dict[int, int] = {}
+    for r in rows:
+        per_path[values.get(r["path"], 0)] = per_path.get(values.get(r["path"], 0), 0) + 1
+    out = {"service": s, "placed_per_path": dict(sorted(per_path.items()))}
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    if not s:
+        typer.echo("verbs: no agent has served the library here (rlbhost attach ... without --no-verbs)")
+    else:
+        c = s["counters"]
+        typer.echo(f"verbs: socket {s['socket']}, RDMA ports {', '.join(s['ports']) or 'none'}, "
+                   f"{s['clients']} processes, {s['qps']} QPs known")
+        typer.echo(f"asked: {c['questions_rtr']} QPs, {c['questions_ah']} address handles; placed: "
+                   f"{c['placed_rtr']} QP ends, {c['placed_ah']} address handles; disagreements {c['disagreements']}")
+        kept = {k: v for k, v in s["kept"].items() if v}
+        typer.echo("kept the application's addresses: " +
+                   (", ".join(f"{k} {v}" for k, v in kept.items()) if kept else "none"))
+    typer.echo("placed now, per path: " + (", ".join(f"path {k}: {v}" for k, v in out["placed_per_path"].items())
+                                           or "none"))
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 @app.command()

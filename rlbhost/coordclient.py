@@ -1,7 +1,8 @@
 """The host's side of the coordinator: every report period it sends this host's paths, weights and
 QPs (those seen within the QP memory, idle ones included: a collective's QPs come back burst
-after burst) and writes the placements it gets into the data plane, where new and idle QPs take
-them. While the coordinator cannot be reached the placements stay for fallback_s, then they are
+after burst), each marked active or idle since when, and writes the placements it gets into the
+data plane, where new and idle QPs take them. QPs placed through verbs need no memory: the library
+reports their destruction. While the coordinator cannot be reached the placements stay for fallback_s, then they are
 dropped and the local rule decides alone; nothing in flight is ever moved."""
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ from rlbcommon import coordapi
 from rlbcommon.health import Health
 
 from .dataplane import HostDataplane
+from .verbs.advice import FabricView
 
 log = logging.getLogger(__name__)
 
 
 class CoordinatorClient:
     def __init__(self, dp: HostDataplane, node: str, url: str, period_s: float = 0.25,
-                 memory_s: float = 3.0, fallback_s: float = 3.0, health: Health | None = None):
+                 memory_s: float = 3.0, fallback_s: float = 3.0, health: Health | None = None,
+                 view: FabricView | None = None):
         self.dp, self.node, self.url = dp, node, url
+        self.view = view              # the coordinator's link loads, for new verbs QPs
         self.period_s, self.memory_s, self.fallback_s = period_s, memory_s, fallback_s
         self.memory: dict[tuple[str, int, int], dict] = {}
         self.stop = threading.Event()
@@ -37,23 +41,36 @@ class CoordinatorClient:
         mono_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for key, v in swept.items():          # gone idle since the last read
             if v["path"] in paths:
-                self.memory[key] = {"path": paths[v["path"]].value, "bytes": v["bytes"],
+                self.memory[key] = {"path": paths[v["path"]].value, "bytes": v["bytes"], "active": False,
                                     "seen": now - (mono_ns - v["last_ns"]) / 1e9}
         for q in self.dp.qps():
             if q["path"] in paths:
                 self.memory[(q["peer"], q["sport"], q["qp"])] = {
-                    "path": paths[q["path"]].value, "bytes": q["bytes"], "seen": now - q["idle_ms"] / 1000}
+                    "path": paths[q["path"]].value, "bytes": q["bytes"], "active": q["active"],
+                    "seen": now - q["idle_ms"] / 1000}
         for key in [k for k, v in self.memory.items() if now - v["seen"] > self.memory_s]:
             del self.memory[key]
+        # QPs placed through verbs, by the end that decided them (one report per QP): fixed, as
+        # their address vectors are, until the application destroys them
+        verbs = [{"peer": q.peer_base, "sport": 0, "qp": q.remote_qpn, "path": paths[q.path].value,
+                  "bytes": 0, "fixed": True}
+                 for q in self.dp.verbs_qps() if q.decided_here and not q.is_ah and q.path in paths]
         return {"paths": {str(p.value): p.address for p in paths.values()},
                 "weights": [{"prefix": w["prefix"], "weights": {str(k): v for k, v in w["weights"].items()}}
                             for w in self.dp.weights()],
-                "qps": [{"peer": k[0], "sport": k[1], "qp": k[2], "path": v["path"], "bytes": v["bytes"]}
-                        for k, v in self.memory.items()]}
+                # active: a packet within the conntrack expiry; the coordinator places the QPs
+                # active now first and the idle ones, by how long ago, in the room left
+                "qps": [{"peer": k[0], "sport": k[1], "qp": k[2], "path": v["path"], "bytes": v["bytes"],
+                         "active": v["active"], "idle_ms": round(max(0.0, now - v["seen"]) * 1000, 1)}
+                        for k, v in self.memory.items()] + verbs,
+                "peers": self.view.peer_list() if self.view else []}
 
     def report_once(self) -> int:
         """One round trip; returns the number of placements written."""
+        sent = time.monotonic()
         reply = coordapi.call(self.url, coordapi.REPORT.format(self.node), self.body())
+        if self.view is not None:
+            self.view.answered(reply.get("links"), sent)
         index = {p.value: p.index for p in self.dp.paths() if p.valid}
         want = {(p["peer"], p["sport"], p["qp"]): index[p["path"]]
                 for p in reply.get("placements", []) if p.get("path") in index}

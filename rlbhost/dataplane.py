@@ -6,21 +6,23 @@ programs against the same maps and replaces the TC filters in place, so QPs keep
 from __future__ import annotations
 
 import contextlib
-import glob
 import ipaddress
 import math
 import logging
 import socket
+import struct
+import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 
+from rlbcommon.constants import ROCE_PORT, U32_MAX
 from rlbfabric import addrplan
-from rlbfabric.constants import ROCE_PORT, U32_MAX
 from rlbcommon.pinnedstate import PinnedState
 from rlbcommon.cheader import constants, enum_names
 from rlbcommon.weights import grouped_release_targets, share_bounds
+
+from .gids import GidTable
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,7 @@ SPRAY = C["RLBH_W_SPRAY"]
 PORTS_MODE = C["RLBH_F_PORTS"]
 TC_EGRESS, TC_INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
 TC_PRIO, TC_HANDLE = 0xC0DE, 0x1
-IFA_F_TENTATIVE, IFA_F_DADFAILED = 0x40, 0x08
+IFA_F_TEMPORARY, IFA_F_DADFAILED, IFA_F_DEPRECATED, IFA_F_TENTATIVE = 0x01, 0x08, 0x20, 0x40   # if_addr.h
 DEFAULT_EXPIRY_MS = 200
 DEFAULT_ROCE_PORT = ROCE_PORT
 WEIGHT_SCALE = 1000   # weights are stored as integers: 0.5 -> 500
@@ -60,6 +62,29 @@ class PortPath:
     up: bool                      # carrier
 
 
+@dataclass(frozen=True)
+class VerbsQp:
+    """A QP (or UD address handle) whose addresses the verbs library chose: the packets carry
+    peer_addr, the peer's address on the path at index `path`."""
+    peer_base: str
+    peer_addr: str
+    local_qpn: int
+    remote_qpn: int
+    path: int
+    wid: int
+    pid: int
+    flags: int = 0
+    created_ns: int = 0
+
+    @property
+    def decided_here(self) -> bool:
+        return bool(self.flags & C["RLBH_VF_DECIDED"])
+
+    @property
+    def is_ah(self) -> bool:
+        return bool(self.flags & C["RLBH_VF_AH"])
+
+
 ECHO = "rlb_host_echo"        # ports mode: on each port's ingress, answers the plane probes
 
 
@@ -81,6 +106,12 @@ class HostDataplane(PinnedState):
         # QPs the sweep removed as idle, for whoever keeps their memory (the coordinator client):
         # a short burst can go idle and be swept between two of its reads
         self.swept: dict[tuple[str, int, int], dict] = {}
+        # the verbs service's choose-and-count and the sweep's recount of the active counters
+        # exclude each other, so a QP placed through verbs is never counted out of a burst
+        self.verbs_lock = threading.RLock()
+        # the verbs map's QPs as this process last wrote or read them: the agent, their only
+        # writer, counts and reports them without walking the map (2 entries a QP) each time
+        self._verbs: dict[tuple[str, int], VerbsQp] | None = None
 
     def load(self):
         if self.bpf is None:
@@ -116,12 +147,15 @@ class HostDataplane(PinnedState):
         with self.locked():
             cfg = self.maps["config"].get(0)
             if expiry_ms is not None:
-                if expiry_ms <= 0:
-                    raise HostError("expiry must be positive")
+                if not 0 < expiry_ms <= 3_600_000:     # the map holds nanoseconds in 64 bits
+                    raise HostError("expiry must be positive, at most an hour (ms)")
                 cfg.expiry_ns = int(expiry_ms * 1_000_000)
             if roce_ports is not None:
                 if not 1 <= len(roce_ports) <= C["RLBH_ROCE_PORTS"]:
                     raise HostError(f"give 1 to {C['RLBH_ROCE_PORTS']} RoCE ports")
+                bad = [p for p in roce_ports if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 65535]
+                if bad:      # the map field is 16 bits: 70000 would be stored as 4464
+                    raise HostError(f"RoCE ports are UDP ports, 1 to 65535: not {bad}")
                 for i in range(C["RLBH_ROCE_PORTS"]):
                     cfg.roce_ports[i] = roce_ports[i] if i < len(roce_ports) else 0
             if rotation is not None:
@@ -144,6 +178,14 @@ class HostDataplane(PinnedState):
                        name=fn.name, parent=parent, classid=1, direct_action=True)
         self.sync_paths(ifname, path_field, base_value)
         log.info("attached to %s (TC egress and ingress)", ifname)
+
+    def prepare(self, ifname: str, path_field: int | None = None, base_value: int | None = None):
+        """The maps and the paths of ifname without TC programs on it (hosts whose RDMA NICs
+        build the packets: QPs are placed through the verbs library only)."""
+        self.ifindex(ifname)
+        self.load()
+        self.sync_paths(ifname, path_field, base_value)
+        log.info("following %s without TC programs (verbs only)", ifname)
 
     def attach_ports(self, device: str, loopback: str, ports: list[PortPath], group_size: int = 1,
                      echo: bool = False):
@@ -172,6 +214,20 @@ class HostDataplane(PinnedState):
             self._attach_echo({self.ifindex(p.ifname) for p in ports})
         log.info("attached to %s (TC egress, ports mode, loopback %s%s)", device, loopback,
                  f"; probe echo on {len(ports)} ports" if echo else "")
+
+    def set_echo(self, loopback: str, key: bytes | None):
+        """The probe echo answers only probes to this GPU's loopback, and signs its answers
+        with `key` (16 bytes; None: unsigned)."""
+        m = self.maps["echo_cfg"]
+        v = m.leaf_type()
+        v.addr[:] = ipaddress.IPv6Address(loopback).packed
+        v.flags = C["RLBH_ECHO_OWN_ADDR"]
+        if key is not None:
+            if len(key) != 16:
+                raise HostError("a probe key is 16 bytes")
+            v.k0, v.k1 = struct.unpack("<QQ", key)
+            v.flags |= C["RLBH_ECHO_SIGN"]
+        m.set(0, v)
 
     def _attach_echo(self, ifindexes):
         fn = self.load()[ECHO]
@@ -205,7 +261,17 @@ class HostDataplane(PinnedState):
                         pm.set(i, old)
                         changed = True
                     continue
-                ifindex = self.ifindex(port.ifname)
+                try:
+                    ifindex = self.ifindex(port.ifname)
+                except HostError:
+                    # a port that does not exist (removed, not created yet) is unusable; the
+                    # others are programmed all the same (one missing port froze them all)
+                    if old is not None and old.valid:
+                        old.valid = 0
+                        pm.set(i, old)
+                        changed = True
+                        log.warning("path %d: port %s does not exist (unusable)", port.value, port.ifname)
+                    continue
                 if echo and old is not None and old.ifindex != ifindex:
                     remade.add(ifindex)
                 smac = self._mac(ifindex)
@@ -302,21 +368,27 @@ class HostDataplane(PinnedState):
         return gone
 
     def global_addresses(self, ifname: str) -> list[ipaddress.IPv6Interface]:
-        """Usable global addresses (DAD finished) of an interface."""
+        """Usable global addresses of an interface: DAD finished, not a temporary (privacy)
+        address, not deprecated (a prefix being withdrawn): neither can be a path."""
         out = []
         with self.netlink() as ipr:
             addrs = ipr.get_addr(family=socket.AF_INET6, index=self.ifindex(ifname))
         for a in addrs:
             flags = a.get_attr("IFA_FLAGS") or a["flags"]
             addr = ipaddress.IPv6Address(a.get_attr("IFA_ADDRESS"))
-            if addr.is_link_local or addr.is_multicast or flags & (IFA_F_TENTATIVE | IFA_F_DADFAILED):
+            if addr.is_link_local or addr.is_multicast or flags & (
+                    IFA_F_TENTATIVE | IFA_F_DADFAILED | IFA_F_TEMPORARY | IFA_F_DEPRECATED):
                 continue
             out.append(ipaddress.IPv6Interface(f"{addr}/{a['prefixlen']}"))
         return out
 
-    def sync_paths(self, ifname: str, path_field: int | None = None, base_value: int | None = None) -> bool:
-        """Paths from the interface's /64s; returns True when the set changed."""
-        addrs = [a for a in self.global_addresses(ifname) if a.network.prefixlen == 64]
+    def sync_paths(self, ifname: str, path_field: int | None = None, base_value: int | None = None,
+                   allowed: list[ipaddress.IPv6Network] | None = None) -> bool:
+        """Paths from the interface's /64s (only those in `allowed`, this host's prefixes in the
+        fabric file, when given: another prefix on the port is not a fabric path); returns True
+        when the set changed."""
+        addrs = [a for a in self.global_addresses(ifname) if a.network.prefixlen == 64
+                 and (allowed is None or a.network in allowed)]
         cfg = self.maps["config"].get(0)
         field = path_field if path_field is not None else addrplan.detect_field(a.network for a in addrs)
         if field is None:
@@ -342,7 +414,9 @@ class HostDataplane(PinnedState):
                 i = index_of.get(value)
                 if i is None:
                     if not free:
-                        raise HostError("path table full")
+                        free = self._reclaim_index(current, index_of, set(by_value))
+                    if not free:
+                        raise HostError(f"path table full: {MAX_PATHS} paths in use")
                     # path k at index k-1 where free: the rotation of ties runs in path order
                     i = value - 1 if value - 1 in free else free[0]
                     free.remove(i)
@@ -379,6 +453,34 @@ class HostDataplane(PinnedState):
         if changed:
             self.rebalance(release=True, before=before)
         return changed
+
+    def _reclaim_index(self, current: dict, index_of: dict, wanted: set[int]) -> list[int]:
+        """An index whose path is gone (invalid, its value not wanted now) made free for a new
+        path: its QPs' entries were released when it went; what still names it (a weight, an
+        idle conntrack entry, a placement) is reset, so the new path starts as new. Otherwise
+        prefixes that come and go (renumbering, temporary addresses) filled the table for good."""
+        stale = sorted(i for i, p in current.items() if not p.valid and p.value not in wanted)
+        if not stale:
+            return []
+        i = stale[0]
+        old = current.pop(i)
+        index_of.pop(old.value, None)
+        self.maps["paths"].zero(i)
+        wm = self.maps["weights"]
+        for k, v in list(wm.items()):
+            if v.weight[i] != WEIGHT_SCALE:
+                v.weight[i] = WEIGHT_SCALE
+                wm.set(k, v)
+        ct = self.maps["conntrack"]
+        for k, v in list(ct.items()):
+            if v.path == i:
+                ct.delete(k)
+        pl = self.maps["placed"]
+        for k, v in list(pl.items()):
+            if v.value == i:
+                pl.delete(k)
+        log.info("path index %d (path %d, gone) reused", i, old.value)
+        return [i]
 
     def paths(self) -> list[Path_]:
         out = []
@@ -589,12 +691,15 @@ class HostDataplane(PinnedState):
             if now - v.last_ns < expiry:
                 counts[(v.wid, v.path)] = counts.get((v.wid, v.path), 0) + 1
         act = self.maps["active"]
-        for wid, _ in ((v.id, v) for _, v in self.maps["weights"].items()):
-            for i in range(MAX_PATHS):
-                idx = wid * MAX_PATHS + i
-                val = counts.get((wid, i), 0)
-                if act.get(idx).value != val:
-                    act.set(idx, act.leaf_type(val))
+        with self.verbs_lock:
+            for q in self.verbs_qps():     # placed through verbs: active until destroyed
+                counts[(q.wid, q.path)] = counts.get((q.wid, q.path), 0) + 1
+            for wid, _ in ((v.id, v) for _, v in self.maps["weights"].items()):
+                for i in range(MAX_PATHS):
+                    idx = wid * MAX_PATHS + i
+                    val = counts.get((wid, i), 0)
+                    if act.get(idx).value != val:
+                        act.set(idx, act.leaf_type(val))
 
     def _count_event(self, name: str, n: int):
         """Events user space causes go to CPU 0's slot of the per-CPU reasons counter."""
@@ -613,6 +718,96 @@ class HostDataplane(PinnedState):
                         "path": v.path, "idle_ms": (now - v.last_ns) / 1e6,
                         "active": now - v.last_ns < expiry, "bytes": v.bytes})
         return out
+
+    # ---- QPs placed by the verbs library (rlbhost/verbs/) -------------------------------
+    def weights_for(self, peer: str) -> tuple[int, list[int]] | None:
+        """(weight entry id, effective weight per path index: 0 where the path is unusable)
+        for destination peer, as the data plane would find them; None without an entry."""
+        k = self.maps["weights"].key_type()
+        k.prefixlen = 128
+        k.addr[:] = ipaddress.IPv6Address(peer).packed
+        w = self.maps["weights"].get(k)
+        if w is None:
+            return None
+        valid = {p.index for p in self.paths() if p.valid}
+        return w.id, [w.weight[i] if i in valid else 0 for i in range(MAX_PATHS)]
+
+    def active_counts(self, wid: int) -> list[int]:
+        """Active QPs per path index under one weight entry (TC-seen and verbs QPs): one syscall."""
+        raw = self.maps["active"].array_slice(wid * MAX_PATHS, MAX_PATHS)
+        return list(struct.unpack(f"{MAX_PATHS}I", raw))
+
+    def _bump_active(self, wid: int, path: int, delta: int):
+        act = self.maps["active"]
+        idx = wid * MAX_PATHS + path
+        act.set(idx, act.leaf_type(max(0, act.get(idx).value + delta)))
+
+    def _verbs_key(self, peer: str, qpn: int, direction: int):
+        k = self.maps["verbs"].key_type()
+        k.peer[:] = ipaddress.IPv6Address(peer).packed
+        k.qpn, k.dir = qpn, direction
+        return k
+
+    def verbs_put(self, q: VerbsQp):
+        """Record a verbs QP (its TX entry, and for a QP its RX entry, which ingress must leave
+        alone) and count it on its path at once, so the next QP placed sees it."""
+        with self.verbs_lock:
+            self._verbs_put(q)
+
+    def _verbs_put(self, q: VerbsQp):
+        m = self.maps["verbs"]
+        v = m.leaf_type()
+        v.created_ns = q.created_ns or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        v.peer_base[:] = ipaddress.IPv6Address(q.peer_base).packed
+        v.path, v.wid, v.local_qpn, v.remote_qpn, v.pid, v.flags = (
+            q.path, q.wid, q.local_qpn, q.remote_qpn, q.pid, q.flags)
+        mirror = self._verbs_mirror()
+        old = mirror.get((q.peer_addr, q.remote_qpn))
+        m.set(self._verbs_key(q.peer_addr, q.remote_qpn, C["RLBH_V_TX"]), v)
+        if not q.is_ah:
+            m.set(self._verbs_key(q.peer_addr, q.local_qpn, C["RLBH_V_RX"]), v)
+        mirror[(q.peer_addr, q.remote_qpn)] = q
+        if old is not None:
+            self._bump_active(old.wid, old.path, -1)
+        self._bump_active(q.wid, q.path, +1)
+
+    def verbs_drop(self, q: VerbsQp) -> bool:
+        m = self.maps["verbs"]
+        with self.verbs_lock:
+            gone = m.delete(self._verbs_key(q.peer_addr, q.remote_qpn, C["RLBH_V_TX"]))
+            if not q.is_ah:
+                m.delete(self._verbs_key(q.peer_addr, q.local_qpn, C["RLBH_V_RX"]))
+            self._verbs_mirror().pop((q.peer_addr, q.remote_qpn), None)
+            if gone:
+                self._bump_active(q.wid, q.path, -1)
+        return bool(gone)
+
+    def verbs_clear(self):
+        """Forget every verbs QP (the map and this process's mirror of it)."""
+        with self.verbs_lock:
+            self.maps["verbs"].clear()
+            self._verbs = {}
+
+    def _verbs_mirror(self) -> dict[tuple[str, int], VerbsQp]:
+        with self.verbs_lock:
+            if self._verbs is None:
+                self._verbs = {(q.peer_addr, q.remote_qpn): q for q in self._verbs_from_map()}
+            return self._verbs
+
+    def _verbs_from_map(self) -> list[VerbsQp]:
+        out = []
+        for k, v in self.maps["verbs"].items():
+            if k.dir == C["RLBH_V_TX"]:
+                out.append(VerbsQp(str(ipaddress.IPv6Address(bytes(v.peer_base))),
+                                   str(ipaddress.IPv6Address(bytes(k.peer))), v.local_qpn, v.remote_qpn,
+                                   v.path, v.wid, v.pid, v.flags, v.created_ns))
+        return out
+
+    def verbs_qps(self) -> list[VerbsQp]:
+        """The QPs placed through verbs (read from the map once per process: the agent writes
+        them all through verbs_put and verbs_drop)."""
+        with self.verbs_lock:
+            return list(self._verbs_mirror().values())
 
     # ---- coordinator placements -------------------------------------------------------
     @staticmethod
@@ -666,38 +861,29 @@ class HostDataplane(PinnedState):
         stats = self.stats()
         down = self.ports_down()
         default = next((w for w in self.weights() if w["prefix"] == "::/0"), {"weights": {}})
+        verbs = self.verbs_qps()
         paths = []
         for p in self.paths():
+            on = sum(1 for q in verbs if q.path == p.index)
             paths.append({"index": p.index, "path": p.value, "address": p.address, "valid": p.valid,
                           "carrier": not down >> p.index & 1,
                           "weight": default["weights"].get(p.value, 0.0),
-                          "active_qps": sum(1 for q in qps if q["active"] and q["path"] == p.index),
-                          **stats["paths"][p.index]})
+                          "active_qps": sum(1 for q in qps if q["active"] and q["path"] == p.index) + on,
+                          "verbs_qps": on, **stats["paths"][p.index]})
         return {"config": self.config(), "paths": paths, "weights": self.weights(),
                 "reasons": stats["reasons"]}
 
+    def verbs_rows(self) -> list[dict]:
+        """Every QP (and UD address handle) placed through verbs, for `rlbhost qps`."""
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        return [{"peer": q.peer_base, "peer_address": q.peer_addr, "qp": q.local_qpn, "peer_qp": q.remote_qpn,
+                 "path": q.path, "pid": q.pid, "kind": "ah" if q.is_ah else "qp",
+                 "decided": "here" if q.decided_here else "peer", "age_s": (now - q.created_ns) / 1e9}
+                for q in self.verbs_qps()]
+
     def paths_with_gids(self) -> list[dict]:
-        """Path index, address and, where an RDMA device has it, its RoCE v2 GID index: what an
-        application or NCCL plugin needs to put QPs on paths itself (hardware RoCE NICs build
-        packets without the kernel, so TC never sees their traffic)."""
-        gids = rdma_gid_indexes()
+        """Path index, address and, where an RDMA device has it, its RoCE v2 GID index (what the
+        verbs library gives a QP on that path)."""
+        gids = GidTable().by_address()
         return [{"index": p.index, "path": p.value, "address": p.address, "valid": p.valid,
                  "gids": gids.get(p.address, [])} for p in self.paths()]
-
-
-def rdma_gid_indexes(sysfs: str = "/sys/class/infiniband") -> dict[str, list[dict]]:
-    """{IPv6 address: [{device, port, gid_index}]} for RoCE v2 GIDs in sysfs."""
-    out: dict[str, list[dict]] = {}
-    for gid_file in glob.glob(f"{sysfs}/*/ports/*/gids/*"):
-        parts = Path(gid_file).parts
-        dev, port, idx = parts[-5], parts[-3], parts[-1]
-        try:
-            gid = Path(gid_file).read_text().strip()
-            gtype = Path(gid_file.replace("/gids/", "/gid_attrs/types/")).read_text().strip()
-        except OSError:
-            continue
-        if "v2" not in gtype.lower() or gid.startswith("0000:0000:0000:0000"):
-            continue
-        addr = str(ipaddress.IPv6Address(gid))
-        out.setdefault(addr, []).append({"device": dev, "port": int(port), "gid_index": int(idx)})
-    return out

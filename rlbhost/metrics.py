@@ -7,8 +7,10 @@ from .dataplane import HostDataplane
 
 
 class HostCollector:
-    def __init__(self, dp: HostDataplane, node: str, coordinator=None, health=None, prober=None, rails=None):
+    def __init__(self, dp: HostDataplane, node: str, coordinator=None, health=None, prober=None, rails=None,
+                 verbs=None):
         self.dp, self.node, self.coordinator, self.health = dp, node, coordinator, health
+        self.verbs = verbs            # the verbs library's service (rlbhost/verbs/service.py)
         self.prober = prober          # scale-up GPUs: per-plane health probes
         self.rails = rails            # rail-only GPUs: the h-score agent (rlbhost/rails.py)
 
@@ -45,6 +47,8 @@ class HostCollector:
             yield from self._probes()
         if self.rails is not None:
             yield from self._rails()
+        if self.verbs is not None:
+            yield from self._verbs()
         c = self.coordinator
         if c is not None:
             up = gauge("rlb_host_coordinator_reachable", "1 while reports reach the coordinator", ["node"])
@@ -70,7 +74,12 @@ class HostCollector:
             rtt.add_metric(lv, s["rtt_s"])
             loss.add_metric(lv, s["loss"])
             sent.add_metric(lv, s["sent"])
-        yield from (up, rtt, loss, sent)
+        rejected = counter("rlb_host_probe_answers_rejected", "probe answers not counted: a tag none of the "
+                           "fabric's keys makes (spoofed), a round not probed or answered already (stale, "
+                           "replayed), an unknown sender", ["node", "why"])
+        for why, n in self.prober.rejected.items():
+            rejected.add_metric([self.node, why], n)
+        yield from (up, rtt, loss, sent, rejected)
 
     def _rails(self):
         w = self.rails.why()
@@ -91,3 +100,33 @@ class HostCollector:
         for r, n in sorted(counts.items()):
             via.add_metric([self.node, str(r)], n)
         yield from (ratio, kinds, via)
+
+    def _verbs(self):
+        v = self.verbs.snapshot()
+        c, n = v["counters"], self.node
+        asked = counter("rlb_host_verbs_questions", "QPs (rtr) and UD address handles (ah) the verbs "
+                        "library asked a path for", ["node", "kind"])
+        placed = counter("rlb_host_verbs_placed", "of those, put on a path (this host's end)", ["node", "kind"])
+        for kind in ("rtr", "ah"):
+            asked.add_metric([n, kind], c[f"questions_{kind}"])
+            placed.add_metric([n, kind], c[f"placed_{kind}"])
+        kept = counter("rlb_host_verbs_kept", "QPs that kept the application's addresses, by cause",
+                       ["node", "reason"])
+        for reason, count in v["kept"].items():
+            kept.add_metric([n, reason], count)
+        dis = counter("rlb_host_verbs_disagreements", "QP pairs whose two ends may have ended on different "
+                      "addresses (an answer lost after the decision)", ["node"])
+        dis.add_metric([n], c["disagreements"])
+        bad = counter("rlb_host_verbs_refused", "messages and processes the verbs service refused",
+                      ["node", "what"])
+        bad.add_metric([n, "bad_message"], c["bad_messages"])
+        bad.add_metric([n, "client"], c["refused_clients"])
+        bad.add_metric([n, "stale_question"], c["stale_questions"])
+        bad.add_metric([n, "foreign_qp"], c["foreign_qps"])
+        bad.add_metric([n, "behind"], c["behind"])
+        bad.add_metric([n, "unauthenticated"], c["unauthenticated"])
+        clients = gauge("rlb_host_verbs_clients", "processes connected to the verbs socket", ["node"])
+        clients.add_metric([n], v["clients"])
+        qps = gauge("rlb_host_verbs_qps", "QPs of processes with the verbs library, known to the agent", ["node"])
+        qps.add_metric([n], v["qps"])
+        yield from (asked, placed, kept, dis, bad, clients, qps)

@@ -26,6 +26,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_LINK
 
 from rlbcommon.health import Health
+from rlbcommon.supervise import Supervisor
 from rlbcommon.netlinkevents import NetlinkEvents
 from rlbfabric.bird.conf import pathbw_file, render_gpu_pathbw
 from rlbfabric.bird.ctl import BirdClient, BirdError
@@ -33,6 +34,7 @@ from rlbfabric.scaleup import LOOPBACK_DEVICE, SWITCH_LL, ScaleupFabric
 
 from .dataplane import HostDataplane, HostError, PortPath
 from .links import has_carrier, neighbour_macs
+from .probekeys import KeyFile
 from .probes import DEAD_MS, INTERVAL_MS, PROBE_PORT, Prober
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ class PlaneAgent:
     def __init__(self, dp: HostDataplane, fabric: ScaleupFabric, gpu: str, run_dir: Path,
                  bird_socket: str | None = None, health: Health | None = None,
                  probe_ms: float = INTERVAL_MS, probe_dead_ms: float = DEAD_MS, period_s: float = 0.5,
-                 carrier_rt_priority: int = 10):
+                 carrier_rt_priority: int = 10, keys: KeyFile | None = None):
         self.dp, self.fabric, self.gpu, self.run_dir = dp, fabric, gpu, Path(run_dir)
         self.bird = BirdClient(bird_socket or str(self.run_dir / f"{gpu}.ctl"))
         self.health = health or Health()
@@ -61,8 +63,11 @@ class PlaneAgent:
         self.stop = threading.Event()
         self.wake = threading.Event()
         self.lock = threading.Lock()
+        self.keys = keys or KeyFile(None)
         self.prober = Prober(fabric.gpu(gpu).index, self.loopback, self.peers, PROBE_PORT, self.live_ports,
-                             self._probe_verdict, probe_ms / 1000, probe_dead_ms / 1000)
+                             self._probe_verdict, probe_ms / 1000, probe_dead_ms / 1000,
+                             on_round=lambda: self.health.ok("probes"), keys=lambda: self.keys.keys)
+        self.supervisor = Supervisor(self.health, log, self.stop)
         self.last_weights: dict[str, dict[int, float]] = {}
         self._pathbw_text = None
         self._next_resync = 0.0
@@ -108,9 +113,16 @@ class PlaneAgent:
         return out
 
     def live_ports(self) -> dict[int, list[tuple[str, str, str]]]:
-        """{plane number: [(port, switch MAC, own MAC)]} usable now (the probes' view)."""
-        return {plane: [(p.ifname, self.macs[p.ifname], self.own_macs.get(p.ifname, "00:00:00:00:00:00"))
-                        for p in ports] for plane, ports in self.usable().items()}
+        """{plane number: [(port, switch MAC, own MAC)]} usable now (the probes' view; read from
+        the probe thread while the agent's may forget a MAC)."""
+        out: dict[int, list[tuple[str, str, str]]] = {}
+        for plane, ports in self.usable().items():
+            for p in ports:
+                mac = self.macs.get(p.ifname)
+                if mac:
+                    out.setdefault(plane, []).append(
+                        (p.ifname, mac, self.own_macs.get(p.ifname, "00:00:00:00:00:00")))
+        return out
 
     def live_bw(self) -> dict[int, float]:
         """{plane number: bytes/s of this GPU's live sub-ports there}."""
@@ -177,9 +189,16 @@ class PlaneAgent:
         return out
 
     # ---- the loop -------------------------------------------------------------------------
+    def set_echo(self):
+        """The echo answers only probes to our loopback and signs with the first key."""
+        self.dp.set_echo(self.loopback, self.keys.keys[0] if self.keys.keys else None)
+
     def step(self):
         """One pass. bird's I/O (the include, `birdc configure`, reading routes) runs outside
         the lock, so a probe verdict never waits behind it."""
+        if self.keys.refresh():
+            self.set_echo()
+            log.info("probe keys reread from %s: %d key(s)", self.keys.path, len(self.keys.keys))
         with self.lock:
             if time.monotonic() >= self._next_resync:     # netlink events keep it current between
                 self._read_carrier()
@@ -244,8 +263,15 @@ class PlaneAgent:
 
     def _carrier_event(self, m):
         name, up = m.get_attr("IFLA_IFNAME"), has_carrier(m)
+        mac = m.get_attr("IFLA_ADDRESS")
+        if mac:
+            self.own_macs[name] = mac          # a port re-created under its name has a new one
         if self.carrier.get(name) != up:
             self.carrier[name] = up
+            if not up:
+                # the switch's side may come back as another port (a replaced cable, a re-created
+                # link): its MAC is learnt again when carrier returns
+                self.macs.pop(name, None)
             self.dp.set_port_up(name, up)
             log.info("%s: carrier %s", name, "up" if up else "lost")
             self.wake.set()
@@ -282,25 +308,26 @@ class PlaneAgent:
     def _run(self):
         self._carrier_watch()
         ready = threading.Event()
-        threading.Thread(target=self._links, args=(ready,), name="links", daemon=True).start()
+        self.supervisor.start("links", self._links, ready)
         ready.wait(5)
-        threading.Thread(target=self.prober.run, name="probes", daemon=True).start()
+        self.supervisor.start("probes", self.prober.run)
         log.info("following planes of %s: %d planes x %d sub-ports, loopback %s", self.gpu,
                  len(self.fabric.planes), self.fabric.subports, self.loopback)
         sweep_every = max(0.05, self.dp.config()["expiry_ms"] / 2000)
         next_sweep = 0.0
         while not self.stop.is_set():
+            self.supervisor.check()            # a loop that cannot resume: exit for a restart
             self._carrier_watch()
             try:
                 self.step()
                 self.health.ok("planes")
-            except (HostError, OSError) as e:
+            except Exception as e:             # noqa: BLE001 - logged with its traceback, counted
                 self.health.failed("planes", e, log, (HostError, OSError))
             if time.monotonic() >= next_sweep:
                 try:
                     self.dp.rebalance()
                     self.health.ok("sweep")
-                except (HostError, OSError) as e:
+                except Exception as e:         # noqa: BLE001
                     self.health.failed("sweep", e, log, (HostError, OSError))
                 next_sweep = time.monotonic() + sweep_every
             self.wake.wait(self.period_s)
@@ -315,4 +342,5 @@ def attach(dp: HostDataplane, fabric: ScaleupFabric, gpu: str, run_dir: Path, **
     agent._read_carrier()
     agent._learn_macs()
     dp.attach_ports(LOOPBACK_DEVICE, agent.loopback, agent.port_paths(), group_size=fabric.subports, echo=True)
+    agent.set_echo()
     return agent

@@ -15,6 +15,7 @@ Each GPU sends a probe to every peer on every plane it has a live port in every 
 down: the agent stops using that plane towards that peer (its QPs move), until answers return."""
 from __future__ import annotations
 
+import ipaddress
 import logging
 import select
 import socket
@@ -27,6 +28,7 @@ from typing import Callable
 
 from rlbcommon import packets as P
 from rlbcommon.cheader import constants
+from rlbcommon.siphash import siphash24
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +37,10 @@ _C = constants("rlb_host.h")                  # the echo reads the same head (st
 PROBE_PORT = _C["RLBH_PROBE_PORT"]
 MAGIC = struct.pack("!I", _C["RLBH_PROBE_MAGIC"])
 PROBE, REPLY = _C["RLBH_PROBE_ASK"], _C["RLBH_PROBE_ANSWER"]
-FMT = "!4sBBHIQ"           # magic, kind, plane, sender GPU number, sequence, sender's send time (ns)
+# magic, kind, plane, sender GPU number, sequence, sender's send time (ns), the answer's tag
+FMT = "!4sBBHIQ8s"
 SIZE = struct.calcsize(FMT)
+NO_TAG = bytes(8)
 # Defaults: a probe per peer per plane every 20 ms, a plane silent for 3 of them is down (BFD's
 # usual detect multiplier). Detection then takes 40-80 ms after a silent failure (the last
 # answer came up to one interval before it), leaving room within FARE scale-up's 150 ms for a
@@ -67,9 +71,15 @@ class Prober:
     def __init__(self, me: int, loopback: str, peers: dict[int, str], port: int,
                  ports: Callable[[], dict[int, list[tuple[str, str, str]]]],
                  on_change: Callable[[int, int, bool], None], interval: float = INTERVAL_MS / 1000,
-                 dead_after: float = DEAD_MS / 1000):
+                 dead_after: float = DEAD_MS / 1000, on_round: Callable[[], None] | None = None,
+                 keys: Callable[[], list[bytes]] | None = None):
         self.me, self.loopback, self.peers, self.port = me, loopback, peers, port
         self.ports, self.on_change = ports, on_change
+        self.on_round = on_round or (lambda: None)     # a round done (the agent's Health)
+        # the fabric's probe keys (rlbhost/probekeys.py): an answer counts only with a tag one of
+        # them makes; none: answers are taken unsigned, as from an echo without a key
+        self.keys = keys or (lambda: [])
+        self.rejected = {"tag": 0, "stale": 0, "unknown": 0}
         self.interval, self.dead_after = interval, dead_after
         self.startup_grace = max(1.0, 10 * dead_after)
         self.state: dict[tuple[int, int], PlaneHealth] = {}
@@ -78,15 +88,20 @@ class Prober:
         self._heads: dict[tuple, bytes] = {}
         self._seq = 0
         self._peer_of = {addr: n for n, addr in peers.items()}
+        self._own_packed = ipaddress.IPv6Address(loopback).packed     # the tag's last 16 bytes
 
     # ---- frames ---------------------------------------------------------------------------
     def _send(self, ifname: str, dmac: str, smac: str, dst: str, plane: int, seq: int, t_ns: int):
         s = self._raw.get(ifname)
         if s is None:
             s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-            s.bind((ifname, 0))
+            try:
+                s.bind((ifname, 0))        # the port's ifindex now: a re-created port gets a new one
+            except OSError:
+                s.close()
+                return                     # gone meanwhile: its plane is judged by the answers
             self._raw[ifname] = s
-        body = struct.pack(FMT, MAGIC, PROBE, plane, self.me, seq, t_ns)
+        body = struct.pack(FMT, MAGIC, PROBE, plane, self.me, seq, t_ns, NO_TAG)
         head = self._heads.get((ifname, dmac, dst))
         if head is None:
             # zero UDP checksum (the receiver allows it, RFC 6936): the headers are built once
@@ -97,8 +112,13 @@ class Prober:
             head = self._heads[(ifname, dmac, dst)] = frame[:-SIZE]
         try:
             s.send(head + body)
+        except (BlockingIOError, InterruptedError):
+            pass
         except OSError:
-            pass                        # a port going down: its plane is judged by the answers
+            # a port going down, or removed: the socket is bound to an ifindex that may never come
+            # back (a port re-created under the same name has another), so bind afresh next time
+            self._raw.pop(ifname, None)
+            s.close()
 
     def _port_for(self, ports, plane: int, n: int):
         live = ports.get(plane) or []
@@ -119,14 +139,16 @@ class Prober:
                     self._receive(rx)       # answers already here count before any verdict
                     now = time.monotonic()
                     self._round(now)
+                    self.on_round()
                     next_round = now + self.interval
                 ready, _, _ = select.select([rx], [], [], max(0.0, next_round - time.monotonic()))
                 if ready:
                     self._receive(rx)
-        finally:
+        finally:                    # a supervisor may run this again: nothing closed is kept
             rx.close()
             for s in self._raw.values():
                 s.close()
+            self._raw.clear()
 
     def _round(self, now: float):
         ports = self.ports()
@@ -160,10 +182,10 @@ class Prober:
                 # host) is no news of this plane, and flipped it up and down every few rounds
                 up = plane in ports and answering
             if up != st.up:
-                st.up = up
                 log.warning("probes to GPU %d over plane %d: %s", peer, plane,
                             "answered again" if up else f"no answer for {self.dead_after * 1000:.0f} ms")
                 self.on_change(peer, plane, up)
+                st.up = up      # only once applied: a verdict whose change failed is made again
 
     def _answered_elsewhere(self, peer: int, st: PlaneHealth, now: float) -> bool:
         """The peer answers now on another plane, and answered there a later round than st's
@@ -185,12 +207,41 @@ class Prober:
                 return
             if len(data) < SIZE:
                 continue
-            magic, kind, plane, sender, seq, t_ns = struct.unpack(FMT, data[:SIZE])
+            magic, kind, plane, sender, seq, t_ns, tag = struct.unpack(FMT, data[:SIZE])
             if magic != MAGIC or kind != REPLY or sender != self.me:
                 continue
-            st = self.state.get((self._peer_of.get(src.split("%")[0]), plane))
-            if st is not None:
-                self._answered(st, seq, time.monotonic(), (time.monotonic_ns() - t_ns) / 1e9)
+            peer_addr = src.split("%")[0]
+            st = self.state.get((self._peer_of.get(peer_addr), plane))
+            if st is None:
+                self.rejected["unknown"] += 1
+                continue
+            if not self.verify(peer_addr, plane, seq, t_ns, tag):
+                self.rejected["tag"] += 1
+                continue
+            if not self._expected(st, seq):
+                self.rejected["stale"] += 1
+                continue
+            self._answered(st, seq, time.monotonic(), (time.monotonic_ns() - t_ns) / 1e9)
+
+    def verify(self, peer: str, plane: int, seq: int, t_ns: int, tag: bytes) -> bool:
+        """The answer's tag is what the peer's echo makes with one of the fabric's keys over
+        this probe (its round, send time, plane, our number, the peer's and our loopbacks)."""
+        keys = self.keys()
+        if not keys:
+            return True
+        msg = (struct.pack("!IQBHx", seq, t_ns, plane, self.me)
+               + ipaddress.IPv6Address(peer).packed + self._own_packed)
+        got = int.from_bytes(tag, "little")
+        return any(siphash24(k, msg) == got for k in keys)
+
+    @staticmethod
+    def _expected(st: PlaneHealth, seq: int) -> bool:
+        """A round we probed (in the window of recent ones) and not yet answered: a replayed or
+        made-up sequence number never keeps a plane up."""
+        for entry in reversed(st.window):
+            if entry[0] == seq:
+                return not entry[1]
+        return False
 
     @staticmethod
     def _answered(st: PlaneHealth, seq: int, now: float, rtt_s: float):

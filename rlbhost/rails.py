@@ -95,6 +95,9 @@ class RailAgent:
         """Carrier and rates (bit/s, each direction) of the two links since the last call."""
         now, links = time.monotonic(), self._links()
         self.carrier = {n: links.get(n, {}).get("up", False) for n in (RAIL_IF, DOMAIN_IF)}
+        for h in self.hops:        # a link without carrier: its peers' MACs are learnt again on return
+            if not self.carrier.get(h.ifname):
+                self.macs.pop(h.value, None)
         if self._counters is not None:
             t0, prev = self._counters
             dt = max(1e-3, now - t0)
@@ -118,7 +121,8 @@ class RailAgent:
         if not self.coordinator:
             return
         body = {part: {"tx_bps": self.rates.get(ifname, {}).get("tx", 0.0),
-                       "rx_bps": self.rates.get(ifname, {}).get("rx", 0.0)}
+                       "rx_bps": self.rates.get(ifname, {}).get("rx", 0.0),
+                       "up": bool(self.carrier.get(ifname, False))}
                 for part, ifname in (("rail", RAIL_IF), ("domain", DOMAIN_IF))}
         try:
             self.table = coordapi.call(self.coordinator, coordapi.GPU_LOAD.format(self.gpu), body, timeout=0.5)

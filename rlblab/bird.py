@@ -5,6 +5,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from rlbcommon.paths import write_private
+from rlbfabric.deploy import BIRD_CAPS, confined
+
 
 class Bird:
     def __init__(self, ns: str, config: str, workdir: Path, name: str | None = None):
@@ -15,7 +18,7 @@ class Bird:
         self.conf = workdir / f"{stem}.conf"
         self.sock = workdir / f"{stem}.ctl"
         self.log = workdir / f"{stem}.out"
-        self.conf.write_text(config)
+        write_private(self.conf, config)     # it holds the BGP password
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 10.0):
@@ -24,8 +27,10 @@ class Bird:
             raise RuntimeError(f"bird config {self.conf} invalid: {check.stderr.strip()}")
         self.sock.unlink(missing_ok=True)    # a killed bird leaves its socket behind
         with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, "bird", "-f", "-c", str(self.conf),
-                                          "-s", str(self.sock)], stdout=log, stderr=subprocess.STDOUT)
+            # bounded as its unit bounds it (rlbfabric/deploy.py)
+            self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, *confined(
+                ["bird", "-f", "-c", str(self.conf), "-s", str(self.sock)], BIRD_CAPS)],
+                stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + timeout
         while not self.sock.exists():
             if self.proc.poll() is not None or time.time() > deadline:
@@ -61,3 +66,4 @@ protocol radv {{
 {ifs}
 }}
 """
+

@@ -22,7 +22,7 @@ def _state(name: str) -> Path:
 
 
 def _lab(name: str):
-    from .fabriclab import open_lab
+    from .labs import open_lab
     st = _state(name)
     if not st.exists():
         raise typer.BadParameter(f"no lab {name!r} is up (rlblab up)")
@@ -60,7 +60,7 @@ def up(
       rlblab up --spines 4 --leaves 4 --hosts 2 --monitor\n
       rlblab up --fabric lab/scaleup.toml --name su
     """
-    from .fabriclab import open_lab
+    from .labs import open_lab
     if spines is not None:
         from .fabricgen import make_fabric
         RUN_DIR.mkdir(parents=True, exist_ok=True)
@@ -186,6 +186,9 @@ def traffic(
     bursts: int = typer.Option(2, min=1, max=20, help="Bursts (iterations of the collective); the last "
                                "is reported. Between bursts QPs go idle and take placements."),
     seed: int = typer.Option(1, help="Source ports, QP numbers and random matrices come from this seed."),
+    churn_gap: Optional[float] = typer.Option(None, min=0.0, max=30.0, help="Churn: first run the matrix "
+                                              "with other QPs (a job that ends), then these this many "
+                                              "seconds after its last packet; only the new QPs are reported."),
     compare: Optional[str] = typer.Option(None, help="Another lab (e.g. one brought up with --mode "
                                           "baseline) to run the same matrix through, side by side."),
     name: str = typer.Option("rlb", help="Lab name."),
@@ -196,6 +199,7 @@ def traffic(
     Examples:\n
       rlblab traffic --from h1 --to h3 --qps 8\n
       rlblab traffic --workload all-to-all --qps 2\n
+      rlblab traffic --workload pairs --qps 2 --churn-gap 0.6     # a new job 0.6 s after the last\n
       rlblab up --mode baseline --name ecmp; rlblab traffic --workload ring --qps 3 --compare ecmp"""
     import random
     from rlbfabric import workloads
@@ -216,9 +220,10 @@ def traffic(
         raise typer.BadParameter("give --from and --to, or --workload")
     labs = [lab] + ([_lab(compare)] if compare else [])
     for lb in labs:
-        r = run_matrix(lb, conns, qps, packets, seed, bursts)
+        r = run_matrix(lb, conns, qps, packets, seed, bursts, churn_gap_s=churn_gap)
+        churn = "" if churn_gap is None else f", new QPs {churn_gap:g} s after a job on other QPs ended"
         typer.echo(f"==> {lb.name} ({lb.mode}{', coordinator' if lb.coordinator else ''}): "
-                   f"{workload or f'{src} -> {dst}'}, {qps} QPs per connection, burst {len(r.bursts)} of {bursts}")
+                   f"{workload or f'{src} -> {dst}'}, {qps} QPs per connection{churn}, burst {len(r.bursts)} of {bursts}")
         for line in report(lb, r):
             typer.echo(line)
 

@@ -1,15 +1,25 @@
-"""Fabric files from a few numbers, for `rlblab up --spines 4 --leaves 2 --hosts 2 --stages 3`."""
+"""Fabric files from a few numbers, for `rlblab up --spines 4 --leaves 2 --hosts 2 --stages 3`, and
+uneven ones (hosts per leaf, slower leaf-spine links) for tests and benches that must not depend
+on the even fabrics in lab/."""
 from __future__ import annotations
 
+import random
 
-def make_fabric(spines: int = 4, leaves: int = 2, hosts: int = 2, stages: int = 3,
-                link_mbps: int = 10000, policy: str = "dpf", parallel: int = 1) -> str:
+
+def make_fabric(spines: int = 4, leaves: int = 2, hosts: int | list[int] = 2, stages: int = 3,
+                link_mbps: int = 10000, policy: str = "dpf", parallel: int = 1,
+                slow: dict[tuple[int, int], int] | None = None) -> str:
     """TOML text. 3-stage: one pod. 5-stage: two pods of leaves/2 leaves each (at least one)
-    and one super-spine per plane."""
+    and one super-spine per plane. `hosts`: per leaf, or one number for all; `slow`: {(leaf
+    number, spine number): Mb/s} for leaf-spine links slower than link_mbps (3-stage)."""
     if stages not in (3, 5):
         raise ValueError("stages must be 3 or 5")
-    if not 1 <= spines <= 8 or not 1 <= leaves <= 8 or not 0 <= hosts <= 4:
+    per_leaf = list(hosts) if isinstance(hosts, (list, tuple)) else [hosts] * leaves
+    if not 1 <= spines <= 8 or not 1 <= leaves <= 8 or len(per_leaf) != leaves or \
+            not all(0 <= h <= 4 for h in per_leaf):
         raise ValueError("spines and leaves 1-8, hosts 0-4 per leaf")
+    if slow and stages != 3:
+        raise ValueError("slower links only in 3-stage fabrics")
     pods = 2 if stages == 5 else 1
     lines = ["[fabric]", f"paths = {spines * parallel}", f"parallel = {parallel}", 'prefix = "fc00"', f'policy = "{policy}"',
              f"link_mbps = {link_mbps}", "bfd = true", ""]
@@ -25,9 +35,24 @@ def make_fabric(spines: int = 4, leaves: int = 2, hosts: int = 2, stages: int = 
     for i in range(1, max(leaves, pods) + 1):
         pod = 1 + (i - 1) * pods // max(leaves, pods)
         names = []
-        for _ in range(hosts):
+        for _ in range(per_leaf[min(i, leaves) - 1]):
             h += 1
             names.append(f'"h{h}"')
         lines += ["[[leaf]]", f'name = "l{i}"', f"asn = {65000 + 100 + i}", f"pod = {pod}",
                   f"hosts = [{', '.join(names)}]", ""]
+    for (leaf, spine), mbps in sorted((slow or {}).items()):
+        if not (1 <= leaf <= leaves and 1 <= spine <= spines) or not 0 < mbps:
+            raise ValueError(f"slow link l{leaf}-s{spine}: no such link or a bad speed {mbps}")
+        lines += ["[[link]]", f'between = ["l{leaf}", "s{spine}"]', f"mbps = {mbps}", ""]
     return "\n".join(lines)
+
+
+def random_fabric(rnd: random.Random, spines=(2, 4), leaves=(2, 3), hosts=(1, 3), slow_share: float = 0.25,
+                  link_mbps: int = 10000) -> str:
+    """An uneven 3-stage fabric: a random number of spines and leaves, hosts per leaf and
+    leaf-spine links at half speed (each with probability slow_share)."""
+    n_sp, n_lf = rnd.randint(*spines), rnd.randint(*leaves)
+    per_leaf = [rnd.randint(*hosts) for _ in range(n_lf)]
+    slow = {(lf, sp): link_mbps // 2 for lf in range(1, n_lf + 1) for sp in range(1, n_sp + 1)
+            if rnd.random() < slow_share}
+    return make_fabric(n_sp, n_lf, per_leaf, link_mbps=link_mbps, slow=slow)

@@ -7,6 +7,7 @@ Namespace names: <lab>-<node>."""
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 import time
@@ -15,26 +16,17 @@ from pathlib import Path
 from rlbcommon import netns
 from rlbcommon.netns import run
 from rlbfabric.bird.conf import initial_includes, render
+from rlbfabric.deploy import AGENT_CAPS, COORDINATOR_CAPS, confined
 from rlbfabric.fabric import Fabric, load
 
 from . import topo
 from .bird import Bird
-
-
-def open_lab(fabric_file: str | Path, name: str, **options) -> "FabricLab":
-    """The lab a fabric file needs: leaf-spine (FabricLab), scale-up (ScaleupLab) or rail-only
-    (RailLab; both take only `monitor` of the options)."""
-    kind = load(fabric_file).kind
-    if kind == "scaleup":
-        from .scaleuplab import ScaleupLab
-        return ScaleupLab(fabric_file, name, monitor=options.get("monitor", False))
-    if kind == "rail-only":
-        from .raillab import RailLab
-        return RailLab(fabric_file, name, monitor=options.get("monitor", False))
-    return FabricLab(fabric_file, name, **options)
+from .workdir import lab_dir
 
 
 class FabricLab:
+    KIND = "clos"
+    OPTIONS = ("hosts_agent", "mode", "shape", "monitor", "coordinator")    # what open_lab passes on
     MGMT = "fd00:99::"
     HOST_IF = "eth0"      # where rlbhost is attached on a host
 
@@ -51,10 +43,11 @@ class FabricLab:
             raise ValueError(f"mode {mode!r}: rlb or baseline")
         self.fabric_file = Path(fabric_file).resolve()
         self.fabric: Fabric = load(self.fabric_file)
+        self.fabric.bgp.password = secrets.token_hex(16)     # TCP MD5 on every session of the lab
         self.name, self.mode, self.shape, self.monitor = name, mode, shape, monitor
         self.hosts_agent = hosts_agent and mode == "rlb"
         self.coordinator = coordinator and self.hosts_agent
-        self.work = Path(f"/tmp/{name}")
+        self.work = lab_dir(name)
         self.birds: dict[str, Bird] = {}
         self.agents: dict[str, subprocess.Popen] = {}
 
@@ -182,7 +175,7 @@ class FabricLab:
             time.sleep(0.2)
 
     def start_agent(self, node: str):
-        cmd = [sys.executable, "-m", "rlbswitch", "--netns", self.ns(node), "run", *self.ports(node),
+        cmd = [*confined([sys.executable], AGENT_CAPS), "-m", "rlbswitch", "--netns", self.ns(node), "run", *self.ports(node),
                "--fabric", str(self.fabric_file), "--node", node, "--run-dir", str(self.work),
                "--speed-mbps", str(self.fabric.link_mbps)]
         if self.mode == "baseline":
@@ -194,8 +187,8 @@ class FabricLab:
         self._spawn(node, cmd, "following links")
 
     def start_host_agent(self, host: str):
-        cmd = [sys.executable, "-m", "rlbhost", "--netns", self.ns(host), "attach", "eth0",
-               "--fabric", str(self.fabric_file), "--node", host]
+        cmd = [*confined([sys.executable], AGENT_CAPS), "-m", "rlbhost", "--netns", self.ns(host), "attach",
+               "eth0", "--fabric", str(self.fabric_file), "--node", host]
         if self.monitor:
             cmd += ["--metrics-addr", self.mgmt_addr(host)]
         if self.coordinator:
@@ -203,9 +196,11 @@ class FabricLab:
         self._spawn(host, cmd, "following addresses")
 
     def start_coordinator(self):
-        """rlbcoord in <lab>-mon, listening on the management network's first address."""
-        cmd = ["ip", "netns", "exec", self.ns("mon"), sys.executable, "-m", "rlbfabric.coord.cli", "run",
-               "--fabric", str(self.fabric_file), "--listen", f"{self.MGMT}1"]
+        """rlbcoord in <lab>-mon, listening on the management network's first address, with the
+        capabilities its unit gives it (none)."""
+        cmd = ["ip", "netns", "exec", self.ns("mon"), *confined(
+            [sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(self.fabric_file),
+             "--listen", f"{self.MGMT}1"], COORDINATOR_CAPS)]
         self._spawn("coordinator", cmd, "listening on")
 
     def coordinator_status(self) -> dict:
@@ -216,7 +211,7 @@ class FabricLab:
     def start_prometheus(self, port: int = 9090):
         """A real Prometheus (Debian's) in <lab>-mon scraping every agent every second; its API
         is on 127.0.0.1:<port> inside that namespace."""
-        from rlbmonitor.prometheus import scrape_config
+        from rlbfabric.scrape import scrape_config
         targets = {n.name: (self.mgmt_addr(n.name), n.role) for n in self.switches}
         if self.hosts_agent:
             targets.update({h: (self.mgmt_addr(h), "host") for h in self.hosts})

@@ -7,22 +7,24 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from rlbcommon.netns import run
+from rlbfabric.deploy import AGENT_CAPS, confined
 
 from . import topo
 from .bird import Bird, radv_config
+from .workdir import lab_dir
 
 
 class HostLab:
     def __init__(self, name: str = "rlbhl", paths: int = 4):
         self.name, self.n = name, paths
         self.r, self.h = f"{name}-r", {1: f"{name}-h1", 2: f"{name}-h2"}
-        self.work = Path(f"/tmp/{name}")
+        self.work = lab_dir(name)
         self.bird: Bird | None = None
         self.agents: dict[int, subprocess.Popen] = {}
 
@@ -59,13 +61,14 @@ class HostLab:
     def base(self, host: int) -> str:
         return self.addresses(host)[1]
 
-    def start_agent(self, host: int, *extra: str, timeout: float = 30.0):
+    def start_agent(self, host: int, *extra: str, timeout: float = 30.0, env: dict | None = None):
         log = self.work / f"agent-h{host}.log"
         start = log.stat().st_size if log.exists() else 0
         with open(log, "a") as f:
             self.agents[host] = subprocess.Popen(
-                [sys.executable, "-m", "rlbhost", "--netns", self.h[host], "attach", "eth0", *extra],
-                stdout=f, stderr=subprocess.STDOUT)
+                [*confined([sys.executable], AGENT_CAPS), "-m", "rlbhost", "--netns", self.h[host], "attach",
+                 "eth0", *extra],
+                stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         deadline = time.time() + timeout
         while "following addresses" not in log.read_text()[start:]:
             if self.agents[host].poll() is not None or time.time() > deadline:

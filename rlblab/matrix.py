@@ -32,14 +32,23 @@ class MatrixRun:
     placed_after_s: float | None = None              # first packet -> every QP has a placement
     unplaced: dict = field(default_factory=dict)     # host -> QPs still without one, if any
 
+    caps: dict | None = None                         # leaf -> link speeds, where they differ
+
     def figures(self, burst: int = -1) -> tuple[float, float]:
-        """(uplinks, downlinks) worst leaf's max/mean in bytes; a leaf side with less than half a
-        QP's bytes is idle (BGP, BFD and ND alone)."""
+        """(uplinks, downlinks) worst leaf's max/mean in bytes (by utilisation where link speeds
+        differ); a leaf side with less than half a QP's bytes is idle (BGP, BFD and ND alone)."""
         b = self.bursts[burst]
-        return balance.figures(b["up"], b["down"], idle_below=self.qp_bytes / 2)
+        return balance.figures(b["up"], b["down"], self.caps, idle_below=self.qp_bytes / 2)
 
     def best(self, fabric) -> tuple[float, float]:
-        return balance.best_figures(fabric, self.qps)
+        """The per-leaf bound; on fabrics with slower links, the best placement found by trying
+        them all where that is quick (the bound may be out of reach there)."""
+        bound = balance.best_figures(fabric, self.qps, self.caps)
+        if self.caps:
+            found = balance.searched_best(fabric, self.qps, self.caps)
+            if found is not None:
+                return found, found
+        return bound
 
 
 def link_bytes(lab) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
@@ -56,32 +65,52 @@ def link_bytes(lab) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
 
 
 def run_matrix(lab, connections: list[tuple[str, str]], qps_per_connection: int = 1, packets: int = 200,
-               seed: int = 1, bursts: int = 2, gap_s: float = BURST_GAP_S, payload_len: int = 512) -> MatrixRun:
+               seed: int = 1, bursts: int = 2, gap_s: float = BURST_GAP_S, payload_len: int = 512,
+               churn_gap_s: float | None = None) -> MatrixRun:
     """Send the matrix `bursts` times (the same QPs each time, fresh ports and QP numbers per
-    seed) and read every fabric link's bytes per burst."""
+    seed) and read every fabric link's bytes per burst.
+
+    churn_gap_s: first run the same matrix with other QPs (a job that ends: `bursts` bursts), then
+    start these churn_gap_s after its last packet; only the new QPs' bursts are measured."""
     rnd = random.Random(seed)
     addrs = {h: lab.host_addresses(h)[1] for h in {x for c in connections for x in c}}
     socks, macs = {}, {}
     sinks = [s for s in (sink(lab.ns(d)) for d in sorted({d for _, d in connections})) if s]
-    qps, frames = [], []
-    keys: dict[str, set] = {}        # host -> its fabric-crossing QPs (placements expected)
-    # source ports unique across the matrix: equal ones would look like one QP's two directions
-    ports = iter(rnd.sample(range(49152, 65536), len(connections) * qps_per_connection))
+    sets = 1 if churn_gap_s is None else 2
+    # source ports unique across the matrix (and the job before it): equal ones would look like
+    # one QP's two directions
+    ports = iter(rnd.sample(range(49152, 65536), sets * len(connections) * qps_per_connection))
     try:
-        for src, dst in connections:
-            if src not in socks:
-                leaf, _ = lab.fabric.leaf_of_host(src)
-                socks[src] = open_raw(lab.ns(src), "eth0")
-                macs[src] = (topo.mac(lab.ns(leaf.name), f"eth-{src}"), topo.mac(lab.ns(src), "eth0"))
-            for _ in range(qps_per_connection):
-                qps.append((src, dst))
-                dmac, smac = macs[src]
-                sport, qpn = next(ports), rnd.getrandbits(24)
-                frames.append((socks[src], roce_frame(addrs[src], addrs[dst], sport, qpn, dmac=dmac,
-                                                      smac=smac, payload_len=payload_len)))
-                if lab.fabric.leaf_of_host(src)[0] is not lab.fabric.leaf_of_host(dst)[0]:
-                    keys.setdefault(src, set()).add((addrs[dst], sport, qpn))
+        jobs = []
+        for _ in range(sets):
+            qps, frames = [], []
+            keys: dict[str, set] = {}        # host -> its fabric-crossing QPs (placements expected)
+            for src, dst in connections:
+                if src not in socks:
+                    leaf, _ = lab.fabric.leaf_of_host(src)
+                    socks[src] = open_raw(lab.ns(src), "eth0")
+                    macs[src] = (topo.mac(lab.ns(leaf.name), f"eth-{src}"), topo.mac(lab.ns(src), "eth0"))
+                for _ in range(qps_per_connection):
+                    qps.append((src, dst))
+                    dmac, smac = macs[src]
+                    sport, qpn = next(ports), rnd.getrandbits(24)
+                    frames.append((socks[src], roce_frame(addrs[src], addrs[dst], sport, qpn, dmac=dmac,
+                                                          smac=smac, payload_len=payload_len)))
+                    if lab.fabric.leaf_of_host(src)[0] is not lab.fabric.leaf_of_host(dst)[0]:
+                        keys.setdefault(src, set()).add((addrs[dst], sport, qpn))
+            jobs.append((qps, frames, keys))
+        if churn_gap_s is not None:           # the job that ends
+            old = jobs.pop(0)[1]
+            for b in range(bursts):
+                if b:
+                    time.sleep(gap_s)
+                _burst(old, packets)
+            time.sleep(churn_gap_s)
+        qps, frames, keys = jobs[0]
         out = MatrixRun(qps, packets * len(frames[0][1]) if frames else 0)
+        caps = balance.link_caps(lab.fabric)
+        if len({c for row in caps.values() for c in row}) > 1:
+            out.caps = caps
         watch = PlacementWatch(lab, keys) if lab.coordinator and bursts > 1 else None
         for b in range(bursts):
             if b:
@@ -93,10 +122,7 @@ def run_matrix(lab, connections: list[tuple[str, str]], qps_per_connection: int 
             up0, down0 = link_bytes(lab)
             if watch:
                 watch.start()
-            for _ in range(packets):
-                for sock, frame in frames:
-                    sock.send(frame)
-                    out.sent += 1
+            out.sent += _burst(frames, packets)
             time.sleep(0.3)
             up1, down1 = link_bytes(lab)
             out.bursts.append({"up": {k: [a - b for a, b in zip(up1[k], up0[k])] for k in up1},
@@ -105,6 +131,13 @@ def run_matrix(lab, connections: list[tuple[str, str]], qps_per_connection: int 
     finally:
         for s in [*socks.values(), *sinks]:
             s.close()
+
+
+def _burst(frames: list, packets: int) -> int:
+    for _ in range(packets):
+        for sock, frame in frames:
+            sock.send(frame)
+    return packets * len(frames)
 
 
 class PlacementWatch:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from rlbcommon import coordapi, netns
 from rlbcommon.netns import run
-from rlbfabric.constants import ROCE_PORT
+from rlbcommon.constants import ROCE_PORT
 from rlbfabric.railonly import (LOOPBACK_DEVICE, RAIL_IF, gpu_net_commands, rail_net_commands,
                                 rail_routes)
+from rlbfabric.deploy import AGENT_CAPS, confined
 from rlbfabric.scaleup import add_loopback_device
 
 from . import topo
@@ -29,6 +30,7 @@ from .traffic import QpSender
 
 
 class RailLab(FabricLab):
+    KIND, OPTIONS = "rail-only", ("monitor",)
     HOST_IF = LOOPBACK_DEVICE
 
     def __init__(self, fabric_file: str | Path, name: str = "rlbr", monitor: bool = False):
@@ -71,8 +73,8 @@ class RailLab(FabricLab):
         return self
 
     def _agent_cmd(self, gpu: str) -> list[str]:
-        cmd = [sys.executable, "-m", "rlbhost", "--netns", self.ns(gpu), "attach", LOOPBACK_DEVICE,
-               "--fabric", str(self.fabric_file), "--node", gpu, "--coordinator", self.coordinator_url]
+        cmd = [*confined([sys.executable], AGENT_CAPS), "-m", "rlbhost", "--netns", self.ns(gpu), "attach",
+               LOOPBACK_DEVICE, "--fabric", str(self.fabric_file), "--node", gpu, "--coordinator", self.coordinator_url]
         return cmd + (["--metrics-addr", self.mgmt_addr(gpu)] if self.monitor else ["--metrics-port", "0"])
 
     def restart_coordinator(self, fabric_file: str | Path | None = None):

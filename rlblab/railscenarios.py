@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rlbfabric.hscore import Gpu, SortedRails, decide, gamma, rail_only_beats_rail_optimised
 
-from .scenarios import Check
+from .scenario import Check, Scenario, register
 
 G1, G2 = "d1g1", "d2g2"
 
@@ -148,3 +148,14 @@ def spray(lab, delta: float = 0.45, n_qps: int = 64) -> list[Check]:
         lab.restart_coordinator()
         Path(f.name).unlink(missing_ok=True)
     return checks
+
+
+register(
+    Scenario("hscore-remote-rail", "h-score rail routing, Remote Rail Theorem", "rails g1 and g2 loaded: "
+             "QPs take the best-fit remote rail, seen on the rail switches", "rail-only.toml",
+             remote_rail),
+    Scenario("hscore-no-remote-rail", "h-score rail routing, the corollary", "gamma > 1: no remote rail, "
+             "rd or dr by the h-ratios", "rail-only.toml", no_remote_rail),
+    Scenario("hscore-spray", "h-score rail routing, approach 2", "delta set: QPs spread over the rails "
+             "in the window, evenly within 1 point", "rail-only.toml", spray),
+)

@@ -6,15 +6,19 @@ ports mode, health probes), m veths between every GPU and every plane.
 Namespace names: <lab>-<node>."""
 from __future__ import annotations
 
+import secrets
 import sys
 import time
 from pathlib import Path
 
 from rlbfabric.bird.conf import initial_includes, render
-from rlbfabric.scaleup import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, add_loopback_device, net_commands
+from rlbfabric.base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL
+from rlbfabric.deploy import AGENT_CAPS, confined
+from rlbfabric.scaleup import add_loopback_device, net_commands
 
 from rlbcommon import netns
-from rlbfabric.constants import ROCE_PORT
+from rlbcommon.paths import write_private
+from rlbcommon.constants import ROCE_PORT
 
 from . import topo
 from .bird import Bird
@@ -24,6 +28,7 @@ from .traffic import SocketReader
 
 
 class ScaleupLab(ScaleupView, FabricLab):
+    KIND, OPTIONS = "scaleup", ("monitor",)
     HOST_IF = LOOPBACK_DEVICE
 
     def __init__(self, fabric_file: str | Path, name: str = "rlbs", monitor: bool = False):
@@ -59,9 +64,18 @@ class ScaleupLab(ScaleupView, FabricLab):
         bird.start()
         self.birds[node] = bird
 
+    @property
+    def probe_key(self) -> Path:
+        """The lab's probe key (one per lab, as an operator's fabric has one): written once."""
+        path = self.work / "probe-key"
+        if not path.exists():
+            write_private(path, secrets.token_hex(16) + "\n")
+        return path
+
     def start_host_agent(self, gpu: str):
-        cmd = [sys.executable, "-m", "rlbhost", "--netns", self.ns(gpu), "attach", LOOPBACK_DEVICE,
-               "--fabric", str(self.fabric_file), "--node", gpu, "--run-dir", str(self.work)]
+        cmd = [*confined([sys.executable], AGENT_CAPS), "-m", "rlbhost", "--netns", self.ns(gpu), "attach", LOOPBACK_DEVICE,
+               "--fabric", str(self.fabric_file), "--node", gpu, "--run-dir", str(self.work),
+               "--probe-key", str(self.probe_key)]
         cmd += ["--metrics-addr", self.mgmt_addr(gpu)] if self.monitor else ["--metrics-port", "0"]
         self._spawn(gpu, cmd, "following planes")
 
@@ -87,6 +101,18 @@ class ScaleupLab(ScaleupView, FabricLab):
             ll = GPU_LL if self.fabric.is_gpu(node) else SWITCH_LL
             netns.run(self.ns(node), "ip", "addr", "replace", f"{ll}/64", "dev", ifname, "nodad")
 
+    def recreate_port(self, gpu: str, ifname: str):
+        """Delete a GPU's sub-port (the veth: both ends go) and make it again with the same
+        names and configuration, as a replaced cable or a re-created interface does: new ifindex
+        and MACs at both ends."""
+        port = next(p for p in self.fabric.gpu_ports(gpu) if p.ifname == ifname)
+        netns.run(self.ns(gpu), "ip", "link", "del", ifname)
+        topo.link(self.ns(gpu), ifname, self.ns(port.plane.name), port.switch_ifname)
+        for node, name, ll in ((gpu, ifname, GPU_LL), (port.plane.name, port.switch_ifname, SWITCH_LL)):
+            topo.run_commands(self.ns(node), [["ip", "link", "set", name, "up"],
+                                              ["ip", "addr", "replace", f"{ll}/64", "dev", name, "nodad"],
+                                              ["ethtool", "-K", name, "tx", "off"]])
+
     def receiver(self, gpu: str) -> "Receiver":
         """Counts the QP datagrams arriving at a GPU's loopback (port 4791): what was delivered,
         unlike the port counters, which also see BGP, BFD and the probes."""
@@ -109,7 +135,7 @@ class Receiver(SocketReader):
 
     @property
     def count(self) -> int:
-        return sum(self.per_sport.values())
+        return sum(list(self.per_sport.values()))    # a copy: the reader thread adds ports
 
     def take(self):
         _, (_, sport, *_) = self.sock.recvfrom(4096)

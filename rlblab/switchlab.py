@@ -12,13 +12,14 @@ import logging
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from rlbcommon import netns
+from rlbfabric.deploy import AGENT_CAPS, confined
 from rlbswitch.dataplane import SwitchDataplane
 
 from . import topo
 from .traffic import Flow, open_raw, send
+from .workdir import lab_dir
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class SwitchLab:
         self.name, self.n, self.speed = name, links, speed_mbps
         self.src, self.sw, self.dst = f"{name}-src", f"{name}-sw", f"{name}-dst"
         self.agent: subprocess.Popen | None = None
-        self.log_path = Path(f"/tmp/{name}-agent.log")
+        self.log_path = lab_dir(name) / "agent.log"
         self._sock = None
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -54,7 +55,7 @@ class SwitchLab:
     def start_agent(self, timeout: float = 30.0):
         """Start `rlbswitch run` (attaching every port) and wait until it follows netlink."""
         ports = ["h1"] + [f"up{k}" for k in self.uplinks()]
-        cmd = [sys.executable, "-m", "rlbswitch", "--netns", self.sw, "run", *ports,
+        cmd = [*confined([sys.executable], AGENT_CAPS), "-m", "rlbswitch", "--netns", self.sw, "run", *ports,
                "--metrics-port", "9471"] + (["--speed-mbps", str(self.speed)] if self.speed else [])
         start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "a") as log_file:

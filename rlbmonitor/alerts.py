@@ -30,6 +30,13 @@ RULES = [
      "{{ $labels.node }}: the agent cannot read bird's control socket; routes are frozen"),
     ("RlbCoordinatorUnreachable", "rlb_host_coordinator_reachable == 0", "1m", "warning",
      "{{ $labels.node }}: the coordinator is unreachable; the host places QPs by its local rule"),
+    ("RlbVerbsDisagreement", "increase(rlb_host_verbs_disagreements_total[5m]) > 0", "0s", "critical",
+     "{{ $labels.node }}: the two ends of a verbs QP may have ended on different paths (an answer lost "
+     "after the decision): a receiver that checks addresses drops that QP's packets (the agent's log names it)"),
+    ("RlbVerbsQpsKeptTheirAddresses",
+     'increase(rlb_host_verbs_kept_total{reason=~"noagent|timeout|nopeer|busy|error"}[5m]) > 0', "5m", "warning",
+     "{{ $labels.node }}: QPs of jobs with the verbs library keep the application's addresses "
+     "({{ $labels.reason }}): they work but are not balanced (rlbhost verbs status)"),
 ]
 
 

@@ -114,6 +114,13 @@ def hosts_dashboard() -> dict:
                kind="stat"),
         _panel(5, "Host agent loop errors (/s)", f"rate(rlb_host_loop_errors_total{{{HOST}}}[$__rate_interval])",
                "{{node}} {{loop}}", "short", 0, 16),
+        # QPs placed through the verbs library (hardware RoCE: rlbhost/verbs/)
+        _panel(6, "Verbs QPs placed (/s)", f'rate(rlb_host_verbs_placed_total{{{HOST}}}[$__rate_interval])',
+               "{{node}} {{kind}}", "short", 12, 16),
+        _panel(7, "Verbs QPs kept on the application's addresses, by cause (/s)",
+               f"rate(rlb_host_verbs_kept_total{{{HOST}}}[$__rate_interval])", "{{node}} {{reason}}", "short", 0, 24),
+        _panel(8, "Verbs QP pairs whose ends may disagree", f"rlb_host_verbs_disagreements_total{{{HOST}}}",
+               "{{node}}", "short", 12, 24, kind="stat"),
     ]
     return _dashboard("rlb-hosts", "RLB: host QPs per path", ["rlb", "rdma"], _variables("host"), panels)
 
@@ -147,6 +154,8 @@ def coordinator_dashboard() -> dict:
         _panel(4, "Placement time (s per placement)",
                "rate(rlb_coord_solve_seconds_total[$__rate_interval]) / rate(rlb_coord_solves_total[$__rate_interval])",
                "placement", "s", 12, 8),
+        _panel(5, "Worst leaf max/mean of the QPs active now (newest generation), placed and best",
+               "rlb_coord_balance_newest", "{{side}} {{of}}", "short", 0, 16),
     ]
     return _dashboard("rlb-coordinator", "RLB: fabric coordinator", ["rlb", "rdma"], _variables("host"), panels)
 

@@ -24,7 +24,7 @@ from rlbcommon.paths import RUN_DIR, write_atomic
 
 from rlbfabric.bird.conf import neighbors_file, pathbw_file, render_neighbors, render_pathbw
 from rlbfabric.bird.ctl import BirdClient, BirdError
-from rlbfabric.fabric import Fabric
+from rlbfabric.base import Fabric
 from rlbfabric.policy import pathbw as pbw
 from rlbfabric.policy.compiler import compile_for_node
 
@@ -94,7 +94,9 @@ class BirdSync:
         self.programmed: set[str] = set()          # prefixes this agent owns (bird's routes)
         self.explain: dict[str, str] = {}
         self.stats = {"syncs": 0, "errors": 0, "last_sync_seconds": 0.0, "sessions": {},
-                      "events": 0, "partial_syncs": 0, "bad_paths": 0, "holding": 0, "bird_restarts": 0}
+                      "events": 0, "partial_syncs": 0, "bad_paths": 0, "holding": 0, "bird_restarts": 0,
+                      "refused": {}}
+        self._refused_seen: dict[str, int] = {}     # bird's filtered count per session, last read
         self.boot: str | None = None            # bird's start time, as last seen
         self.hold_since: float | None = None    # a restarted bird is converging since
         self._hold_table, self._hold_stable_since = None, None
@@ -301,7 +303,22 @@ class BirdSync:
                 self.last_table = key
         if time.monotonic() >= self._next_sessions:   # metrics and discovery back-off: 1 s is enough
             self.stats["sessions"] = {p["name"]: p["info"] for p in self.bird.protocols() if p["proto"] == "BGP"}
+            self.count_refused(self.bird.import_updates())
             self._next_sessions = time.monotonic() + 1.0
+
+    def count_refused(self, updates: dict[str, dict[str, int]]):
+        """Routes a peer sent that its session's import filter refused (a prefix that peer may
+        not announce: a hijack or a broken neighbour), counted across session restarts, which
+        reset bird's own counters; a log line each time a session's count grows."""
+        seen = self._refused_seen
+        for name, u in updates.items():
+            now, before = u["filtered"], seen.get(name, 0)
+            grew = now - before if now >= before else now          # a restart began again at 0
+            if grew > 0:
+                self.stats["refused"][name] = self.stats["refused"].get(name, 0) + grew
+                log.warning("BGP %s: %d route(s) refused by the import filter (prefixes this peer may "
+                            "not announce; %d so far)", name, grew, self.stats["refused"][name])
+            seen[name] = now
 
     def changed(self, nets: set[str]):
         """bird changed these prefixes' best routes: read them back and program them now."""

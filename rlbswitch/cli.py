@@ -14,7 +14,8 @@ from typing import List, Optional
 import typer
 
 from rlbcommon import cli as common
-from rlbfabric.constants import METRICS_PORT
+from rlbcommon.supervise import Supervisor
+from rlbcommon.constants import METRICS_PORT
 
 from .dataplane import DataplaneError, SwitchDataplane
 from rlbfabric.routes import MODES, NextHop, Route, RouteError
@@ -83,8 +84,17 @@ def run(
         dp.ifindex(ifname)
     if control_only:
         interfaces, metrics_port = [], 0
-    for ifname in interfaces or []:
-        dp.attach(ifname, generic=generic, speed_mbps=speed_mbps)
+    fab = None
+    if fabric_file:
+        from rlbfabric.fabric import load
+        fab = load(fabric_file)
+    # how each port is attached, now and again if it is removed and made anew; host ports (from
+    # the fabric file) have their punts policed apart from the fabric's control traffic
+    edge = fab.edge_ports(node) if fab is not None and hasattr(fab, "edge_ports") else set()
+    attach_opts = {i: {"generic": generic, "speed_mbps": speed_mbps, "edge": i in edge if fab is not None else None}
+                   for i in interfaces or []}
+    for ifname, opts in attach_opts.items():
+        dp.attach(ifname, **opts)
     if once:
         typer.echo(f"attached to {', '.join(interfaces)}; state pinned at {dp.pins}; no agent runs")
         return
@@ -99,10 +109,11 @@ def run(
     sync = None
     if fabric_file:
         from .birdsync import BirdSync
-        from rlbfabric.fabric import load
-        sync = BirdSync(dp, load(fabric_file), node, bird_socket or str(run_dir / f"{node}.ctl"), run_dir,
+        sync = BirdSync(dp, fab, node, bird_socket or str(run_dir / f"{node}.ctl"), run_dir,
                         resync_s=resync_s, program=not control_only, health=health)
-        threading.Thread(target=sync.run, name="bird", daemon=True).start()
+        supervisor = Supervisor(health, log, sync.stop)
+        supervisor.start("bird-follower", sync.run)      # adoption included: restarted if it fails
+        supervisor.exit_when_fatal()
         log.info("following bird2 at %s for %s", sync.bird.path, node)
     if coordinator:
         from .linkreport import LinkReporter
@@ -117,7 +128,7 @@ def run(
         if control_only:
             log.info("following links, neighbours and addresses (control only: the kernel forwards)")
             threading.Event().wait()
-        if not Watcher(dp, health).run():
+        if not Watcher(dp, health, attach_opts).run():
             log.critical("a netlink follower stopped: exiting so that systemd restarts the agent")
             sys.exit(1)
     except KeyboardInterrupt:
@@ -293,6 +304,7 @@ def bird_config(
     Also writes the include files the agent keeps up to date (empty to start with).
 
     Example: rlbswitch bird-config --fabric /etc/rlb/fabric.toml --node l1 -o /etc/bird/bird.conf"""
+    from rlbcommon.paths import write_private
     from rlbfabric.bird.conf import initial_includes, render
     from rlbfabric.fabric import load
     fab = load(fabric_file)
@@ -305,8 +317,12 @@ def bird_config(
     for inc, body in incs.items():
         if not inc.exists():   # the agent's discoveries survive a bird restart
             inc.write_text(body)
+    if not fab.bgp.secret():
+        where = fab.bgp.password_file or "the file bgp_password_file names"
+        typer.echo(f"note: BGP sessions without TCP MD5: put one shared secret in {where} on every switch "
+                   f"and GPU (docs/operations.md)", err=True)
     if out:
-        out.write_text(text)
+        write_private(out, text)      # it may hold the BGP password
         typer.echo(f"wrote {out} ({n.role} {node}); includes {', '.join(str(i) for i in incs)}")
     else:
         typer.echo(text, nl=False)
@@ -342,6 +358,9 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
     for k, v in s["reasons"].items():
         if v:
             typer.echo(f"  {k:<24}{v:>12}")
+    typer.echo("\nslow path policer (per CPU)")
+    for k, b in s.get("police", {}).items():
+        typer.echo(f"  {k:<16}{b['rate']:>9}/s burst {b['burst']:<7} dropped {b['dropped']}")
     typer.echo("\nagent loops" + ("" if s["agent_loops"] else ": no agent has run here"))
     for line in health.describe(s["agent_loops"]):
         typer.echo(line)

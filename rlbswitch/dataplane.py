@@ -14,10 +14,11 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
+from pyroute2.netlink.exceptions import NetlinkError
 
 from rlbcommon.maps import checked_set
 from rlbcommon.pinnedstate import PinnedState
-from rlbfabric.constants import ROCE_PORT
+from rlbcommon.constants import ROCE_PORT
 from rlbcommon.cheader import constants, enum_names
 
 from rlbfabric.routes import NextHop, Route
@@ -41,6 +42,16 @@ IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
 NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80
 
 DEFAULTS = {"flowlet_timeout_ns": 256_000, "load_halflife_ns": 100_000, "roce_port": ROCE_PORT}
+POLICE = enum_names(HEADER, "RLB_P_")          # {bucket id: name}, without "max"
+POLICE.pop(C["RLB_P_MAX"], None)
+# The slow path's rates, packets/s and burst per CPU, in the spirit of SONiC's and Junos's
+# control-plane policing defaults: the fabric's own control traffic (BGP, BFD at 3 x 20/s per
+# session, ND) far above what it needs, a host's punts well below what the kernel can take.
+# Traffic to a neighbour not resolved yet, and what the kernel forwards when no member is
+# usable (a failover's first milliseconds), is legitimate at a flow's start: those buckets take
+# a flow's first burst (a test lost 293 of 400 packets to a new host at burst 100).
+POLICE_DEFAULTS = {"fabric_control": (20000, 2000), "edge_control": (2000, 200), "hop_limit": (500, 50),
+                   "neigh_miss": (20000, 5000), "other": (10000, 1000)}
 DEFAULT_SPEED_MBPS = 10_000
 
 
@@ -105,7 +116,45 @@ class SwitchDataplane(PinnedState):
         self.prog_fd = self.bpf.load_func(b"rlb_switch", self.bpf.XDP).fd
         self._fn = self.bpf.funcs[b"rlb_switch"]
         self._init_config()
+        self._init_police()
         return self.prog_fd
+
+    # ---- the slow path's policer ------------------------------------------------------
+    def _init_police(self):
+        if not any(v.interval_ns for v in self.maps["police_cfg"].array_values() if v is not None):
+            for name, (rate, burst) in POLICE_DEFAULTS.items():
+                self.set_police(name, rate, burst)
+            log.info("slow path policed per CPU: %s", ", ".join(
+                f"{n} {r}/s (burst {b})" for n, (r, b) in POLICE_DEFAULTS.items()))
+
+    def set_police(self, bucket: str, rate: int, burst: int):
+        """A bucket's packets per second and burst, per CPU; rate 0 turns its policing off."""
+        ids = {v: k for k, v in POLICE.items()}
+        if bucket not in ids:
+            raise DataplaneError(f"no policer bucket {bucket!r} (have {', '.join(ids)})")
+        if not 0 <= rate <= 100_000_000 or not 1 <= burst <= 1_000_000:
+            raise DataplaneError(f"{bucket}: rate 0-100000000 packets/s and burst 1-1000000 packets")
+        m = self.maps["police_cfg"]
+        v = m.leaf_type()
+        v.interval_ns = 10**9 // rate if rate else 0
+        v.tolerance_ns = v.interval_ns * burst
+        m.set(ids[bucket], v)
+
+    def police(self) -> dict[str, dict]:
+        """Per bucket: rate and burst per CPU, packets dropped (summed over CPUs)."""
+        out = {}
+        for bid, name in POLICE.items():
+            c = self.maps["police_cfg"].get(bid)
+            rate = 10**9 // c.interval_ns if c.interval_ns else 0
+            dropped = sum(r.dropped for r in self.maps["police"].get_percpu(bid))
+            out[name] = {"rate": rate, "burst": c.tolerance_ns // c.interval_ns if c.interval_ns else 0,
+                         "dropped": dropped}
+        return out
+
+    def set_port_class(self, ifindex: int, edge: bool):
+        """A host port's punts are policed apart from the fabric's own control traffic."""
+        m = self.maps["port_class"]
+        m.set(m.key_type(ifindex), m.leaf_type(C["RLB_PORT_EDGE"] if edge else C["RLB_PORT_FABRIC"]))
 
     def close(self):
         super().close()
@@ -149,8 +198,11 @@ class SwitchDataplane(PinnedState):
         few ports many times. Renames are rare; an unknown index just asks netlink again."""
         name = self._names.get(ifindex)
         if name is None:
-            with self.netlink() as ipr:
-                links = ipr.get_links(ifindex)
+            try:
+                with self.netlink() as ipr:
+                    links = ipr.get_links(ifindex)
+            except NetlinkError:         # gone (ENODEV): pyroute2 raises rather than answer empty
+                links = []
             if not links:
                 return f"if{ifindex}"
             name = self._names[ifindex] = links[0].get_attr("IFLA_IFNAME")
@@ -167,8 +219,10 @@ class SwitchDataplane(PinnedState):
                 return int(line[6:-4])
         return DEFAULT_SPEED_MBPS
 
-    def attach(self, ifname: str, generic: bool = False, speed_mbps: int | None = None):
-        """Attach the XDP program to a port (replacing any older version atomically)."""
+    def attach(self, ifname: str, generic: bool = False, speed_mbps: int | None = None,
+               edge: bool | None = None):
+        """Attach the XDP program to a port (replacing any older version atomically); edge: the
+        port faces a host (its punts are policed apart), None leaves its class as it is."""
         from bcc import BPF
         ifindex = self.ifindex(ifname)   # before anything is loaded or pinned
         self.load()
@@ -183,7 +237,10 @@ class SwitchDataplane(PinnedState):
         if generic:
             log.warning("%s: generic (skb) XDP: correct but slow; use a driver with native XDP", ifname)
         self.register_port(ifindex, speed_mbps)
-        log.info("attached to %s (ifindex %d, %s)", ifname, ifindex, "generic" if generic else "native")
+        if edge is not None:
+            self.set_port_class(ifindex, edge)
+        log.info("attached to %s (ifindex %d, %s%s)", ifname, ifindex, "generic" if generic else "native",
+                 ", a host port" if edge else "")
 
     def port_slots(self) -> dict[int, tuple[int, object]]:
         """{ifindex: (slot, port entry)} of the registered ports (one batch read of the array)."""
@@ -475,4 +532,4 @@ class SwitchDataplane(PinnedState):
                 continue
             reasons[name] = sum(r.value for r in self.maps["reasons"].get_percpu(rid))
         reasons["forwarded"] = sum(p["tx_packets"] for p in ports)   # counted once, per port
-        return {"ports": ports, "nexthops": nexthops, "reasons": reasons}
+        return {"ports": ports, "nexthops": nexthops, "reasons": reasons, "police": self.police()}

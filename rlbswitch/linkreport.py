@@ -11,14 +11,14 @@ from pyroute2 import IPRoute
 
 from rlbcommon import coordapi
 from rlbcommon.health import Health
-from rlbfabric.fabric import Fabric
+from rlbfabric.clos import ClosFabric
 
 log = logging.getLogger(__name__)
 IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
 
 
 class LinkReporter:
-    def __init__(self, fabric: Fabric, node: str, url: str, poll_s: float = 0.1, refresh_s: float = 2.0,
+    def __init__(self, fabric: ClosFabric, node: str, url: str, poll_s: float = 0.1, refresh_s: float = 2.0,
                  health: Health | None = None):
         n = fabric.node(node)
         if n.role != "leaf":

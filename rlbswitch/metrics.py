@@ -38,12 +38,21 @@ class SwitchCollector:
         for name, v in s["reasons"].items():
             reasons.add_metric([self.node, name], v)
         routes = gauge("rlb_switch_routes", "programmed routes by mode", ["node", "mode"])
+        # from the agent's routing model, in memory: a scrape used to dump the whole route map
+        # under the lock route programming needs (seconds at full scale, every scrape)
         by_mode: dict[str, int] = {}
-        for r in self.dp.routes():
-            by_mode[r["mode"]] = by_mode.get(r["mode"], 0) + 1
+        for rt in list(self.dp.tables.routes.values()):
+            by_mode[rt.mode] = by_mode.get(rt.mode, 0) + 1
         for m, n in by_mode.items():
             routes.add_metric([self.node, m], n)
-        yield from (*fams.values(), up, cap, nh_p, nh_b, reasons, routes)
+        policed = counter("rlb_switch_punts_dropped", "packets for the kernel dropped by the slow path's "
+                          "policer, per bucket (fabric_control must stay 0)", ["node", "bucket"])
+        rate = gauge("rlb_switch_punt_rate_limit", "the policer's packets/s per CPU, per bucket (0: off)",
+                     ["node", "bucket"])
+        for name, b in s.get("police", {}).items():
+            policed.add_metric([self.node, name], b["dropped"])
+            rate.add_metric([self.node, name], b["rate"])
+        yield from (*fams.values(), up, cap, nh_p, nh_b, reasons, routes, policed, rate)
         if self.health is not None:
             yield from self.health.metrics("rlb_switch", self.node)
         if self.sync is not None:
@@ -65,7 +74,11 @@ class SwitchCollector:
             bad = counter("rlb_switch_bird_bad_paths", "paths ignored for attributes that cannot be "
                           "used (NaN or negative path bandwidth, AIGP without metric)", ["node"])
             bad.add_metric([self.node], st["bad_paths"])
-            yield from (sess, lat, syncs, errs, hold, restarts, bad)
+            refused = counter("rlb_switch_bgp_routes_refused", "routes a BGP peer sent that its session's "
+                              "import filter refused: prefixes that peer may not announce", ["node", "session"])
+            for name, n in sorted(st.get("refused", {}).items()):
+                refused.add_metric([self.node, name], n)
+            yield from (sess, lat, syncs, errs, hold, restarts, bad, refused)
 
 
 def sessions_up(protocols: dict[str, str]) -> dict[str, bool]:

@@ -452,6 +452,14 @@ class SwitchTables:
             self.exact.defer()             # new /64s written in two batches at the end
             try:
                 routes_map = self.dp.maps["routes"]
+                # withdrawals first: they always apply, whatever the new routes meet (a full
+                # table), and the room they free is there for the new ones
+                for net in gone:
+                    routes_map.delete(self._lpm_key(net))
+                    old = self.routes.pop(net)
+                    self._fast_update(net, -1)                       # before its group is freed
+                    self._release(old)
+                    ch.removed.append(str(net))
                 for net, route, cur in todo:
                     try:
                         rt = self._build(route, cur)                  # steps 1, 2
@@ -462,18 +470,20 @@ class SwitchTables:
                         ch.failed[str(net)] = str(e)
                         continue
                     rt.owner = owner
-                    self._write_route(net, rt)                         # step 3: the switch-over
+                    try:
+                        self._write_route(net, rt)                     # step 3: the switch-over
+                    except OSError as e:           # the route table is full: nothing of it stays
+                        self._release(rt)
+                        err = RouteError(f"{net}: route table full ({e.strerror or e})")
+                        if not keep_going:
+                            raise err from None
+                        ch.failed[str(net)] = str(err)
+                        continue
                     self.routes[net] = rt
                     self._fast_update(net, 0 if cur is not None else 1)
                     if cur is not None:
                         self._release(cur)                           # steps 4, 5
                     (ch.changed if cur is not None else ch.added).append(str(net))
-                for net in gone:
-                    routes_map.delete(self._lpm_key(net))
-                    old = self.routes.pop(net)
-                    self._fast_update(net, -1)                       # before its group is freed
-                    self._release(old)
-                    ch.removed.append(str(net))
             except Exception:
                 self._collect()      # what a failed route acquired and nobody references
                 raise

@@ -23,8 +23,13 @@ log = logging.getLogger(__name__)
 
 
 class Watcher:
-    def __init__(self, dp: SwitchDataplane, health: Health | None = None):
+    def __init__(self, dp: SwitchDataplane, health: Health | None = None,
+                 reattach: dict[str, dict] | None = None):
+        """reattach: {port name: dp.attach options} of the ports the agent runs on: one removed
+        and made again (a re-created link, a replaced NIC) gets the program back; without this
+        it was removed for good."""
         self.dp = dp
+        self.reattach = reattach or {}
         self.health = health or Health()
         self.stop = threading.Event()
         self.events = 0
@@ -35,6 +40,10 @@ class Watcher:
         of the links, read against every port."""
         with self.dp.netlink() as ipr:
             links = {link["index"]: link for link in ipr.get_links()}
+        attached = {p.ifindex for p in self.dp.ports()}
+        for index, link in links.items():
+            if link.get_attr("IFLA_IFNAME") in self.reattach and index not in attached:
+                self._reattach(link)
         for p in self.dp.ports():
             link = links.get(p.ifindex)
             if link is None:        # removed while we were not looking
@@ -82,7 +91,8 @@ class Watcher:
             if e is None or e["mode"] != route.mode or e.get("dev") != route.dev:
                 self.dp.add_route(route, owner="kernel")
         for prefix, e in routes.items():
-            if e["mode"] in ("connected", "local") and prefix not in want:
+            # only what addresses made: an operator's own connected or local route stays
+            if e["mode"] in ("connected", "local") and prefix not in want and e.get("owner") == "kernel":
                 self.dp.del_route(prefix)
 
     def on_links(self, msgs: list):
@@ -106,12 +116,22 @@ class Watcher:
                 log.warning("port %s is gone: removed, its next hops unusable",
                             msg.get_attr("IFLA_IFNAME"))
             return
+        if msg.get_attr("IFLA_IFNAME") in self.reattach and self.dp.port_slot(msg["index"]) is None:
+            self._reattach(msg)
+            return
         up = self.dp._link_up(msg)
         changed = self.dp.set_port_up(msg["index"], up, msg.get_attr("IFLA_MTU"))
         if changed:
             log.info("port %s is %s", msg.get_attr("IFLA_IFNAME"), "up" if up else "down")
         if up and (changed or flapped):   # carrier loss flushed its neighbours: resolve again now
             self.resolve(msg["index"])
+
+    def _reattach(self, link):
+        name = link.get_attr("IFLA_IFNAME")
+        self.dp.attach(name, **self.reattach[name])
+        log.warning("port %s is back (ifindex %d): program attached again", name, link["index"])
+        if self.dp._link_up(link):
+            self.resolve(link["index"])
 
     def resolve(self, ifindex: int, gateways: list[str] | None = None):
         ifname = self.dp.ifname(ifindex)

@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RLB_VENV:-.venv}
-APT_PKGS=(python3-bpfcc python3-venv linux-headers-amd64 bird2 ethtool iproute2 libbpf1 kmod)
+APT_PKGS=(python3-bpfcc python3-venv linux-headers-amd64 bird2 ethtool iproute2 libbpf1 kmod
+          gcc libc6-dev libibverbs-dev)   # the last three: the verbs library (librlbverbs.so)
 APT_LEAN=(prometheus)   # for the dashboard tests; without recommends (no exporters, no service)
 
 log() { echo "[bootstrap] $*"; }
@@ -61,4 +62,12 @@ if [ ! -e "$stamp" ]; then
 fi
 "$VENV/bin/python" -c 'import bcc, pyroute2, typer, prometheus_client' \
   || { echo "bootstrap: dependency check failed" >&2; exit 1; }
+
+# The verbs library, built where it runs as the BPF programs are (rebuilt when its source changes)
+vstamp="build/verbs/.built-$(cat verbs/*.c verbs/*.h rlbhost/verbs/build.py | sha1sum | cut -c1-12)"
+if [ ! -e "$vstamp" ]; then
+  log "building the verbs library into build/verbs"
+  "$VENV/bin/python" -m rlbhost.verbs.build build/verbs
+  rm -f build/verbs/.built-*; touch "$vstamp"
+fi
 log "ready"

@@ -4,7 +4,7 @@ import ipaddress
 import pytest
 
 from rlbfabric import addrplan
-from rlbhost.dataplane import rdma_gid_indexes
+from rlbhost.gids import GidTable
 
 
 def nets(*texts):
@@ -42,6 +42,12 @@ def test_gid_indexes_from_sysfs(tmp_path):
     for i, (gid, typ) in rows.items():
         (port / "gids" / str(i)).write_text(gid + "\n")
         (port / "gid_attrs" / "types" / str(i)).write_text(typ + "\n")
-    got = rdma_gid_indexes(str(tmp_path))
+    table = GidTable(sysfs=tmp_path)
+    got = table.by_address()
     assert got == {"fe80::1:2ff:fe03:405": [{"device": "rxe0", "port": 1, "gid_index": 1}],
                    "fc00:1:1:2:1:2ff:fe03:405": [{"device": "rxe0", "port": 1, "gid_index": 3}]}
+    # the verbs service's lookup: the RoCE v2 entry of an address, not its v1 twin or an empty one
+    assert table.index_of("rxe0", 1, "fe80::1:2ff:fe03:405") == 1
+    assert table.index_of("rxe0", 1, "fc00:1:1:2:1:2ff:fe03:405") == 3
+    assert table.index_of("rxe0", 1, "fc00:1:1:3:1:2ff:fe03:405") is None
+    assert table.index_of("rxe0", 2, "fc00:1:1:2:1:2ff:fe03:405") is None

@@ -3,6 +3,7 @@ import struct
 
 import pytest
 
+from rlbcommon.constants import MAX_BANDWIDTH
 from rlbfabric.policy import pathbw
 from rlbfabric.bird.ctl import BirdError, BirdPath, parse_protocols, parse_reply, parse_routes
 from rlbfabric.policy.compiler import compile_all, compile_prefix, homing
@@ -157,7 +158,7 @@ def test_spray_policy_weights_packets_by_path_bandwidth():
 def test_fare_5_stage_values():
     """§4.2 with L1@PoD-1 -> S1@PoD-1 -> SS1..4@Plane-1 -> S1@PoD-8 -> L1@PoD-8."""
     gbps = 1.25e8
-    origin = pathbw.MAX_BANDWIDTH
+    origin = MAX_BANDWIDTH
     # S1@PoD-1: one route from L1 over a 10G link: weight 10G, readvertised 10G
     s1_pod1 = pathbw.readvertised([10 * gbps], [origin])
     assert s1_pod1 == 10 * gbps
@@ -188,7 +189,7 @@ def test_spine_readvertises_fare_path_bandwidth_from_its_leaves():
     s2 = fab.node("s2")
     link = {"eth-l1": 0.625e9, "eth-l2": 1.25e9}           # l1-s2 at 5 Gb/s, l2-s2 at 10
     paths = [BirdPath("fc00:1:1:1::/64", "l1_1", True, "fe80::1", "eth-l1", "BGP", [65001],
-                      [(0x00880000 | 65001, int.from_bytes(struct.pack(">f", pathbw.MAX_BANDWIDTH), "big"))]),
+                      [(0x00880000 | 65001, int.from_bytes(struct.pack(">f", MAX_BANDWIDTH), "big"))]),
              BirdPath("fc00:2:1:1::/64", "l2_1", True, "fe80::2", "eth-l2", "BGP", [65002], [])]
     assert pathbw.node_values(fab, s2, paths, link.__getitem__) == {"fc00:1:1:1::/64": pytest.approx(0.625e9)}
 

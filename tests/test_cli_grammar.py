@@ -20,7 +20,7 @@ PROGRAMS = {"rlbswitch": "rlbswitch.cli", "rlbhost": "rlbhost.cli", "rlbcoord": 
             "rlblab": "rlblab.cli", "rlbfabric": "rlbfabric.cli"}
 # what shows state (not what changes it): each must offer --json
 SHOW = {"rlbswitch": ["status", "config", "route show"],
-        "rlbhost": ["status", "qps", "paths", "config", "why", "weights show"],
+        "rlbhost": ["status", "qps", "paths", "config", "why", "weights show", "verbs status"],
         "rlbcoord": ["status"], "rlblab": ["status", "coordinator", "scenario"]}
 BIN = Path(sys.executable).parent
 

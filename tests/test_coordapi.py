@@ -3,12 +3,33 @@ agents' loops expect: an answer cut short (seen under load: IncompleteRead after
 escaped as http.client.IncompleteRead and ended a GPU's agent."""
 from __future__ import annotations
 
+import re
 import socket
 import threading
 
 import pytest
 
 from rlbcommon import coordapi
+
+
+def read_request(conn: socket.socket) -> bytes:
+    """The whole request, headers and body: the client may send them in separate segments, and
+    closing with the body unread makes the kernel answer with a reset instead of our reply."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    want = int(length.group(1)) if length else 0
+    while len(body) < want:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
 
 
 def serve_once(reply: bytes) -> str:
@@ -19,7 +40,7 @@ def serve_once(reply: bytes) -> str:
 
     def answer():
         conn, _ = srv.accept()
-        conn.recv(65536)
+        read_request(conn)
         conn.sendall(reply)
         conn.close()
         srv.close()

@@ -69,13 +69,14 @@ def test_two_hosts_that_both_start_on_path_1_are_spread_over_all_spines(coord):
     s = coordapi.call(coord.url, coordapi.STATUS)
     assert s["links"]["l1"]["up"] == [1, 1, 1, 1] and s["links"]["l2"]["down"] == [1, 1, 1, 1]
     assert s["balance"] == {"up": 1.0, "down": 1.0, "best_up": 1.0, "best_down": 1.0}
-    assert s["qps"] == {"fabric": 4, "local": 0}
+    assert s["qps"] == {"fabric": 4, "local": 0, "newest": 4}
+    assert s["balance_newest"] == {"up": 1.0, "down": 1.0, "best_up": 1.0, "best_down": 1.0}
 
 
 def test_qps_within_a_leaf_get_no_placement(coord):
     r = coordapi.call(coord.url, coordapi.REPORT.format("h1"), report("h1", [("h2", 50000, 1, 1)]))
     assert r["placements"] == []
-    assert coordapi.call(coord.url, coordapi.STATUS)["qps"] == {"fabric": 0, "local": 1}
+    assert coordapi.call(coord.url, coordapi.STATUS)["qps"] == {"fabric": 0, "local": 1, "newest": 0}
 
 
 def test_strangers_and_bad_input_are_refused(coord):
@@ -144,6 +145,7 @@ def test_metrics(coord):
     assert lines['rlb_coord_qps{kind="fabric"}'] == 2
     assert lines['rlb_coord_link_qps{colour="1",leaf="l1",side="up"}'] + lines['rlb_coord_link_qps{colour="2",leaf="l1",side="up"}'] == 2
     assert lines['rlb_coord_balance{of="placed",side="up"}'] == 2.0     # 2 QPs on 4 uplinks
+    assert lines['rlb_coord_balance_newest{of="placed",side="up"}'] == 2.0   # both active: the newest
     assert lines['rlb_coord_reports_total{result="ok"}'] == 1
     assert json.loads(urllib.request.urlopen(coord.url + "/healthz", timeout=2).read()) == {"ok": True}
 
@@ -168,6 +170,9 @@ class FakeHostDataplane:
     def qps(self):
         return self._qps
 
+    def verbs_qps(self):
+        return getattr(self, "_verbs", [])
+
     def weights(self):
         return [{"prefix": "::/0", "weights": {k: 1.0 for k in range(1, 5)}}]
 
@@ -187,7 +192,7 @@ class FakeHostDataplane:
 
 def test_client_reports_remembers_idle_qps_and_falls_back(coord):
     from rlbhost.coordclient import CoordinatorClient
-    live = [{"peer": addr("h3", 1), "sport": 50000 + i, "qp": i, "path": 0, "idle_ms": 1, "bytes": 10}
+    live = [{"peer": addr("h3", 1), "sport": 50000 + i, "qp": i, "path": 0, "idle_ms": 1, "active": True, "bytes": 10}
             for i in range(4)]
     dp = FakeHostDataplane("h1", live)
     client = CoordinatorClient(dp, "h1", coord.url, fallback_s=0.0)
@@ -212,3 +217,77 @@ def test_client_reports_a_qp_the_sweep_removed_before_it_looked(coord):
     client = CoordinatorClient(dp, "h1", coord.url)
     assert client.report_once() == 1 and dp.swept == {}
     assert list(dp.placed) == [(addr("h3", 1), 50001, 5)]
+
+
+# ---- QPs placed through verbs (rlbhost/verbs/): fixed, and the loads a host places new ones by --------
+def verbs_report(host: str, fixed: list[tuple[str, int, int]], peers=()) -> dict:
+    """fixed: (peer host, QP number, path) of QPs placed through verbs, as the deciding end reports them."""
+    body = report(host, [])
+    body["qps"] = [{"peer": addr(p, 1), "sport": 0, "qp": q, "path": k, "bytes": 0, "fixed": True} for p, q, k in fixed]
+    body["peers"] = [addr(p, 1) for p in peers]
+    return body
+
+
+def test_verbs_qps_are_never_moved_and_get_no_placement_but_count_on_their_links(coord):
+    # four verbs QPs h1 -> h3 all on path 1: the coordinator could spread them, but cannot move them
+    r = coordapi.call(coord.url, coordapi.REPORT.format("h1"), verbs_report("h1", [("h3", q, 1) for q in range(4)]))
+    assert r["placements"] == []
+    assert r["links"] == {"leaf": "l1", "up": {"load": [4, 0, 0, 0], "cap": [10000.0] * 4},
+                          "down": {"l2": {"load": [4, 0, 0, 0], "cap": [10000.0] * 4}}}
+    # a new TC-seen QP of h2 -> h4 is placed around them
+    body = report("h2", [("h4", 50000, 9, 1)])
+    body["qps"][0]["path"] = None
+    r2 = coordapi.call(coord.url, coordapi.REPORT.format("h2"), body)
+    assert placements(r2)[(addr("h4", 1), 50000, 9)] != 1
+    # a peer the host is about to place QPs towards: its leaf's downlinks come back too
+    r3 = coordapi.call(coord.url, coordapi.REPORT.format("h3"), verbs_report("h3", [], peers=["h1"]))
+    assert set(r3["links"]["down"]) == {"l1"} and r3["links"]["up"]["load"][0] == 0
+
+
+def test_the_client_reports_the_verbs_qps_it_decided_as_fixed_and_places_new_ones_by_the_loads(coord):
+    """The host's client: the verbs QPs its agent decided (not those the peer decided, which the
+    peer reports; not address handles) go out as fixed; the answer's loads reach the view the
+    rendezvous chooses new paths with."""
+    from rlbhost.coordclient import CoordinatorClient
+    from rlbhost.dataplane import VerbsQp
+    from rlbhost.verbs.advice import FabricView
+    dp = FakeHostDataplane("h1", [])
+    h3 = addr("h3", 1)
+    dp._verbs = [VerbsQp(h3, addr("h3", 2), 0x11, 0x21, 1, 0, 1, flags=1),      # decided here, path 2
+                 VerbsQp(h3, addr("h3", 1), 0x12, 0x22, 0, 0, 1, flags=0),      # decided by h3
+                 VerbsQp(h3, addr("h3", 3), 0x13 | 1 << 24, 0, 2, 0, 1, flags=1 | 2)]   # an address handle
+    view = FabricView(FABRIC, "h1")
+    client = CoordinatorClient(dp, "h1", coord.url, view=view)
+    view.best(h3, {1, 2, 3, 4})                                      # asked about: its downlinks come back
+    body = client.body()
+    assert [q for q in body["qps"] if q.get("fixed")] == [{"peer": h3, "sport": 0, "qp": 0x21, "path": 2,
+                                                             "bytes": 0, "fixed": True}]
+    assert body["peers"] == [h3]
+    client.report_once()
+    assert view.links["up"]["load"] == [0, 1, 0, 0] and view.links["down"]["l2"]["load"] == [0, 1, 0, 0]
+    assert view.best(addr("h4", 1), {1, 2, 3, 4}) == {1, 3, 4}      # path 2 holds the fixed QP
+
+
+def test_a_fixed_qp_without_its_path_is_refused(coord):
+    body = verbs_report("h1", [("h3", 1, 1)])
+    body["qps"][0]["path"] = None
+    with pytest.raises(coordapi.CoordinatorError, match="fixed QP needs its path"):
+        coordapi.call(coord.url, coordapi.REPORT.format("h1"), body)
+
+
+def test_the_coordinators_loads_choose_a_new_verbs_qps_path_and_count_what_was_placed_since():
+    from rlbhost.verbs.advice import FabricView
+    clock = Clock()
+    view = FabricView(FABRIC, "h1", clock=clock)
+    assert view.best(addr("h3", 1), {1, 2, 3, 4}) is None            # no answer yet: the local rule
+    cap = [10000.0] * 4
+    view.answered({"leaf": "l1", "up": {"load": [1, 0, 2, 0], "cap": cap},
+                   "down": {"l2": {"load": [0, 3, 0, 0], "cap": [10000.0, 10000.0, 10000.0, 0.0]}}}, clock.t)
+    # path 4's downlink is dead, 2 has 3 QPs into l2, 1 and 3 carry more on l1's uplinks than 2 and 4
+    assert view.best(addr("h3", 1), {1, 2, 3, 4}) == {1}
+    view.placed(addr("h3", 1), 1)                                     # counted until the next answer
+    assert view.best(addr("h4", 1), {1, 2, 3, 4}) == {1, 3}
+    assert view.peer_list() == [addr("h3", 1), addr("h4", 1)]
+    assert view.best(addr("h2", 1), {1, 2}) is None                  # same leaf: no fabric link
+    clock.t += 4
+    assert view.best(addr("h3", 1), {1, 2, 3, 4}) is None            # stale: the local rule

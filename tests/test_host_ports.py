@@ -216,8 +216,20 @@ def test_bad_ports_are_refused(dp):
         dp.set_port_paths(LOOP_A, [])
     with pytest.raises(HostError):
         dp.set_port_paths(LOOP_A, [PortPath(17, "eth-p1-1", switch_mac(1, 1), True)])
-    with pytest.raises(HostError):
-        dp.set_port_paths(LOOP_A, [PortPath(1, "nosuchport", switch_mac(1, 1), True)])
+
+
+
+def test_a_port_that_does_not_exist_is_unusable_and_the_others_still_change(dp):
+    """One missing GPU port (removed, not created yet) used to make every update fail, so no
+    weight or port change went in anywhere. Now it is unusable alone."""
+    ports = port_paths(down=[(2, 1)])
+    ports[0] = PortPath(ports[0].value, "nosuchport", ports[0].dmac, True)
+    assert dp.set_port_paths(LOOP_A, ports)
+    valid = {p.value: p.valid for p in dp.paths()}
+    assert valid[ports[0].value] is False                 # the missing one
+    down = next(p.value for p in ports if not p.up)
+    assert valid[down] is False                           # the other change went in too
+    assert sum(valid.values()) == len(ports) - 2
 
 
 
@@ -298,12 +310,12 @@ def test_the_carrier_watcher_follows_the_kernels_link_events(dp):
 
 # ---- the probe echo (ports' TC ingress) --------------------------------------------------
 
-def probe_frame(kind=None, magic=None, zero_checksum=True, port=None, plane=3):
+def probe_frame(kind=None, magic=None, zero_checksum=True, port=None, plane=3, dst=LOOP_A):
     from rlbhost import probes
     body = struct.pack(probes.FMT, magic or probes.MAGIC, probes.PROBE if kind is None else kind,
-                       plane, 7, 1234, 99)
+                       plane, 7, 1234, 99, probes.NO_TAG)
     port = port or probes.PROBE_PORT
-    return P.ipv6_frame(LOOP_B, LOOP_A, 17, P.udp6(LOOP_B, LOOP_A, port, port, body, zero_checksum=zero_checksum),
+    return P.ipv6_frame(LOOP_B, dst, 17, P.udp6(LOOP_B, dst, port, port, body, zero_checksum=zero_checksum),
                         dmac="02:00:00:00:0a:01", smac="02:00:00:00:0b:02", hop_limit=63)
 
 
@@ -325,7 +337,8 @@ def test_the_echo_answers_a_probe_back_to_its_sender_with_nothing_else_changed(d
     assert (got.dmac, got.smac) == (sent.smac, sent.dmac)
     assert (got.src, got.dst) == (LOOP_A, LOOP_B)
     head = 14 + 40 + 8
-    assert data[head:head + probes.SIZE] == struct.pack(probes.FMT, probes.MAGIC, probes.REPLY, 3, 7, 1234, 99)
+    assert data[head:head + probes.SIZE] == struct.pack(probes.FMT, probes.MAGIC, probes.REPLY, 3, 7, 1234, 99,
+                                                        probes.NO_TAG)
     assert data[14:14 + 8] == frame[14:14 + 8]                  # version, length, hop limit
     if zero_checksum:
         assert data[head - 2:head] == b"\0\0"
@@ -340,6 +353,79 @@ def test_the_echo_leaves_everything_but_a_probe_alone(dp, case):
              "port": lambda: probe_frame(port=probes.PROBE_PORT + 1),
              "roce": lambda: P.roce_frame(LOOP_B, LOOP_A, 50000, 1)}[case]()
     assert echo(dp, frame) == (TC_ACT_UNSPEC, frame)              # on to the hook's next filter
+
+
+KEY = bytes.fromhex("000102030405060708090a0b0c0d0e0f")
+
+
+@pytest.fixture
+def signing(dp):
+    dp.set_echo(LOOP_A, KEY)
+    yield dp
+    dp.maps["echo_cfg"].zero(0)
+
+
+@pytest.mark.parametrize("zero_checksum", [True, False])
+def test_a_signed_answer_carries_the_tag_the_prober_checks(signing, zero_checksum):
+    """The echo signs its answer with the fabric's key over the probe (SipHash-2-4 in the
+    kernel); the prober's check (Python) accepts exactly that tag, with this key or a second
+    one it also holds, and nothing made without the key."""
+    from rlbhost import probes
+    rc, data = echo(signing, probe_frame(zero_checksum=zero_checksum))
+    assert rc == TC_ACT_REDIRECT
+    head = 14 + 40 + 8
+    magic, kind, plane, sender, seq, t_ns, tag = struct.unpack(probes.FMT, data[head:head + probes.SIZE])
+    assert (kind, plane, sender, seq, t_ns) == (probes.REPLY, 3, 7, 1234, 99) and tag != probes.NO_TAG
+    assert data[head - 2:head] == b"\0\0"          # a zero UDP checksum, which the prober accepts
+    prober = probes.Prober(7, LOOP_B, {1: LOOP_A}, probes.PROBE_PORT, dict, lambda *a: None,
+                           keys=lambda: [bytes(16), KEY])
+    assert prober.verify(LOOP_A, plane, seq, t_ns, tag)
+    assert not prober.verify(LOOP_A, plane, seq + 1, t_ns, tag)        # another round
+    assert not prober.verify(LOOP_A, 2, seq, t_ns, tag)                # another plane
+    assert not prober.verify(LOOP_C, plane, seq, t_ns, tag)            # another GPU
+    prober.keys = lambda: [bytes(16)]
+    assert not prober.verify(LOOP_A, plane, seq, t_ns, tag)            # a key it does not hold
+
+
+def test_the_echo_answers_only_probes_for_its_own_gpu(signing):
+    """Misdelivered traffic must not look healthy: a probe for another GPU goes on untouched."""
+    frame = probe_frame(dst=LOOP_C)
+    assert echo(signing, frame) == (TC_ACT_UNSPEC, frame)
+    assert echo(signing, probe_frame())[0] == TC_ACT_REDIRECT
+
+
+def test_spoofed_stale_and_replayed_answers_never_keep_a_plane_up():
+    """One forged answer with a huge sequence number used to keep a dead plane up for good: now
+    an answer counts only with a valid tag, for a round probed recently, once."""
+    import socket
+    from rlbhost import probes
+    from rlbcommon.siphash import siphash24
+    prober = probes.Prober(7, LOOP_B, {1: LOOP_A}, probes.PROBE_PORT, lambda: {3: [("x", "m", "m")]},
+                           lambda *a: None, keys=lambda: [KEY])
+    prober._send = lambda *a: None
+    prober._round(0.0)
+    st = prober.state[(1, 3)]
+    seq = prober._seq
+
+    def answer(seq, tag=None, t_ns=5):
+        msg = (struct.pack("!IQ", seq, t_ns) + struct.pack("!BH", 3, 7) + b"\0"
+               + socket.inet_pton(socket.AF_INET6, LOOP_A) + socket.inet_pton(socket.AF_INET6, LOOP_B))
+        tag = siphash24(KEY, msg).to_bytes(8, "little") if tag is None else tag
+        return struct.pack(probes.FMT, probes.MAGIC, probes.REPLY, 3, 7, seq, t_ns, tag)
+
+    class Rx:
+        def __init__(self, frames):
+            self.frames = list(frames)
+
+        def recvfrom(self, n):
+            if not self.frames:
+                raise BlockingIOError
+            return self.frames.pop(0), (LOOP_A, 0, 0, 0)
+
+    prober._receive(Rx([answer(10**9, tag=b"\1" * 8), answer(10**9), answer(seq, tag=b"\2" * 8)]))
+    assert st.answered == 0 and prober.rejected == {"tag": 2, "stale": 1, "unknown": 0}
+    prober._receive(Rx([answer(seq), answer(seq)]))                # the real one, then its replay
+    assert st.answered == 1 and prober.rejected["stale"] == 2
 
 
 def test_the_echo_is_on_every_port_and_leaves_with_the_device(host):

@@ -14,7 +14,7 @@ from rlbcommon import packets as P
 from rlbcommon.paths import pin_dir
 from rlbcommon.testrun import TC_ACT_OK, prog_test_run
 from rlbfabric.policy import localrule
-from rlbhost.dataplane import HostDataplane, HostError
+from rlbhost.dataplane import HostDataplane, HostError, VerbsQp
 
 from .conftest import scratch_netns
 
@@ -54,6 +54,7 @@ class Host:
         self.dp.set_placements({})
         self.dp.maps["conntrack"].clear()
         self.dp.maps["reverse"].clear()
+        self.dp.verbs_clear()
         self.dp.rebalance()
 
 
@@ -134,6 +135,73 @@ def test_ingress_restores_and_counts(ab):
     assert out == P.roce_frame(A[1], B[1], 50001, 9, hop_limit=60)
     assert b.reasons()["restored"] == before + 1
     assert b.dp.stats()["paths"][3]["rx_packets"] >= 1
+
+
+# ---- QPs the verbs library placed ---------------------------------------------------------
+def verbs_qp(host, peer_base, path_value, local_qpn, remote_qpn):
+    """Record a verbs QP on host (as the agent does) towards peer on path path_value."""
+    peer = addrplan.with_field(peer_base, 3, path_value)
+    q = VerbsQp(str(peer_base), str(peer), local_qpn, remote_qpn, path_value - 1,
+                host.dp.weights_for(peer_base)[0], 1)
+    host.dp.verbs_put(q)
+    return q
+
+
+def test_ingress_leaves_a_verbs_qp_on_its_path_addresses_and_restores_the_rest(ab):
+    """Its QP was given the path's addresses (the receiver checks them): restoring them would
+    break it. Another QP from the same peer address is a TC-placed one: restored as ever."""
+    a, b = ab
+    verbs_qp(b, A[1], 3, local_qpn=0x300, remote_qpn=0x900)
+    chose = b.reasons()["pass_app_chose"]
+    wire = P.roce_frame(A[3], B[3], 50002, 0x300)             # A's packets to b's QP 0x300
+    assert b.ingress(wire) == wire
+    assert b.reasons()["pass_app_chose"] == chose + 1
+    other = P.roce_frame(A[3], B[3], 50012, 0x301)
+    assert b.ingress(other) == P.roce_frame(A[1], B[1], 50012, 0x301)
+    # the path a TC-placed QP's peer chose is learnt; a verbs QP's packets teach nothing
+    assert {k.sport for k, _ in b.dp.maps["reverse"].items()} == {50012}
+    verbs = b.dp.verbs_qps()
+    assert [(q.local_qpn, q.remote_qpn, q.path) for q in verbs] == [(0x300, 0x900, 2)]
+
+
+def test_egress_leaves_a_verbs_qp_on_the_base_path_alone_and_places_the_rest(ab):
+    """A verbs QP the agents put on the base path leaves with the base addresses: egress must not
+    place it again (its peer's QP expects the base addresses)."""
+    a, _ = ab
+    a.dp.set_weights({1: 0, 2: 1, 3: 0, 4: 0})               # TC would put anything on path 2
+    verbs_qp(a, B[1], 1, local_qpn=0x400, remote_qpn=0x500)
+    frame = qp_frame(sport=50003, qp=0x500)                   # to B's QP 0x500, base addresses
+    assert a.egress(frame) == frame
+    assert a.dp.qps() == []                                   # not in the connection tracking
+    other = qp_frame(sport=50003, qp=0x501)
+    assert P.parse(a.egress(other)).src == A[2]
+    # a verbs QP on a path is already on path addresses: passed, as an application's choice
+    verbs_qp(a, B[1], 4, local_qpn=0x401, remote_qpn=0x502)
+    onpath = P.roce_frame(A[4], B[4], 50004, 0x502)
+    assert a.egress(onpath) == onpath
+
+
+def test_verbs_qps_count_in_the_active_counters_and_leave_them_when_dropped(ab):
+    a, _ = ab
+    wid = a.dp.weights_for(B[1])[0]
+    qs = [verbs_qp(a, B[1], k, 0x600 + i, 0x700 + i) for i, k in enumerate((1, 2, 2))]
+    assert a.dp.active_counts(wid)[:4] == [1, 2, 0, 0]
+    a.dp.rebalance()                                          # the sweep recounts them too
+    assert a.dp.active_counts(wid)[:4] == [1, 2, 0, 0]
+    # the next TC QP goes where the fewest are: path 3 (ties from the rotation, 0)
+    assert a.path_of(a.egress(qp_frame(sport=50005, qp=0x800))) == 3
+    for q in qs:
+        assert a.dp.verbs_drop(q)
+    a.dp.rebalance()
+    assert a.dp.active_counts(wid)[:4] == [0, 0, 1, 0]
+    # the counters are read one weight entry's slice at a time: the right slice, to the last one
+    act, n = a.dp.maps["active"], 16
+    for w in (1, act.max_entries // n - 1):
+        for i in range(n):
+            act.set(w * n + i, act.leaf_type(w + i))
+        assert a.dp.active_counts(w) == [w + i for i in range(n)]
+        for i in range(n):
+            act.set(w * n + i, act.leaf_type(0))
 
 
 # ---- placement, releases, reinstatements -----------------------------------------------
@@ -397,3 +465,56 @@ def test_weights_that_do_not_fit_are_refused_not_truncated(ab):
     with pytest.raises(HostError, match="finite"):
         a.dp.set_weights({1: float("nan")})
     assert a.dp.weights() == before
+
+
+@pytest.mark.parametrize("ports", [[70000], [0], [4791, -1], [True]])
+def test_a_roce_port_that_does_not_fit_is_refused_not_truncated(ab, ports):
+    """The map field is 16 bits: 70000 used to be stored as 4464, a port nobody uses."""
+    a, _ = ab
+    before = list(a.dp.maps["config"].get(0).roce_ports)
+    with pytest.raises(HostError, match="1 to 65535"):
+        a.dp.set_config(roce_ports=ports)
+    assert list(a.dp.maps["config"].get(0).roce_ports) == before
+
+
+def test_path_indexes_of_gone_prefixes_are_reused(ab):
+    """Prefixes that come and go (a renumbering, several RAs over time) used to keep their index
+    for good: after 16 distinct values the table was full. A gone path's index is reused, and
+    nothing of the old path (weight, QPs, placements) sticks to the new one."""
+    a, _ = ab
+    a.dp.set_weights({1: 1, 2: 1, 3: 1, 4: 0.5})
+    try:
+        for round_ in range(6):                  # 4 + 6 x 4 = 28 distinct values over time
+            vals = {v: f"fc00:1:1:{v:x}:a8c0:ffff:fe00:1" for v in range(16 * (round_ + 1), 16 * (round_ + 1) + 4)}
+            a.dp.set_paths({1: A[1], **vals}, field=3, base_value=1)
+        live = [p for p in a.dp.paths() if p.valid]
+        assert len(live) == 5 and len(a.dp.paths()) <= 16
+        default = next(w for w in a.dp.weights() if w["prefix"] == "::/0")
+        assert all(v == 1.0 for k, v in default["weights"].items() if k != 1)   # no 0.5 inherited
+    finally:
+        a.dp.set_paths(A, field=3, base_value=1)
+        a.reset()
+
+
+def test_only_this_hosts_fabric_prefixes_are_paths():
+    """An extra prefix on the port (a management /64), or a deprecated address (a prefix being
+    withdrawn), used to become a path like the fabric's: only the host's prefixes in the fabric
+    file, current ones, are."""
+    import ipaddress as ip
+    import subprocess as sp
+    with scratch_netns("rlbhq") as ns:
+        sp.run(["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"], check=True)
+        sp.run(["ip", "link", "set", "eth0", "up"], check=True)
+        for k in (1, 2, 3):
+            sp.run(["ip", "addr", "add", f"{A[k]}/64", "dev", "eth0", "nodad"], check=True)
+        sp.run(["ip", "addr", "add", "2001:db8:9::5/64", "dev", "eth0", "nodad"], check=True)
+        sp.run(["ip", "addr", "add", f"{A[4]}/64", "dev", "eth0", "nodad", "preferred_lft", "0"], check=True)
+        dp = HostDataplane(f"{ns}-q")
+        try:
+            dp.load()
+            fabric = [ip.IPv6Network(f"fc00:1:1:{k}::/64") for k in range(1, 5)]
+            dp.sync_paths("eth0", path_field=3, base_value=1, allowed=fabric)
+            assert sorted(p.value for p in dp.paths() if p.valid) == [1, 2, 3]
+        finally:
+            dp.destroy()
+            shutil.rmtree(pin_dir("host", f"{ns}-q").parent, ignore_errors=True)

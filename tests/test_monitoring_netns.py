@@ -58,7 +58,7 @@ def test_scrapes_leave_no_open_files_behind(lab):
     metrics server's thread per request): under systemd's limit of 1024 its scrapes, lock
     files and map reads failed after about half an hour at 2 s scrapes."""
     import os
-    from rlbfabric.constants import METRICS_PORT
+    from rlbcommon.constants import METRICS_PORT
     scrapes = 200
 
     def open_files(pid: int) -> int:

@@ -19,6 +19,8 @@ def test_the_wheel_carries_the_bpf_sources_and_finds_them_installed(tmp_path):
         z.extractall(tmp_path / "site")
     sources = {str(p.relative_to(ROOT)) for p in (ROOT / "bpf").rglob("*") if p.suffix in (".c", ".h")}
     assert sources and {f"rlbcommon/{s}" for s in sources} <= names
+    verbs = {p.name for p in (ROOT / "verbs").iterdir() if p.suffix in (".c", ".h")}
+    assert verbs == {"rlb_verbs.c", "rlb_verbs.h"} and {f"rlbhost/verbs/src/{v}" for v in verbs} <= names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     scripts = (tmp_path / "site" / entry).read_text()
     for prog in ("rlbswitch", "rlbhost", "rlbcoord", "rlbfabric", "rlblab"):
@@ -28,3 +30,9 @@ def test_the_wheel_carries_the_bpf_sources_and_finds_them_installed(tmp_path):
                          text=True, check=True).stdout.strip()
     assert out == str(tmp_path / "site" / "rlbcommon" / "bpf")
     assert (Path(out) / "rlb_host.c").exists() and (Path(out) / "lib" / "parse.h").exists()
+    # and the verbs library builds from what the wheel carries (as `rlbhost verbs install` does)
+    out = subprocess.run([sys.executable, "-m", "rlbhost.verbs.build", str(tmp_path / "lib")], cwd=tmp_path,
+                         env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "lib" / "librlbverbs.so").exists() and (tmp_path / "lib" / "librlbverbs-ibverbs.so").exists()

@@ -77,3 +77,25 @@ def test_a_new_map_is_fine_and_state_gone_means_layout_forgotten(version):
     shutil.rmtree(pins)                    # detach --all, or a reboot
     pins.mkdir(parents=True)
     compile_as(GROWN).cleanup()            # nothing pinned any more: any layout starts fresh
+
+
+def test_pin_directories_are_created_private_and_a_foreign_one_is_refused(tmp_path):
+    """Maps pinned where another user may write could be swapped under the agent: a pin
+    directory is made 0700, and one that someone else owns or may write is refused."""
+    import os
+    import shutil as sh
+    from rlbcommon.bpfprog import BpfSetupError, private_pin_dir
+    from rlbcommon.paths import PIN_ROOT
+    base = PIN_ROOT / f"test-private-{os.getpid()}"
+    try:
+        private_pin_dir(base / "host")
+        assert oct((base / "host").stat().st_mode & 0o777) == "0o700"
+        os.chmod(base / "host", 0o777)
+        with pytest.raises(BpfSetupError, match="only it may write"):
+            private_pin_dir(base / "host")
+        os.chmod(base / "host", 0o700)
+        os.chown(base / "host", 65534, 65534)
+        with pytest.raises(BpfSetupError, match="uid 65534"):
+            private_pin_dir(base / "host")
+    finally:
+        sh.rmtree(base, ignore_errors=True)

@@ -100,3 +100,72 @@ def test_a_starting_peer_answering_plane_by_plane_is_not_judged_but_a_plane_that
     while t < 0.5 + p.startup_grace and not changes:
         t = rounds(p, t, 1, answering=(1, 2, 3))
     assert changes == [(2, 4, False)]
+
+
+def test_a_verdict_whose_change_failed_is_made_again_next_round():
+    """The GPU agent's probe thread used to die when applying a verdict raised (a map write
+    failing): the plane stayed as it was for good. Now the verdict stands only once applied."""
+    p, changes = prober()
+    calls = []
+
+    def flaky(peer, plane, up):
+        calls.append((peer, plane, up))
+        if len(calls) == 1:
+            raise OSError("map update failed")
+        changes.append((peer, plane, up))
+
+    p.on_change = flaky
+    t = rounds(p, 0.0, 10)
+    failed = False
+    while (2, 2, False) not in changes and t < 2.0:
+        try:
+            p._round(t)
+        except OSError:
+            failed = True
+        for plane in (1, 3, 4):
+            answer(p, plane, p._seq, t + 0.001)
+        t += INTERVAL
+    assert failed and calls[0] == (2, 2, False) and changes == [(2, 2, False)]
+
+
+def test_a_probe_socket_bound_to_a_removed_port_is_bound_again():
+    """A port removed and re-created keeps its name but not its ifindex: a socket bound before
+    sends into nothing. A send that fails drops the socket; the next binds to the port as it is."""
+    class DeadSocket:
+        closed = False
+
+        def send(self, frame):
+            raise OSError(6, "No such device or address")
+
+        def close(self):
+            self.closed = True
+
+    p = Prober(1, "fc00:0:ff::1", {2: "fc00:0:ff::2"}, 4792, lambda: PORTS, lambda *a: None, INTERVAL, DEAD)
+    dead = p._raw["eth-p1-1"] = DeadSocket()
+    p._heads[("eth-p1-1", "02:00:00:00:00:01", "fc00:0:ff::2")] = b"\0" * 62
+    p._send("eth-p1-1", "02:00:00:00:00:01", "02:00:00:00:01:01", "fc00:0:ff::2", 1, 1, 0)
+    assert dead.closed and "eth-p1-1" not in p._raw
+    # no such port here at all: binding fails quietly and nothing is kept
+    p._send("eth-nope", "02:00:00:00:00:01", "02:00:00:00:01:01", "fc00:0:ff::2", 1, 1, 0)
+    assert "eth-nope" not in p._raw
+
+
+def test_probe_key_files_are_read_checked_and_reread_when_they_change(tmp_path):
+    import os
+    import pytest
+    from rlbhost.probekeys import KeyFile, ProbeKeyError
+    path = tmp_path / "probe-key"
+    kf = KeyFile(path)
+    assert kf.keys == []                                   # no file: unsigned, the agent warns
+    path.write_text("00" * 16 + "\n")
+    os.chmod(path, 0o600)
+    assert kf.refresh() and kf.keys == [bytes(16)] and not kf.refresh()
+    path.write_text("11" * 16 + "\n" + "00" * 16 + "\n")   # a roll: the new key signs, both count
+    assert kf.refresh() and kf.keys == [b"\x11" * 16, bytes(16)]
+    os.chmod(path, 0o644)
+    with pytest.raises(ProbeKeyError, match="chmod 600"):
+        KeyFile(path)
+    os.chmod(path, 0o600)
+    path.write_text("not-hex\n")
+    with pytest.raises(ProbeKeyError, match="32 hexadecimal digits"):
+        KeyFile(path)

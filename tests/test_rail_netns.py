@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlbcommon import netns
-from rlbfabric.constants import METRICS_PORT
+from rlbcommon.constants import METRICS_PORT
 
 from .conftest import fabric_lab, scenario_passes
 

@@ -72,6 +72,27 @@ def test_the_registry_scores_a_rail_by_its_busiest_link_and_forgets_silent_gpus(
     assert r.status()["counters"] == {"reports": 3, "refused": 0, "bad": 0}
 
 
+def test_a_dead_link_scores_full_and_an_element_nobody_reports_scores_zero():
+    """A GPU whose rail link is dead reports no traffic on it: that used to read as an idle rail,
+    the best one. And an element whose GPUs all went silent kept its last score for good."""
+    now = [0.0]
+    r = HRegistry(fabric(tau_ms=10), stale_s=2.0, clock=lambda: now[0])
+    body = load()
+    body["rail"]["up"] = False
+    t = r.load("d1g3", body)
+    assert t["rails"]["3"] == 0.0 and t["domains"]["1"] == 1.0
+    r.load("d1g1", load(tx=1e6))
+    now[0] = 1.0
+    r.expire()
+    assert r.status()["rails"]["1"] == pytest.approx(0.9)          # still reported: kept
+    now[0] = 3.5                                                     # d1g1 silent 2.5 s
+    r.expire()
+    s = r.status()
+    assert s["rails"]["1"] == 0.0 and s["reporting"] == []
+    with pytest.raises(BadRequest):
+        r.load("d1g1", {"rail": {"tx_bps": 0, "rx_bps": 0, "up": "no"}, "domain": {"tx_bps": 0, "rx_bps": 0}})
+
+
 def test_the_registry_smooths_with_its_time_constant():
     now = [0.0]
     r = HRegistry(fabric(tau_ms=500), clock=lambda: now[0])
@@ -164,3 +185,18 @@ def test_the_coordinator_serves_the_registry_over_http_and_rlbcoord_status_shows
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_rail_gpu_learns_its_neighbours_macs_again_after_a_link_loses_carrier():
+    """A link that comes back may lead to another device (a replaced switch, a re-created port):
+    the MACs learnt over it are forgotten when it loses carrier, and asked for again."""
+    from types import SimpleNamespace
+    from rlbfabric.railonly import DOMAIN_IF, RAIL_IF
+    from rlbhost.rails import RailAgent
+    a = RailAgent.__new__(RailAgent)
+    a.hops = [SimpleNamespace(value=1, ifname=RAIL_IF), SimpleNamespace(value=2, ifname=DOMAIN_IF)]
+    a.macs = {1: "02:00:00:00:00:01", 2: "02:00:00:00:00:02"}
+    a._counters = None
+    a._links = lambda: {RAIL_IF: {"up": False, "tx": 0, "rx": 0}, DOMAIN_IF: {"up": True, "tx": 0, "rx": 0}}
+    a.measure()
+    assert a.macs == {2: "02:00:00:00:00:02"}

@@ -55,6 +55,90 @@ def test_plane_failure_moves_traffic_off_the_plane(lab):
     assert weights.get(4) == 0.0 and all(weights[p] == 20.0 for p in (1, 2, 3))
 
 
+def test_spoofed_probe_answers_never_keep_a_silent_plane_up(lab):
+    """p2 silently drops everything to g2; while it does, forged answers to g1's probes of g2
+    over p2 reach g1 from g2's loopback (a process on g2, or anyone who can spoof its address;
+    any sequence number, no valid tag), 2000 of them. g1 keeps p2 out of use towards g2 and
+    counts them rejected. Before answers were signed, one with a large sequence number brought
+    the dead plane back for good."""
+    import socket
+    import struct
+    import time
+    from rlbcommon import netns
+    from rlbhost import probes
+    from rlblab.faults import SilentDrop
+    from rlblab.planescenarios import _wait_planes
+    full = lab.full_planes()
+    g1 = lab.fabric.gpu("g1").index
+    drop = SilentDrop(lab.ns("g2"), [p.ifname for p in lab.fabric.gpu_ports("g2") if p.plane.name == "p2"],
+                      lab.fabric.loopback("g2"))
+    drop.on()
+    try:
+        down = {**full, 2: 0.0}
+        assert _wait_planes(lab, "g1", "g2", down, timeout=5) == down
+        before = _rejected(lab, "g1")
+        with netns.inside(lab.ns("g2")):
+            s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+            s.bind((lab.fabric.loopback("g2"), 0))
+            for i in range(2000):
+                seq = [10 ** 9, i, 2 ** 32 - 1][i % 3]
+                s.sendto(struct.pack(probes.FMT, probes.MAGIC, probes.REPLY, 2, g1, seq, time.monotonic_ns(),
+                                     i.to_bytes(8, "little")), (lab.fabric.loopback("g1"), probes.PROBE_PORT))
+                if i % 100 == 0:
+                    time.sleep(0.05)
+            s.close()
+        time.sleep(1.0)
+        assert lab.plane_weights("g1", "g2") == down
+        after = _rejected(lab, "g1")
+        print(f"\nforged answers rejected by g1: {({k: after[k] - before.get(k, 0) for k in after})}")
+        assert after.get("tag", 0) - before.get("tag", 0) >= 1900, (before, after)
+    finally:
+        drop.off()
+    assert _wait_planes(lab, "g1", "g2", full, timeout=10) == full
+
+
+def test_a_gpu_port_deleted_and_made_again_comes_back_into_use(lab):
+    """g1's first sub-port into p1 (the veth: both ends) is deleted and made again with new
+    ifindexes and MACs. The plane switch attaches its end again, g1 learns the switch's new MAC,
+    its probes bind to the new port, BGP comes back over it: p1 is at full weight towards g2 again
+    and g2 answers g1's probes over it; the time it took is printed."""
+    import time
+    from rlbhost.dataplane import HostDataplane
+    from rlblab.planescenarios import _wait_planes
+    full = lab.full_planes()
+    port = next(p for p in lab.fabric.gpu_ports("g1") if p.plane.name == "p1" and p.sub == 1)
+    t0 = time.monotonic()
+    lab.recreate_port("g1", port.ifname)
+    dp = HostDataplane(lab.ns("g1"))
+    try:
+        deadline, usable_at = time.monotonic() + 30, None
+        while time.monotonic() < deadline and usable_at is None:
+            if any(p.valid and p.value == port.value for p in dp.paths()):
+                usable_at = time.monotonic() - t0
+            time.sleep(0.05)
+    finally:
+        dp.close()
+    got = _wait_planes(lab, "g1", "g2", full, timeout=30)
+    weights_at = time.monotonic() - t0
+    print(f"\nport re-created: usable again after {usable_at} s, full plane weights after {weights_at:.1f} s")
+    assert usable_at is not None and got == full
+    r = lab.run_qps("g1", "g2", 8, 200, seed=9)
+    assert r["qp_packets"].get((1, 1), 0) > 0, r["qp_packets"]       # QPs cross the new port
+
+
+def _rejected(lab, gpu: str) -> dict[str, float]:
+    import urllib.request
+    from rlbcommon import netns
+    with netns.inside(lab.ns(gpu)):
+        body = urllib.request.urlopen(f"http://[{lab.mgmt_addr(gpu)}]:9472/metrics", timeout=5).read().decode()
+    out = {}
+    for line in body.splitlines():
+        if line.startswith("rlb_host_probe_answers_rejected_total"):
+            why = line.split('why="')[1].split('"')[0]
+            out[why] = float(line.split()[-1])
+    return out
+
+
 def test_the_planes_dashboard_has_data_for_every_panel(lab):
     """Last (Prometheus scraping every agent each second is load the timed scenarios need not
     share): every query of grafana/rlb-planes.json returns data from the running lab, and the

@@ -219,3 +219,37 @@ def test_a_freed_id_is_reused_last():
     a = ids.take("x")
     ids.give(a)
     assert [ids.take("x") for _ in range(3)] == [3, 4, a]
+
+
+@pytest.mark.parametrize("keep_going", [True, False])
+def test_a_full_route_table_still_applies_the_withdrawals_and_leaks_nothing(tables, keep_going):
+    """The route map refusing a write (full: ENOSPC) used to abort the batch before its
+    withdrawals, and left the refused route's next hops and group referenced. Now withdrawals
+    go first, the refused route takes nothing with it, and the rest of the batch goes in."""
+    import errno
+    tables.apply([pinned(f"fc00:{i:x}::/64", i % 4, [(i + 1) % 4]) for i in range(1, 9)])
+    write = tables._write_route
+
+    def full(net, rt):
+        if str(net) == "fc00:100::/64":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(net, rt)
+
+    tables._write_route = full
+    try:
+        desired = [pinned(f"fc00:{i:x}::/64", i % 4, [(i + 1) % 4]) for i in range(1, 5)] + \
+                  [Route("fc00:100::/64", "weighted", [NextHop.parse(NH[k]) for k in range(4)]),
+                   pinned("fc00:101::/64", 0, [1, 2, 3])]
+        if keep_going:
+            ch = tables.apply(desired, keep_going=True)
+            assert "route table full" in ch.failed["fc00:100::/64"] and ch.added == ["fc00:101::/64"]
+        else:
+            from rlbfabric.routes import RouteError
+            with pytest.raises(RouteError, match="route table full"):
+                tables.apply(desired)
+    finally:
+        tables._write_route = write
+    routes = {r["prefix"] for r in tables.dp.routes()}
+    assert not routes & {f"fc00:{i:x}::/64" for i in range(5, 9)}        # withdrawn all the same
+    assert "fc00:100::/64" not in routes
+    check(tables.dp)                                                     # no orphan, no dangling ref

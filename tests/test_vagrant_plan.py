@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlblab.vm.plan import node, plan
-from rlbmonitor.prometheus import scrape_config
+from rlbfabric.scrape import scrape_config
 from rlbfabric.fabric import FabricError, load
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
@@ -400,7 +400,7 @@ def test_a_rail_only_fabric_is_refused_where_nothing_is_rendered_for_it_and_its_
         res = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True)
         assert res.returncode == 2 and "rail-only fabrics have no rendered units" in res.stderr \
             and "Traceback" not in res.stderr, (cmd, res.stderr)
-    from rlbmonitor.prometheus import fabric_scrape_config
+    from rlbfabric.scrape import fabric_scrape_config
     fab = load(fab_file)
     conf = json.loads(fabric_scrape_config(fab, {g: f"10.0.1.{i}" for i, g in enumerate(fab.hosts, start=1)}))
     assert [j["job_name"] for j in conf["scrape_configs"]] == ["rlbhost"]
@@ -453,3 +453,71 @@ def test_an_emulated_lab_too_big_for_the_machines_cores_is_refused_before_anythi
     check_room(13, "kvm", 2)
     monkeypatch.setenv("RLB_VAGRANT_CROWDED", "1")
     check_room(13, "qemu", 2)
+
+
+def test_long_running_units_never_hit_the_start_limit_and_are_confined(tmp_path):
+    """Five fast failures used to stop a unit for good (systemd's default start limit): an agent
+    that cannot reach a restarting bird must keep trying. Every long-running unit restarts without
+    limit and runs confined; systemd-analyze accepts them."""
+    import shutil
+    import subprocess
+    from rlbfabric import deploy
+    fab_file = LAB / "fabric.toml"
+    fab = load(fab_file)
+    units = {**deploy.units(fab, fab_file, "l1", "10.0.0.11", "http://10.0.0.2:9473"),
+             **deploy.units(fab, fab_file, "h1", "10.0.0.21", None),
+             **deploy.coordinator_unit(fab_file, "10.0.0.2")}
+    for name, text in units.items():
+        if name == "rlb-net":                  # oneshot: runs once at boot
+            continue
+        assert "StartLimitIntervalSec=0" in text and "RestartSec=1" in text, name
+        for line in ("NoNewPrivileges=yes", "ProtectSystem=full", "PrivateTmp=yes", "ProtectHome=yes"):
+            assert line in text, (name, line)
+        (tmp_path / f"{name}.service").write_text(text)
+    if shutil.which("systemd-analyze"):
+        res = subprocess.run(["systemd-analyze", "verify", *map(str, tmp_path.glob("*.service"))],
+                             capture_output=True, text=True)
+        bad = [line for line in res.stderr.splitlines()
+               if "Unknown" in line or "Invalid" in line or "Failed to parse" in line]
+        assert not bad, bad
+
+
+def test_the_lab_key_is_the_same_on_every_vm_of_a_fabric_and_readable_by_root_only(tmp_path):
+    """Every host VM writes the fabric's keys from the fabric file it was given: the same key on
+    all of them (their probes and verbs agents agree), another for another fabric, mode 600, in
+    the format the agents read."""
+    from rlbhost.probekeys import read_keys
+    from rlblab.vm.node import write_lab_key
+    fab = tmp_path / "fabric.toml"
+    fab.write_text((Path(__file__).parents[1] / "lab" / "fabric.toml").read_text())
+    write_lab_key(fab, tmp_path / "a")
+    write_lab_key(fab, tmp_path / "b")
+    fab.write_text(fab.read_text() + "\n# another fabric\n")
+    write_lab_key(fab, tmp_path / "c")
+    a, b, c = (read_keys(tmp_path / n) for n in "abc")
+    assert len(a) == 1 and len(a[0]) == 16 and a == b != c
+    assert (tmp_path / "a").stat().st_mode & 0o777 == 0o600
+
+
+def test_every_long_running_unit_is_bounded_to_the_capabilities_it_uses():
+    """Agents keep what bcc, namespaces and the data plane need, bird its network ones, the
+    coordinator none; the labs start every process under the same sets (rlbfabric.deploy.confined),
+    so the namespace suites run the agents as the units would. Here: the bound is real (a process
+    confined to none cannot enter a namespace, one with the agents' set can)."""
+    from rlbfabric import deploy
+    fab_file = LAB / "fabric.toml"
+    fab = load(fab_file)
+    units = {**deploy.units(fab, fab_file, "l1", "10.0.0.11", None), **deploy.units(fab, fab_file, "h1", "10.0.0.21", None),
+             **deploy.coordinator_unit(fab_file, "10.0.0.2")}
+
+    def bound(unit):
+        return next(ln for ln in units[unit].splitlines() if ln.startswith("CapabilityBoundingSet=")).split("=")[1].split()
+    assert bound("rlb-switch") == bound("rlb-host") == list(deploy.AGENT_CAPS)
+    assert "CAP_SYS_ADMIN" in bound("rlb-host") and "CAP_SYS_MODULE" not in bound("rlb-host")
+    assert bound("rlb-bird") == ["CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW"]
+    assert bound("rlb-coord") == []
+    assert "CapabilityBoundingSet" not in units["rlb-net"]          # oneshot link setup: root's own
+    probe = [sys.executable, "-c", "import ctypes, os; fd = os.open('/proc/self/ns/net', os.O_RDONLY); "
+             "raise SystemExit(ctypes.CDLL(None, use_errno=True).setns(fd, 0))"]
+    assert subprocess.run(deploy.confined(probe, deploy.AGENT_CAPS)).returncode == 0
+    assert subprocess.run(deploy.confined(probe, ())).returncode != 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 import struct
+import subprocess
 import time
 
 import pytest
@@ -634,3 +635,51 @@ def test_out_of_range_inputs_are_refused(fresh):
     with pytest.raises(DataplaneError, match="out of range"):
         xdp.dp.set_config(flowlet_timeout_ns=-1)
     assert xdp.dp.config()["hash_seed"] == 0x5EED1234
+
+
+def test_the_address_follower_removes_only_the_routes_addresses_made(fresh):
+    """An operator's connected route used to be deleted by the address follower's next sync as
+    if an address had gone. Only routes the follower made (owner kernel) follow addresses."""
+    from rlbcommon.health import Health
+    from rlbswitch.watcher import Watcher
+    dp = fresh.dp
+    dp.add_route(Route("fc00:77::/64", "connected", dev="p1"))               # the operator's
+    subprocess.run(["ip", "addr", "add", "fc00:88::1/64", "dev", "p2", "nodad"], check=True)
+    w = Watcher(dp, Health())
+    try:
+        w.sync_addresses()
+        owners = {r["prefix"]: r["owner"] for r in dp.routes()}
+        assert owners["fc00:88::/64"] == "kernel" and owners["fc00:88::1/128"] == "kernel"
+    finally:
+        subprocess.run(["ip", "addr", "del", "fc00:88::1/64", "dev", "p2"], check=True)
+    w.sync_addresses()
+    owners = {r["prefix"]: r["owner"] for r in dp.routes()}
+    assert "fc00:88::/64" not in owners and "fc00:88::1/128" not in owners
+    assert owners["fc00:77::/64"] == "operator"
+
+
+def test_a_port_removed_and_made_again_gets_the_program_back(fresh):
+    """A re-created link (a replaced NIC, a GPU port deleted and made again) keeps its name but
+    not its ifindex: the port used to be removed for good. The agent's ports are attached again
+    when they come back, with their class (host port or not)."""
+    import json
+    from rlbcommon.health import Health
+    from rlbswitch.watcher import Watcher
+    dp = fresh.dp
+    w = Watcher(dp, Health(), reattach={"p3": {"generic": False, "speed_mbps": None, "edge": True}})
+    old = fresh.ifindex[3]
+    subprocess.run(["ip", "link", "del", "p3"], check=True)
+    w.resync_links()
+    assert dp.port_slot(old) is None
+    subprocess.run(["ip", "link", "add", "p3", "type", "veth", "peer", "name", "q3"], check=True)
+    for dev in ("p3", "q3"):
+        subprocess.run(["ip", "link", "set", dev, "up"], check=True)
+    w.resync_links()
+    new = dp.ifindex("p3")
+    fresh.ifindex[3] = new                      # the harness's view, for the tests after this one
+    assert new != old and dp.port_slot(new) is not None
+    link = json.loads(subprocess.run(["ip", "-j", "link", "show", "p3"], capture_output=True, text=True,
+                                     check=True).stdout)[0]
+    assert link.get("xdp", {}).get("prog", {}).get("id") or link.get("xdp")
+    m = dp.maps["port_class"]
+    assert m.get(m.key_type(new)).value == 1    # a host port still

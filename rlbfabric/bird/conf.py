@@ -10,12 +10,12 @@ include the agent writes after neighbour discovery. Spines: one dynamic BGP prot
 The kernel gets single paths (merge paths would ignore AIGP)."""
 from __future__ import annotations
 
+import ipaddress
 import struct
 from pathlib import Path
 
-from rlbfabric.fabric import Fabric, Node
-from ..constants import COLOUR_COMMUNITY
-from ..policy.pathbw import MAX_BANDWIDTH
+from rlbcommon.constants import COLOUR_COMMUNITY, MAX_BANDWIDTH
+from rlbfabric.base import LOOPBACK_DEVICE, SWITCH_LL, Fabric, Node
 
 NO_AIGP_METRIC = 2147483648
 
@@ -60,20 +60,66 @@ def _bfd(fabric: Fabric, pattern: str) -> str:
     return f'protocol bfd {{ interface "{pattern}" {{ min rx interval {fabric.bfd_ms} ms; min tx interval {fabric.bfd_ms} ms; multiplier 3; }}; }}\n'
 
 
-def _limit(fabric: Fabric) -> int:
-    """Prefixes one session may bring before bird restarts it: twice every host prefix of the
-    fabric (no peer legitimately sends more), so a runaway or foreign peer cannot fill the tables."""
-    return 2 * sum(1 for _ in fabric.all_prefixes()) + 64
+# ---- what each peer may announce ---------------------------------------------------------
+# A leaf announces its host ports' prefixes, a scale-up GPU its loopback; a spine passes on what
+# its leaves (and, in a 5-stage fabric, the super-spines) announce; a super-spine what one pod's
+# spines do. Every session imports only that, and at most as many routes as the peer may send:
+# one more and bird restarts the session (a peer gone wrong loses its session, not the fabric).
+
+def _covering(nets: list[ipaddress.IPv6Network]) -> ipaddress.IPv6Network:
+    """The smallest prefix holding all of nets (a host port's /64s: its /48 in the plan)."""
+    top = nets[0]
+    while not all(n.subnet_of(top) for n in nets):
+        top = top.supernet()
+    return top
+
+
+def announced(fabric, node) -> tuple[list[str], int]:
+    """(bird prefix patterns, route count) that node may announce to its BGP peers of the next
+    tier up: a leaf its hosts' /64s, a scale-up GPU its loopback."""
+    if fabric.is_gpu(node.name):
+        return [f"{fabric.loopback_net(node.name)}{{128,128}}"], 1
+    pats, count = [], 0
+    for port, _, _ in fabric.host_ports(node):
+        nets = fabric.host_prefixes(node, port)
+        pats.append(f"{_covering(nets)}{{64,64}}")
+        count += len(nets)
+    return pats, count
+
+
+def _leaves_set(fabric, leaves) -> tuple[list[str], int]:
+    pats, count = [], 0
+    for lf in leaves:
+        p, n = announced(fabric, lf)
+        pats += p
+        count += n
+    return pats, count
+
+
+def _filter(pats: list[str], count: int) -> str:
+    """A channel's import: only these prefixes, at most `count` of them; a peer that floods is
+    cut at twice that (bird counts what it receives, filtered or not)."""
+    if not pats:
+        return "import none;"
+    return (f"import where net ~ [ {', '.join(pats)} ]; import limit {count} action restart; "
+            f"receive limit {2 * count + 64} action restart;")
 
 
 def _timers(fabric: Fabric) -> str:
     """Fast timers; graceful restart (peers keep a restarting switch's routes for
     graceful_restart_s, and it keeps theirs), with BFD loss handled as a restart too: a dead bird
     stops its BFD, which must not tear routes down while the switch still forwards. A link that
-    loses carrier still drops its sessions at once."""
-    return ("hold time 3; keepalive time 1; connect delay time 1; connect retry time 2; "
-            f"error wait time 1, 5; graceful restart on; graceful restart time {fabric.graceful_restart_s};"
-            + (" bfd graceful;" if fabric.bfd else ""))
+    loses carrier still drops its sessions at once. GTSM and TCP MD5 as the fabric file says
+    (rlbfabric/bgpsec.py)."""
+    out = ("hold time 3; keepalive time 1; connect delay time 1; connect retry time 2; "
+           f"error wait time 1, 5; graceful restart on; graceful restart time {fabric.graceful_restart_s};"
+           + (" bfd graceful;" if fabric.bfd else ""))
+    if fabric.bgp.ttl_security:
+        out += " ttl security on;"
+    secret = fabric.bgp.secret()
+    if secret:
+        out += f' password "{secret}";'
+    return out
 
 
 def _leaf_import(fabric: Fabric, leaf: Node) -> str:
@@ -129,16 +175,22 @@ int k; int uplink_k;
 template bgp spine {{
   local as {leaf.asn};
   {_timers(fabric)}
-  ipv6 {{ import all; import limit {_limit(fabric)} action restart; aigp originate; }};
+  ipv6 {{ import none; aigp originate; }};
 }}
 include "{neighbors_file(run_dir, leaf.name)}";   # written by the agent from neighbour discovery
 """
 
 
-def _dynamic(ports, template: str) -> str:
-    """One passive, unnumbered protocol per port: whoever connects on it over link-local."""
-    return "\n".join(f'protocol bgp {p.bgp_name} from {template} {{ interface "{p.ifname}"; '
-                     f'neighbor range fe80::/10 as {p.peer.asn}; dynamic name "{p.bgp_name}_"; }}' for p in ports)
+def _dynamic(fabric, ports, template: str, imports=None) -> str:
+    """One passive, unnumbered protocol per port: whoever connects on it over link-local, with
+    the peer's AS and importing only what that peer may announce."""
+    out = []
+    for p in ports:
+        pats, n = imports(p.peer) if imports else announced(fabric, p.peer)
+        out.append(f'protocol bgp {p.bgp_name} from {template} {{ interface "{p.ifname}"; '
+                   f'neighbor range fe80::/10 as {p.peer.asn}; dynamic name "{p.bgp_name}_"; '
+                   f'ipv6 {{ {_filter(pats, n)} }}; }}')
+    return "\n".join(out)
 
 
 def render_spine(fabric: Fabric, spine: Node, run_dir: Path, baseline: bool = False) -> str:
@@ -148,7 +200,7 @@ def render_spine(fabric: Fabric, spine: Node, run_dir: Path, baseline: bool = Fa
 template bgp superspine {{
   local as {spine.asn};
   {_timers(fabric)}
-  ipv6 {{ import all; import limit {_limit(fabric)} action restart; export where pathbw_export(); aigp on; next hop self; }};
+  ipv6 {{ import none; export where pathbw_export(); aigp on; next hop self; }};
 }}
 include "{neighbors_file(run_dir, spine.name)}";   # super-spines: written by the agent
 """
@@ -158,9 +210,9 @@ include "{pathbw_file(run_dir, spine.name)}";   # FARE: written by the agent
 template bgp leaf {{
   local as {spine.asn};
   {_timers(fabric)}
-  ipv6 {{ import all; import limit {_limit(fabric)} action restart; export where pathbw_export(); aigp on; next hop self; }};
+  ipv6 {{ import none; export where pathbw_export(); aigp on; next hop self; }};
 }}
-{_dynamic(fabric.ports_down(spine), "leaf")}
+{_dynamic(fabric, fabric.ports_down(spine), "leaf")}
 {up}"""
 
 
@@ -171,9 +223,9 @@ include "{pathbw_file(run_dir, ss.name)}";   # FARE link bandwidth: written by t
 template bgp spine {{
   local as {ss.asn};
   {_timers(fabric)}
-  ipv6 {{ import all; import limit {_limit(fabric)} action restart; export where pathbw_export(); aigp on; next hop self; }};
+  ipv6 {{ import none; export where pathbw_export(); aigp on; next hop self; }};
 }}
-{_dynamic(fabric.ports_down(ss), "spine")}
+{_dynamic(fabric, fabric.ports_down(ss), "spine", lambda sp: _leaves_set(fabric, [lf for lf in fabric.leaves if lf.pod == sp.pod]))}
 """
 
 
@@ -184,7 +236,6 @@ def render_gpu(fabric, gpu: str, run_dir: Path) -> str:
     include the host agent rewrites when a sub-port goes up or down), every peer's loopback
     learnt per plane with the plane switch's FARE value. bird programs no kernel routes: the
     loopback prefix is routed to the loopback device, whose TC program chooses the port."""
-    from ..scaleup import LOOPBACK_DEVICE, SWITCH_LL
     g = fabric.gpu(gpu)
     lo = fabric.loopback_prefix()
     sessions = "\n".join(
@@ -203,7 +254,7 @@ include "{pathbw_file(run_dir, gpu)}";   # gpu_export(plane): written by rlbhost
 template bgp plane {{
   local as {g.asn};
   {_timers(fabric)}
-  ipv6 {{ import where net ~ [ {lo}{{128,128}} ]; import limit {_limit(fabric)} action restart; export none; }};
+  ipv6 {{ import where net ~ [ {lo}{{128,128}} ] && net != {fabric.loopback_net(gpu)}; import limit {max(1, len(fabric.gpus) - 1)} action restart; receive limit {2 * len(fabric.gpus) + 64} action restart; export none; }};
 }}
 {sessions}
 """
@@ -272,12 +323,18 @@ def render_neighbors(fabric: Fabric, node: Node, found: dict[str, str]) -> str:
         if not addr:
             continue
         if node.role == "leaf":
-            imp = f"import where leaf_import({port.colour}); " if fabric.parallel > 1 else ""
+            # from a spine: every other leaf's hosts (its own come back only with its AS in the path)
+            pats, n = _leaves_set(fabric, [lf for lf in fabric.leaves if lf is not node])
+            imp = _filter(pats, n)
+            if fabric.parallel > 1:
+                imp = imp.replace("import where ", f"import where leaf_import({port.colour}) && ", 1)
             out.append(f'protocol bgp {port.bgp_name} from spine {{ interface "{port.ifname}"; '
-                       f'neighbor {addr} as {port.peer.asn}; ipv6 {{ {imp}export where leaf_export({port.colour}); }}; }}')
+                       f'neighbor {addr} as {port.peer.asn}; ipv6 {{ {imp} export where leaf_export({port.colour}); }}; }}')
         else:
+            # from a super-spine: the leaves of the other pods
+            pats, n = _leaves_set(fabric, [lf for lf in fabric.leaves if lf.pod != node.pod])
             out.append(f'protocol bgp {port.bgp_name} from superspine {{ interface "{port.ifname}"; '
-                       f'neighbor {addr} as {port.peer.asn}; }}')
+                       f'neighbor {addr} as {port.peer.asn}; ipv6 {{ {_filter(pats, n)} }}; }}')
     return "\n".join(out) + "\n"
 
 

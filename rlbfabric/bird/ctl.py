@@ -46,6 +46,12 @@ class BirdClient:
     def protocols(self) -> list[dict]:
         return parse_protocols(self.command("show protocols"))
 
+    def import_updates(self) -> dict[str, dict[str, int]]:
+        """Per BGP protocol, bird's import update counters since the session came up:
+        received, rejected, filtered (by the import filter: prefixes the peer may not
+        announce), ignored, accepted."""
+        return parse_import_updates(self.command("show protocols all"))
+
     def configure(self) -> str:
         lines = self.command("configure")
         return " ".join(t for _, t in lines)
@@ -184,4 +190,20 @@ def parse_protocols(reply: list[tuple[int, str]]) -> list[dict]:
         rest = cols[6:] if len(cols) > 5 and re.match(r"\d{4}-\d\d-\d\d$", cols[4]) else cols[5:]
         info = " ".join(rest)
         out.append({"name": cols[0], "proto": cols[1], "state": cols[3], "info": info})
+    return out
+
+
+UPDATE_COLUMNS = ("received", "rejected", "filtered", "ignored", "accepted")
+
+
+def parse_import_updates(reply: list[tuple[int, str]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    name = proto = None
+    for code, text in reply:
+        if code == 1002:
+            cols = text.split()
+            name, proto = (cols[0], cols[1]) if len(cols) > 1 else (None, None)
+        elif name and proto == "BGP" and text.strip().startswith("Import updates:"):
+            vals = text.split(":", 1)[1].split()
+            out[name] = {k: int(v) if v.isdigit() else 0 for k, v in zip(UPDATE_COLUMNS, vals)}
     return out

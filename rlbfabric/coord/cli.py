@@ -104,6 +104,10 @@ def status(url: str = typer.Option(DEFAULT_URL, help=URL_HELP),
                f"{s['qps']['local']} within a leaf; last placement {s['last_solve_ms']} ms")
     typer.echo(f"worst leaf max/mean: uplinks {b['up']:.2f} (best {b['best_up']:.2f}), "
                f"downlinks {b['down']:.2f} (best {b['best_down']:.2f}); QPs over target: {s['over_target']}")
+    n = s.get("balance_newest")
+    if n and s["qps"].get("newest") != s["qps"]["fabric"]:
+        typer.echo(f"the {s['qps']['newest']} QPs active now (older idle ones fill the room left): uplinks "
+                   f"{n['up']:.2f} (best {n['best_up']:.2f}), downlinks {n['down']:.2f} (best {n['best_down']:.2f})")
     if s["dead_links"]:
         typer.echo(f"dead uplinks: {', '.join(s['dead_links'])}")
     typer.echo(f"{'leaf':<8}{'QPs per uplink':<28}{'QPs per downlink':<28}")

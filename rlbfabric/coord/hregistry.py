@@ -6,7 +6,8 @@ into its domain) in both directions: POST /v1/gpus/<gpu>/load {"rail": {"tx_bps"
 "domain": {...}}. A link's utilisation is its busier direction over its speed; a rail's is its
 busiest link's (every rail-switch port is one GPU's rail link), a domain's its busiest GPU link.
 H = 1 - utilisation, smoothed by rlbfabric/hscore.HScores (time constant tau). A GPU that stops
-reporting drops out after `stale_s`. The answer to every report is the table of scores (GET
+reporting drops out after `stale_s`, and
+an element nobody reports any more scores 0; a link its GPU reports dead scores as full. The answer to every report is the table of scores (GET
 /v1/status adds who reports): each GPU's agent decides its own paths from it, with the rails sorted by H for
 best-fit lookups in O(log K)."""
 from __future__ import annotations
@@ -48,8 +49,12 @@ class HRegistry:
                 side = body.get(part)
                 if not isinstance(side, dict):
                     raise BadRequest(f"{part}: an object with tx_bps and rx_bps")
-                u[part] = max(_rate(side.get("tx_bps"), f"{part}.tx_bps"),
-                              _rate(side.get("rx_bps"), f"{part}.rx_bps")) / (mbps * 1e6)
+                up = side.get("up", True)
+                if not isinstance(up, bool):
+                    raise BadRequest(f"{part}.up: true or false")
+                # a dead link carries nothing: full, not idle (it read as the best rail)
+                u[part] = 1.0 if not up else max(_rate(side.get("tx_bps"), f"{part}.tx_bps"),
+                                                 _rate(side.get("rx_bps"), f"{part}.rx_bps")) / (mbps * 1e6)
         except BadRequest:
             self.counters["bad"] += 1
             raise
@@ -80,4 +85,13 @@ class HRegistry:
         return out
 
     def expire(self):
-        """Nothing to expire: stale reporters are left out at the next report."""
+        """Reporters silent for stale_s are forgotten; an element none of whose GPUs reports
+        any more is scored full (H 0) at once, not left at its last score for good: its GPUs
+        (which carry its traffic on a rail-only fabric) are gone or cut off."""
+        now = self.clock()
+        with self.lock:
+            for element, per in self.latest.items():
+                for gpu in [g for g, (_, t) in per.items() if now - t > self.stale_s]:
+                    del per[gpu]
+                if not per and self.scores.h(element) != 0.0:
+                    self.scores.force(element, 1.0, now)

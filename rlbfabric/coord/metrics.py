@@ -17,7 +17,8 @@ class CoordinatorCollector:
         s = self.coord.status()
         hosts = gauge("rlb_coord_hosts", "hosts reporting QPs", [])
         hosts.add_metric([], len(s["hosts"]))
-        qps = gauge("rlb_coord_qps", "QPs known: crossing the fabric, or within one leaf", ["kind"])
+        qps = gauge("rlb_coord_qps", "QPs known: crossing the fabric, within one leaf, and of the "
+                    "fabric's the newest generation (active now)", ["kind"])
         for kind, n in s["qps"].items():
             qps.add_metric([kind], n)
         link = gauge("rlb_coord_link_qps", "QPs placed on each leaf uplink (up) and downlink into "
@@ -31,6 +32,11 @@ class CoordinatorCollector:
         for side in ("up", "down"):
             bal.add_metric([side, "placed"], s["balance"][side])
             bal.add_metric([side, "best"], s["balance"][f"best_{side}"])
+        bal_new = gauge("rlb_coord_balance_newest", "the same for the newest generation alone (QPs "
+                        "active now, placed as if older idle ones did not exist)", ["side", "of"])
+        for side in ("up", "down"):
+            bal_new.add_metric([side, "placed"], s["balance_newest"][side])
+            bal_new.add_metric([side, "best"], s["balance_newest"][f"best_{side}"])
         over = gauge("rlb_coord_links_over_target", "QPs above their link's share, summed", [])
         over.add_metric([], s["over_target"])
         dead = gauge("rlb_coord_dead_links", "leaf uplinks reported down", [])
@@ -49,7 +55,7 @@ class CoordinatorCollector:
         solves.add_metric([], c["solves"])
         expired = counter("rlb_coord_hosts_expired", "hosts forgotten after falling silent", [])
         expired.add_metric([], c["hosts_expired"])
-        yield from (hosts, qps, link, bal, over, dead, reports, links, moves, solve, solves, expired)
+        yield from (hosts, qps, link, bal, bal_new, over, dead, reports, links, moves, solve, solves, expired)
 
 
 class RegistryCollector:

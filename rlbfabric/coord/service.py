@@ -18,7 +18,8 @@ from typing import Callable
 from rlbcommon import coordapi
 
 from .. import balance
-from ..fabric import Fabric
+from ..clos import ClosFabric
+from ..policy.placement import DOWN, UP
 from ..policy.qpplacer import QpInfo, QpPlacer
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def _addr(v, name: str) -> ipaddress.IPv6Address:
 
 
 class Coordinator:
-    def __init__(self, fabric: Fabric, host_timeout_s: float = 5.0,
+    def __init__(self, fabric: ClosFabric, host_timeout_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
         self.fabric, self.host_timeout_s, self.clock = fabric, host_timeout_s, clock
         self.placer = QpPlacer(fabric)
@@ -83,6 +84,7 @@ class Coordinator:
         if not isinstance(qps, list):
             raise BadRequest("qps must be a list")
         seen: dict[tuple, QpInfo] = {}
+        received = self.clock()
         for i, q in enumerate(qps):
             if not isinstance(q, dict):
                 raise BadRequest(f"qps[{i}] must be an object")
@@ -93,12 +95,26 @@ class Coordinator:
             if path is not None:
                 path = _int(path, f"qps[{i}].path", 1, self.fabric.paths)
             nbytes = _int(q.get("bytes", 0), f"qps[{i}].bytes", 0, 1 << 63)
+            fixed = q.get("fixed", False)
+            if not isinstance(fixed, bool) or (fixed and path is None):
+                raise BadRequest(f"qps[{i}].fixed must be true or false, and a fixed QP needs its path")
+            active = q.get("active", True)
+            if not isinstance(active, bool):
+                raise BadRequest(f"qps[{i}].active must be true or false")
+            idle_ms = q.get("idle_ms", 0)
+            if isinstance(idle_ms, bool) or not isinstance(idle_ms, (int, float)) or not 0 <= idle_ms <= 1e9:
+                raise BadRequest(f"qps[{i}].idle_ms must be a number of milliseconds, not {idle_ms!r}")
             dst = self.placer.host_of(str(peer))
             if dst is None:
                 continue                       # a peer outside the fabric: nothing to place
-            ws = _lookup(tables, peer)
-            weights = {k: max(0.0, ws.get(k, 1.0)) for k in valid}
-            seen[(host, str(peer), sport, qpn)] = QpInfo(host, dst, path, weights, nbytes)
+            if fixed:                          # placed through verbs: its path cannot change
+                weights = {k: float(k == path) for k in valid}
+            else:
+                ws = _lookup(tables, peer)
+                weights = {k: max(0.0, ws.get(k, 1.0)) for k in valid}
+            # when it last carried traffic: None while active (verbs QPs: until destroyed)
+            last = None if active or fixed else received - idle_ms / 1000
+            seen[(host, str(peer), sport, qpn)] = QpInfo(host, dst, path, weights, nbytes, fixed, last)
         with self.lock:
             now = self.clock()
             entry = self.hosts.setdefault(host, {"seen": now, "keys": set()})
@@ -110,9 +126,30 @@ class Coordinator:
             entry["keys"] = set(seen)
             self._solve()
             placed = self.placer.placements(host)
+            links = self._links_for(host, {info.dst for info in seen.values()} | self._peer_hosts(body))
             self.counters["reports"] += 1
         return {"placements": [{"peer": k[1], "sport": k[2], "qp": k[3], "path": p}
-                               for k, p in sorted(placed.items())]}
+                               for k, p in sorted(placed.items()) if k in seen and not seen[k].fixed],
+                "links": links}
+
+    def _peer_hosts(self, body: dict) -> set[str]:
+        """Hosts the reporter is about to place QPs towards (its verbs library's recent peers)."""
+        peers = body.get("peers", [])
+        if not isinstance(peers, list):
+            raise BadRequest("peers must be a list of addresses")
+        return {h for h in (self.placer.host_of(str(_addr(p, "peers[]"))) for p in peers[:4096]) if h}
+
+    def _links_for(self, host: str, peers: set[str]) -> dict:
+        """What a host needs to place a new QP the coordinator's way: its leaf's uplinks and the
+        downlinks into its peers' leaves, in QPs placed and capacity per colour (0: dead)."""
+        loads = self.placer.loads(tiers=1)     # a new QP joins the active ones
+        cap = self.placer.cap
+        mine = self.placer.leaf_of_host[host]
+        leaves = {self.placer.leaf_of_host[h] for h in peers} - {mine}
+        name = self.fabric.leaves
+        return {"leaf": name[mine].name,
+                "up": {"load": loads[UP][mine], "cap": cap[UP][mine]},
+                "down": {name[b].name: {"load": loads[DOWN][b], "cap": cap[DOWN][b]} for b in sorted(leaves)}}
 
     def _check_paths(self, host: str, paths) -> set[int]:
         """The path values the host reports, each address inside its prefix for that path."""
@@ -175,7 +212,7 @@ class Coordinator:
     # ---- keeping it current -------------------------------------------------------------------
     def _solve(self):
         t = time.perf_counter()
-        moved = self.placer.solve()
+        moved = self.placer.solve(self.clock())
         self.last_solve_s = time.perf_counter() - t
         self.counters["solves"] += 1
         self.counters["solve_seconds"] += self.last_solve_s
@@ -207,12 +244,22 @@ class Coordinator:
             down = {lf: v["down"] for lf, v in loads.items()}
             got = balance.figures(up, down, caps)
             best = balance.best_figures(self.fabric, [(q.src, q.dst) for q in self.placer.qps.values()], caps)
+            active = self.placer.active()
+            act = self.placer.link_loads(tiers=1)
+            got_a = balance.figures({lf: v["up"] for lf, v in act.items()},
+                                    {lf: v["down"] for lf, v in act.items()}, caps)
+            best_a = balance.best_figures(self.fabric, [(self.placer.qps[k].src, self.placer.qps[k].dst)
+                                                        for k in active], caps)
             return {
                 "hosts": {h: {"qps": len(e["keys"]), "age_s": round(now - e["seen"], 3)}
                           for h, e in sorted(self.hosts.items())},
-                "qps": {"fabric": len(self.placer.qps), "local": len(self.placer.local)},
+                "qps": {"fabric": len(self.placer.qps), "local": len(self.placer.local),
+                        "newest": len(active)},
                 "links": {lf: {**loads[lf], "capacity_mbps": caps[lf]} for lf in loads},
                 "balance": {"up": got[0], "down": got[1], "best_up": best[0], "best_down": best[1]},
+                # the newest generation alone (the QPs active now and those idle just as long):
+                # placed as if the older ones did not exist
+                "balance_newest": {"up": got_a[0], "down": got_a[1], "best_up": best_a[0], "best_down": best_a[1]},
                 "over_target": self.placer.excess(),
                 "dead_links": [f"{lf}/{c + 1}" for lf, c in self.placer.dead_links()],
                 "last_solve_ms": round(self.last_solve_s * 1000, 3),

@@ -16,9 +16,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from . import pathbw
+from rlbcommon.constants import POLICIES
 from rlbfabric.bird.ctl import DEFAULT_PATHBW_SUBTYPE, BirdPath
-from ..constants import POLICIES
+
+from . import pathbw
 from ..routes import NextHop, Route
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-MAX_BANDWIDTH = 3.4e38   # what a leaf originates: "a maximum bandwidth value" (float32 max)
-
 
 def route_weight(link_bw: float, path_bw: float, homing: int = 1) -> float:
     """Weight of one route at a receiving node."""

@@ -12,7 +12,15 @@ colour c in proportion to min(uplink a,c ; downlink c,b); a link's share is the 
 of the QPs that may cross it, and its load must lie between that share rounded down and rounded up
 ("within one QP"). With equal capacities a colouring meeting every target at once always exists
 (de Werra's equitable edge colouring of bipartite multigraphs): every leaf's worst link then
-carries exactly ceil(d/U) QPs, the best possible.
+carries exactly ceil(d/U) QPs, the best possible. With unequal capacities "rounded up" is not
+enough: two QPs with shares 0.67, 0.67, 0.33, 0.33 over two full and two half-speed links must not
+sit on a half-speed one. So only as many links as the fractional parts add up to may take their
+extra QP, those whose utilisation stays lowest with it (water-filling): the smallest maximum
+utilisation a rounding can reach.
+
+Base load. A Placement may carry loads it does not place (set_base): the links' QPs of a tier
+placed before it (qpplacer.py places the QPs active now first, remembered idle ones in the room
+left). Shares then fill the room above the base, and utilisation counts base and own QPs.
 
 The method (de Werra's proof, made incremental). Keep the current colouring; place a new QP on the
 colour least loaded at both ends; then, while some link is outside its target, find by
@@ -64,6 +72,54 @@ def _viol(load: int, lo: int, hi: int) -> int:
     return max(0, load - hi) + max(0, lo - load)
 
 
+def _round_up(share: list[float], d: int, cap: list[float], base: list[int]) -> list[int]:
+    """Upper targets: every link its share rounded down, and the extra QPs the fractions add up
+    to on the links where one more QP leaves the utilisation (base + QPs over capacity) lowest;
+    links tied at that level may all take one."""
+    hi = [math.floor(x + EPS) for x in share]
+    need = d - sum(hi)
+    frac = [c for c, x in enumerate(share) if x - hi[c] > EPS and cap[c] > 0]
+    if need <= 0 or not frac:
+        return hi
+    if need >= len(frac):
+        for c in frac:
+            hi[c] += 1
+        return hi
+    level = sorted(((base[c] + hi[c] + 1) / cap[c], c) for c in frac)
+    cut = level[need - 1][0]
+    for lvl, c in level:
+        if lvl <= cut + EPS:
+            hi[c] += 1
+    return hi
+
+
+def _fill(d: int, cap: list[float], base: list[int]) -> list[float] | None:
+    """Shares of d QPs over links already carrying `base`, filling the lowest utilisation
+    first (water-filling: the level L with sum of max(0, L*cap - base) = d); None if no link
+    is alive."""
+    live = [c for c, x in enumerate(cap) if x > 0]
+    if not live:
+        return None
+    order = sorted(live, key=lambda c: base[c] / cap[c])
+    share = [0.0] * len(cap)
+    # raise the level across the links it has reached until the QPs are used up
+    room, i, level = float(d), 0, base[order[0]] / cap[order[0]]
+    while i < len(order):
+        j = i + 1
+        while j < len(order) and base[order[j]] / cap[order[j]] <= level + EPS:
+            j += 1
+        width = sum(cap[c] for c in order[:j])
+        nxt = base[order[j]] / cap[order[j]] if j < len(order) else math.inf
+        if room <= (nxt - level) * width + EPS:
+            level += room / width
+            break
+        room -= (nxt - level) * width
+        level, i = nxt, j
+    for c in live:
+        share[c] = max(0.0, level * cap[c] - base[c])
+    return share
+
+
 class Placement:
     """Colours for QPs across a fabric of n_leaves leaves with n_colours uplinks each.
 
@@ -79,6 +135,7 @@ class Placement:
         self.lo = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
         self.hi = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
         self.share = [[[0.0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
+        self.base = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
         self.groups: dict[tuple[int, int, int], _Group] = {}
         self.at: list[list[list[_Group]]] = [[[] for _ in range(n_leaves)] for _ in (UP, DOWN)]
         self.qps: dict[Hashable, _Qp] = {}
@@ -97,6 +154,14 @@ class Placement:
         if caps != self.cap[side][leaf]:
             self.cap[side][leaf] = caps
             self._caps_changed = True
+
+    def set_base(self, leaf: int, side: int, loads: list[int]):
+        """QPs on each colour of one link set that this placement does not move (a higher tier's)."""
+        if len(loads) != self.n_colours:
+            raise ValueError(f"{self.n_colours} base loads expected, got {loads}")
+        if loads != self.base[side][leaf]:
+            self.base[side][leaf] = list(loads)
+            self._dirty.add((side, leaf))
 
     def add(self, key: Hashable, a: int, b: int, allowed: int | None = None, colour: int | None = None,
             weights: Iterable[float] | None = None):
@@ -180,9 +245,12 @@ class Placement:
         return bool(g.mask >> c & 1) and self.cap[UP][g.a][c] > 0 and self.cap[DOWN][g.b][c] > 0
 
     def _weigh(self, g: _Group):
-        """A path's weight is its narrowest link (FARE), times the QP's own weight; one QP's
-        share of each colour."""
-        w = [min(self.cap[UP][g.a][c], self.cap[DOWN][g.b][c]) * g.weights[c] for c in range(self.n_colours)]
+        """A path's weight is its narrowest link (FARE), capped by the QP's own weight for it
+        (both relative to their largest: a host whose weights already follow the links' speeds
+        is not counted twice); one QP's share of each colour."""
+        path = [min(self.cap[UP][g.a][c], self.cap[DOWN][g.b][c]) for c in range(self.n_colours)]
+        top = max(path)
+        w = [min(x / top, g.weights[c]) if top > 0 else 0.0 for c, x in enumerate(path)]
         total = sum(w)
         g.frac = [x / total for x in w] if total > 0 else [0.0] * self.n_colours
 
@@ -196,15 +264,30 @@ class Placement:
             self._touched |= self._dirty
             self._caps_changed = False
         for side, v in self._dirty:
-            share = [0.0] * self.n_colours
+            share, d = [0.0] * self.n_colours, 0
             for g in self.at[side][v]:
                 if g.size:
+                    d += g.size
                     for c, f in enumerate(g.frac):
                         share[c] += g.size * f
+            base = self.base[side][v]
+            if d and any(base):   # the room left, by the paths' narrowest links as the shares are
+                share = _fill(d, self._path_caps(side, v, d), base) or share
             self.share[side][v] = share
             self.lo[side][v] = [math.floor(x + EPS) for x in share]
-            self.hi[side][v] = [math.ceil(x - EPS) for x in share]
+            self.hi[side][v] = _round_up(share, d, self.cap[side][v], base)
         self._dirty = set()
+
+    def _path_caps(self, side: int, v: int, d: int) -> list[float]:
+        """Per colour, the capacity of the paths v's d QPs may take (their narrowest link),
+        averaged by group size: what an older generation's room is filled by."""
+        path = [0.0] * self.n_colours
+        for g in self.at[side][v]:
+            if g.size:
+                for c in range(self.n_colours):
+                    if g.mask >> c & 1:
+                        path[c] += g.size * min(self.cap[UP][g.a][c], self.cap[DOWN][g.b][c])
+        return [x / d for x in path]
 
     def targets(self) -> tuple[list, list]:
         """(lo, hi)[side][leaf][colour]: each link's share rounded down and up."""
@@ -223,11 +306,21 @@ class Placement:
         return sum(max(0, self.load[s][v][c] - self.hi[s][v][c])
                    for s in (UP, DOWN) for v in range(self.n_leaves) for c in range(self.n_colours))
 
-    def _dv(self, side: int, v: int, gain: int, shed: int) -> int:
-        """Change of v's violation when one of its QPs turns from shed to gain."""
-        ld, lo, hi = self.load[side][v], self.lo[side][v], self.hi[side][v]
-        return (_viol(ld[gain] + 1, lo[gain], hi[gain]) - _viol(ld[gain], lo[gain], hi[gain])
-                + _viol(ld[shed] - 1, lo[shed], hi[shed]) - _viol(ld[shed], lo[shed], hi[shed]))
+    def _wv(self, side: int, v: int, c: int, load: int) -> float:
+        """A link's violation as the repairs weigh it: a QP over the target counts by how much of
+        the link it takes (a half-speed link twice), so where the targets of both ends cannot all
+        be met the excess lands on the fastest links; a QP under the target counts one."""
+        lo, hi, cap = self.lo[side][v][c], self.hi[side][v][c], self.cap[side][v][c]
+        over = max(0, load - hi)
+        if over and cap > 0:
+            over *= max(self.cap[side][v]) / cap
+        return over + max(0, lo - load)
+
+    def _dv(self, side: int, v: int, gain: int, shed: int) -> float:
+        """Change of v's (weighed) violation when one of its QPs turns from shed to gain."""
+        ld = self.load[side][v]
+        return (self._wv(side, v, gain, ld[gain] + 1) - self._wv(side, v, gain, ld[gain])
+                + self._wv(side, v, shed, ld[shed] - 1) - self._wv(side, v, shed, ld[shed]))
 
     # ---- solving ------------------------------------------------------------------------
     def solve(self) -> set:
@@ -275,7 +368,9 @@ class Placement:
 
     def _greedy(self, g: _Group) -> int | None:
         """The usable colour that keeps both ends within their targets and nearest their exact
-        shares (2 QPs over a 10 and a 5 Gb/s path: one each, not both on the faster)."""
+        shares (2 QPs over a 10 and a 5 Gb/s path: one each, not both on the faster), then the
+        least loaded for its capacity (QPs that may use one colour only, such as those placed
+        through verbs, raise that colour's share without leaving room in it)."""
         best, best_key = None, None
         up, dn = self.load[UP][g.a], self.load[DOWN][g.b]
         hu, hd = self.hi[UP][g.a], self.hi[DOWN][g.b]
@@ -284,7 +379,9 @@ class Placement:
             if not self._usable(g, c):
                 continue
             k = (max(0, up[c] + 1 - hu[c]) + max(0, dn[c] + 1 - hd[c]),
-                 max(up[c] + 1 - su[c], dn[c] + 1 - sd[c]))
+                 max(up[c] + 1 - su[c], dn[c] + 1 - sd[c]),
+                 max((self.base[UP][g.a][c] + up[c] + 1) / self.cap[UP][g.a][c],
+                     (self.base[DOWN][g.b][c] + dn[c] + 1) / self.cap[DOWN][g.b][c]))
             if best_key is None or k < best_key:
                 best, best_key = c, k
         return best
@@ -295,7 +392,7 @@ class Placement:
         others = [x for x in range(self.n_colours) if x != c and self.cap[side][v][x] > 0]
         # v sheds c and gains another colour when over target, the reverse when under
         pairs = [(c, x) if over else (x, c) for x in others]
-        pairs = [(a, b) for a, b in pairs if self._dv(side, v, b, a) < 0]
+        pairs = [(a, b) for a, b in pairs if self._dv(side, v, b, a) < -EPS]
         ld, hi = self.load[side][v], self.hi[side][v]
         pairs.sort(key=lambda ab: ld[ab[1]] - hi[ab[1]])          # the most room first
         for alpha, beta in pairs:
@@ -332,7 +429,7 @@ class Placement:
                 if w in parent:
                     continue
                 parent[w] = (node, g, shed, gain)
-                if base + self._dv(w[0], w[1], gain, shed) < 0:
+                if base + self._dv(w[0], w[1], gain, shed) < -EPS:
                     return self._unwind(parent, w)
                 queue.append(w)
         return None
@@ -359,13 +456,13 @@ class Placement:
                     if z == y or not self._usable(g, z):
                         continue
                     here = 0 if z == x else (self._dv(s, u, z, alpha) if x is None else self._dv(s, u, z, x))
-                    if here > 0 or (x is None and here >= 0):
+                    if here > EPS or (x is None and here > -EPS):
                         continue
                     w = (*wv, z)
                     if w in parent:
                         continue
                     parent[w] = (state, g, y, z)
-                    if so_far + here + self._dv(wv[0], wv[1], z, y) < 0:
+                    if so_far + here + self._dv(wv[0], wv[1], z, y) < -EPS:
                         return self._unwind(parent, w)
                     queue.append((w, y, so_far + here))
         return None

@@ -1,13 +1,23 @@
 """QPs of named hosts placed on paths: the fabric file turns hosts into leaves and paths into
 colours (uplinks) for the leaf-level algorithm (placement.py), and its answer back into a path per
-QP. This is the coordinator's model; simulations drive it directly."""
+QP. This is the coordinator's model; simulations drive it directly.
+
+Active first. Hosts report QPs that carry traffic now and QPs they remember (idle, perhaps gone):
+a collective's QPs return burst after burst, but a job that ended leaves QPs that never will. The
+QPs are grouped into generations by when they last carried traffic: the QPs active now and those
+idle QPs whose last packets came within `gap_s` of them, then the next such cluster further back,
+and so on. Each generation is placed as if the older ones did not exist (the newest first, at the
+best possible for the current matrix), each older one in the room the newer ones leave (a base
+load for its Placement). A remembered QP that returns joins the newest generation with the path it
+took; if that path unbalances the active QPs it is placed again at once."""
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass
 from typing import Hashable
 
-from ..fabric import Fabric
+from ..clos import ClosFabric
 from .placement import DOWN, UP, Placement
 
 
@@ -18,16 +28,24 @@ class QpInfo:
     path: int | None              # path value (k) it is on now, as its host reported
     weights: dict[int, float]     # path value -> the sender's weight for this peer (0: not usable)
     bytes: int = 0
+    fixed: bool = False           # placed through verbs: it stays on its path (weights allow only it)
+    last: float | None = None     # when it last carried traffic (the coordinator's clock); None: now
 
     @property
     def allowed(self) -> frozenset[int]:
         return frozenset(k for k, w in self.weights.items() if w > 0)
 
 
+TIERS = 3                 # generations placed apart: the newest, the one before, all older ones
+GENERATION_GAP_S = 0.1    # idle QPs whose last packets are this much apart belong to different ones
+BUCKET_S = 0.02           # last-packet times are grouped at this resolution (work per solve)
+_UNFILED = object()       # a QP in no bucket yet (None is a bucket: the QPs active now)
+
+
 class QpPlacer:
     """Keeps every known QP with its placed path; changes are incremental."""
 
-    def __init__(self, fabric: Fabric):
+    def __init__(self, fabric: ClosFabric, gap_s: float = GENERATION_GAP_S):
         self.fabric = fabric
         self.leaf_index = {lf.name: i for i, lf in enumerate(fabric.leaves)}
         self.leaf_of_host = {h: self.leaf_index[fabric.leaf_of_host(h)[0].name] for h in fabric.hosts}
@@ -37,7 +55,12 @@ class QpPlacer:
         lf0 = fabric.leaves[0]
         self.colour_of_path = {k: fabric.port_id(k, lf0) - 1 for k in self.paths}
         self.prefix_host = fabric.host_of_prefix()
-        self.placement = Placement(len(fabric.leaves), self.n_colours)
+        self.tiers = [Placement(len(fabric.leaves), self.n_colours) for _ in range(TIERS)]
+        self.gap_s = gap_s
+        self.tier_of: dict[Hashable, int] = {}
+        self.bucket_of: dict[Hashable, int | None] = {}     # None: active now
+        self.buckets: dict[int | None, set] = {}
+        self.bucket_tier: dict[int | None, int] = {}
         self.qps: dict[Hashable, QpInfo] = {}
         self.local: dict[Hashable, QpInfo] = {}      # QPs inside one leaf: no fabric link to place
         self.by_host: dict[str, set] = {}            # sending host -> its fabric-crossing QPs
@@ -55,8 +78,9 @@ class QpPlacer:
         caps = [self.link_mbps(leaf, c) if self.link_up.get((leaf, c), True) else 0.0
                 for c in range(self.n_colours)]
         # a leaf-spine link carries the leaf's uplink and the downlink into it: both die together
-        self.placement.set_capacity(leaf, UP, caps)
-        self.placement.set_capacity(leaf, DOWN, caps)
+        for t in self.tiers:
+            t.set_capacity(leaf, UP, caps)
+            t.set_capacity(leaf, DOWN, caps)
 
     def set_link(self, leaf: str, colour: int, up: bool) -> bool:
         """A leaf's uplink (0-based colour) went up or down; True if that changed anything."""
@@ -94,7 +118,11 @@ class QpPlacer:
         self.qps[key] = qp
         self.by_host.setdefault(qp.src, set()).add(key)
         colour = self.colour_of_path.get(qp.path) if qp.path in qp.allowed else None
-        self.placement.add(key, a, b, colour=colour, weights=self.colour_weights(qp.weights))
+        bucket = self._bucket(qp)
+        tier = self.bucket_tier.get(bucket, 0)
+        self._file(key, bucket)
+        self.tier_of[key] = tier
+        self.tiers[tier].add(key, a, b, colour=colour, weights=self.colour_weights(qp.weights))
 
     def remove(self, key: Hashable) -> bool:
         if self.local.pop(key, None) is not None:
@@ -103,8 +131,54 @@ class QpPlacer:
         if qp is None:
             return False
         self.by_host[qp.src].discard(key)
-        self.placement.remove(key)
+        self.tiers[self.tier_of.pop(key)].remove(key)
+        self._file(key, None, drop=True)
         return True
+
+    # ---- generations ------------------------------------------------------------------
+    @staticmethod
+    def _bucket(qp: QpInfo) -> int | None:
+        return None if qp.last is None or qp.fixed else math.floor(qp.last / BUCKET_S)
+
+    def _file(self, key, bucket, drop: bool = False):
+        old = self.bucket_of.pop(key, _UNFILED)
+        if old is not _UNFILED:
+            members = self.buckets[old]
+            members.discard(key)
+            if not members:
+                del self.buckets[old]
+        if not drop:
+            self.bucket_of[key] = bucket
+            self.buckets.setdefault(bucket, set()).add(key)
+
+    def _move_tier(self, key, tier: int):
+        old = self.tier_of[key]
+        if old == tier:
+            return
+        qp = self.qps[key]
+        colour = self.tiers[old].colour(key)
+        self.tiers[old].remove(key)
+        self.tiers[tier].add(key, self.leaf_of_host[qp.src], self.leaf_of_host[qp.dst], colour=colour,
+                             weights=self.colour_weights(qp.weights))
+        self.tier_of[key] = tier
+
+    def _regroup(self, now: float | None):
+        """Each bucket of last-packet times its generation (tier): the active bucket and the idle
+        ones chained to it within gap_s form the newest, then the next chain, ... Every QP
+        sits in its bucket's tier, so only the QPs of buckets whose tier changes move."""
+        now_b = math.inf if now is None else math.floor(now / BUCKET_S)
+        times = sorted((((now_b if b is None else b), b) for b in self.buckets), key=lambda tb: tb[0])
+        tier, prev, gap = 0, None, self.gap_s / BUCKET_S
+        for t, b in reversed(times):
+            if prev is not None and prev - t > gap + 1:
+                tier = min(TIERS - 1, tier + 1)
+            prev = t if t != math.inf else None
+            if self.bucket_tier.get(b, 0) != tier:
+                for key in self.buckets[b]:
+                    self._move_tier(key, tier)
+            self.bucket_tier[b] = tier
+        for b in [b for b in self.bucket_tier if b not in self.buckets]:
+            del self.bucket_tier[b]
 
     def update(self, key: Hashable, qp: QpInfo):
         """A QP seen again: only its bytes and current path change; its placement stays unless its
@@ -115,20 +189,46 @@ class QpPlacer:
             self.add(key, qp)
             return
         old.bytes, old.path = qp.bytes, qp.path
+        if qp.last is None or old.last is None or abs(qp.last - old.last) > BUCKET_S:
+            old.last = qp.last        # (an idle QP's last packet, re-derived each report, jitters)
+        if key in self.qps:
+            bucket = self._bucket(old)
+            if self.bucket_of.get(key) != bucket:
+                # every QP sits in its bucket's tier (a new bucket's is 0 until the next regroup)
+                self._file(key, bucket)
+                self._move_tier(key, self.bucket_tier.get(bucket, 0))
 
     def __len__(self) -> int:
         return len(self.qps) + len(self.local)
 
-    def solve(self) -> int:
-        """Bring the placement to the targets; returns how many QPs got a new colour."""
-        return len(self.placement.solve())
+    def solve(self, now: float | None = None) -> int:
+        """Regroup the QPs by generation (`now` on the clock of QpInfo.last), then bring each
+        generation to its targets, the newest first, each older one above the loads of those
+        before it; returns how many QPs got a new colour."""
+        self._regroup(now)
+        moved = 0
+        for k, t in enumerate(self.tiers):
+            if k:
+                base = self.loads(tiers=k)         # the newer generations, as just placed
+                for side in (UP, DOWN):
+                    for v in range(len(self.fabric.leaves)):
+                        t.set_base(v, side, base[side][v])
+            moved += len(t.solve())
+        return moved
+
+    def colour(self, key: Hashable) -> int | None:
+        return self.tiers[self.tier_of[key]].colour(key)
+
+    def generation(self, key: Hashable) -> int | None:
+        """0: placed with the QPs active now; 1, 2: in the room the newer ones left."""
+        return self.tier_of.get(key)
 
     def path(self, key: Hashable) -> int | None:
         """The path value placed for a QP (None: within a leaf, or no usable path)."""
         qp = self.qps.get(key)
         if qp is None:
             return None
-        c = self.placement.colour(key)
+        c = self.colour(key)
         if c is None:
             return None
         if qp.path in qp.allowed and self.colour_of_path.get(qp.path) == c:
@@ -145,14 +245,33 @@ class QpPlacer:
         return out
 
     # ---- reading ------------------------------------------------------------------------
-    def link_loads(self) -> dict[str, dict[str, list[int]]]:
-        """{leaf: {"up": QPs per colour, "down": QPs per colour}} as placed."""
-        loads = self.placement.loads()
+    def loads(self, tiers: int = TIERS) -> list[list[list[int]]]:
+        """QPs placed per [side][leaf][colour], of the newest `tiers` generations."""
+        out = self.tiers[0].loads()
+        for t in self.tiers[1:tiers]:
+            for s0, s1 in zip(out, t.loads()):
+                for r0, r1 in zip(s0, s1):
+                    for c, x in enumerate(r1):
+                        r0[c] += x
+        return out
+
+    @property
+    def cap(self) -> list[list[list[float]]]:
+        return self.tiers[0].cap
+
+    def link_loads(self, tiers: int = TIERS) -> dict[str, dict[str, list[int]]]:
+        """{leaf: {"up": QPs per colour, "down": QPs per colour}} as placed (the newest
+        `tiers` generations; all by default)."""
+        loads = self.loads(tiers)
         return {lf.name: {"up": loads[UP][i], "down": loads[DOWN][i]}
                 for i, lf in enumerate(self.fabric.leaves)}
 
+    def active(self) -> list[Hashable]:
+        """The QPs of the newest generation (placed as if no other existed)."""
+        return [k for k, t in self.tier_of.items() if t == 0]
+
     def caps(self, leaf: str) -> list[float]:
-        return self.placement.cap[UP][self.leaf_index[leaf]]
+        return self.tiers[0].cap[UP][self.leaf_index[leaf]]
 
     def excess(self) -> int:
-        return self.placement.excess()
+        return sum(t.excess() for t in self.tiers)

@@ -16,6 +16,7 @@ QPs arrive on any of its sub-ports addressed to its loopback (the lab's UDP QPs 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import shutil
@@ -36,6 +37,7 @@ VENV = Path("/opt/rlb/venv/bin")
 UNITS = Path("/etc/systemd/system")
 RUN = Path("/run/rlb")
 ETC = Path("/etc/rlb")
+VERBS_LIB = Path("/usr/local/lib/rlb")
 LINK_DIR = Path("/etc/systemd/network")   # .link files: NIC names that survive a reboot
 
 
@@ -118,6 +120,11 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
     ETC.mkdir(parents=True, exist_ok=True)
     LINK_DIR.mkdir(parents=True, exist_ok=True)
     name_nics(vm)
+    if vm.role == "host":
+        write_lab_key(fabric_file)
+    if vm.role == "host" and fab.kind != "scaleup":
+        # the verbs library, as an operator installs it (`rlbhost verbs install`)
+        sh(str(VENV / "rlbhost"), "verbs", "install", "--dir", str(VERBS_LIB))
     todo = units(fab, vms, vm, fabric_file, xdp, bfd_ms, probe_ms, probe_dead_ms)
     for u, body in todo.items():
         (UNITS / f"{u}.service").write_text(body)
@@ -135,10 +142,20 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
         grafana(vm)
 
 
+def write_lab_key(fabric_file: Path, path: Path = ETC / "probe-key"):
+    """The fabric's keys (probe answers, the verbs agents' messages): in the lab one key derived
+    from the fabric file every VM has, so the hosts agree without a secret to hand out. An
+    operator makes a random one (`openssl rand -hex 16`, docs/operations.md)."""
+    key = hashlib.sha256(b"rlb lab key\0" + fabric_file.read_bytes()).hexdigest()[:32]
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(key + "\n")
+
+
 def scrape_targets(fab, vms: list[VmNode], vm: VmNode, coordinator: bool = True, rule_files=()) -> str:
     """Prometheus on the monitor scrapes every agent and the coordinator beside it, and
     evaluates the alerting rules (rlbmonitor/alerts.py): what `rlbfabric prometheus` renders."""
-    from rlbmonitor.prometheus import fabric_scrape_config
+    from rlbfabric.scrape import fabric_scrape_config
     return fabric_scrape_config(fab, {v.name: v.mgmt_ip for v in vms if v.role != "monitor"},
                                 vm.mgmt_ip if coordinator else None, rule_files=rule_files)
 

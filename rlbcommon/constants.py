@@ -10,8 +10,11 @@ POLICIES = ("dpf", "fare", "ecmp", "dlb", "spray")
 ROCE_PORT = 4791                    # RoCEv2's UDP destination port (IANA)
 METRICS_PORT = {"switch": 9471, "host": 9472, "coordinator": 9473}
 COORDINATOR_PORT = METRICS_PORT["coordinator"]   # the coordinator's API and /metrics share it
+VERBS_PORT = 4798                   # host agents agree on verbs QPs' paths (UDP, between base addresses)
 # Colour k travels as the generic ext community (COLOUR_COMMUNITY, k): transitive, type 0x03,
 # sub-type 0x0b (RFC 9012's colour extended community).
 COLOUR_COMMUNITY = 0x030B0000
+# FARE's path bandwidth: what a leaf originates, "a maximum bandwidth value" (float32's largest).
+MAX_BANDWIDTH = 3.4e38
 # Runtime files (bird includes, sockets, locks, layouts); RLB_RUN_DIR moves them (tests, labs).
 RUN_DIR = Path(os.environ.get("RLB_RUN_DIR", "/run/rlb"))

@@ -1,11 +1,18 @@
 """Prometheus scrape configuration for a fabric: every switch agent (:9471), host agent (:9472)
-and the coordinator (:9473), labelled with the node's name and role. `rlbfabric prometheus`
-renders it for a real fabric, and the VM lab's monitor runs what it renders."""
+and the coordinator (:9473), labelled with the node's name and role. Rendered from the fabric
+file like the bird configs and the units: `rlbfabric prometheus` renders it for a real fabric,
+and the VM lab's monitor runs what it renders (rlbmonitor holds what Prometheus and Grafana
+show: alert rules and dashboards)."""
 from __future__ import annotations
 
 import ipaddress
 import json
 import re
+
+from rlbcommon.constants import METRICS_PORT
+
+from .deploy import SWITCH_ROLES, role
+from .errors import FabricError
 
 HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
@@ -14,7 +21,7 @@ def scrape_config(targets: dict[str, tuple[str, str]], interval: str = "2s", rul
     """targets: {node: (IPv6 or IPv4 address, role)}; role 'host' is scraped on 9472, switches on
     9471, 'coordinator' on 9473; rule_files: alerting rules to load (rlbmonitor/alerts.py).
     Returned as YAML (JSON is valid YAML, and needs no YAML library)."""
-    from rlbfabric.constants import METRICS_PORT as P
+    P = METRICS_PORT
     jobs = []
     for job, port, roles in (("rlbswitch", P["switch"], ("leaf", "spine", "superspine")),
                              ("rlbhost", P["host"], ("host",)), ("rlbcoord", P["coordinator"], ("coordinator",))):
@@ -32,7 +39,6 @@ def scrape_config(targets: dict[str, tuple[str, str]], interval: str = "2s", rul
 def agent_role(fabric, node: str) -> str | None:
     """The role a node is scraped as, or None where no agent of ours runs (a rail-only fabric's
     rail switches): the role deploy.units gives it, so what is scraped is what is installed."""
-    from rlbfabric.deploy import SWITCH_ROLES, role
     r = role(fabric, node)
     return r if r in SWITCH_ROLES or r == "host" else None
 
@@ -44,7 +50,6 @@ def check_address(node: str, addr: str) -> str:
     except ValueError:
         if HOSTNAME.match(addr) and not addr.replace(".", "").isdigit():
             return addr
-    from rlbfabric.fabric import FabricError
     raise FabricError(f"{node}: {addr!r} is neither an IP address nor a host name")
 
 
@@ -53,7 +58,6 @@ def fabric_scrape_config(fabric, addrs: dict[str, str], coordinator: str | None 
     """The scrape configuration of every agent of a fabric from {node: management address}.
     Every node that runs an agent needs an address, and every address must name such a node:
     a fabric scraped in part would look healthy where it is not watched."""
-    from rlbfabric.fabric import FabricError
     nodes = [n.name for n in fabric.switches] + list(fabric.hosts)
     unknown = sorted(set(addrs) - set(nodes))
     if unknown:
@@ -70,7 +74,6 @@ def fabric_scrape_config(fabric, addrs: dict[str, str], coordinator: str | None 
 
 def read_addresses(text: str, where: str) -> dict[str, str]:
     """An inventory of management addresses: one `node address` per line, # comments."""
-    from rlbfabric.fabric import FabricError
     out: dict[str, str] = {}
     for i, line in enumerate(text.splitlines(), start=1):
         words = line.split("#", 1)[0].split()

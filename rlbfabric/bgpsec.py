@@ -1,0 +1,54 @@
+"""How fabric BGP sessions protect themselves, from the fabric file's [fabric] table, for every
+fabric kind that runs BGP:
+
+    ttl_security = true                          # GTSM (RFC 5082): only a directly attached peer
+    bgp_password_file = "/etc/rlb/bgp-password"  # TCP MD5 (RFC 2385) with this shared secret
+
+GTSM is on by default. TCP MD5 is on when the password file exists (it is read when bird's
+configuration is rendered; the rendered file is then written readable by root only); "" turns it
+off. bird 2.0.12 does both on unnumbered, dynamic (neighbor range) sessions; it has no TCP-AO.
+Route filters and prefix limits are not options: every session imports only what its peer may
+announce (rlbfabric/bird/conf.py), as FRR's and Junos's data-centre guides set them."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import FabricError
+
+DEFAULT_PASSWORD_FILE = "/etc/rlb/bgp-password"
+MD5_MAX_KEY = 80            # TCP_MD5SIG_MAXKEYLEN
+
+
+@dataclass
+class BgpSecurity:
+    ttl_security: bool = True
+    password_file: str = DEFAULT_PASSWORD_FILE
+    password: str | None = None       # given directly (labs generate one per lab)
+
+    def secret(self) -> str | None:
+        """The MD5 password, or None when sessions run without one."""
+        if self.password is not None:
+            return check_password(self.password, "the lab's password")
+        if not self.password_file or not os.path.exists(self.password_file):
+            return None
+        text = Path(self.password_file).read_text().strip()
+        return check_password(text, self.password_file) if text else None
+
+
+def check_password(text: str, where: str) -> str:
+    if len(text.encode()) > MD5_MAX_KEY or any(c in text for c in '"\\\n\r') or not text.isprintable():
+        raise FabricError(f"{where}: a BGP password is 1-{MD5_MAX_KEY} printable characters without "
+                          f"quotes or backslashes")
+    return text
+
+
+def parse(f: dict, where: str) -> BgpSecurity:
+    ttl = f.get("ttl_security", True)
+    if not isinstance(ttl, bool):
+        raise FabricError(f"{where}: ttl_security must be true or false")
+    pw = f.get("bgp_password_file", DEFAULT_PASSWORD_FILE)
+    if not isinstance(pw, str):
+        raise FabricError(f"{where}: bgp_password_file must be a path (or \"\" for none)")
+    return BgpSecurity(ttl, pw)

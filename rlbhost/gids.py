@@ -1,0 +1,103 @@
+"""RoCE v2 GIDs per RDMA port, read from sysfs: which GID index holds which address, and which
+ports sit on a network interface. The verbs library is told a GID index; the agent finds it here
+(RLB_SYSFS_INFINIBAND moves the tree, for tests)."""
+from __future__ import annotations
+
+import ipaddress
+import os
+import time
+from pathlib import Path
+
+SYSFS = Path(os.environ.get("RLB_SYSFS_INFINIBAND", "/sys/class/infiniband"))
+REFRESH_S = 0.1          # a miss re-reads the table at most this often
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:          # an empty entry's attributes cannot be read
+        return None
+
+
+def read_port(dev: str, port: int, sysfs: Path = SYSFS) -> dict[int, tuple[str, str, str]]:
+    """{index: (address, type, netdev)} of the port's populated GID entries."""
+    base = sysfs / dev / "ports" / str(port)
+    out = {}
+    try:
+        names = os.listdir(base / "gids")
+    except OSError:
+        return out
+    for name in names:
+        gid = _read(base / "gids" / name)
+        if not gid or gid.replace("0", "").replace(":", "") == "":
+            continue
+        out[int(name)] = (str(ipaddress.IPv6Address(gid)), _read(base / "gid_attrs" / "types" / name) or "",
+                          _read(base / "gid_attrs" / "ndevs" / name) or "")
+    return out
+
+
+def ports(sysfs: Path = SYSFS) -> list[tuple[str, int]]:
+    out = []
+    try:
+        devs = sorted(os.listdir(sysfs))
+    except OSError:
+        return out
+    for dev in devs:
+        try:
+            out += [(dev, int(p)) for p in sorted(os.listdir(sysfs / dev / "ports"))]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def is_roce_v2(gid_type: str) -> bool:
+    return "v2" in gid_type.lower()
+
+
+class GidTable:
+    """The RoCE v2 GIDs of the ports on one interface, cached; re-read on a miss (at most every
+    REFRESH_S) and when the agent says the interface's addresses changed."""
+
+    def __init__(self, ifname: str | None = None, sysfs: Path = SYSFS):
+        self.ifname, self.sysfs = ifname, sysfs
+        self.table: dict[tuple[str, int], dict[int, tuple[str, str, str]]] = {}
+        self.read_at = 0.0
+
+    def refresh(self):
+        self.table = {}
+        for dev, port in ports(self.sysfs):
+            entries = read_port(dev, port, self.sysfs)
+            if self.ifname is None or any(nd == self.ifname for _, _, nd in entries.values()):
+                self.table[(dev, port)] = entries
+        self.read_at = time.monotonic()
+
+    def served(self) -> list[tuple[str, int]]:
+        """The RDMA ports on this interface (what the agent places QPs for)."""
+        if not self.read_at:
+            self.refresh()
+        return sorted(self.table)
+
+    def _lookup(self, dev: str, port: int, match) -> int | None:
+        for attempt in (0, 1):
+            for idx, entry in sorted(self.table.get((dev, port), {}).items()):
+                if match(idx, entry):
+                    return idx
+            if attempt or time.monotonic() - self.read_at < REFRESH_S:
+                return None
+            self.refresh()
+        return None
+
+    def index_of(self, dev: str, port: int, address: str) -> int | None:
+        """The RoCE v2 GID index of address on dev/port, or None."""
+        return self._lookup(dev, port, lambda i, e: e[0] == address and is_roce_v2(e[1]))
+
+    def by_address(self) -> dict[str, list[dict]]:
+        """{address: [{device, port, gid_index}]} of every RoCE v2 GID (for `rlbhost paths`)."""
+        if not self.read_at:
+            self.refresh()
+        out: dict[str, list[dict]] = {}
+        for (dev, port), entries in sorted(self.table.items()):
+            for idx, (addr, gtype, _) in sorted(entries.items()):
+                if is_roce_v2(gtype):
+                    out.setdefault(addr, []).append({"device": dev, "port": port, "gid_index": idx})
+        return out

@@ -1,0 +1,1083 @@
+"""The agent's side of the verbs path selector: answers the library in every RDMA process of this
+host over a local socket, and agrees with the peer hosts' agents on each QP's path.
+
+Why agents must agree. An RC QP has an address vector at each end; a receiver may drop packets
+whose addresses are not the ones its QP was given (Soft-RoCE does: rxe_recv.c check_addr), so
+both ends of a QP must be put on the same path, or both keep the application's addresses. Each
+end asks at its own time (the order of the two RTRs is the application's), within a few
+milliseconds, and a missing or slow agent must leave a QP that works.
+
+How. Every QP pair has a rendezvous: the agent of the end with the lower base address. It alone
+decides the pair's path, once, when the first of the two ends asks. A QP takes part only if its
+process loads the library, which tells its agent when the QP moves to INIT, before the application
+can hand the QP number to its peer.
+- The rendezvous's end asks first: it chooses the path and proposes it to the other agent
+  (CHECK), which takes it only if that QP takes part and can use the path, and says yes; then
+  the rendezvous's library is told, and the other agent hears so (CONFIRM).
+- The other end asks first: its agent asks the rendezvous (ASK), which decides; the asker's
+  library is told, and the rendezvous hears so (CONFIRM).
+A path taken on the other end's question is held back from this end's library until that
+CONFIRM: the library's question waits for it (parked), and a QP whose confirmation does not come
+in time keeps its addresses at both ends. Settled pairs go into a table every process maps
+read-only (table.py), so the second end's library reads its path there without asking anybody.
+Whatever is not answered in time is a keep (the application's own addresses) at both ends, so a
+silent or stopped agent on either side leaves the pair on the application's addresses; a question
+older than its asker's patience is answered keep, not worked on; an agent that finds questions
+waiting half their time sheds new pairs for a while (keep at both ends) rather than answer one
+end too late; an end that ended up keeping says so (USED) and the other turns to keep, or counts a
+disagreement if its library had the path already (left to an answer lost or delayed past its
+deadline after the decision: bench/verbs_bench.py measures the two ends' devices).
+
+The decision is the local rule (rlbfabric/policy/localrule.py, what the TC program does): the
+usable path, of those both hosts can use, with the fewest active QPs for its weight, ties from the
+host's rotation; QPs placed here count in the same active counters as TC-seen QPs and hold their
+path until the application destroys them (or its process ends). UD address handles need no
+agreement (a UD receiver takes any of its GIDs): the host decides alone, from the peer's usable
+paths (asked once, kept for PEER_PATHS_TTL_S)."""
+from __future__ import annotations
+
+import collections
+import errno
+import functools
+import grp
+import ipaddress
+import json
+import logging
+import os
+import secrets
+import selectors
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlbcommon.health import Health
+from rlbcommon.paths import write_atomic
+from rlbcommon.constants import VERBS_PORT
+from rlbfabric import addrplan
+from rlbfabric.policy import localrule
+
+from ..dataplane import C as HOST_C, MAX_PATHS, HostDataplane, VerbsQp
+from ..gids import GidTable
+from ..probekeys import KeyFile
+from . import protocol as P
+from .advice import FabricView
+from .peerauth import TAG_LEN, Unsealer, seal
+from .table import DecisionTable
+
+log = logging.getLogger(__name__)
+
+MARGIN_NS = 1_000_000          # what an answer needs to get back to the library
+MIN_WORK_NS = 300_000          # a question with less time left is answered keep at once
+RESEND_NS = 2_000_000          # an unanswered question to a peer is sent again this often
+PEER_PATHS_TTL_S = 5.0
+KEPT_TTL_S = 120.0             # keeps answered for QPs this host does not know
+REUSED_AFTER_S = 1.0           # ... forgotten sooner when a new QP of that number starts (an INIT
+                               # this late cannot be the one the keep was answered for)
+REAP_EVERY_S = 1.0
+STATUS_EVERY_S = 1.0
+MAX_CLIENTS = 1024
+MAX_QPS_PER_CLIENT = 65536
+MAX_PENDING_PER_CLIENT = 256   # questions of one process waiting on peers at once
+MAX_BATCH = 2                  # messages read from one client per round: no client starves others,
+                               # and the peers' answers (read first each round) wait for no burst
+MAX_UDP_BATCH = 256            # peers' messages read per round (they settle questions waiting)
+MAX_DRAIN = 8192               # ... or, to find a QP a peer asks about, all it has sent (bounded)
+VIEW_S = 0.05                  # the paths and weights are read at most this often
+RECENT = 256                   # decisions kept with their reasons for `rlbhost why`
+BEHIND_S = 0.05                # after a question waited half its time: new pairs keep this long
+DECIDED, AH = HOST_C["RLBH_VF_DECIDED"], HOST_C["RLBH_VF_AH"]
+UCRED = struct.Struct("3i")
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)   # Linux's, absent from Python 3.11's module
+
+
+def mono_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def proc_start(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): with the pid, it names one process.
+    None once it has ended (a zombie too: its QPs are gone with it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class Client:
+    sock: socket.socket
+    pid: int
+    uid: int
+    start: int | None
+    greeted: bool = False
+    pending: int = 0               # its questions waiting on a peer agent
+    qpns: set[int] = field(default_factory=set)
+    ahs: dict[int, VerbsQp] = field(default_factory=dict)        # handle -> entry
+    ah_pending: dict[int, VerbsQp] = field(default_factory=dict)  # question seq -> entry
+
+
+@dataclass
+class LocalQp:
+    """An RC/UC QP of a process with the library on this host."""
+    qpn: int
+    dev: str
+    pid: int
+    start: int | None
+
+
+@dataclass
+class Decision:
+    """A pair's path as this host knows it: path 0 is a keep, for reason keep."""
+    path: int
+    keep: str = ""
+    here: bool = False             # this host is the pair's rendezvous
+    local_told: bool = False
+    peer_told: bool = False
+    entry: VerbsQp | None = None   # what the data plane holds for it
+    at: float = field(default_factory=time.monotonic)
+    why: str = ""
+    # a path taken on the other end's question stays unconfirmed until the other end says its
+    # library has it (CONFIRM): till then this end's library is not given it (it waits, parked)
+    confirmed: bool = True
+    confirm_sent: bool = False
+
+
+@dataclass
+class Pending:
+    """A question waiting on a peer agent."""
+    msg: P.PeerMsg
+    peer: str                      # the peer agent's address
+    deadline_ns: int               # the peer's answer is of no use after this
+    resend_ns: int
+    on_reply: object               # callable(PeerMsg | None): None on timeout
+
+
+@dataclass
+class View:
+    """This host's paths as the data plane has them, read once per question."""
+    field: int
+    base_value: int
+    base_addr: str
+    index: dict[int, int]          # path value -> index (valid paths)
+    addr: dict[int, str]           # path value -> this host's address on it
+    rotation: int
+    ports_mode: bool
+
+
+class VerbsService:
+    def __init__(self, dp: HostDataplane, socket_path: Path, ifname: str | None = None,
+                 port: int = VERBS_PORT, group: str | None = None, gids: GidTable | None = None,
+                 health: Health | None = None, status_path: Path | None = None, advice: FabricView | None = None,
+                 table_path: Path | None = None, keys: KeyFile | None = None):
+        self.dp, self.socket_path, self.port = dp, Path(socket_path), port
+        self.keys = keys or KeyFile(None)    # the fabric's keys: the peers' messages sealed with them
+        self.unsealer = Unsealer()
+        self.table_path = table_path      # the decisions, for the libraries to read
+        self.table: DecisionTable | None = None
+        self.advice = advice           # the coordinator's link loads, when it runs
+        self.group, self.status_path = group, status_path
+        self.gids = gids or GidTable(ifname)
+        self.health = health or Health()
+        self.sel = selectors.DefaultSelector()
+        self.clients: dict[socket.socket, Client] = {}
+        self.local: dict[int, LocalQp] = {}
+        # by this host's QP number: ((qpn, peer base, peer's QP number), decision)
+        self.decisions: dict[int, tuple[tuple[int, str, int], Decision]] = {}
+        self.pending: dict[int, Pending] = {}
+        self.proposals: dict[tuple[int, str, int], tuple[int, VerbsQp]] = {}   # asked of the peer
+        self.parked: dict[tuple[int, str, int], list] = {}                      # waiting on a CONFIRM
+        self.peer_paths: dict[str, tuple[float, frozenset[int]]] = {}
+        self.ah_ids = 0
+        self.lock = threading.Lock()         # the counters, read by metrics
+        self.counters: dict[str, int] = {"questions_rtr": 0, "questions_ah": 0, "placed_rtr": 0,
+                                         "placed_ah": 0, "disagreements": 0, "bad_messages": 0,
+                                         "refused_clients": 0, "peer_questions": 0, "stale_questions": 0,
+                                         "foreign_qps": 0, "behind": 0,
+                                         "unauthenticated": 0}
+        self.kept: dict[str, int] = {k: 0 for k in P.KEEP if k != "none"}
+        self.stop = threading.Event()
+        self.listener: socket.socket | None = None
+        self.udp: socket.socket | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        self._view_at: tuple[float, View] | None = None
+        self.behind_until = 0.0
+        self.why = ""
+        self.recent: collections.deque = collections.deque(maxlen=RECENT)
+        self._weights_at: dict[str, tuple[int, list[int]] | None] = {}
+        self._next_reap = self._next_status = 0.0
+
+    # ---- sockets ------------------------------------------------------------------------
+    def open(self):
+        """The local socket (reachable by every user, or the group's) and the peers' UDP port."""
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        s.bind(str(self.socket_path))
+        if self.group:
+            os.chown(self.socket_path, 0, grp.getgrnam(self.group).gr_gid)
+            os.chmod(self.socket_path, 0o660)
+        else:
+            os.chmod(self.socket_path, 0o666)
+        s.listen(128)
+        self.listener = s
+        self.sel.register(s, selectors.EVENT_READ, "listen")
+        u = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        u.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        u.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        u.bind(("::", self.port))
+        self.udp = u
+        self.sel.register(u, selectors.EVENT_READ, "udp")
+        self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        if self.table_path is not None:
+            self.table = DecisionTable(self.table_path)
+            self.table.clear()
+        self._adopt()
+        log.info("verbs: answering on %s (%s), agreeing with peers on UDP %d; RDMA ports %s",
+                 self.socket_path, f"group {self.group}" if self.group else "every user", self.port,
+                 ", ".join(f"{d}/{p}" for d, p in self.gids.served()) or "none yet")
+
+    def close(self):
+        for c in list(self.clients.values()):
+            self._drop_client(c, "agent stopping")
+        for s in (self.listener, self.udp):
+            if s is not None:
+                self.sel.unregister(s)
+                s.close()
+        self.listener = self.udp = None
+        try:
+            self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+        if self.table is not None:        # the file stays: jobs that mapped it keep it, the next agent reuses it
+            self.table.close()
+            self.table = None
+
+    def _adopt(self):
+        """QPs placed before a restart keep their entries (and the pairs decided here stay
+        decided): rebuilt from the data plane."""
+        n = 0
+        for q in self.dp.verbs_qps():
+            if q.is_ah:
+                self.dp.verbs_drop(q)      # its process's handle is unknown now: re-placed next time
+                continue
+            start = proc_start(q.pid)
+            self.local[q.local_qpn] = LocalQp(q.local_qpn, "?", q.pid, start)
+            self._record((q.local_qpn, q.peer_base, q.remote_qpn), Decision(
+                self._value_of(q.path), here=q.decided_here, local_told=True, peer_told=True, entry=q))
+            n += 1
+        if n:
+            log.info("verbs: %d QPs placed before this agent started are kept", n)
+
+    def _decision(self, key) -> Decision | None:
+        got = self.decisions.get(key[0])
+        return got[1] if got is not None and got[0] == key else None
+
+    def _record(self, key, d: Decision) -> Decision:
+        """The pair's decision; one the same QP number held for another pair (the QP was reset
+        and connected again) is dropped. The last ones are kept with their reasons (`rlbhost why`)."""
+        old = self.decisions.get(key[0])
+        if old is not None and old[0] != key:
+            if old[1].entry is not None:
+                self.dp.verbs_drop(old[1].entry)
+            if self.table is not None:
+                self.table.remove(old[0][0], old[0][2], old[0][1])
+        self.decisions[key[0]] = (key, d)
+        if not d.why:
+            d.why = f"the application's addresses: {d.keep}" if not d.path else ""
+        self.recent.append((time.time(), key, d))
+        self._publish(key, d)
+        return d
+
+    def _publish(self, key, d: Decision):
+        """The decision into the table the libraries read (a path only with this end's GID for
+        it: without, the library asks, and is answered from the decision)."""
+        if self.table is None:
+            return
+        qpn, peer, remote = key
+        lq = self.local.get(qpn)
+        if lq is None:               # a QP that does not take part: nobody here reads it
+            return
+        if not d.path:
+            self.table.put(qpn, remote, peer, keep=P.KEEP.get(d.keep, P.KEEP["error"]))
+            return
+        if not d.confirmed:          # the library asks, and waits for the confirmation
+            self.table.remove(qpn, remote, peer)
+            return
+        v = self._view()
+        ours = v.addr.get(d.path)
+        dev = lq.dev if lq is not None and lq.dev != "?" else None
+        idx = self.gids.index_of(dev, self._port_of(dev), ours) if dev and ours else None
+        if idx is None:
+            self.table.remove(qpn, remote, peer)
+        else:
+            self.table.put(qpn, remote, peer, d.path, idx, 0, ours, _with_field(peer, v.field, d.path))
+
+    def _value_of(self, index: int) -> int:
+        return next((p.value for p in self.dp.paths() if p.index == index), 0)
+
+    # ---- the loop -----------------------------------------------------------------------
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                self._round()
+                self.health.ok("verbs")
+            except Exception as e:            # one bad round never ends the service
+                self.health.failed("verbs", e, log)
+                self.stop.wait(0.05)
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self.run, name="verbs", daemon=True)
+        t.start()
+        return t
+
+    def shutdown(self):
+        self.stop.set()
+        os.write(self._wake_w, b"x")
+
+    def _round(self):
+        now = mono_ns()
+        timeout = 0.5
+        due = [min(p.resend_ns, p.deadline_ns) for p in self.pending.values()]
+        due += [q.deadline_ns - MARGIN_NS for waiting in self.parked.values() for _, q in waiting]
+        if due:
+            timeout = max(0.0, min(timeout, (min(due) - now) / 1e9))
+        ready = self.sel.select(timeout)
+        for key, _ in sorted(ready, key=lambda kv: kv[0].data != "udp"):   # the peers' answers first
+            if key.data == "listen":
+                self._accept()
+            elif key.data == "udp":
+                self._read_udp()
+            elif key.data == "wake":
+                os.read(self._wake_r, 64)
+            elif key.data.sock in self.clients:
+                self._read_client(key.data)
+        self._timers(mono_ns())
+        t = time.monotonic()
+        if t >= self._next_reap:
+            self._next_reap = t + REAP_EVERY_S
+            self._reap()
+        if t >= self._next_status:
+            self._next_status = t + STATUS_EVERY_S
+            self._write_status()
+            self._reread_keys()
+
+    # ---- clients ------------------------------------------------------------------------
+    def _accept(self):
+        while True:
+            try:
+                s, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            s.setblocking(False)
+            pid, uid, _gid = UCRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
+            if len(self.clients) >= MAX_CLIENTS:
+                self.counters["refused_clients"] += 1
+                log.warning("verbs: refusing pid %d (uid %d): %d processes connected already", pid, uid,
+                            len(self.clients))
+                s.close()
+                continue
+            c = Client(s, pid, uid, proc_start(pid))
+            self.clients[s] = c
+            self.sel.register(s, selectors.EVENT_READ, c)
+            log.info("verbs: pid %d (uid %d) connected", pid, uid)
+
+    def _drop_client(self, c: Client, why: str):
+        self.sel.unregister(c.sock)
+        c.sock.close()
+        del self.clients[c.sock]
+        for entry in list(c.ahs.values()) + list(c.ah_pending.values()):
+            self.dp.verbs_drop(entry)
+        log.info("verbs: pid %d %s (%d QPs stay until they are destroyed or it ends)", c.pid, why, len(c.qpns))
+
+    def _read_client(self, c: Client, limit: int = MAX_BATCH):
+        for _ in range(limit):
+            try:
+                data, _, flags, _ = c.sock.recvmsg(P.MSG_MAX + 1)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self._drop_client(c, f"left ({e.strerror})")
+                return
+            if not data:
+                self._drop_client(c, "disconnected")
+                return
+            try:
+                if len(data) > P.MSG_MAX or flags & socket.MSG_TRUNC:
+                    raise P.BadMessage("message too long")
+                self._local(c, P.parse_local(data))
+            except P.BadMessage as e:
+                self.counters["bad_messages"] += 1
+                log.warning("verbs: pid %d sent a bad message (%s): cut off", c.pid, e)
+                self._drop_client(c, "cut off")
+                return
+
+    def _send(self, c: Client, data: bytes):
+        try:
+            c.sock.send(data, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+        except (BlockingIOError, OSError):
+            pass                 # a library not reading its answers: it times out and keeps
+
+    def _local(self, c: Client, m):
+        if isinstance(m, P.Hello):
+            if m.version != P.VERSION:
+                raise P.BadMessage(f"protocol version {m.version}, this agent speaks {P.VERSION}")
+            c.greeted = True
+            for i, n in enumerate(m.kept[1:len(P.KEEP)], start=1):
+                self._count_kept(P.KEEP_NAME[i], n)
+            self._send(c, P.hello_reply(self.gids.served(), self.table_path if self.table else None))
+            return
+        if not c.greeted:
+            raise P.BadMessage("no HELLO first")
+        if isinstance(m, P.Init):
+            self._register(c, m.dev, m.qpn)
+        elif isinstance(m, P.Question):
+            self._question(c, m)
+        elif isinstance(m, P.Used):
+            self._used(c, m)
+        elif isinstance(m, P.Gone):
+            self._gone(c, m)
+
+    def _register(self, c: Client, dev: str, qpn: int) -> LocalQp | None:
+        """The client's QP of that number (None: a live process of another owns it; a process may
+        speak only for its own QPs)."""
+        lq = self.local.get(qpn)
+        if lq is not None and (lq.pid, lq.start) != (c.pid, c.start):
+            if lq.start is not None and proc_start(lq.pid) == lq.start:
+                self.counters["foreign_qps"] += 1
+                log.warning("verbs: pid %d (uid %d) spoke for QP 0x%x, which pid %d holds: ignored",
+                            c.pid, c.uid, qpn, lq.pid)
+                return None
+            self._forget_qp(qpn)        # a QP number reused after its old process ended
+            lq = None
+        if lq is None:
+            if len(c.qpns) >= MAX_QPS_PER_CLIENT:
+                raise P.BadMessage(f"more than {MAX_QPS_PER_CLIENT} QPs")
+            old = self.decisions.get(qpn)
+            if old is not None and time.monotonic() - old[1].at > REUSED_AFTER_S:
+                self._forget_qp(qpn)        # a keep answered for an earlier QP of this number
+            lq = self.local[qpn] = LocalQp(qpn, dev, c.pid, c.start)
+            c.qpns.add(qpn)
+        return lq
+
+    # ---- the view of this host -------------------------------------------------------------
+    def _view(self) -> View:
+        """Read again when older than VIEW_S: a burst of questions reads the paths once (a path
+        gone in the meantime is the switches' failover's, as for any QP on it)."""
+        now = time.monotonic()
+        if self._view_at is None or now - self._view_at[0] > VIEW_S:
+            cfg = self.dp.config()
+            paths = [p for p in self.dp.paths() if p.valid]
+            base = next((p for p in paths if p.index == cfg["base_index"]), None)
+            self._view_at = (now, View(cfg["path_field"], base.value if base else 0, base.address if base else "",
+                                       {p.value: p.index for p in paths}, {p.value: p.address for p in paths},
+                                       cfg["rotation"], cfg["mode"] == "ports"))
+            self._weights_at.clear()
+        return self._view_at[1]
+
+    def _weights(self, peer: str) -> tuple[int, list[int]] | None:
+        """dp.weights_for(peer), read once per view."""
+        self._view()
+        if peer not in self._weights_at:
+            self._weights_at[peer] = self.dp.weights_for(peer)
+        got = self._weights_at[peer]
+        return None if got is None else (got[0], list(got[1]))
+
+    def _peer_base(self, v: View, addr: str) -> str | None:
+        """The peer's base address, if addr is one of a fabric host's path addresses."""
+        if _field_value(addr, v.field) not in v.index:
+            return None
+        return _with_field(addr, v.field, v.base_value)
+
+    def _usable(self, v: View, peer: str, dev: str | None, port: int | None) -> tuple[int, list[int]] | None:
+        """(weight entry, weight per path index) towards peer, 0 where this host cannot use the
+        path (no weight, invalid, or no RoCE v2 GID for its address on dev/port)."""
+        got = self._weights(peer)
+        if got is None:
+            return None
+        wid, eff = got
+        if dev is not None:
+            for value, i in v.index.items():
+                if eff[i] and self.gids.index_of(dev, port, v.addr[value]) is None:
+                    eff[i] = 0
+        return wid, eff
+
+    def _port_of(self, dev: str) -> int:
+        return next((p for d, p in self.gids.served() if d == dev), 1)
+
+    def _choose(self, v: View, peer: str, wid: int, eff: list[int], allowed: frozenset[int]) -> int | None:
+        """Of the paths both ends can use, those the coordinator's loads make best (all of them
+        without a coordinator), then the local rule: a path value, or None. self.why says why."""
+        usable = {value for value, i in v.index.items() if value in allowed and eff[i]}
+        best = self.advice.best(peer, usable) if self.advice is not None and usable else None
+        weights = [0] * MAX_PATHS
+        for value in best or usable:
+            weights[v.index[value]] = eff[v.index[value]]
+        active = self.dp.active_counts(wid)
+        i = localrule.choose(active, weights, v.rotation)
+        value = None if i is None else next(val for val, idx in v.index.items() if idx == i)
+        if value is not None and self.advice is not None:
+            self.advice.placed(peer, value)
+        counts = ", ".join(f"{k}: {active[v.index[k]]}" for k in sorted(best or usable))
+        self.why = (f"paths both ends can use {sorted(usable)}"
+                    + (f", of which the coordinator's link loads make {sorted(best)} best" if best else "")
+                    + f"; QPs on them {{{counts}}} for weights {[eff[v.index[k]] / 1000 for k in sorted(best or usable)]}"
+                    + f", ties from path {v.rotation + 1}")
+        return value
+
+    # ---- questions from the library --------------------------------------------------------
+    def _question(self, c: Client, q: P.Question):
+        self.counters["questions_rtr" if q.kind == "RTR" else "questions_ah"] += 1
+        now = mono_ns()
+        if q.deadline_ns - now < MIN_WORK_NS:
+            return self._keep(c, q, "timeout")
+        v = self._view()
+        if v.ports_mode:
+            return self._keep(c, q, "portsmode")
+        entry = self.gids.table.get((q.dev, q.port), {}).get(q.sgid_index)
+        if entry is None:
+            self.gids.refresh()
+            entry = self.gids.table.get((q.dev, q.port), {}).get(q.sgid_index)
+        if entry is not None and not entry[1].lower().endswith("v2"):
+            return self._keep(c, q, "notrocev2")
+        ours = self._peer_base(v, q.sgid)
+        peer = self._peer_base(v, q.dgid)
+        if ours != v.base_addr or peer is None or peer == ours:
+            return self._keep(c, q, "notfabric")
+        if q.kind == "AH":
+            if addrplan.field_value(q.dgid, v.field) != v.base_value:
+                return self._keep(c, q, "notfabric")   # an answer to a path address: left as it is
+            return self._ah(c, q, v, peer)
+        lq = self._register(c, q.dev, q.qpn)
+        if lq is None:
+            return self._keep(c, q, "error")
+        if c.pending >= MAX_PENDING_PER_CLIENT:
+            return self._keep(c, q, "busy")
+        key = (q.qpn, peer, q.dest_qpn)
+        d = self._decision(key)
+        if d is not None and d.path and not d.confirmed:
+            return self.parked.setdefault(key, []).append((c, q))
+        if d is not None:
+            return self._tell_local(c, q, v, peer, d)
+        here = _addr_lt(ours, peer)
+        if self._behind(q, now):                   # both ends keep, rather than one too late
+            self._decide_keep(key, here, "busy", c, q)
+            return self._tell_peer(key, 0, "busy")
+        usable = self._usable(v, peer, q.dev, q.port)
+        mine = frozenset(val for val, i in v.index.items() if usable and usable[1][i])
+        if here and not mine:
+            return self._decide_keep(key, True, "nopath", c, q)
+        if here:
+            return self._propose(c, q, key, lq, peer, mine)
+        budget = q.deadline_ns - now - MARGIN_NS
+        msg = P.PeerMsg("ASK", secrets.randbits(63), budget // 1000, ours, q.qpn, peer, q.dest_qpn, mine)
+
+        def asked(reply, c=c, q=q, key=key, lq=lq):
+            known = self._decision(key)
+            if known is not None:              # the rendezvous's CHECK came first and was taken
+                return self._tell_local(c, q, self._view(), peer, known)
+            late = mono_ns() > q.deadline_ns - MIN_WORK_NS // 2
+            v2 = self._view()
+            keep = ("nopeer" if reply is None else "timeout" if late else
+                    "nopath" if reply.verdict == "PATH" and reply.path not in v2.index else None)
+            if keep is not None:               # this end keeps: recorded, and the rendezvous told
+                self._decide_keep(key, False, keep, c, q)
+                self._tell_peer(key, 0, keep)
+                return
+            if reply.verdict != "PATH":
+                d = self._record(key, Decision(0, P.KEEP_NAME.get(reply.keep, "peerkeeps")))
+                return self._tell_local(c, q, v2, peer, d)
+            d = self._record(key, Decision(reply.path, entry=self._put(v2, key, lq, reply.path, 0),
+                                           why=f"decided by {peer}'s agent, the pair's rendezvous"))
+            self._tell_local(c, q, v2, peer, d)
+        self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, self._counted(c, asked))
+
+    def _propose(self, c: Client, q: P.Question, key, lq: LocalQp, peer: str, mine: frozenset[int],
+                 tried: frozenset[int] = frozenset()):
+        """This end is the rendezvous and asks first: it chooses the path (counted at once, as a
+        proposal) and asks the other end's agent to take it (CHECK). That agent writes the path
+        into its decision table before it says yes, so the other end's library finds it there,
+        whenever it asks, without waiting on anything; only then is this end's library told."""
+        v = self._view()
+        known = self.peer_paths.get(peer)
+        theirs = known[1] if known and time.monotonic() - known[0] < PEER_PATHS_TTL_S else mine
+        with self.dp.verbs_lock:
+            usable = self._usable(v, peer, q.dev, q.port)
+            path = self._choose(v, peer, usable[0], usable[1], (mine & theirs) - tried) if usable else None
+            entry = self._put(v, key, lq, path, DECIDED) if path else None
+        if path is None:
+            return self._decide_keep(key, True, "nopath", c, q)
+        why = f"decided here: {self.why}"
+        self.proposals[key] = (path, entry)
+        budget = q.deadline_ns - mono_ns() - MARGIN_NS
+        msg = P.PeerMsg("CHECK", secrets.randbits(63), budget // 1000, v.base_addr, q.qpn, peer, q.dest_qpn, mine,
+                        path=path)
+
+        def checked(reply):
+            self.proposals.pop(key, None)
+            known = self._decision(key)
+            if known is not None:              # the peer's own ASK came meanwhile and decided
+                if entry is not None and (known.entry is None or known.entry.path != entry.path):
+                    self.dp.verbs_drop(entry)
+                return self._tell_local(c, q, self._view(), peer, known)
+            if reply is not None and reply.verdict == "YES" and reply.path == path:
+                self.peer_paths[peer] = (time.monotonic(), reply.paths)
+                d = self._record(key, Decision(path, here=True, entry=entry, peer_told=True, why=why))
+                return self._tell_local(c, q, self._view(), peer, d)
+            self.dp.verbs_drop(entry)
+            if reply is not None and reply.verdict == "YES":      # the other end cannot use it
+                self.peer_paths[peer] = (time.monotonic(), reply.paths)
+                if q.deadline_ns - mono_ns() > 2 * MARGIN_NS and (mine & reply.paths) - tried - {path}:
+                    return self._propose(c, q, key, lq, peer, mine & reply.paths, tried | {path})
+                return self._decide_keep(key, True, "nopath", c, q)
+            keep = ("nopeer" if reply is None else P.KEEP_NAME.get(reply.keep, "peerkeeps") or "peerkeeps")
+            self._decide_keep(key, True, keep, c, q)
+            if reply is None:                   # the other end may have taken it: it turns to keep
+                self._tell_peer(key, 0, keep)
+        self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, self._counted(c, checked))
+
+    def _behind(self, q: P.Question | None = None, now: int = 0) -> bool:
+        """Is this agent behind its questions? A question that waited here half its asker's time
+        says so, for BEHIND_S: until then new pairs are not started (a path decided now might reach
+        one end after it gave up), which both ends learn as a keep."""
+        if q is not None and now - (q.deadline_ns - q.timeout_ns) > q.timeout_ns // 2:
+            if not self._behind():
+                log.warning("verbs: questions wait here half their time: new QPs keep the application's "
+                            "addresses for %.0f ms", BEHIND_S * 1000)
+            self.behind_until = time.monotonic() + BEHIND_S
+            self.counters["behind"] += 1
+        return time.monotonic() < self.behind_until
+
+    @staticmethod
+    def _counted(c: Client, on_reply):
+        """on_reply, with the client's count of questions waiting on peers kept."""
+        c.pending += 1
+
+        def done(reply):
+            c.pending -= 1
+            on_reply(reply)
+        return done
+
+    def _keep(self, c: Client, q: P.Question, keep: str):
+        self._send(c, P.keep_reply(q.seq, keep))
+
+    def _decide_keep(self, key, here: bool, keep: str, c: Client | None = None, q: P.Question | None = None):
+        d = self._record(key, Decision(0, keep, here=here))
+        if c is not None:
+            self._tell_local(c, q, None, key[1], d)
+        return d
+
+    def _tell_local(self, c: Client, q: P.Question, v: View | None, peer: str, d: Decision):
+        """Answer the library with a decision; a path whose GID is missing here is a keep."""
+        d.local_told = True
+        if not d.path:
+            return self._keep(c, q, d.keep or "nopath")
+        v = v or self._view()
+        ours = v.addr.get(d.path)
+        idx = self.gids.index_of(q.dev, q.port, ours) if ours else None
+        if idx is None:
+            return self._keep(c, q, "nogid")
+        self._send(c, P.path_reply(q.seq, d.path, idx, ours, _with_field(peer, v.field, d.path)))
+        if not d.confirm_sent:       # the other end's library may have the path now
+            d.confirm_sent = True
+            self._udp_send(P.PeerMsg("CONFIRM", a_base=v.base_addr, a_qpn=q.qpn, b_base=peer, b_qpn=q.dest_qpn,
+                                     path=d.path), peer)
+
+    def _decide(self, key, lq: LocalQp | None, peer_paths: frozenset[int], confirmed: bool = True) -> Decision:
+        """The rendezvous decides a pair's path on the other end's question (ASK): the path it
+        proposed already if its own end asked first and the asker can use it, else the local rule;
+        counted at once."""
+        proposal = self.proposals.get(key)
+        if proposal is not None and proposal[0] in peer_paths:
+            return self._record(key, Decision(proposal[0], here=True, entry=proposal[1], confirmed=confirmed,
+                                              why=f"decided here (proposed): {self.why}"))
+        if proposal is not None:
+            self.dp.verbs_drop(proposal[1])
+        v = self._view()
+        qpn, peer, remote = key
+        dev = lq.dev if lq and lq.dev != "?" else None
+        usable = self._usable(v, peer, dev, self._port_of(dev) if dev else None)
+        path = None
+        if usable is not None:
+            with self.dp.verbs_lock:
+                path = self._choose(v, peer, usable[0], usable[1], peer_paths)
+                entry = self._put(v, key, lq, path, DECIDED) if path else None
+        if path is None:
+            return self._decide_keep(key, True, "nopath")
+        return self._record(key, Decision(path, here=True, entry=entry, confirmed=confirmed,
+                                          why=f"decided here: {self.why}"))
+
+    def _put(self, v: View, key, lq: LocalQp | None, path: int, flags: int) -> VerbsQp:
+        qpn, peer, remote = key
+        wid = self._weights(peer)[0]
+        q = VerbsQp(peer, _with_field(peer, v.field, path), qpn, remote, v.index[path], wid,
+                    lq.pid if lq else 0, flags)
+        self.dp.verbs_put(q)
+        self.counters["placed_rtr"] += 1
+        return q
+
+    # ---- what the library did, and QPs that end ---------------------------------------------
+    def _used(self, c: Client, m: P.Used):
+        if m.handle or m.seq:
+            return self._ah_used(c, m)
+        if m.path:
+            got = self.decisions.get(m.qpn)
+            if got is not None and self.local.get(m.qpn) is not None and self.local[m.qpn].pid == c.pid:
+                if got[1].path != m.path:       # it read the table before the pair turned to keep
+                    self._disagree(got[0], f"this end's library took path {m.path}, the pair is "
+                                           f"{'kept' if not got[1].path else f'on path {got[1].path}'}")
+                got[1].local_told = True
+            return
+        keep = P.KEEP_NAME.get(m.keep, "error")
+        self._count_kept(keep)
+        if self._register(c, m.dev, m.qpn) is None:
+            return
+        got = self.decisions.get(m.qpn)
+        if got is None:
+            # kept without a decision here (this agent was slow or away): whatever the peer asks
+            # about this pair later is answered keep
+            v = self._view()
+            peer = self._peer_base(v, m.dgid)
+            if peer is not None and peer != v.base_addr:
+                key = (m.qpn, peer, m.dest_qpn)
+                self._decide_keep(key, _addr_lt(v.base_addr, peer), keep)
+                self._tell_peer(key, 0, keep)
+        elif got[1].path:
+            key, d = got
+            self._unplace(key, d, keep)
+            self._tell_peer(key, 0, keep)     # the peer turns to keep too, or counts a disagreement
+
+    def _unplace(self, key, d: Decision, keep: str):
+        if d.entry is not None:
+            self.dp.verbs_drop(d.entry)
+        d.path, d.keep, d.entry = 0, keep, None
+        self._publish(key, d)
+
+    def _disagree(self, key, why: str):
+        self.counters["disagreements"] += 1
+        log.warning("verbs: QP 0x%x <-> %s QP 0x%x: %s: the two ends may not agree (a receiver that checks "
+                    "addresses will drop this QP's packets)", key[0], key[1], key[2], why)
+
+    def _gone(self, c: Client, m: P.Gone):
+        if m.handle:
+            entry = c.ahs.pop(m.handle, None)
+            if entry is not None:
+                self.dp.verbs_drop(entry)
+            return
+        lq = self.local.get(m.qpn)
+        if lq is not None and lq.pid == c.pid:
+            self._forget_qp(m.qpn)
+            c.qpns.discard(m.qpn)
+
+    def _forget_qp(self, qpn: int):
+        self.local.pop(qpn, None)
+        got = self.decisions.pop(qpn, None)
+        if got is not None:
+            if got[1].entry is not None:
+                self.dp.verbs_drop(got[1].entry)
+            if self.table is not None:
+                self.table.remove(got[0][0], got[0][2], got[0][1])
+
+    def _reap(self):
+        """QPs of processes that ended without destroying them; keeps answered long ago."""
+        alive: dict[int, bool] = {}
+        for qpn, lq in list(self.local.items()):
+            if lq.pid not in alive:
+                alive[lq.pid] = lq.start is not None and proc_start(lq.pid) == lq.start
+            if not alive[lq.pid]:
+                self._forget_qp(qpn)
+        old = time.monotonic() - KEPT_TTL_S
+        for qpn in [n for n, (_, d) in self.decisions.items() if d.at < old and n not in self.local]:
+            self._forget_qp(qpn)
+        for peer in [p for p, (t, _) in self.peer_paths.items() if time.monotonic() - t > PEER_PATHS_TTL_S]:
+            del self.peer_paths[peer]
+
+    # ---- address handles ---------------------------------------------------------------------
+    def _ah(self, c: Client, q: P.Question, v: View, peer: str):
+        known = self.peer_paths.get(peer)
+
+        def decide(paths, c=c, q=q):
+            if paths is None:
+                return self._keep(c, q, "nopeer")
+            v2 = self._view()
+            usable = self._usable(v2, peer, q.dev, q.port)
+            if usable is None:
+                return self._keep(c, q, "nopath")
+            with self.dp.verbs_lock:
+                path = self._choose(v2, peer, usable[0], usable[1], paths)
+                if path is None:
+                    return self._keep(c, q, "nopath")
+                self.ah_ids = (self.ah_ids + 1) % P.AH_BIT
+                entry = VerbsQp(peer, _with_field(peer, v2.field, path), P.AH_BIT | self.ah_ids, 0,
+                                v2.index[path], usable[0], c.pid, AH)
+                self.dp.verbs_put(entry)
+            c.ah_pending[q.seq] = entry
+            self.counters["placed_ah"] += 1
+            self._tell_local(c, q, v2, peer, Decision(path))
+        if known and time.monotonic() - known[0] < PEER_PATHS_TTL_S:
+            return decide(known[1])
+        msg = P.PeerMsg("PATHS", secrets.randbits(63), (q.deadline_ns - mono_ns() - MARGIN_NS) // 1000,
+                        v.base_addr, b_base=peer)
+
+        def got(reply):
+            if reply is not None and reply.verdict == "YES":
+                self.peer_paths[peer] = (time.monotonic(), reply.paths)
+                return decide(reply.paths)
+            decide(None)
+        self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, got)
+
+    def _ah_used(self, c: Client, m: P.Used):
+        entry = c.ah_pending.pop(m.seq, None)
+        if not m.path:
+            self._count_kept(P.KEEP_NAME.get(m.keep, "error"))
+            if entry is not None:
+                self.dp.verbs_drop(entry)
+            return
+        if entry is not None:
+            c.ahs[m.handle] = entry
+
+    # ---- peers ----------------------------------------------------------------------------
+    def _ask_peer(self, msg: P.PeerMsg, peer: str, deadline_ns: int, on_reply):
+        now = mono_ns()
+        if deadline_ns <= now or self.udp is None:
+            return on_reply(None)
+        self.pending[msg.id] = Pending(msg, peer, deadline_ns, now + RESEND_NS, on_reply)
+        self._udp_send(msg, peer)
+
+    def _udp_send(self, msg: P.PeerMsg, peer: str):
+        try:
+            data = msg.encode()
+            self.udp.sendto(seal(data, self.keys.keys[0]) if self.keys.keys else data, (peer, self.port))
+        except OSError as e:
+            if e.errno not in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EAGAIN):
+                log.warning("verbs: cannot send to %s: %s", peer, e)
+
+    def _tell_peer(self, key, path: int, keep: str):
+        qpn, peer, remote = key
+        v = self._view()
+        self._udp_send(P.PeerMsg("USED", a_base=v.base_addr, a_qpn=qpn, b_base=peer, b_qpn=remote, path=path,
+                                 keep=P.KEEP[keep]), peer)
+
+    def _timers(self, now: int):
+        self._parked_timers(now)
+        for pid, p in list(self.pending.items()):
+            if now >= p.deadline_ns:
+                del self.pending[pid]
+                p.on_reply(None)
+            elif now >= p.resend_ns:
+                left = (p.deadline_ns - now) // 1000
+                p.msg = P.PeerMsg(**{**p.msg.__dict__, "budget_us": max(0, left)})
+                p.resend_ns = now + RESEND_NS
+                self._udp_send(p.msg, p.peer)
+
+    def _read_udp(self):
+        for _ in range(MAX_UDP_BATCH):
+            try:
+                data, anc, _, src = self.udp.recvmsg(P.MSG_MAX + 2 * TAG_LEN + 24, socket.CMSG_SPACE(16))
+            except BlockingIOError:
+                return
+            arrived = time.time_ns()
+            for level, kind, cdata in anc:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(cdata) >= 16:
+                    sec, nsec = struct.unpack("qq", cdata[:16])
+                    arrived = sec * 1_000_000_000 + nsec
+            try:
+                data = self.unsealer.open(data, self.keys.keys)
+            except P.BadMessage as e:
+                self.counters["unauthenticated"] += 1
+                log.debug("verbs: refused a message from %s: %s", src[0], e)
+                continue
+            try:
+                m = P.parse_peer(data)
+                self._peer(m, src[0].split("%")[0], arrived)
+            except P.BadMessage as e:
+                self.counters["bad_messages"] += 1
+                log.debug("verbs: bad message from %s: %s", src[0], e)
+
+    def _peer(self, m: P.PeerMsg, src: str, arrived_ns: int):
+        if m.kind == "REPLY":
+            p = self.pending.pop(m.id, None)
+            if p is not None and _same_host(src, p.peer):
+                p.on_reply(m)
+            return
+        v = self._view()
+        if self._peer_base(v, src) != m.a_base or m.b_base != v.base_addr:
+            self.counters["bad_messages"] += 1
+            return                  # not from the host it names, or not for this one
+        self.counters["peer_questions"] += 1
+        if m.kind == "USED":
+            return self._peer_used(m)
+        if m.kind == "CONFIRM":
+            return self._peer_confirmed(m)
+        fresh = m.budget_us * 1000 - (time.time_ns() - arrived_ns) > MIN_WORK_NS
+        if m.kind == "PATHS":
+            usable = self._usable(v, m.a_base, None, None)
+            paths = frozenset(val for val, i in v.index.items() if usable and usable[1][i])
+            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="YES", paths=paths), src)
+        key = (m.b_qpn, m.a_base, m.a_qpn)          # from this host's side
+        if not fresh:
+            self.counters["stale_questions"] += 1
+        if m.kind == "CHECK":
+            lq = self._known_qp(m.b_qpn)
+            known = self._decision(key)
+            busy = known is None and self._behind()
+            if not fresh or lq is None or busy or (known is not None and not known.path):
+                keep = (known.keep if known is not None else "timeout" if not fresh else
+                        "peerkeeps" if lq is None else "busy")
+                if known is None:
+                    self._decide_keep(key, False, keep)
+                return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="NO", keep=P.KEEP[keep]), src)
+            dev = lq.dev if lq.dev != "?" else None
+            usable = self._usable(v, m.a_base, dev, self._port_of(dev) if dev else None)
+            paths = frozenset(val for val, i in v.index.items() if usable and usable[1][i])
+            if known is None and m.path in paths:
+                # taken: recorded (and in the table for this end's library) before the yes
+                known = self._record(key, Decision(m.path, entry=self._put(v, key, lq, m.path, 0), confirmed=False,
+                                                   why=f"proposed by {m.a_base}'s agent, the pair's rendezvous"))
+            took = known.path if known is not None and known.path == m.path else 0
+            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="YES", path=took, paths=paths), src)
+        # ASK: this host is the pair's rendezvous
+        d = self._decision(key)
+        if d is None:
+            waiting = self._waiting_check(key)
+            if not fresh or (waiting is not None and waiting.deadline_ns - mono_ns() < MIN_WORK_NS):
+                # the asker, or this end's own library waiting on its own question, will have
+                # given up by the time a path could reach it: both keep
+                d = self._decide_keep(key, True, "timeout")
+            elif self._behind():
+                d = self._decide_keep(key, True, "busy")
+            elif self._known_qp(m.b_qpn) is None:
+                d = self._decide_keep(key, True, "peerkeeps")
+            else:
+                # this end's library, if it has not asked yet, waits for the asker's word (CONFIRM)
+                d = self._decide(key, self.local.get(m.b_qpn), m.paths, confirmed=waiting is not None)
+                self._complete_check(key)
+        d.peer_told = True
+        self._udp_send(P.PeerMsg("REPLY", m.id, verdict="PATH", path=d.path) if d.path else
+                       P.PeerMsg("REPLY", m.id, verdict="KEEP", keep=P.KEEP[d.keep or "nopath"]), src)
+
+    def _waiting_check(self, key) -> Pending | None:
+        return next((p for p in self.pending.values() if p.msg.kind == "CHECK"
+                     and (p.msg.a_qpn, p.msg.b_base, p.msg.b_qpn) == key), None)
+
+    def _complete_check(self, key) -> bool:
+        """This end asked the peer (CHECK) while the peer asked this end (ASK): the ASK decided;
+        the waiting question is answered now. False if there was none."""
+        for pid, p in list(self.pending.items()):
+            m = p.msg
+            if m.kind == "CHECK" and (m.a_qpn, m.b_base, m.b_qpn) == key:
+                del self.pending[pid]
+                p.on_reply(P.PeerMsg("REPLY", pid, verdict="YES", paths=frozenset()))
+                return True
+        return False
+
+    def _peer_confirmed(self, m: P.PeerMsg):
+        """The other end's library has the path: it is this end's too (the table, parked questions)."""
+        key = (m.b_qpn, m.a_base, m.a_qpn)
+        d = self._decision(key)
+        if d is None or d.path != m.path or d.confirmed:
+            return
+        d.confirmed = True
+        self._publish(key, d)
+        self._release(key, d)
+
+    def _release(self, key, d: Decision):
+        """Answer the questions parked on a decision that is settled now."""
+        v = self._view()
+        for c, q in self.parked.pop(key, []):
+            if c.sock in self.clients:
+                self._tell_local(c, q, v, key[1], d)
+
+    def _parked_timers(self, now: int):
+        """A parked question whose asker is about to give up: it keeps, and so does the pair."""
+        for key in list(self.parked):
+            due = [(c, q) for c, q in self.parked[key] if now >= q.deadline_ns - MARGIN_NS]
+            if not due:
+                continue
+            d = self._decision(key)
+            if d is not None and d.path:
+                self._unplace(key, d, "timeout")
+                self._tell_peer(key, 0, "timeout")
+            self._release(key, d or Decision(0, "timeout"))
+
+    def _known_qp(self, qpn: int) -> LocalQp | None:
+        """A QP that takes part; the INIT may still wait in a library's socket (it was sent before
+        the application could hand the QP number out), so read those first."""
+        if qpn not in self.local:
+            for c in list(self.clients.values()):
+                if c.sock in self.clients:
+                    self._read_client(c, MAX_DRAIN)
+        return self.local.get(qpn)
+
+    def _peer_used(self, m: P.PeerMsg):
+        """The other end kept its addresses: so does this one, or, if its library was told a path
+        already, the pair may disagree (counted, logged)."""
+        key = (m.b_qpn, m.a_base, m.a_qpn)
+        if m.path:
+            return
+        keep = P.KEEP_NAME.get(m.keep, "error")
+        d = self._decision(key)
+        if d is None:
+            self._decide_keep(key, _addr_lt(self._view().base_addr, m.a_base), keep)
+        elif d.path:
+            if d.local_told:
+                self._disagree(key, f"the peer kept its addresses ({keep}) after this end was told path {d.path}")
+            self._unplace(key, d, keep)
+            self._release(key, d)
+
+    def _reread_keys(self):
+        try:
+            if self.keys.refresh():
+                log.info("verbs: the fabric's keys reread from %s: %d key(s)", self.keys.path, len(self.keys.keys))
+        except ValueError as e:              # a half-edited file: the keys read before stay
+            log.warning("verbs: %s (the keys read before stay in use)", e)
+
+    # ---- reporting ------------------------------------------------------------------------------
+    def _count_kept(self, keep: str, n: int = 1):
+        if keep in self.kept:
+            self.kept[keep] += n
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return {"socket": str(self.socket_path), "clients": len(self.clients),
+                    "qps": len(self.local), "pairs": len(self.decisions), "pending": len(self.pending),
+                    "ports": [f"{d}/{p}" for d, p in self.gids.served()],
+                    "counters": dict(self.counters), "kept": dict(self.kept),
+                    "decisions": [{"at": round(t, 3), "qp": k[0], "peer": k[1], "peer_qp": k[2], "path": d.path,
+                                   "keep": d.keep, "why": d.why} for t, k, d in list(self.recent)]}
+
+    def _write_status(self):
+        if self.status_path is not None:
+            try:
+                write_atomic(self.status_path, json.dumps(self.snapshot()))
+            except OSError:
+                pass
+
+
+# Addresses repeat (a host's peers, their paths): the conversions are remembered.
+@functools.lru_cache(maxsize=65536)
+def _field_value(addr: str, field: int) -> int:
+    return addrplan.field_value(addr, field)
+
+
+@functools.lru_cache(maxsize=65536)
+def _with_field(addr: str, field: int, value: int) -> str:
+    return str(addrplan.with_field(addr, field, value))
+
+
+@functools.lru_cache(maxsize=65536)
+def _addr_lt(a: str, b: str) -> bool:
+    return ipaddress.IPv6Address(a).packed < ipaddress.IPv6Address(b).packed
+
+
+def _same_host(src: str, peer: str) -> bool:
+    """A reply comes from the host asked (any of its path addresses: the kernel picks the source)."""
+    a, b = ipaddress.IPv6Address(src).packed, ipaddress.IPv6Address(peer).packed
+    return a[8:] == b[8:]

@@ -1,0 +1,101 @@
+"""The agent's decisions in a file the libraries map read-only (verbs/rlb_verbs.h, struct
+rlbv_record): the second end of a QP reads its path there instead of asking a busy agent.
+
+One file per agent instance, kept across restarts (a library's mapping of it stays good: the agent
+rewrites the records it adopted, and removes the rest). Each record is written under its sequence
+count: odd while it changes, so a reader copies between two equal even counts."""
+from __future__ import annotations
+
+import ipaddress
+import mmap
+import os
+import struct
+from pathlib import Path
+
+from . import protocol as P
+
+C = P.C
+HEAD = struct.Struct("<4I")                        # magic, version, slots, record size
+RECORD = struct.Struct("<4I8sHHI16s16s")           # seq, state, local qpn, remote qpn, iid, path,
+SLOTS, PROBE = C["RLBV_TABLE_SLOTS"], C["RLBV_TABLE_PROBE"]   # gid index, keep, saddr, daddr
+EMPTY, LIVE, REMOVED = C["RLBV_SLOT_EMPTY"], C["RLBV_SLOT_LIVE"], C["RLBV_SLOT_REMOVED"]
+BODY = struct.Struct("<3I8sHHI16s16s")             # a record without its sequence count
+
+
+def slot(local_qpn: int, remote_qpn: int, iid: bytes) -> int:
+    """rlbv_slot(): FNV-1a over the key, as the library computes it."""
+    h = 2166136261
+    for b in local_qpn.to_bytes(4, "little") + remote_qpn.to_bytes(4, "little") + iid:
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h % SLOTS
+
+
+def iid_of(address: str) -> bytes:
+    """The interface identifier: the low 64 bits, the same on every path of a host."""
+    return ipaddress.IPv6Address(address).packed[8:]
+
+
+class DecisionTable:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        size = HEAD.size + SLOTS * RECORD.size
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)                  # every job's library reads it
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, 0)               # another layout: start empty
+                os.ftruncate(fd, size)
+            self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        head = HEAD.unpack_from(self.map, 0)
+        if head != (C["RLBV_TABLE_MAGIC"], P.VERSION, SLOTS, RECORD.size):
+            self.map[:] = bytes(size)
+            HEAD.pack_into(self.map, 0, C["RLBV_TABLE_MAGIC"], P.VERSION, SLOTS, RECORD.size)
+        self.where: dict[tuple[int, int, bytes], int] = {}   # key -> slot, of the live records
+
+    def clear(self):
+        """Every record removed (a starting agent rewrites those it adopts)."""
+        for i in range(SLOTS):
+            off = HEAD.size + i * RECORD.size
+            if struct.unpack_from("<I", self.map, off + 4)[0] == LIVE:
+                self._write(i, REMOVED, 0, 0, bytes(8), 0, 0, 0, bytes(16), bytes(16))
+        self.where.clear()
+
+    def _write(self, i: int, state, local_qpn, remote_qpn, iid, path, gid_index, keep, saddr, daddr):
+        off = HEAD.size + i * RECORD.size
+        seq = struct.unpack_from("<I", self.map, off)[0]
+        struct.pack_into("<I", self.map, off, (seq + 1) | 1)              # odd: being written
+        BODY.pack_into(self.map, off + 4, state, local_qpn, remote_qpn, iid, path, gid_index, keep, saddr, daddr)
+        struct.pack_into("<I", self.map, off, ((seq + 1) | 1) + 1)        # even: stable
+
+    def put(self, local_qpn: int, remote_qpn: int, peer: str, path: int = 0, gid_index: int = 0,
+            keep: int = 0, saddr: str | None = None, daddr: str | None = None) -> bool:
+        """Write a pair's decision (path 0: keep, for reason keep); False if its slots are full
+        (the library then asks the agent, as without the table)."""
+        key = (local_qpn, remote_qpn, iid_of(peer))
+        i = self.where.get(key)
+        if i is None:
+            first = slot(*key)
+            for j in range(PROBE):
+                k = (first + j) % SLOTS
+                state = struct.unpack_from("<I", self.map, HEAD.size + k * RECORD.size + 4)[0]
+                if state != LIVE:
+                    i = k
+                    break
+            if i is None:
+                return False
+        self._write(i, LIVE, *key, path, gid_index, keep,
+                    ipaddress.IPv6Address(saddr).packed if saddr else bytes(16),
+                    ipaddress.IPv6Address(daddr).packed if daddr else bytes(16))
+        self.where[key] = i
+        return True
+
+    def remove(self, local_qpn: int, remote_qpn: int, peer: str):
+        i = self.where.pop((local_qpn, remote_qpn, iid_of(peer)), None)
+        if i is not None:
+            self._write(i, REMOVED, 0, 0, bytes(8), 0, 0, 0, bytes(16), bytes(16))
+
+    def close(self):
+        self.map.close()

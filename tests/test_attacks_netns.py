@@ -1,0 +1,229 @@
+"""A fabric that a broken or hostile neighbour cannot bend, proven by attacks in the namespace lab
+(real bird2, XDP switches, host agents): each case asserts what the victims keep."""
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from rlbcommon import netns
+from rlblab.fabricgen import make_fabric
+
+from .conftest import fabric_lab, h1_to_h3_during
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """2 spines, 3 leaves: h1 on l1, h2 and h3 on l2, h4 on l3. l2 turns rogue in one case and
+    h2 floods l2 in another; h3 and h4 are the bystanders."""
+    f = tmp_path_factory.mktemp("attacks") / "fabric-3leaves.toml"
+    f.write_text(make_fabric(2, 3, [1, 2, 1]))
+    with fabric_lab(f, "rlbat") as lab:
+        yield lab
+
+
+def birdc(lab, node: str, *cmd: str) -> str:
+    return subprocess.run(["birdc", "-s", str(lab.birds[node].sock), *cmd], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def wait_bfd_up(lab, node: str, want: int, timeout: float = 30.0):
+    """Until `want` BFD sessions of the node are Up and none is Down or Init: a test that
+    restarted sessions leaves the next one a settled fabric, not one still coming back."""
+    deadline = time.time() + timeout
+    while True:
+        rows = birdc(lab, node, "show", "bfd", "sessions").split("State", 1)[-1]
+        if rows.count(" Up ") >= want and "Down" not in rows and "Init" not in rows:
+            return
+        assert time.time() < deadline, rows
+        time.sleep(0.5)
+
+
+def metric(lab, node: str, name: str) -> dict[str, float]:
+    with netns.inside(lab.ns(node)):
+        body = urllib.request.urlopen("http://127.0.0.1:9471/metrics", timeout=5).read().decode()
+    return {line.split(" ")[0]: float(line.split(" ")[-1]) for line in body.splitlines()
+            if line.startswith(name)}
+
+
+def routes_from(lab, spine: str, net: str) -> set[str]:
+    """The sessions a spine's bird has a route for `net` from."""
+    out = birdc(lab, spine, "show", "route", net, "all")
+    return set(re.findall(r"\[(\w+) [0-9:.]+\]", out))
+
+
+def test_a_leaf_announcing_another_leafs_host_prefixes_is_refused_and_counted(lab):
+    """l2 (its bird reconfigured, as an attacker with the box would) announces h1's path-1 and
+    path-2 prefixes to both spines. The spines import only l2's own hosts' prefixes: their
+    routes to h1 stay on l1, every refused route is counted per session, and h4's traffic to h1
+    (from l3) arrives whole while the attack goes on."""
+    victim = [str(n) for n in lab.fabric.host_prefixes(lab.fabric.node("l1"), 1)[:2]]
+    before = {s: {n: routes_from(lab, s, n) for n in victim} for s in ("s1", "s2")}
+    assert all(len(v) == 1 and next(iter(v)).startswith("l1") for r in before.values() for v in r.values())
+    neighbors = lab.work / "l2.neighbors.conf"
+    honest = neighbors.read_text()
+    rogue = re.sub(r"export where (leaf_export\(\d+\))", r'export where \1 || proto = "hijack"', honest)
+    rogue += "protocol static hijack { ipv6; " + " ".join(f"route {n} blackhole;" for n in victim) + " }\n"
+    neighbors.write_text(rogue)
+
+    def attack():
+        assert "Reconfigured" in birdc(lab, "l2", "configure")
+
+    try:
+        sent, got, _ = h1_to_h3_during(lab, 300, 1000, attack, seed=3, lead_s=0.3, src="h4", dst="h1")
+        time.sleep(2)                          # the agents read bird's counters every second
+        assert sent == 1200 and got == 1200
+        for s in ("s1", "s2"):
+            for n in victim:
+                assert routes_from(lab, s, n) == before[s][n], (s, n)
+            refused = metric(lab, s, "rlb_switch_bgp_routes_refused_total")
+            assert sum(v for k, v in refused.items() if 'session="l2' in k) >= 2, refused
+        # l1 and l3 never saw the rogue routes: the spines dropped them on import
+        for leaf in ("l1", "l3"):
+            assert "hijack" not in birdc(lab, leaf, "show", "route", "all")
+        log = (lab.work / "agent-s1.log").read_text()
+        assert "refused by the import filter" in log
+    finally:
+        neighbors.write_text(honest)
+        birdc(lab, "l2", "configure")
+
+
+def test_sessions_use_ttl_security_and_tcp_md5(lab):
+    """Every session is GTSM-protected and carries the lab's TCP MD5 password (the configuration
+    is readable by root only); with another password on s1 no leaf gets a session to it, and
+    with the right one back they all do."""
+    conf = lab.birds["s1"].conf
+    text = conf.read_text()
+    assert "ttl security on;" in text and re.search(r'password "[0-9a-f]{32}";', text)
+    assert oct(conf.stat().st_mode & 0o777) == "0o600"
+
+    def sessions_up() -> int:
+        return len(re.findall(r"^l\d_\d+\s+BGP\s+---\s+up\s", birdc(lab, "s1", "show", "protocols"), re.M))
+
+    assert sessions_up() == 3
+    conf.write_text(re.sub(r'password "[0-9a-f]{32}";', 'password "not-the-fabrics";', text))
+    try:
+        birdc(lab, "s1", "configure")
+        birdc(lab, "s1", "restart", "all")
+        time.sleep(8)                       # connect retry 2 s: several tries, none accepted
+        assert sessions_up() == 0
+    finally:
+        conf.write_text(text)
+        birdc(lab, "s1", "configure")
+    deadline = time.time() + 30
+    while sessions_up() < 3:
+        assert time.time() < deadline, birdc(lab, "s1", "show", "protocols")
+        time.sleep(0.5)
+    wait_bfd_up(lab, "s1", 3)
+
+
+# ---- a host floods its leaf's slow path -------------------------------------------------------
+FLOOD_SRC = r"""
+#include <uapi/linux/bpf.h>
+struct tmpl { u8 b[192]; };     /* two 96-byte frames (bcc reads one array dimension) */
+BPF_ARRAY(flood_tmpl, struct tmpl, 1);
+BPF_PERCPU_ARRAY(flood_n, u64, 1);
+/* live frames: every frame sent is rewritten from the templates (the kernel recycles pages) */
+int xdp_flood(struct xdp_md *ctx)
+{
+    void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+    u32 zero = 0;
+    struct tmpl *t = flood_tmpl.lookup(&zero);
+    u64 *n = flood_n.lookup(&zero);
+    if (!t || !n || data + 96 > end)
+        return XDP_ABORTED;
+    u32 k = (*n)++ & 1;
+    if (k)
+        __builtin_memcpy(data, t->b + 96, 96);
+    else
+        __builtin_memcpy(data, t->b, 96);
+    return XDP_TX;
+}
+"""
+
+
+def flood_frames(lab) -> list[bytes]:
+    """From h2 at its leaf: packets with hop limit 1 to a far host, and TCP SYNs to port 179 of
+    the leaf's gateway address; both padded to 96 bytes (one template size)."""
+    from rlbcommon import packets as P
+    from rlblab import topo
+    src = lab.host_addresses("h2")[1]
+    leaf_gw = str(ipaddress.IPv6Network(f"{src}/64", strict=False).network_address + 1)
+    dmac, smac = topo.mac(lab.ns("l2"), "eth-h2"), topo.mac(lab.ns("h2"), "eth0")
+    far = lab.host_addresses("h1")[1]
+    ttl = P.roce_frame(src, far, 50000, 7, dmac=dmac, smac=smac, payload_len=0, hop_limit=1)
+    syn = P.ipv6_frame(src, leaf_gw, 6, P.tcp6(src, leaf_gw, 40000, 179)[:20], dmac=dmac, smac=smac)
+    return [f[:96].ljust(96, b"\0") for f in (ttl, syn)]
+
+
+def test_a_host_flooding_its_leafs_slow_path_moves_nothing_else(lab):
+    """h2 sends TTL-1 packets and BGP SYNs at its leaf as fast as the kernel can make them (XDP
+    live frames, millions a second) for 10 s. l2's BGP and BFD with both spines stay up without a
+    flap, h3's traffic through the same leaf arrives whole, and the flood is dropped by the
+    policer's host-port buckets while the fabric's bucket drops nothing."""
+    import ctypes as ct
+    import threading
+    from bcc import BPF
+    from rlbcommon.testrun import live_frames
+    frames = flood_frames(lab)
+    bpf = BPF(text=FLOOD_SRC)
+    fn = bpf.load_func(b"xdp_flood", BPF.XDP)
+    t = bpf[b"flood_tmpl"].Leaf()
+    assert ct.sizeof(t) == 192
+    for k, f in enumerate(frames):
+        ct.memmove(ct.addressof(t.b) + 96 * k, f, 96)
+    bpf[b"flood_tmpl"][ct.c_int(0)] = t
+    with netns.inside(lab.ns("h2")):
+        ifindex = socket.if_nametoindex("eth0")
+    wait_bfd_up(lab, "l2", 2)                # both spines' sessions settled before the flood
+    before = birdc(lab, "l2", "show", "protocols")
+    since = dict(re.findall(r"^(s\d)\s+BGP\s+---\s+up\s+(\S+)", before, re.M))
+    assert set(since) == {"s1", "s2"}, before
+    drops0 = {k: v["dropped"] for k, v in _police(lab, "l2").items()}
+    stop = threading.Event()
+    sent = [0]
+
+    def flood():
+        with netns.inside(lab.ns("h2")):
+            while not stop.is_set():
+                live_frames(fn.fd, frames[0], 200_000, ifindex)
+                sent[0] += 200_000
+
+    th = threading.Thread(target=flood, daemon=True)
+    t0 = time.time()
+    th.start()
+    try:
+        got = h1_to_h3_during(lab, 2500, 1000, lambda: None, seed=5, lead_s=0.2, src="h3", dst="h1")
+        while time.time() - t0 < 10:
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        th.join()
+        bpf.cleanup()
+    elapsed = time.time() - t0
+    after = birdc(lab, "l2", "show", "protocols")
+    since_after = dict(re.findall(r"^(s\d)\s+BGP\s+---\s+up\s+(\S+)", after, re.M))
+    drops = {k: v["dropped"] - drops0[k] for k, v in _police(lab, "l2").items()}
+    print(f"\nflood: {sent[0]} frames in {elapsed:.1f} s ({sent[0] / elapsed / 1e6:.2f} Mpps); "
+          f"h3 -> h1 {got[1]}/{got[0]}; policer drops {drops}")
+    assert since_after == since, (before, after)             # no session went down and came back
+    assert "Down" not in birdc(lab, "l2", "show", "bfd", "sessions").split("State", 1)[-1]
+    assert got[0] == 10000 and got[1] == 10000
+    assert drops["hop_limit"] > 0 and drops["edge_control"] > 0 and drops["fabric_control"] == 0
+    assert sent[0] / elapsed > 200_000
+
+
+def _police(lab, node: str) -> dict:
+    from rlbswitch.dataplane import SwitchDataplane
+    dp = SwitchDataplane(lab.ns(node))
+    try:
+        return dp.police()
+    finally:
+        dp.close()

@@ -1,0 +1,372 @@
+"""The verbs path selector end to end, as far as this machine goes without an RDMA device: two
+hosts with real SLAAC behind a router, each running `rlbhost attach eth0` (its verbs service on a
+local socket, agreeing with the other over UDP), and on each a verbs program with librlbverbs.so
+preloaded, its QPs made by a stand-in libibverbs whose GID table is the host's own addresses (the
+agent reads the same table). What each end's RTR finally gave the device is compared: both ends
+of every QP on the same path, a host's QPs split by path weight, in whatever order the two ends
+ask; the application's addresses at both ends whenever one side cannot take part. The VM lab
+runs the same over Soft-RoCE with perftest (tests/test_vagrant_verbs.py)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rlbcommon.constants import VERBS_PORT
+from rlbfabric import addrplan
+from rlbhost.verbs.paths import socket_path, table_path
+from rlblab import topo
+from rlblab.hostlab import HostLab
+from rlblab.traffic import QpSender
+
+from .verbs_tools import Built, app_env, app_lines, build_all, fake_sysfs, rtrs, table_lookup
+
+pytestmark = pytest.mark.netns
+KEY = bytes(range(16))
+
+
+@dataclass
+class VLab:
+    lab: HostLab
+    built: Built
+    sysfs: dict[int, Path]
+    gid: dict[int, dict[int, int]]          # host -> {path: RoCE v2 GID index}
+    tmp: Path
+    key: Path                               # the fabric's keys: the agents seal what they say
+
+    def start(self, host: int):
+        self.lab.start_agent(host, "--fabric-key", str(self.key), env={"RLB_SYSFS_INFINIBAND": str(self.sysfs[host])})
+
+    def rows(self, host: int) -> list[dict]:
+        return [q for q in json.loads(self.lab.cli(host, "qps", "--json")) if q.get("source") == "verbs"]
+
+    def status(self, host: int) -> dict:
+        return json.loads(self.lab.cli(host, "verbs", "status", "--json"))["service"]
+
+
+@pytest.fixture(scope="module")
+def v(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("verbs-netns")
+    built = build_all(tmp / "build")
+    lab = HostLab("rlbvn")
+    try:
+        lab.up()
+        sysfs = {k: tmp / f"sys-h{k}" for k in (1, 2)}
+        gid = {k: fake_sysfs(sysfs[k], lab.addresses(k)) for k in (1, 2)}
+        key = tmp / "fabric-key"
+        key.write_text(KEY.hex() + "\n")
+        key.chmod(0o600)
+        vl = VLab(lab, built, sysfs, gid, tmp, key)
+        for k in (1, 2):
+            vl.start(k)
+        yield vl
+    finally:
+        lab.down()
+    assert not [ns for ns in topo.list_ns() if ns.startswith("rlbvn-")]
+
+
+class App:
+    """verbs_app on one host: QPs made and moved to INIT, then (go) to RTR towards the other host."""
+
+    def __init__(self, v: VLab, host: int, n: int, qpn: int, dest: int, preload: bool = True, ah: bool = False,
+                 **env):
+        self.v, self.host, self.n = v, host, n
+        self.log = v.tmp / f"stub-h{host}-{qpn:x}-{time.monotonic_ns()}.log"
+        dgid = v.lab.addresses(3 - host)[1]
+        args = [str(v.built.linked), str(n), str(v.gid[host][1]), dgid, hex(dest)] + (["ah"] if ah else []) + \
+            ["sync", "hold"]
+        # the agreement, not the agents' speed on a busy test machine, is what these tests check
+        env = {"RLB_VERBS_TIMEOUT_MS": "1000", **env}
+        self.p = subprocess.Popen(["ip", "netns", "exec", v.lab.h[host], *args],
+                                  env=app_env(v.built, v.sysfs[host], self.log, qpn,
+                                              socket_path(v.lab.h[host]), preload, **env),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.p.stdout.readline().strip() == "READY", self.p.stderr.read()
+        self.out: list[str] = []
+
+    def go(self) -> list[dict]:
+        self.p.stdin.write("go\n")
+        self.p.stdin.flush()
+        self.out = [self.p.stdout.readline() for _ in range(self.n)]
+        return app_lines("".join(self.out))
+
+    def paths(self) -> dict[int, tuple[int, int]]:
+        """{QP: (path of its source GID, path of its destination)} as the device got them."""
+        return {q: (idx // 2, addrplan.field_value(dgid, 3)) for q, (idx, dgid) in rtrs(self.log).items()}
+
+    def close(self):
+        if self.p.poll() is None:
+            self.p.stdin.close()
+            self.p.wait(timeout=20)
+
+
+def pair(v, n=8, first=None, **kw):
+    """Apps on both hosts, QP 0x100+i on h1 connected to 0x200+i on h2; first: which host's RTRs
+    run before the other's (None: both at once)."""
+    a, b = App(v, 1, n, 0x100, 0x200, **kw.get("h1", {})), App(v, 2, n, 0x200, 0x100, **kw.get("h2", {}))
+    if first is None:
+        a.p.stdin.write("go\n"), b.p.stdin.write("go\n")
+        a.p.stdin.flush(), b.p.stdin.flush()
+        a.out = [a.p.stdout.readline() for _ in range(n)]
+        b.out = [b.p.stdout.readline() for _ in range(n)]
+    else:
+        (a if first == 1 else b).go()
+        (b if first == 1 else a).go()
+    return a, b
+
+
+def agreed(a: App, b: App) -> dict[int, int]:
+    """Each QP pair's path, after checking that both ends put it on that same path."""
+    pa, pb = a.paths(), b.paths()
+    assert len(pa) == a.n and len(pb) == b.n
+    out = {}
+    for q, (src, dst) in pa.items():
+        peer_src, peer_dst = pb[q + 0x100]
+        assert src == dst == peer_src == peer_dst, (hex(q), pa[q], pb[q + 0x100])
+        out[q] = src
+    return out
+
+
+def split(paths: dict[int, int]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for k in paths.values():
+        out[k] = out.get(k, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def wait_for(what, cond, timeout=10.0):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, f"timed out: {what}"
+        time.sleep(0.1)
+
+
+def test_verbs_the_second_end_reads_its_path_from_the_table_without_asking(v):
+    """The rendezvous's end asks first; once its agent has the other end's confirmation in, the
+    other end's library finds each QP's path in its agent's table and asks nothing."""
+    a, b = App(v, 1, 8, 0x100, 0x200), App(v, 2, 8, 0x200, 0x100)
+    try:
+        a.go()
+        table = table_path(v.lab.h[2])
+        h1_base = v.lab.base(1)
+        wait_for("the other end's table holds the pairs", lambda: all(
+            table_lookup(table, 0x200 + i, 0x100 + i, h1_base) for i in range(8)), timeout=5)
+        asked = v.status(2)["counters"]["questions_rtr"]
+        b.go()
+        paths = agreed(a, b)
+        assert split(paths) == {1: 2, 2: 2, 3: 2, 4: 2}
+        assert {table_lookup(table, 0x200 + i, 0x100 + i, h1_base)[0] for i in range(8)} == {1, 2, 3, 4}
+        time.sleep(1.2)                              # the status file is written every second
+        assert v.status(2)["counters"]["questions_rtr"] == asked
+    finally:
+        a.close(), b.close()
+    wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
+    assert table_lookup(table_path(v.lab.h[2]), 0x200, 0x100, v.lab.base(1)) is None
+
+
+@pytest.mark.parametrize("first", [2, 1, None], ids=["peer-asks-first", "rendezvous-asks-first", "together"])
+def test_verbs_both_ends_of_every_qp_on_one_path_split_by_weight(v, first):
+    a, b = pair(v, 8, first)
+    try:
+        paths = agreed(a, b)
+        assert split(paths) == {1: 2, 2: 2, 3: 2, 4: 2}
+        rows1, rows2 = v.rows(1), v.rows(2)
+        assert {r["qp"] for r in rows1} == set(range(0x100, 0x108)) and len(rows2) == 8
+        assert {r["decided"] for r in rows1} == {"here"} and {r["decided"] for r in rows2} == {"peer"}
+        # the same per-path accounting as TC-seen QPs
+        status = json.loads(v.lab.cli(1, "status", "--json"))
+        assert {p["path"]: p["active_qps"] for p in status["paths"]} == {1: 2, 2: 2, 3: 2, 4: 2}
+        # and each decision explained where it was made and where it was asked for
+        wait_for("the decisions written", lambda: any(r["qp"] == 0x107 for r in
+                                                       json.loads(v.lab.cli(1, "why", "--json"))))
+        mine = json.loads(v.lab.cli(1, "why", "0x107", "--json"))[-1]
+        assert mine["path"] == paths[0x107]
+        assert re.match(r"decided here( \(proposed\))?: paths both ends can use \[1, 2, 3, 4\]", mine["why"]), mine
+        wait_for("the peer's written", lambda: any(r["qp"] == 0x207 for r in
+                                                   json.loads(v.lab.cli(2, "why", "--json"))))
+        theirs = json.loads(v.lab.cli(2, "why", "0x207", "--json"))[-1]
+        assert theirs["path"] == paths[0x107] and "the pair's rendezvous" in theirs["why"]
+    finally:
+        a.close(), b.close()
+    wait_for("destroyed QPs leave the accounting", lambda: not v.rows(1) and not v.rows(2))
+
+
+def test_verbs_qps_count_with_the_qps_tc_placed(v):
+    """TC-seen QPs and verbs QPs share the per-path counts: two QPs TC placed on paths 1 and 2
+    leave paths 3 and 4 to the next two QPs placed through verbs."""
+    v.lab.cli(1, "config", "--expiry-ms", "20000")
+    sender = QpSender(v.lab.h[1], v.lab.base(1), v.lab.base(2), 2, base_sport=55000)
+    try:
+        sender.send(3)
+        time.sleep(0.3)
+        tc = {q["path"] + 1 for q in json.loads(v.lab.cli(1, "qps", "--json")) if q.get("source") != "verbs"
+              and q["sport"] >= 55000}
+        assert tc == {1, 2}
+        a, b = pair(v, 2, first=1)
+        try:
+            assert sorted(agreed(a, b).values()) == [3, 4]
+        finally:
+            a.close(), b.close()
+    finally:
+        sender.close()
+        v.lab.cli(1, "config", "--expiry-ms", "200")
+    wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
+
+
+def test_verbs_a_peer_without_the_library_leaves_both_ends_on_the_applications_addresses(v):
+    before = v.status(1)["kept"]["peerkeeps"]
+    a, b = pair(v, 4, first=1, h2={"preload": False})
+    try:
+        assert set(a.paths().values()) == {(1, 1)} and set(b.paths().values()) == {(1, 1)}
+    finally:
+        a.close(), b.close()
+    wait_for("counted", lambda: v.status(1)["kept"]["peerkeeps"] >= before + 4)
+
+
+def test_verbs_zero_weight_paths_are_never_chosen_at_either_end(v):
+    v.lab.cli(1, "weights", "set", "3=0")
+    v.lab.cli(2, "weights", "set", "2=0")
+    try:
+        a, b = pair(v, 6, first=2)
+        try:
+            assert split(agreed(a, b)) == {1: 3, 4: 3}
+        finally:
+            a.close(), b.close()
+    finally:
+        v.lab.cli(1, "weights", "set", "3=1")
+        v.lab.cli(2, "weights", "set", "2=1")
+    wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
+
+
+@pytest.mark.parametrize("stopped", [2, 1], ids=["peer-agent-stopped", "rendezvous-agent-stopped"])
+def test_verbs_a_stopped_agent_leaves_both_ends_on_the_applications_addresses(v, stopped):
+    agent = v.lab.agents[stopped]
+    os.kill(agent.pid, signal.SIGSTOP)
+    try:
+        a, b = pair(v, 4, first=None, h1={"RLB_VERBS_TIMEOUT_MS": "30"}, h2={"RLB_VERBS_TIMEOUT_MS": "30"})
+        try:
+            for app in (a, b):
+                assert set(app.paths().values()) == {(1, 1)}
+                assert max(ln["ns"] for ln in app_lines("".join(app.out))) < 80e6   # bounded waits
+        finally:
+            os.kill(agent.pid, signal.SIGCONT)
+            a.close(), b.close()
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+    time.sleep(1.5)                               # the resumed agent works off what waited for it
+    a, b = pair(v, 4, first=2)                    # and places QPs again
+    try:
+        assert split(agreed(a, b)) == {1: 1, 2: 1, 3: 1, 4: 1}
+    finally:
+        a.close(), b.close()
+    wait_for("status", lambda: all(v.status(k)["counters"]["disagreements"] == 0 for k in (1, 2)))
+
+
+def test_verbs_qps_of_a_process_that_dies_leave_the_accounting(v):
+    a, b = pair(v, 4, first=1)
+    try:
+        agreed(a, b)
+        b.p.kill()
+        wait_for("h2 reaps the dead process's QPs", lambda: not v.rows(2), timeout=5)
+        assert len(v.rows(1)) == 4                # the live end keeps its QPs
+    finally:
+        a.close(), b.close()
+    wait_for("gone", lambda: not v.rows(1))
+
+
+def test_verbs_a_restarted_agent_keeps_the_placed_qps_and_hears_their_end(v):
+    a, b = pair(v, 4, first=2)
+    try:
+        paths = agreed(a, b)
+        v.lab.kill_agent(1)
+        v.start(1)
+        rows = v.rows(1)
+        assert {r["qp"]: r["path"] + 1 for r in rows} == paths
+    finally:
+        a.close(), b.close()
+    wait_for("the destroy reaches the new agent", lambda: not v.rows(1) and not v.rows(2))
+
+
+def test_verbs_address_handles_spread_over_the_paths(v):
+    app = App(v, 1, 4, 0x100, 0, ah=True)
+    try:
+        app.go()
+        ahs = [ln.split() for ln in app.log.read_text().splitlines() if ln.startswith("AH ")]
+        got = sorted((int(a[2].split("=")[1]) // 2, addrplan.field_value(a[3].split("=")[1], 3)) for a in ahs)
+        assert got == [(1, 1), (2, 2), (3, 3), (4, 4)]
+        assert sorted(r["kind"] for r in v.rows(1)) == ["ah"] * 4
+    finally:
+        app.close()
+    wait_for("destroyed handles leave the accounting", lambda: not v.rows(1))
+
+
+def test_verbs_a_misbehaving_process_is_cut_off_and_cannot_speak_for_anothers_qps(v):
+    """Any process of the host may use the socket: one that says another process's QPs kept
+    their addresses is ignored (counted), one that breaks the protocol is cut off, and the agent
+    goes on serving the rest."""
+    import socket as so
+    a, b = pair(v, 2, first=1)
+    try:
+        paths = agreed(a, b)
+        before = v.status(1)["counters"]
+        s = so.socket(so.AF_UNIX, so.SOCK_SEQPACKET)
+        s.settimeout(5)
+        s.connect(str(socket_path(v.lab.h[1])))
+        s.send(b"HELLO 1 0 0")
+        assert s.recv(512).startswith(b"HELLO 1 ")
+        for qpn in (0x100, 0x101):       # a live process's QPs
+            s.send(f"USED stub0 {qpn} 0 {2} {v.lab.base(2)} {qpn + 0x100}".encode())
+        s.send(b"\xff\xfe not the protocol")
+        assert s.recv(512) == b""        # cut off
+        s.close()
+        wait_for("counted", lambda: v.status(1)["counters"]["foreign_qps"] >= before["foreign_qps"] + 2
+                 and v.status(1)["counters"]["bad_messages"] >= before["bad_messages"] + 1)
+        assert {r["qp"]: r["path"] + 1 for r in v.rows(1)} == paths      # untouched
+    finally:
+        a.close(), b.close()
+    a, b = pair(v, 4, first=2)           # and the agent serves the next job as before
+    try:
+        assert split(agreed(a, b)) == {1: 1, 2: 1, 3: 1, 4: 1}
+    finally:
+        a.close(), b.close()
+    wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
+
+
+def test_verbs_peer_messages_without_the_fabrics_key_or_replayed_are_refused(v):
+    """The agents' agreement is sealed with the fabric's key: from h1's own base address (so the
+    source check passes), an unsealed message, one sealed with another key, one sealed an hour
+    ago and a second copy of a good one all reach h2 and are refused and counted; the good one's
+    first copy is taken. The pairs agreed meanwhile (every test of this module) were sealed."""
+    import socket as so
+    from rlbcommon import netns
+    from rlbhost.verbs import protocol as P
+    from rlbhost.verbs.peerauth import seal
+    used = P.PeerMsg("USED", a_base=v.lab.base(1), a_qpn=0x999, b_base=v.lab.base(2), b_qpn=0x998, path=1).encode()
+    now = int(time.time() * 1000)
+    good = seal(used, KEY, now)
+    before = v.status(2)["counters"]
+    with netns.inside(v.lab.h[1]):
+        s = so.socket(so.AF_INET6, so.SOCK_DGRAM)
+        s.bind((v.lab.base(1), 0))
+    try:
+        for data in (used, seal(used, bytes(16), now), seal(used, KEY, now - 3_600_000), good, good):
+            s.sendto(data, (v.lab.base(2), VERBS_PORT))
+    finally:
+        s.close()
+    wait_for("counted", lambda: v.status(2)["counters"]["unauthenticated"] == before["unauthenticated"] + 4)
+    after = v.status(2)["counters"]
+    assert after["peer_questions"] == before["peer_questions"] + 1
+    assert after["bad_messages"] == before["bad_messages"]
+    a, b = pair(v, 4, first=1)           # sealed agreement goes on
+    try:
+        assert split(agreed(a, b)) == {1: 1, 2: 1, 3: 1, 4: 1}
+    finally:
+        a.close(), b.close()
+    wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
