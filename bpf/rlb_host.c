@@ -34,7 +34,13 @@ BPF_TABLE_PINNED("array", u32, struct rlbh_config, config, 1, PIN(config));
 BPF_TABLE_PINNED("array", u32, struct rlbh_path, paths, RLBH_MAX_PATHS, PIN(paths));
 BPF_TABLE_PINNED7("lpm_trie", struct rlbh_lpm_key, struct rlbh_weights, weights, RLBH_MAX_WEIGHTS,
                   PIN(weights), BPF_F_NO_PREALLOC);
-BPF_TABLE_PINNED("array", u32, u32, active, RLBH_MAX_WEIGHTS * RLBH_MAX_PATHS, PIN(active));
+/* Active QPs per (weight entry, path) = active + active_adj. `active` is this program's own count
+ * (atomic adds only, may go below 0 where user space moved a QP off the path it was counted on);
+ * `active_adj` is written only by user space (the sweep's removals, moves and recount, verbs QPs).
+ * One writer per word: a user-space rewrite of a word this program adds to lost the adds that
+ * landed between its read and its write, and new QPs piled onto the path that looked emptier. */
+BPF_TABLE_PINNED("array", u32, s32, active, RLBH_MAX_WEIGHTS * RLBH_MAX_PATHS, PIN(active));
+BPF_TABLE_PINNED("array", u32, s32, active_adj, RLBH_MAX_WEIGHTS * RLBH_MAX_PATHS, PIN(active_adj));
 BPF_TABLE_PINNED("lru_hash", struct rlbh_ct_key, struct rlbh_ct, conntrack, RLBH_CT_ENTRIES,
                  PIN(conntrack));
 BPF_TABLE_PINNED("lru_hash", struct rlbh_rev_key, struct rlbh_rev, reverse, RLBH_REV_ENTRIES,
@@ -183,6 +189,14 @@ static __always_inline u32 eff_weight(struct rlbh_weights *w, u32 i, u32 down)
     return w->weight[i & (RLBH_MAX_PATHS - 1)];
 }
 
+static __always_inline u64 active_of(u32 wid, u32 path)
+{
+    u32 idx = wid * RLBH_MAX_PATHS + (path & (RLBH_MAX_PATHS - 1));
+    s32 *a = active.lookup(&idx), *adj = active_adj.lookup(&idx);
+    s64 n = (s64)(a ? *a : 0) + (adj ? *adj : 0);
+    return n > 0 ? n : 0;
+}
+
 /* Weighted least-active: the path minimising (active + 1/2) / weight (Webster's divisors: with
  * unequal weights (active + 1) / weight favoured the heavier path, 2 QPs over a 10 and a 5 Gb/s
  * path both went on the 10; equal weights choose as before); ties go to the first path
@@ -200,9 +214,7 @@ static __always_inline u32 least_active(struct rlbh_weights *w, u32 start, u32 d
         u32 wt = eff_weight(w, i, down);
         if (!wt)
             continue;
-        u32 idx = w->id * RLBH_MAX_PATHS + i;
-        u32 *a = active.lookup(&idx);
-        u64 act = a ? *a : 0;
+        u64 act = active_of(w->id, i);
         if (best == RLBH_MAX_PATHS || (2 * act + 1) * best_w < (2 * best_a + 1) * wt) {
             best = i;
             best_a = act;
@@ -241,13 +253,9 @@ static __always_inline u32 spray(struct rlbh_weights *w, u32 down)
 static __always_inline void active_add(u32 wid, u32 path, int delta)
 {
     u32 idx = wid * RLBH_MAX_PATHS + (path & (RLBH_MAX_PATHS - 1));
-    u32 *a = active.lookup(&idx);
-    if (!a)
-        return;
-    if (delta > 0)
-        __sync_fetch_and_add(a, 1);
-    else if (*a)
-        __sync_fetch_and_add(a, -1);
+    s32 *a = active.lookup(&idx);
+    if (a)
+        __sync_fetch_and_add(a, delta > 0 ? 1 : -1);   /* no floor: see the maps above */
 }
 
 static __always_inline u32 choose_path(struct parsed *p, struct rlbh_weights *w,

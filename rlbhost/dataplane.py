@@ -13,6 +13,7 @@ import socket
 import struct
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 
@@ -642,7 +643,8 @@ class HostDataplane(PinnedState):
             live: dict[int, list] = {wid: [] for wid in entries}
             for k, v in list(ct.items()):
                 if now - v.last_ns >= expiry or v.wid not in entries:
-                    ct.delete(k)          # idle: re-assigned on its next packet anyway
+                    if ct.delete(k):      # idle: re-assigned on its next packet anyway
+                        self._adjust(v.wid, v.path, -1)
                     self.swept[self._qp_id(k)] = {"path": v.path, "bytes": v.bytes, "last_ns": v.last_ns}
                     continue
                 live[v.wid].append((k, v))
@@ -672,34 +674,52 @@ class HostDataplane(PinnedState):
                         while surplus and count[i] < bound[i]:
                             k, v = surplus.pop()
                             count[v.path] -= 1
+                            self._adjust(wid, v.path, -1)
+                            self._adjust(wid, i, +1)
                             v.path = i
                             ct.set(k, v)
                             if self._qp_id(k) in placed:      # the host's own capacity rules
                                 self.maps["placed"].delete(k)
                             count[i] += 1
                             moved += 1
-            self._recount(ct, now, expiry)
+            self._recount(ct)
             if moved:
                 self._count_event("ev_released", moved)
         if moved:
             log.info("released %d QPs to match the weights", moved)
         return moved
 
-    def _recount(self, ct, now: int, expiry: int):
-        counts: dict[tuple[int, int], int] = {}
-        for _, v in ct.items():
-            if now - v.last_ns < expiry:
-                counts[(v.wid, v.path)] = counts.get((v.wid, v.path), 0) + 1
+    def _recount(self, ct):
+        """Correct the counters where they drifted from the table (entries the LRU evicted, an
+        expiry the data plane and the sweep both saw): per slot, active_adj becomes the table's
+        count less the data plane's, but only for slots the data plane did not touch while the
+        table was read: otherwise its adds and this count disagree on which QPs they include,
+        and the next sweep corrects that slot."""
         act = self.maps["active"]
+        before = act.array_bytes()
+        counts = Counter((v.wid, v.path) for _, v in ct.items())
+        after = act.array_bytes()
+        dp_now = struct.unpack(f"{len(after) // 4}i", after)
         with self.verbs_lock:
             for q in self.verbs_qps():     # placed through verbs: active until destroyed
-                counts[(q.wid, q.path)] = counts.get((q.wid, q.path), 0) + 1
-            for wid, _ in ((v.id, v) for _, v in self.maps["weights"].items()):
+                counts[(q.wid, q.path)] += 1
+            adj = self.maps["active_adj"]
+            adj_now = struct.unpack(f"{len(after) // 4}i", adj.array_bytes())
+            for wid in {v.id for _, v in self.maps["weights"].items()}:
                 for i in range(MAX_PATHS):
                     idx = wid * MAX_PATHS + i
-                    val = counts.get((wid, i), 0)
-                    if act.get(idx).value != val:
-                        act.set(idx, act.leaf_type(val))
+                    if before[4 * idx:4 * idx + 4] != after[4 * idx:4 * idx + 4]:
+                        continue
+                    want = counts.get((wid, i), 0) - dp_now[idx]
+                    if adj_now[idx] != want:
+                        adj.set(idx, adj.leaf_type(want))
+
+    def _adjust(self, wid: int, path: int, delta: int):
+        """User space's part of a slot's count (active_adj: no one else writes it)."""
+        adj = self.maps["active_adj"]
+        idx = wid * MAX_PATHS + path
+        with self.verbs_lock:
+            adj.set(idx, adj.leaf_type(adj.get(idx).value + delta))
 
     def _count_event(self, name: str, n: int):
         """Events user space causes go to CPU 0's slot of the per-CPU reasons counter."""
@@ -733,14 +753,11 @@ class HostDataplane(PinnedState):
         return w.id, [w.weight[i] if i in valid else 0 for i in range(MAX_PATHS)]
 
     def active_counts(self, wid: int) -> list[int]:
-        """Active QPs per path index under one weight entry (TC-seen and verbs QPs): one syscall."""
-        raw = self.maps["active"].array_slice(wid * MAX_PATHS, MAX_PATHS)
-        return list(struct.unpack(f"{MAX_PATHS}I", raw))
-
-    def _bump_active(self, wid: int, path: int, delta: int):
-        act = self.maps["active"]
-        idx = wid * MAX_PATHS + path
-        act.set(idx, act.leaf_type(max(0, act.get(idx).value + delta)))
+        """Active QPs per path index under one weight entry (TC-seen and verbs QPs), as the data
+        plane reads them (its count plus user space's, never below 0): two syscalls."""
+        dp = struct.unpack(f"{MAX_PATHS}i", self.maps["active"].array_slice(wid * MAX_PATHS, MAX_PATHS))
+        adj = struct.unpack(f"{MAX_PATHS}i", self.maps["active_adj"].array_slice(wid * MAX_PATHS, MAX_PATHS))
+        return [max(0, a + b) for a, b in zip(dp, adj)]
 
     def _verbs_key(self, peer: str, qpn: int, direction: int):
         k = self.maps["verbs"].key_type()
@@ -768,8 +785,8 @@ class HostDataplane(PinnedState):
             m.set(self._verbs_key(q.peer_addr, q.local_qpn, C["RLBH_V_RX"]), v)
         mirror[(q.peer_addr, q.remote_qpn)] = q
         if old is not None:
-            self._bump_active(old.wid, old.path, -1)
-        self._bump_active(q.wid, q.path, +1)
+            self._adjust(old.wid, old.path, -1)
+        self._adjust(q.wid, q.path, +1)
 
     def verbs_drop(self, q: VerbsQp) -> bool:
         m = self.maps["verbs"]
@@ -779,7 +796,7 @@ class HostDataplane(PinnedState):
                 m.delete(self._verbs_key(q.peer_addr, q.local_qpn, C["RLBH_V_RX"]))
             self._verbs_mirror().pop((q.peer_addr, q.remote_qpn), None)
             if gone:
-                self._bump_active(q.wid, q.path, -1)
+                self._adjust(q.wid, q.path, -1)
         return bool(gone)
 
     def verbs_clear(self):
