@@ -29,6 +29,7 @@
 #define DADDR_OFF  (ETH_HLEN + 24)
 #define UDP_OFF    (ETH_HLEN + 40)
 #define UCSUM_OFF  (UDP_OFF + 6)
+#include "lib/echo.h"
 
 BPF_TABLE_PINNED("array", u32, struct rlbh_config, config, 1, PIN(config));
 BPF_TABLE_PINNED("array", u32, struct rlbh_path, paths, RLBH_MAX_PATHS, PIN(paths));
@@ -484,70 +485,9 @@ int rlb_host_ingress(struct __sk_buff *skb)
     return pass(RLBH_R_RESTORED);
 }
 
-/* Ports mode, on each port's TC ingress: a plane probe (rlbhost/probes.py) goes straight back out
- * of the port it came in by, addressed to its sender, as an answer. In the kernel, so that an
- * answer says the plane and this GPU's port work and never waits for this host's agent to be
- * scheduled (a busy agent answered late on one plane and not yet on another, which looked like a
- * silent plane). Everything else goes on untouched to the hook's next filter (TC_ACT_UNSPEC):
- * the port's ingress may carry the operator's own. */
+/* Ports mode, each port's TC ingress: plane probes answered in the kernel (lib/echo.h). */
 int rlb_host_echo(struct __sk_buff *skb)
 {
-    void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
-    struct rlb_l3 l3 = {};
-    if (parse_ipv6(data, end, &l3) != RLB_PARSE_OK || l3.proto != IPPROTO_UDP)
-        return TC_ACT_UNSPEC;
-    struct udphdr *udp = l3.l4;
-    struct rlbh_probe *pr = (void *)(udp + 1);
-    if ((void *)(pr + 1) > end || udp->dest != htons(RLBH_PROBE_PORT) ||
-        pr->magic != htonl(RLBH_PROBE_MAGIC) || pr->kind != RLBH_PROBE_ASK)
-        return TC_ACT_UNSPEC;
     u32 zero = 0;
-    struct rlbh_echo_cfg *ec = echo_cfg.lookup(&zero);
-    if (ec && (ec->flags & RLBH_ECHO_OWN_ADDR)) {
-        u64 d[2], own[2];
-        __builtin_memcpy(d, &l3.ip6->daddr, 16);
-        __builtin_memcpy(own, ec->addr, 16);
-        if (d[0] != own[0] || d[1] != own[1])
-            return TC_ACT_UNSPEC; /* another GPU's probe, misdelivered: no answer from here */
-    }
-    u64 tag = 0;
-    if (ec && (ec->flags & RLBH_ECHO_SIGN)) {
-        u64 m[SIP_WORDS];
-        u8 *w = (u8 *)m;
-        __builtin_memcpy(w, &pr->seq, 4);
-        __builtin_memcpy(w + 4, pr->t_ns, 8);
-        w[12] = pr->plane;
-        __builtin_memcpy(w + 13, &pr->sender, 2);
-        w[15] = 0;
-        __builtin_memcpy(w + 16, &l3.ip6->daddr, 16);
-        __builtin_memcpy(w + 32, &l3.ip6->saddr, 16);
-        tag = siphash24_words(ec->k0, ec->k1, m);
-    }
-    u8 macs[12], addrs[32];
-    __builtin_memcpy(macs, l3.eth->h_source, 6);
-    __builtin_memcpy(macs + 6, l3.eth->h_dest, 6);
-    __builtin_memcpy(addrs, &l3.ip6->daddr, 16);
-    __builtin_memcpy(addrs + 16, &l3.ip6->saddr, 16);
-    u16 old_word = *(u16 *)&pr->kind, csum = udp->check;
-    u8 answer[2] = {RLBH_PROBE_ANSWER, pr->plane};
-    u16 new_word = *(u16 *)answer;
-    /* Swapped fields of one size at even offsets leave every checksum as it was; only the kind
-     * changes one (skb->csum through the store, the UDP checksum unless the probe sent zero). */
-    if (bpf_skb_store_bytes(skb, 0, macs, 12, 0) || bpf_skb_store_bytes(skb, SADDR_OFF, addrs, 32, 0) ||
-        bpf_skb_store_bytes(skb, UDP_OFF + 8 + offsetof(struct rlbh_probe, kind), answer, 2,
-                            BPF_F_RECOMPUTE_CSUM))
-        return TC_ACT_SHOT;
-    if (tag) {
-        /* the tag changes 8 bytes: the answer goes out with a zero UDP checksum, which the
-         * prober's socket accepts (UDP_NO_CHECK6_RX, RFC 6936) */
-        u16 none = 0;
-        if (bpf_skb_store_bytes(skb, UDP_OFF + 8 + offsetof(struct rlbh_probe, mac), &tag, 8,
-                                BPF_F_RECOMPUTE_CSUM) ||
-            bpf_skb_store_bytes(skb, UCSUM_OFF, &none, 2, BPF_F_RECOMPUTE_CSUM))
-            return TC_ACT_SHOT;
-        return bpf_redirect(skb->ifindex, 0);
-    }
-    if (csum && bpf_l4_csum_replace(skb, UCSUM_OFF, old_word, new_word, 2 | BPF_F_MARK_MANGLED_0))
-        return TC_ACT_SHOT;
-    return bpf_redirect(skb->ifindex, 0);
+    return probe_echo(skb, echo_cfg.lookup(&zero));
 }

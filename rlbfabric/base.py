@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import subprocess
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Protocol
 
 from .bgpsec import BgpSecurity
 from .errors import FabricError
 
-__all__ = ["Fabric", "FabricError", "Node", "Port", "KINDS", "kind", "node_name_asn", "one_hextet_prefix",
-           "SWITCH_LL", "GPU_LL", "LOOPBACK_DEVICE"]
+__all__ = ["ByKind", "Fabric", "FabricError", "Link", "Node", "Port", "KINDS", "kind", "node_name_asn", "one_hextet_prefix",
+           "SWITCH_LL", "GPU_LL", "LOOPBACK_DEVICE", "SWITCH_ROLES", "add_loopback_device"]
 
 # A GPU's point-to-point ports (scale-up planes, rail-only rails) carry these link-local
 # addresses at each end; its own address lives on a dummy device.
 SWITCH_LL, GPU_LL = "fe80::1", "fe80::2"
 LOOPBACK_DEVICE = "rlb0"      # where a GPU's loopback lives and the peers' loopbacks are routed
+
+SWITCH_ROLES = ("leaf", "spine", "superspine")     # a scale-up plane switch is a "spine"
 
 NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 
@@ -49,10 +52,31 @@ class Port:
 
 
 
+Link = tuple[str, str, str, str, int]     # (a, a's ifname, b, b's ifname, Mb/s)
+
+
 class Fabric(Protocol):
-    """What any fabric kind offers every layer."""
+    """What any fabric kind offers every layer: the layers ask these, never the kind's name."""
     kind: ClassVar[str]
     bgp: BgpSecurity
+    # hosts take one address per path (SLAAC) and run Soft-RoCE and the verbs library in the VM
+    # lab; else GPUs whose ports hang off a loopback device
+    paths_by_address: ClassVar[bool]
+    # a fabric-wide service the hosts report to: the QP coordinator or the h-score registry
+    # (rlbfabric/coord: COORDINATORS)
+    coordinated: ClassVar[bool]
+    # rlbfabric.deploy renders its systemd units (and so the VM lab can run it)
+    rendered_units: ClassVar[bool]
+
+    def links(self) -> list[Link]:
+        """Every point-to-point link, switch links first (lower tier up), then host ports."""
+
+    def switch_port_mbps(self, switch: str) -> int:
+        """The speed of a switch's fabric ports (what its path bandwidth starts from)."""
+
+    def net_commands(self, node: str) -> list[list[str]]:
+        """Boot-time link setup of one machine (idempotent): what rlb-net.service runs; a
+        FabricError for a kind without rendered units."""
 
     @property
     def switches(self) -> list[Node]: ...
@@ -78,6 +102,31 @@ def kind(name: str):
     return register
 
 
+class ByKind(dict):
+    """What one layer runs per fabric kind (a coordinator, a host agent), filled by
+    @REGISTRY.register(kind) in the module that implements it: adding a kind adds modules and
+    edits no `if kind ==` elsewhere."""
+
+    def __init__(self, what: str):
+        super().__init__()
+        self.what = what
+
+    def register(self, name: str):
+        def add(obj):
+            if name in self:
+                raise ValueError(f"{self.what} for fabric kind {name!r} registered twice")
+            self[name] = obj
+            return obj
+        return add
+
+    def of(self, fabric: Fabric):
+        try:
+            return self[fabric.kind]
+        except KeyError:
+            raise FabricError(f"a {fabric.kind} fabric has no {self.what} (kinds that have one: "
+                              f"{', '.join(sorted(self)) or 'none'})") from None
+
+
 def node_name_asn(n: dict, role: str, i: int, where: str, seen: set[str]) -> tuple[str, int]:
     """A node table's name (unique across the file; added to `seen`) and 2-byte AS number."""
     name, asn = n.get("name"), n.get("asn")
@@ -101,3 +150,16 @@ def one_hextet_prefix(f: dict, where: str) -> str:
     except ValueError:
         raise FabricError(f"{where}: prefix {prefix!r} must be one hextet, e.g. 'fc00'") from None
     return prefix
+
+
+def add_loopback_device(name: str = LOOPBACK_DEVICE, netns: str | None = None):
+    """The GPU's loopback device: a dummy, or (kernels built without dummy) an ifb; both are
+    NOARP, always up and deliver nothing themselves: the host's TC egress program sends every
+    packet routed to it out of a fabric port."""
+    ns = ["-n", netns] if netns else []
+    if subprocess.run(["ip", *ns, "link", "show", name], capture_output=True).returncode == 0:
+        return "existing"
+    for devtype in ("dummy", "ifb"):
+        if subprocess.run(["ip", *ns, "link", "add", name, "type", devtype], capture_output=True).returncode == 0:
+            return devtype
+    raise FabricError(f"cannot create {name}: this kernel has neither dummy nor ifb devices")

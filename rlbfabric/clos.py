@@ -9,7 +9,7 @@ from typing import ClassVar
 from rlbcommon.constants import POLICIES
 
 from . import addrplan, bgpsec
-from .base import NAME, FabricError, Node, Port, kind, node_name_asn
+from .base import NAME, SWITCH_ROLES, FabricError, Link, Node, Port, kind, node_name_asn
 from .bgpsec import BgpSecurity
 
 
@@ -28,6 +28,9 @@ class ClosFabric:
     policy_overrides: dict[str, str]
     parallel: int = 1   # links between each leaf and each spine of its pod
     kind: ClassVar[str] = "clos"   # the others: scaleup.ScaleupFabric, railonly.RailOnlyFabric
+    paths_by_address: ClassVar[bool] = True
+    coordinated: ClassVar[bool] = True
+    rendered_units: ClassVar[bool] = True
     # Sub-type of the community a super-spine attaches with the bandwidth of its link towards the
     # advertising spine. The draft makes it non-transitive, but bird 2.0.12 deletes
     # non-transitive ext communities on every eBGP export (ec_set_del_nontrans), so it would never
@@ -134,6 +137,43 @@ class ClosFabric:
     @property
     def hosts(self) -> list[str]:
         return [h for leaf in self.leaves for h in leaf.hosts]
+
+    def host_port(self, host: str) -> str:
+        """A host's fabric port is named after its leaf, as a switch's ports are after their peers."""
+        return f"eth-{self.leaf_of_host(host)[0].name}"
+
+    def links(self) -> list[Link]:
+        out = []
+        for node in self.leaves + self.spines:
+            for port in self.ports_up(node):
+                out.append((node.name, port.ifname, port.peer.name, port.peer_ifname,
+                            self.link_mbps_between(node.name, port.peer.name)))
+        for leaf in self.leaves:
+            for _, host, ifname in self.host_ports(leaf):
+                out.append((leaf.name, ifname, host, self.host_port(host), self.link_mbps))
+        return out
+
+    def switch_port_mbps(self, switch: str) -> int:
+        return self.link_mbps
+
+    def net_commands(self, node: str) -> list[list[str]]:
+        """Switches forward, their fabric ports come up without DAD delay (fast restore on
+        link-up), a leaf carries its gateway address of every host prefix (bird's radv advertises
+        the prefixes of its addresses); a host takes SLAAC on its fabric port. Transmit checksum
+        offload off: redirected frames must not carry partial ones."""
+        switch = node not in self.hosts and self.node(node).role in SWITCH_ROLES
+        ports = self.switch_ports(self.node(node)) if switch else [self.host_port(node)]
+        out = [["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]] if switch else []
+        for p in ports:
+            key = "accept_dad=0" if switch else "accept_ra=2"
+            out += [["sysctl", "-qw", f"net.ipv6.conf.{p}.{key}"], ["ip", "link", "set", p, "up"],
+                    ["ethtool", "-K", p, "tx", "off"]]
+        if switch and self.node(node).role == "leaf":
+            leaf = self.node(node)
+            for port, _, ifname in self.host_ports(leaf):
+                for net in self.host_prefixes(leaf, port):
+                    out.append(["ip", "addr", "replace", f"{net.network_address + 1}/64", "dev", ifname, "nodad"])
+        return out
 
     def host_of_prefix(self) -> dict[ipaddress.IPv6Network, str]:
         """{host /64 (any path): host name}: who owns an address."""

@@ -28,9 +28,8 @@ from pathlib import Path
 
 from rlbcommon.constants import RUN_DIR
 
-from .base import LOOPBACK_DEVICE, Fabric, FabricError
+from .base import LOOPBACK_DEVICE, SWITCH_ROLES, Fabric, FabricError, add_loopback_device
 
-SWITCH_ROLES = ("leaf", "spine", "superspine")
 
 
 class XdpMode(str, enum.Enum):
@@ -51,12 +50,8 @@ class Site:
 
 
 def deployable(fabric: Fabric):
-    """Units and link setup exist for leaf-spine and scale-up fabrics. A rail-only fabric's rail
-    switches take static routes to the GPUs' MACs (the namespace lab, rlblab/raillab.py, sets
-    them up); rendering them as units is not built."""
-    if fabric.kind == "rail-only":
-        raise FabricError("rail-only fabrics have no rendered units or link setup yet: "
-                          "rlblab/raillab.py shows what each GPU and rail switch runs")
+    if not fabric.rendered_units:
+        raise FabricError(f"{fabric.kind} fabrics have no rendered units or link setup yet")
 
 
 def role(fabric: Fabric, node: str) -> str:
@@ -66,8 +61,7 @@ def role(fabric: Fabric, node: str) -> str:
 
 
 def host_port(fabric: Fabric, host: str) -> str:
-    """A host's fabric port is named after its leaf, as a switch's ports are after their peers."""
-    return f"eth-{fabric.leaf_of_host(host)[0].name}"
+    return fabric.host_port(host)
 
 
 # Every long-running unit: restarted however often it fails (the default start limit gave up after
@@ -126,7 +120,7 @@ WantedBy=multi-user.target
 """}
     if r in SWITCH_ROLES:
         ports = " ".join(fabric.switch_ports(fabric.node(node)))
-        mbps = fabric.sub_mbps(node) if fabric.kind == "scaleup" else fabric.link_mbps
+        mbps = fabric.switch_port_mbps(node)
         run = site.run_dir
         out["rlb-bird"] = _bird_unit(f"fabric switch {node}", f"{site.bin}/rlbswitch bird-config {args}{bfd}",
                                      node, run)
@@ -216,35 +210,14 @@ WantedBy=multi-user.target
 
 
 def net_commands(fabric: Fabric, node: str) -> list[list[str]]:
-    """Boot-time link setup of one machine (idempotent): switches forward, their fabric ports come
-    up without DAD delay (fast restore on link-up), a leaf carries its gateway address of every
-    host prefix (bird's radv advertises the prefixes of its addresses); a host takes SLAAC on its
-    fabric port. Transmit checksum offload off: redirected frames must not carry partial ones."""
+    """Boot-time link setup of one machine (idempotent): the fabric kind's own."""
     deployable(fabric)
-    if fabric.kind == "scaleup":
-        from .scaleup import net_commands as scaleup_net
-        return scaleup_net(fabric, node)
-    r = role(fabric, node)
-    out = []
-    ports = fabric.switch_ports(fabric.node(node)) if r in SWITCH_ROLES else [host_port(fabric, node)]
-    if r in SWITCH_ROLES:
-        out.append(["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])
-    for p in ports:
-        key = "accept_dad=0" if r in SWITCH_ROLES else "accept_ra=2"
-        out += [["sysctl", "-qw", f"net.ipv6.conf.{p}.{key}"], ["ip", "link", "set", p, "up"],
-                ["ethtool", "-K", p, "tx", "off"]]
-    if r == "leaf":
-        leaf = fabric.node(node)
-        for port, _, ifname in fabric.host_ports(leaf):
-            for net in fabric.host_prefixes(leaf, port):
-                out.append(["ip", "addr", "replace", f"{net.network_address + 1}/64", "dev", ifname, "nodad"])
-    return out
+    return fabric.net_commands(node)
 
 
 def net(fabric: Fabric, node: str):
     deployable(fabric)
     if fabric.is_gpu(node):
-        from .scaleup import add_loopback_device
         add_loopback_device()
     for cmd in net_commands(fabric, node):
         res = subprocess.run(cmd, capture_output=True, text=True)

@@ -49,6 +49,8 @@ from . import clos, railonly, scaleup  # noqa: F401
 from .base import KINDS, Fabric, FabricError
 from .clos import ClosFabric
 
+DEFAULT_KIND = ClosFabric.kind     # a fabric file without [fabric] kind
+
 __all__ = ["Fabric", "FabricError", "ClosFabric", "load", "parse"]
 
 
@@ -63,8 +65,8 @@ def load(path: str | Path) -> Fabric:
 
 
 def parse(data: dict, where: str = "fabric") -> Fabric:
-    kind = data.get("fabric", {}).get("kind", "clos")
+    kind = data.get("fabric", {}).get("kind", DEFAULT_KIND)
     if kind not in KINDS:
-        raise FabricError(f"{where}: kind {kind!r}: clos (leaf-spine, the default), "
-                          f"{', '.join(k for k in sorted(KINDS) if k != 'clos')}")
+        raise FabricError(f"{where}: kind {kind!r}: {DEFAULT_KIND} (leaf-spine, the default), "
+                          f"{', '.join(k for k in sorted(KINDS) if k != DEFAULT_KIND)}")
     return KINDS[kind](data, where)

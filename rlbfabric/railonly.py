@@ -33,7 +33,7 @@ from typing import ClassVar
 from rlbcommon.cheader import constants
 
 from .bgpsec import BgpSecurity
-from .base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Node, kind, one_hextet_prefix
+from .base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Link, Node, kind, one_hextet_prefix
 from .hscore import Gpu
 
 RAIL_IF, DOMAIN_IF = "eth-rail", "eth-dom"
@@ -60,6 +60,11 @@ class RailOnlyFabric:
     delta: float
     tau_s: float
     kind: ClassVar[str] = "rail-only"
+    paths_by_address: ClassVar[bool] = False
+    coordinated: ClassVar[bool] = True       # the h-score registry
+    # its rail switches take static routes to the GPUs' MACs, which the namespace lab sets up
+    # (rlblab/raillab.py); rendering them as units is not built
+    rendered_units: ClassVar[bool] = False
     bgp: BgpSecurity = field(default_factory=BgpSecurity)   # no BGP here (static routes); labs set it alike
 
     # ---- names ---------------------------------------------------------------------------
@@ -116,6 +121,17 @@ class RailOnlyFabric:
         return None
 
     # ---- links ---------------------------------------------------------------------------
+    def links(self) -> list[Link]:
+        """Each GPU's rail port, by rail (a domain's scale-up links are not RLB's)."""
+        return [(f"r{k}", port, gpu, RAIL_IF, self.rail_mbps)
+                for k in range(1, self.rails + 1) for port, gpu in self.rail_ports(k)]
+
+    def switch_port_mbps(self, switch: str) -> int:
+        return self.rail_mbps
+
+    def net_commands(self, node: str) -> list[list[str]]:
+        return gpu_net_commands(self, node) if self.is_gpu(node) else rail_net_commands(self, node)
+
     def rail_ports(self, rail: int) -> list[tuple[str, str]]:
         """A rail switch's ports: (its port, the GPU there), one per domain."""
         return [(f"eth-d{d}", self.gpu_name(Gpu(d, rail))) for d in range(1, self.domains + 1)]

@@ -32,7 +32,6 @@ Path numbering on a GPU (the host data plane's path values): (plane - 1) x m + s
 from __future__ import annotations
 
 import ipaddress
-import subprocess
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -41,7 +40,7 @@ from rlbcommon.constants import POLICIES
 
 from . import bgpsec
 from .bgpsec import BgpSecurity
-from .base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Node, Port, kind, node_name_asn, one_hextet_prefix
+from .base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Link, Node, Port, kind, node_name_asn, one_hextet_prefix
 
 MAX_PATHS = constants("rlb_host.h")["RLBH_MAX_PATHS"]   # the host data plane's path table
 
@@ -72,6 +71,9 @@ class ScaleupFabric:
     linkbw_subtype: int = 0x89
     parallel: int = 1
     kind: ClassVar[str] = "scaleup"
+    paths_by_address: ClassVar[bool] = False
+    coordinated: ClassVar[bool] = False
+    rendered_units: ClassVar[bool] = True
     link_overrides: dict = field(default_factory=dict)
     bgp: BgpSecurity = field(default_factory=BgpSecurity)     # GTSM, TCP MD5 (bgpsec.py)
 
@@ -178,6 +180,38 @@ class ScaleupFabric:
     def sub_mbps(self, plane: str) -> int:
         return self.plane_mbps.get(plane, self.link_mbps)
 
+    def net_commands(self, node: str) -> list[list[str]]:
+        """Boot-time link setup of a GPU or plane switch (idempotent; the GPU's loopback device must
+        exist: add_loopback_device). Every sub-port carries the fixed link-local of its end, so no
+        session needs discovery; a GPU keeps its addresses across a flap, has its loopback on the
+        loopback device and routes every peer's loopback there (where its TC program picks the
+        port). Transmit checksum offload off: redirected frames must not carry partial ones. The
+        namespace lab and rlb-net.service both run exactly these."""
+        out = []
+        if self.is_gpu(node):
+            out.append(["sysctl", "-qw", "net.ipv6.conf.all.keep_addr_on_down=1"])
+            ports = [(p.ifname, GPU_LL) for p in self.gpu_ports(node)]
+        else:
+            out.append(["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])
+            ports = [(name, SWITCH_LL) for name in self.switch_ports(self.node(node))]
+        for ifname, ll in ports:
+            out += [["ip", "link", "set", ifname, "up"],
+                    ["ip", "addr", "replace", f"{ll}/64", "dev", ifname, "nodad"],
+                    ["ethtool", "-K", ifname, "tx", "off"]]
+        if self.is_gpu(node):
+            out += [["ip", "addr", "replace", f"{self.loopback(node)}/128", "dev", LOOPBACK_DEVICE, "nodad"],
+                    ["ip", "link", "set", LOOPBACK_DEVICE, "up"],
+                    ["ip", "-6", "route", "replace", str(self.loopback_prefix()), "dev", LOOPBACK_DEVICE]]
+        return out
+
+    def links(self) -> list[Link]:
+        """A GPU's sub-port links (the plane switch's end first)."""
+        return [(p.plane.name, p.switch_ifname, g.name, p.ifname, self.sub_mbps(p.plane.name))
+                for g in self.gpus for p in self.gpu_ports(g.name)]
+
+    def switch_port_mbps(self, switch: str) -> int:
+        return self.sub_mbps(switch)
+
 
 @kind("scaleup")
 def parse(data: dict, where: str = "fabric") -> ScaleupFabric:
@@ -227,41 +261,3 @@ def parse(data: dict, where: str = "fabric") -> ScaleupFabric:
                          bool(f.get("bfd", True)), int(f.get("pathbw_subtype", 0x88)), plane_mbps, spray,
                          bfd_ms, int(f.get("graceful_restart_s", 30)), int(f.get("linkbw_subtype", 0x89)),
                          bgp=bgpsec.parse(f, where))
-
-
-def net_commands(fabric: "ScaleupFabric", node: str) -> list[list[str]]:
-    """Boot-time link setup of a GPU or plane switch (idempotent; the GPU's loopback device must
-    exist: add_loopback_device). Every sub-port carries the fixed link-local of its end, so no
-    session needs discovery; a GPU keeps its addresses across a flap, has its loopback on the
-    loopback device and routes every peer's loopback there (where its TC program picks the
-    port). Transmit checksum offload off: redirected frames must not carry partial ones. The
-    namespace lab and rlb-net.service both run exactly these."""
-    out = []
-    if fabric.is_gpu(node):
-        out.append(["sysctl", "-qw", "net.ipv6.conf.all.keep_addr_on_down=1"])
-        ports = [(p.ifname, GPU_LL) for p in fabric.gpu_ports(node)]
-    else:
-        out.append(["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])
-        ports = [(name, SWITCH_LL) for name in fabric.switch_ports(fabric.node(node))]
-    for ifname, ll in ports:
-        out += [["ip", "link", "set", ifname, "up"],
-                ["ip", "addr", "replace", f"{ll}/64", "dev", ifname, "nodad"],
-                ["ethtool", "-K", ifname, "tx", "off"]]
-    if fabric.is_gpu(node):
-        out += [["ip", "addr", "replace", f"{fabric.loopback(node)}/128", "dev", LOOPBACK_DEVICE, "nodad"],
-                ["ip", "link", "set", LOOPBACK_DEVICE, "up"],
-                ["ip", "-6", "route", "replace", str(fabric.loopback_prefix()), "dev", LOOPBACK_DEVICE]]
-    return out
-
-
-def add_loopback_device(name: str = LOOPBACK_DEVICE, netns: str | None = None):
-    """The GPU's loopback device: a dummy, or (kernels built without dummy) an ifb; both are
-    NOARP, always up and deliver nothing themselves: the host's TC egress program sends every
-    packet routed to it out of a fabric port."""
-    ns = ["-n", netns] if netns else []
-    if subprocess.run(["ip", *ns, "link", "show", name], capture_output=True).returncode == 0:
-        return "existing"
-    for devtype in ("dummy", "ifb"):
-        if subprocess.run(["ip", *ns, "link", "add", name, "type", devtype], capture_output=True).returncode == 0:
-            return devtype
-    raise FabricError(f"cannot create {name}: this kernel has neither dummy nor ifb devices")

@@ -15,7 +15,10 @@ from rlbcommon.netlinkevents import NetlinkEvents
 from rlbfabric.policy import localrule
 from rlbfabric.clos import ClosFabric
 
+from .assemble import HOST_AGENTS, Assembled, Options, apply_config, verbs_service
+from .coordclient import CoordinatorClient
 from .dataplane import HostDataplane, HostError
+from .verbs.advice import FabricView
 
 log = logging.getLogger(__name__)
 
@@ -104,3 +107,40 @@ class HostAgent:
 def check_place(fabric: ClosFabric, node: str):
     if node not in fabric.hosts:
         raise HostError(f"{node!r} is not a host in the fabric file (hosts: {', '.join(fabric.hosts)})")
+
+
+@HOST_AGENTS.register("clos")
+def assemble(dp: HostDataplane, fabric: ClosFabric | None, opts: Options, health: Health) -> Assembled:
+    """A leaf-spine host (or one without a fabric file): TC programs on the fabric interface
+    (--no-tc: only followed, for RNICs that build the packets), the coordinator's client and
+    the verbs library's agent beside the host agent."""
+    node = opts.node if fabric else None
+    if fabric:
+        check_place(fabric, node)
+    if opts.coordinator and not fabric:
+        raise HostError("--coordinator needs --fabric (and --node unless the host name is the fabric's)")
+    dp.ifindex(opts.interface)   # before anything is loaded
+    if opts.tc:
+        dp.attach(opts.interface, opts.path_field, opts.base_path)
+    else:
+        dp.prepare(opts.interface, opts.path_field, opts.base_path)
+    apply_config(dp, opts)
+    agent = HostAgent(dp, opts.interface, opts.path_field, opts.base_path, fabric, node, health)
+    if fabric:
+        agent.place()
+    paths = [p for p in dp.paths() if p.valid]
+    summary = (f"{'attached to' if opts.tc else 'following'} {opts.interface}: {len(paths)} paths "
+               f"({', '.join(f'{p.value}:{p.address}' for p in paths)})")
+    if opts.once:
+        return Assembled(agent, summary)
+    view = FabricView(fabric, node) if opts.coordinator and opts.verbs else None
+    client = CoordinatorClient(dp, node, opts.coordinator, opts.report_ms / 1000, opts.qp_memory_s,
+                               health=health, view=view) if opts.coordinator else None
+    service = verbs_service(dp, opts, health, view) if opts.verbs else None
+
+    def close():
+        if service is not None:
+            service.shutdown()
+            service.close()
+    return Assembled(agent, summary, {"coordinator": client, "verbs": service}, close)
+

@@ -6,17 +6,30 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from rlbcommon import cli as common
+from rlbcommon import cli as common, health as loops
 from rlbcommon.constants import METRICS_PORT, RUN_DIR
+from rlbcommon.health import Health
+from rlbcommon.metrics import serve
+from rlbcommon.paths import write_private
+from rlbfabric.bird.conf import initial_includes, render
+from rlbfabric.bird.ctl import BirdError
+from rlbfabric.fabric import FabricError, load
 
 from . import probes
+from . import agent as leafspine, planes, rails  # noqa: F401 - each kind's agent registers its assembler
+from .assemble import Options, assembler, health_file
 from .dataplane import HostDataplane, HostError
+from .metrics import HostCollector
+from .rails import why_file
+from .verbs.build import BuildError, build
+from .verbs.paths import socket_path, status_path, table_path
 
 log = logging.getLogger("rlbhost")
 app, ctx = common.agent_app(__doc__, HostDataplane, log)
@@ -87,76 +100,21 @@ def run(
       rlbhost run                    # adopt: the interface that has the programs
     """
     common.attach_or_run(command, interface)
-    interface = interface or _attached(ctx.dataplane())
-    import socket
-    from rlbfabric.fabric import load
-    from .agent import HostAgent, check_place
-    fab = load(fabric) if fabric else None
-    node = node or socket.gethostname()
-    if fab is not None and fab.kind == "rail-only":
-        return _attach_rail(fab, node, interface, expiry_ms, roce_port, coordinator, metrics_port,
-                            metrics_addr, once)
-    if fab is not None and fab.kind == "scaleup":
-        return _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, probe_dead_ms,
-                           metrics_port, metrics_addr, once, carrier_rt_priority, probe_key)
-    if fab:
-        check_place(fab, node)
-    if coordinator and not fab:
-        raise HostError("--coordinator needs --fabric (and --node unless the host name is the fabric's)")
     dp = ctx.dataplane()
-    dp.ifindex(interface)   # before anything is loaded
-    if tc:
-        dp.attach(interface, path_field, base_path)
-    else:
-        dp.prepare(interface, path_field, base_path)
-    if expiry_ms is not None or roce_port:
-        dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
-    from rlbcommon.health import Health
+    interface = interface or _attached(dp)
+    fab = load(fabric) if fabric else None
+    opts = Options(interface, node or socket.gethostname(), path_field, base_path, expiry_ms, roce_port or [],
+                   coordinator, report_ms, qp_memory_s, run_dir, probe_ms, probe_dead_ms, probe_key,
+                   carrier_rt_priority, tc, verbs, verbs_group, once)
     health = Health(health_file(dp.instance))
-    agent = HostAgent(dp, interface, path_field, base_path, fab, node if fab else None, health)
-    if fab:
-        agent.place()
-    paths = [p for p in dp.paths() if p.valid]
-    typer.echo(f"{'attached to' if tc else 'following'} {interface}: {len(paths)} paths "
-               f"({', '.join(f'{p.value}:{p.address}' for p in paths)})")
+    built = assembler(fab)(dp, fab, opts, health)
+    typer.echo(built.summary)
     if once:
         return
-    from .coordclient import CoordinatorClient
-    from .verbs.advice import FabricView
-    view = FabricView(fab, node) if coordinator and verbs else None
-    client = CoordinatorClient(dp, node, coordinator, report_ms / 1000, qp_memory_s, health=health, view=view) \
-        if coordinator else None
-    service = _verbs_service(dp, interface, verbs_group, health, view, probe_key) if verbs else None
     try:
-        _run_agent(agent, dp, health, metrics_port, metrics_addr, coordinator=client, verbs=service)
+        _run_agent(built.agent, dp, health, metrics_port, metrics_addr, **built.collect)
     finally:
-        if service is not None:
-            service.shutdown()
-            service.close()
-
-
-def _verbs_service(dp, interface: str, group: str | None, health, advice=None, key_file: Path | None = None):
-    """The verbs library's agent, started beside the host agent (an operator error if its socket
-    or port cannot be had: a second agent for the same instance, say)."""
-    from .verbs.service import VerbsService
-    from .verbs.paths import socket_path, status_path, table_path
-    keys = _fabric_keys(key_file, "the verbs agents' messages are neither signed nor checked")
-    service = VerbsService(dp, socket_path(dp.instance), interface, group=group, health=health,
-                           status_path=status_path(dp.instance), advice=advice, table_path=table_path(dp.instance),
-                           keys=keys)
-    try:
-        service.open()
-    except KeyError:
-        raise HostError(f"--verbs-group {group}: no such group") from None
-    except OSError as e:
-        service.close()
-        raise HostError(f"verbs: cannot open {service.socket_path} or UDP {service.port}: {e.strerror} "
-                        "(another agent for this instance? --no-verbs to run without)") from None
-    service.start()
-    # the verbs thread answers within milliseconds: let it have the interpreter sooner than the
-    # default 5 ms switch interval would when another loop of the agent runs Python
-    sys.setswitchinterval(0.0005)
-    return service
+        built.close()
 
 
 ATTACH_HELP = """Attach to an interface and run the host agent in the foreground.
@@ -195,8 +153,6 @@ def _run_agent(agent, dp, health, metrics_port: int, metrics_addr: str, **collec
     `collect` names what the metrics read besides the data plane (coordinator client, prober,
     rail agent); a coordinator client starts reporting first."""
     if metrics_port:
-        from rlbcommon.metrics import serve
-        from .metrics import HostCollector
         serve(HostCollector(dp, ctx.node_label, health=health, **collect), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if collect.get("coordinator"):
@@ -206,20 +162,6 @@ def _run_agent(agent, dp, health, metrics_port: int, metrics_addr: str, **collec
     except KeyboardInterrupt:
         pass
     log.info("agent stopping; the programs and QP table stay in place")
-
-
-def why_file(instance: str) -> Path:
-    """Where a rail-only GPU's agent writes its decisions (read by `rlbhost why`)."""
-    return RUN_DIR / f"{instance}-host-why.json"
-
-
-def _attach_rail(fab, node, interface, expiry_ms, roce_port, coordinator, metrics_port, metrics_addr, once):
-    from . import rails
-
-    def start(dp, health):
-        agent = rails.attach(dp, fab, node, coordinator, health=health, why_file=why_file(dp.instance))
-        return agent, f"rail-only: {len(agent.hops)} first hops, address {fab.address(node)}", {"rails": agent}
-    _run_gpu_agent(interface, start, expiry_ms, roce_port, metrics_port, metrics_addr, once)
 
 
 @app.command()
@@ -255,7 +197,6 @@ def why(peer: Optional[str] = typer.Argument(None, help="Rail-only GPUs: only th
 
 def _why_verbs(which: Optional[str], as_json: bool):
     """A host's recent verbs decisions (the agent keeps the last ones with their reasons)."""
-    from .verbs.paths import status_path
     s = _read_json(status_path(ctx.dataplane().instance))
     if not s:
         raise HostError("no decisions to explain: no rail-only GPU agent and no verbs service runs here")
@@ -280,54 +221,6 @@ def _num(x) -> str:
     return "inf" if x is None else f"{x:.3f}"
 
 
-def _fabric_keys(path: Path | None, without: str):
-    """The fabric's key file (rlbhost/probekeys.py), read once here so a bad one is an operator
-    error at start; the agents reread it when it changes."""
-    from .probekeys import KeyFile, ProbeKeyError
-    try:
-        keys = KeyFile(path)
-    except ProbeKeyError as e:
-        raise HostError(str(e)) from None
-    if path is not None and not keys.keys:
-        log.warning("no keys at %s: %s", path, without)
-    return keys
-
-
-def _attach_gpu(fab, node, interface, expiry_ms, roce_port, run_dir, probe_ms, probe_dead_ms,
-                metrics_port, metrics_addr, once, carrier_rt_priority=10, probe_key=None):
-    from . import planes
-    keys = _fabric_keys(probe_key, "probe answers are neither signed nor checked")
-
-    def start(dp, health):
-        agent = planes.attach(dp, fab, node, run_dir, health=health, probe_ms=probe_ms,
-                              probe_dead_ms=probe_dead_ms, carrier_rt_priority=carrier_rt_priority,
-                              keys=keys)
-        live = [p for p in dp.paths() if p.valid]
-        return (agent, f"{len(live)} of {len(agent.ports)} sub-ports usable, loopback {agent.loopback}",
-                {"prober": agent.prober})
-    _run_gpu_agent(interface, start, expiry_ms, roce_port, metrics_port, metrics_addr, once)
-
-
-def _run_gpu_agent(interface, start, expiry_ms, roce_port, metrics_port, metrics_addr, once):
-    """A GPU of a scale-up or rail-only fabric: ports mode on the loopback device, where the
-    fabric's addresses are routed; start(dp, health) -> (agent, what it has, metrics kwargs)."""
-    from rlbcommon.health import Health
-    from rlbfabric.scaleup import LOOPBACK_DEVICE
-    if interface != LOOPBACK_DEVICE:
-        raise HostError(f"on a GPU attach to the loopback device {LOOPBACK_DEVICE!r}, not {interface!r}: "
-                        "the fabric's addresses are routed there")
-    dp = ctx.dataplane()
-    dp.ifindex(interface)
-    health = Health(health_file(dp.instance))
-    agent, summary, collect = start(dp, health)
-    if expiry_ms is not None or roce_port:
-        dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
-    typer.echo(f"attached to {interface} (ports mode): {summary}")
-    if once:
-        return
-    _run_agent(agent, dp, health, metrics_port, metrics_addr, **collect)
-
-
 @app.command("bird-config")
 def bird_config(
     fabric_file: Path = typer.Option(..., "--fabric", help="The fabric description (kind scaleup)."),
@@ -343,9 +236,6 @@ def bird_config(
     and go.
 
     Example: rlbhost bird-config --fabric scaleup.toml --node g1 -o /etc/bird/bird.conf"""
-    from rlbcommon.paths import write_private
-    from rlbfabric.bird.conf import initial_includes, render
-    from rlbfabric.fabric import load
     fab = load(fabric_file)
     if not fab.is_gpu(node):
         raise HostError(f"{node!r} is not a GPU of a scale-up fabric in {fabric_file}")
@@ -367,11 +257,6 @@ def bird_config(
         typer.echo(text, nl=False)
 
 
-def health_file(instance: str) -> Path:
-    """Where the running agent keeps its loops' health (read by `rlbhost status`)."""
-    return RUN_DIR / f"{instance}-host-health.json"
-
-
 @app.command()
 def detach(
     interfaces: Optional[List[str]] = typer.Argument(None, help="Interfaces to detach."),
@@ -388,7 +273,6 @@ def detach(
     dp = ctx.dataplane()
     common.detach(dp, interfaces, all_, "pinned state kept")
     if all_:                          # the verbs service's decision table and status go with the rest
-        from .verbs.paths import status_path, table_path
         for f in (table_path(dp.instance), status_path(dp.instance)):
             f.unlink(missing_ok=True)
 
@@ -398,10 +282,9 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
     """What is programmed and its health: paths, weights, QPs per path, counters, agent loops.
 
     Example: rlbhost status --json | jq '.paths[] | {path, address, weight, active_qps}'"""
-    from rlbcommon import health
     dp = ctx.dataplane()
     s = dp.status()
-    s["agent_loops"] = health.read(health_file(dp.instance))
+    s["agent_loops"] = loops.read(health_file(dp.instance))
     if as_json:
         typer.echo(json.dumps(s, indent=2))
         return
@@ -423,7 +306,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
                                                               for p in s["paths"] if p["verbs_qps"])
                    + " (rlbhost verbs status)")
     typer.echo("agent loops" + ("" if s["agent_loops"] else ": no agent has run here"))
-    for line in health.describe(s["agent_loops"]):
+    for line in loops.describe(s["agent_loops"]):
         typer.echo(line)
 
 
@@ -459,7 +342,6 @@ def verbs_install(directory: Path = typer.Option(LIB_DIR, "--dir", help="Where t
     LD_PRELOAD (`rlbhost verbs env` prints the line).
 
     Example: rlbhost verbs install && rlbhost verbs env"""
-    from .verbs.build import BuildError, build
     try:
         lib, shim = build(directory, cc)
     except BuildError as e:
@@ -469,7 +351,6 @@ def verbs_install(directory: Path = typer.Option(LIB_DIR, "--dir", help="Where t
 
 
 def _verbs_env(lib: Path) -> str:
-    from .verbs.paths import socket_path
     sock = socket_path(ctx.dataplane().instance)
     default = socket_path("default")
     return f"LD_PRELOAD={lib}" + ("" if sock == default else f" RLB_VERBS_SOCKET={sock}")
@@ -493,7 +374,6 @@ def verbs_status(as_json: bool = typer.Option(False, "--json", help="Machine-rea
     """The agent's verbs service: processes, QPs placed per path, why QPs kept their addresses.
 
     Example: rlbhost verbs status --json | jq .kept"""
-    from .verbs.paths import status_path
     dp = ctx.dataplane()
     s = _read_json(status_path(dp.instance))
     rows = dp.verbs_rows()
@@ -612,6 +492,4 @@ def weights_show(as_json: bool = typer.Option(False, "--json", help="Machine-rea
 
 
 def main():
-    from rlbfabric.bird.ctl import BirdError
-    from rlbfabric.fabric import FabricError
     common.run(app, "rlbhost", (HostError, FabricError, BirdError))

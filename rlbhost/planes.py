@@ -32,6 +32,7 @@ from rlbfabric.bird.conf import pathbw_file, render_gpu_pathbw
 from rlbfabric.bird.ctl import BirdClient, BirdError
 from rlbfabric.scaleup import LOOPBACK_DEVICE, SWITCH_LL, ScaleupFabric
 
+from .assemble import HOST_AGENTS, Assembled, Options, apply_config, fabric_keys, on_loopback_device
 from .dataplane import HostDataplane, HostError, PortPath
 from .links import has_carrier, neighbour_macs
 from .probekeys import KeyFile
@@ -344,3 +345,17 @@ def attach(dp: HostDataplane, fabric: ScaleupFabric, gpu: str, run_dir: Path, **
     dp.attach_ports(LOOPBACK_DEVICE, agent.loopback, agent.port_paths(), group_size=fabric.subports, echo=True)
     agent.set_echo()
     return agent
+
+
+@HOST_AGENTS.register("scaleup")
+def assemble(dp: HostDataplane, fabric: ScaleupFabric, opts: Options, health: Health) -> Assembled:
+    on_loopback_device(dp, opts)
+    keys = fabric_keys(opts.fabric_key, "probe answers are neither signed nor checked")
+    timers = {k: v for k, v in (("probe_ms", opts.probe_ms), ("probe_dead_ms", opts.probe_dead_ms)) if v is not None}
+    agent = attach(dp, fabric, opts.node, opts.run_dir, health=health, carrier_rt_priority=opts.carrier_rt_priority,
+                   keys=keys, **timers)
+    apply_config(dp, opts)
+    live = [p for p in dp.paths() if p.valid]
+    return Assembled(agent, f"attached to {opts.interface} (ports mode): {len(live)} of {len(agent.ports)} "
+                     f"sub-ports usable, loopback {agent.loopback}", {"prober": agent.prober})
+

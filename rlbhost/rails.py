@@ -24,12 +24,14 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from rlbcommon import coordapi
+from rlbcommon.constants import RUN_DIR
 from rlbcommon.health import Health
 from rlbcommon.paths import write_atomic
 from rlbfabric.hscore import Decision, Gpu, SortedRails, decide, gamma, rail_only_beats_rail_optimised
 from rlbfabric.railonly import (DOMAIN_IF, LOOPBACK_DEVICE, RAIL_IF, RAIL_PATH, SWITCH_LL,
                                 RailOnlyFabric)
 
+from .assemble import HOST_AGENTS, Assembled, Options, apply_config, on_loopback_device
 from .dataplane import HostDataplane, HostError, PortPath
 from .links import has_carrier, neighbour_macs
 
@@ -227,3 +229,18 @@ def attach(dp: HostDataplane, fabric: RailOnlyFabric, gpu: str, coordinator: str
     dp.attach_ports(LOOPBACK_DEVICE, fabric.address(gpu), agent.port_paths())
     agent._programmed = agent.port_paths()
     return agent
+
+
+def why_file(instance: str) -> Path:
+    """Where a rail-only GPU's agent writes its decisions (read by `rlbhost why`)."""
+    return RUN_DIR / f"{instance}-host-why.json"
+
+
+@HOST_AGENTS.register("rail-only")
+def assemble(dp: HostDataplane, fabric: RailOnlyFabric, opts: Options, health: Health) -> Assembled:
+    on_loopback_device(dp, opts)
+    agent = attach(dp, fabric, opts.node, opts.coordinator, health=health, why_file=why_file(dp.instance))
+    apply_config(dp, opts)
+    return Assembled(agent, f"attached to {opts.interface} (ports mode): rail-only: {len(agent.hops)} first hops, "
+                     f"address {fabric.address(opts.node)}", {"rails": agent})
+

@@ -22,7 +22,7 @@ from rlbcommon.constants import ROCE_PORT
 from rlbfabric.railonly import (LOOPBACK_DEVICE, RAIL_IF, gpu_net_commands, rail_net_commands,
                                 rail_routes)
 from rlbfabric.deploy import AGENT_CAPS, confined
-from rlbfabric.scaleup import add_loopback_device
+from rlbfabric.base import add_loopback_device
 
 from . import topo
 from .fabriclab import FabricLab

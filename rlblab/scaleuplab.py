@@ -14,7 +14,7 @@ from pathlib import Path
 from rlbfabric.bird.conf import initial_includes, render
 from rlbfabric.base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL
 from rlbfabric.deploy import AGENT_CAPS, confined
-from rlbfabric.scaleup import add_loopback_device, net_commands
+from rlbfabric.base import add_loopback_device
 
 from rlbcommon import netns
 from rlbcommon.paths import write_private
@@ -46,7 +46,7 @@ class ScaleupLab(ScaleupView, FabricLab):
                 topo.link(self.ns(g), port.ifname, self.ns(port.plane.name), port.switch_ifname)
             add_loopback_device(LOOPBACK_DEVICE, self.ns(g))
         for node in [*self.gpus, *(p.name for p in self.fabric.planes)]:   # what rlb-net.service runs
-            topo.run_commands(self.ns(node), net_commands(self.fabric, node))
+            topo.run_commands(self.ns(node), self.fabric.net_commands(node))
         for p in self.fabric.planes:
             for inc, body in initial_includes(self.fabric, p, self.work).items():
                 inc.write_text(body)

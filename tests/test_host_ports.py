@@ -15,7 +15,7 @@ from pyroute2 import IPRoute
 
 from rlbcommon import packets as P
 from rlbcommon.testrun import TC_ACT_REDIRECT, TC_ACT_SHOT, prog_test_run
-from rlbfabric.scaleup import add_loopback_device
+from rlbfabric.base import add_loopback_device
 from rlbhost.carrier import down_mask, link_events
 from rlbhost.dataplane import HostDataplane, HostError, PortPath
 

@@ -206,7 +206,6 @@ def test_scale_up_fabric_plan_and_units():
     """lab/scaleup.toml as VMs: 4 plane switches, 8 GPUs with 2 sub-ports into every plane, a
     monitor; GPUs run bird2 and `rlbhost attach rlb0`, nothing needs a coordinator."""
     from rlbfabric import deploy
-    from rlbfabric.scaleup import net_commands
     from rlblab.vm.node import scrape_targets, units
     fab_file = LAB / "scaleup.toml"
     fab = load(fab_file)
@@ -229,12 +228,12 @@ def test_scale_up_fabric_plan_and_units():
     mon = units(fab, vms, node(vms, "mon"), fab_file)
     assert sorted(mon) == ["rlb-prometheus"]
     assert "rlbcoord" not in scrape_targets(fab, vms, node(vms, "mon"), coordinator=False)
-    cmds = net_commands(fab, "g3")
+    cmds = fab.net_commands("g3")
     assert deploy.net_commands(fab, "g3") == cmds
     assert ["ip", "addr", "replace", f"{fab.loopback('g3')}/128", "dev", "rlb0", "nodad"] in cmds
     assert ["ip", "-6", "route", "replace", str(fab.loopback_prefix()), "dev", "rlb0"] in cmds
     assert ["ip", "addr", "replace", "fe80::2/64", "dev", "eth-p4-2", "nodad"] in cmds
-    assert ["ip", "addr", "replace", "fe80::1/64", "dev", "eth-g8-1", "nodad"] in net_commands(fab, "p1")
+    assert ["ip", "addr", "replace", "fe80::1/64", "dev", "eth-g8-1", "nodad"] in fab.net_commands("p1")
 
 
 def test_deploy_cli_writes_units(tmp_path):

@@ -14,7 +14,11 @@ from pathlib import Path
 import typer
 
 from rlbcommon import cli as common, coordapi
-from rlbfabric.fabric import FabricError
+from rlbfabric.fabric import FabricError, load
+
+from . import COORDINATORS, hregistry, service  # noqa: F401 - the kinds' coordinators register themselves
+from .metrics import exposition
+from .service import make_server
 
 log = logging.getLogger("rlbcoord")
 app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_enable=False)
@@ -43,17 +47,11 @@ def run(
     A leaf-spine fabric gets QP placement; a rail-only fabric the h-score registry.
 
     Example: rlbcoord run --fabric /etc/rlb/fabric.toml --listen fd00:99::1"""
-    from rlbfabric.fabric import load
-    from .service import Coordinator, make_server
-    from .metrics import exposition
     fab = load(fabric)
-    if fab.kind == "rail-only":
-        from .hregistry import HRegistry
-        coord = HRegistry(fab)
-    elif fab.kind == "clos":
-        coord = Coordinator(fab, host_timeout_s)
-    else:
-        raise CoordError(f"{fabric}: a {fab.kind} fabric has no coordinator")
+    try:
+        coord = COORDINATORS.of(fab)(fab, host_timeout_s)
+    except FabricError as e:
+        raise CoordError(f"{fabric}: {e}") from None
     try:
         server = make_server(coord, listen, port, exposition(coord))
     except OSError as e:
@@ -69,12 +67,7 @@ def run(
 
     threading.Thread(target=expire, name="expire", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    if fab.kind == "rail-only":
-        log.info("h-scores of %d rails and %d domains (tau %g s) from %s; listening on %s",
-                 fab.rails, fab.domains, fab.tau_s, fabric, coordapi.url_for(listen, port))
-    else:
-        log.info("coordinating %d hosts on %d leaves x %d uplinks from %s; listening on %s",
-                 len(fab.hosts), len(fab.leaves), fab.colours(), fabric, coordapi.url_for(listen, port))
+    log.info("%s from %s; listening on %s", coord.summary(), fabric, coordapi.url_for(listen, port))
     try:
         server.serve_forever()
     except KeyboardInterrupt:

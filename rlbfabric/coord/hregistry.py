@@ -18,6 +18,7 @@ import time
 from rlbfabric.hscore import HScores
 from rlbfabric.railonly import RailOnlyFabric
 
+from . import COORDINATORS
 from .service import BadRequest, Refused
 
 
@@ -34,6 +35,10 @@ class HRegistry:
         self.lock = threading.Lock()
         self.latest: dict[tuple, dict[str, tuple[float, float]]] = {}   # element -> gpu -> (u, t)
         self.counters = {"reports": 0, "refused": 0, "bad": 0}
+
+    def summary(self) -> str:
+        f = self.fabric
+        return f"h-scores of {f.rails} rails and {f.domains} domains (tau {f.tau_s:g} s)"
 
     def load(self, gpu: str, body: dict) -> dict:
         try:
@@ -95,3 +100,8 @@ class HRegistry:
                     del per[gpu]
                 if not per and self.scores.h(element) != 0.0:
                     self.scores.force(element, 1.0, now)
+
+
+@COORDINATORS.register("rail-only")
+def _for_rails(fabric: RailOnlyFabric, host_timeout_s: float) -> HRegistry:
+    return HRegistry(fabric)     # a GPU's reports go stale on their own clock (stale_s)

@@ -18,6 +18,7 @@ from typing import Callable
 from rlbcommon import coordapi
 
 from .. import balance
+from . import COORDINATORS
 from ..clos import ClosFabric
 from ..policy.placement import DOWN, UP
 from ..policy.qpplacer import QpInfo, QpPlacer
@@ -46,6 +47,7 @@ def _addr(v, name: str) -> ipaddress.IPv6Address:
         raise BadRequest(f"{name}: {v!r} is not an IPv6 address") from None
 
 
+@COORDINATORS.register("clos")
 class Coordinator:
     def __init__(self, fabric: ClosFabric, host_timeout_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
@@ -60,6 +62,10 @@ class Coordinator:
         leaves = {lf.name: lf for lf in fabric.leaves}
         self.uplink_colour = {name: {p.ifname: p.colour - 1 for p in fabric.ports_up(lf)}
                               for name, lf in leaves.items()}
+
+    def summary(self) -> str:
+        f = self.fabric
+        return f"coordinating {len(f.hosts)} hosts on {len(f.leaves)} leaves x {f.colours()} uplinks"
 
     # ---- host reports -----------------------------------------------------------------
     def report(self, host: str, body: dict) -> dict:

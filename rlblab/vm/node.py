@@ -82,9 +82,8 @@ def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, xdp: str = "nat
     site = deploy.Site(bin=VENV, run_dir=RUN, xdp=xdp, bfd_ms=bfd_ms, probe_ms=probe_ms,
                        probe_dead_ms=probe_dead_ms)
     mon = node(vms, MONITOR)
-    scaleup = fab.kind == "scaleup"
     if vm.role == "monitor":
-        coord = {} if scaleup else deploy.coordinator_unit(fabric_file, vm.mgmt_ip, site)
+        coord = deploy.coordinator_unit(fabric_file, vm.mgmt_ip, site) if fab.coordinated else {}
         return {**coord, "rlb-prometheus": f"""[Unit]
 Description=Prometheus scraping the RLB lab's agents
 [Service]
@@ -93,9 +92,9 @@ Restart=always
 [Install]
 WantedBy=multi-user.target
 """}
-    out = deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip, None if scaleup else coordapi.url_for(mon.mgmt_ip),
-                       site)
-    if vm.role == "host" and not scaleup:
+    out = deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip,
+                       coordapi.url_for(mon.mgmt_ip) if fab.coordinated else None, site)
+    if vm.role == "host" and fab.paths_by_address:
         port = deploy.host_port(fab, vm.name)
         out["rlb-rxe"] = f"""[Unit]
 Description=Soft-RoCE device rxe0 on {port}
@@ -122,7 +121,7 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
     name_nics(vm)
     if vm.role == "host":
         write_lab_key(fabric_file)
-    if vm.role == "host" and fab.kind != "scaleup":
+    if vm.role == "host" and fab.paths_by_address:
         # the verbs library, as an operator installs it (`rlbhost verbs install`)
         sh(str(VENV / "rlbhost"), "verbs", "install", "--dir", str(VERBS_LIB))
     todo = units(fab, vms, vm, fabric_file, xdp, bfd_ms, probe_ms, probe_dead_ms)
@@ -131,7 +130,7 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
     if vm.role == "monitor":
         from rlbmonitor.alerts import write as write_rules
         rules = write_rules(ETC)
-        (ETC / "prometheus.yml").write_text(scrape_targets(fab, vms, vm, coordinator=fab.kind != "scaleup",
+        (ETC / "prometheus.yml").write_text(scrape_targets(fab, vms, vm, coordinator=fab.coordinated,
                                                            rule_files=[str(rules)]))
     sh("systemctl", "daemon-reload")
     for u in todo:

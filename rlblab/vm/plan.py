@@ -54,31 +54,15 @@ def _mac(link: int, side: int) -> str:
 
 
 def fabric_links(fabric: Fabric) -> list[tuple[str, str, str, str, int]]:
-    """Every point-to-point link as (a, a's ifname, b, b's ifname, Mb/s): switch links first
-    (from the lower tier up), then host ports; a scale-up fabric's are its sub-port links."""
-    out = []
-    if fabric.kind == "scaleup":
-        for g in fabric.gpus:
-            for port in fabric.gpu_ports(g.name):
-                out.append((port.plane.name, port.switch_ifname, g.name, port.ifname,
-                            fabric.sub_mbps(port.plane.name)))
-        return out
-    for node in fabric.leaves + fabric.spines:
-        for port in fabric.ports_up(node):
-            out.append((node.name, port.ifname, port.peer.name, port.peer_ifname,
-                        fabric.link_mbps_between(node.name, port.peer.name)))
-    for leaf in fabric.leaves:
-        for _, host, ifname in fabric.host_ports(leaf):
-            out.append((leaf.name, ifname, host, f"eth-{leaf.name}", fabric.link_mbps))
-    return out
+    """Every point-to-point link as (a, a's ifname, b, b's ifname, Mb/s): the fabric kind's own."""
+    return fabric.links()
 
 
 def plan(fabric: Fabric, mgmt_net: str = "10.77.0.0/24") -> list[VmNode]:
     from rlbfabric.deploy import deployable
     deployable(fabric)            # the VMs run the rendered units
     net = ipaddress.IPv4Network(mgmt_net)
-    hosts = list(fabric.hosts) if fabric.kind == "scaleup" else \
-        [h for leaf in fabric.leaves for h in leaf.hosts]
+    hosts = list(fabric.hosts)
     order = [(n.name, n.role) for n in fabric.spines + fabric.superspines + fabric.leaves]
     order += [(h, "host") for h in hosts] + [(MONITOR, "monitor")]
     if len(order) + 10 > net.num_addresses - 2:

@@ -1,0 +1,117 @@
+"""A fabric kind is a module that registers itself: a toy fourth kind, defined only here, is
+loaded from a fabric file, rendered into link setup, planned into VMs and given a host agent,
+without a line of the project changed; the layers that cannot serve it say so by name. And no
+layer compares kind names any more."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from rlbfabric import deploy
+from rlbfabric.base import KINDS, FabricError, Node, kind
+from rlbfabric.bgpsec import BgpSecurity
+from rlbfabric.coord import COORDINATORS
+from rlbfabric.coord import cli as coord_cli  # noqa: F401 - what rlbcoord runs: the coordinators registered
+from rlbfabric.fabric import parse
+from rlbhost.assemble import HOST_AGENTS, Assembled, Options, assembler
+from rlblab.vm.plan import plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ToyFabric:
+    """One switch, hosts on it (each host one link)."""
+    hosts_: list[str]
+    mbps: int
+    kind: ClassVar[str] = "toy"
+    paths_by_address: ClassVar[bool] = True
+    coordinated: ClassVar[bool] = False
+    rendered_units: ClassVar[bool] = True
+    bgp: BgpSecurity = field(default_factory=BgpSecurity)
+
+    @property
+    def switches(self):
+        return [Node("t1", "leaf", 65001, 1, hosts=self.hosts_)]
+
+    # a VM plan walks the switch tiers of a leaf-spine fabric: the toy has only leaves
+    leaves = switches
+    spines: ClassVar[list] = []
+    superspines: ClassVar[list] = []
+
+    @property
+    def hosts(self):
+        return list(self.hosts_)
+
+    def node(self, name):
+        return next(n for n in self.switches if n.name == name)
+
+    def is_gpu(self, node):
+        return False
+
+    def links(self):
+        return [("t1", f"eth-{h}", h, "eth-t1", self.mbps) for h in self.hosts_]
+
+    def switch_port_mbps(self, switch):
+        return self.mbps
+
+    def net_commands(self, node):
+        ports = [f"eth-{h}" for h in self.hosts_] if node == "t1" else ["eth-t1"]
+        return [["ip", "link", "set", p, "up"] for p in ports]
+
+
+@pytest.fixture
+def toy():
+    @kind("toy")
+    def parse_toy(data, where):
+        t = data.get("toy", {})
+        if not t.get("hosts"):
+            raise FabricError(f"{where}: [toy] hosts: at least one")
+        return ToyFabric(list(t["hosts"]), int(t.get("mbps", 1000)))
+
+    def assemble_toy(dp, fabric, opts, health):
+        return Assembled(agent=None, summary=f"toy host {opts.node} of {len(fabric.hosts)}")
+
+    HOST_AGENTS.register("toy")(assemble_toy)
+    try:
+        yield parse({"fabric": {"kind": "toy"}, "toy": {"hosts": ["a1", "a2"], "mbps": 2500}}, "toy.toml")
+    finally:
+        KINDS.pop("toy")
+        HOST_AGENTS.pop("toy")
+
+
+def test_a_fourth_kind_is_added_by_registering_it(toy):
+    assert isinstance(toy, ToyFabric) and toy.hosts == ["a1", "a2"]
+    # link setup and the VM lab's plan come from the kind's own methods
+    assert deploy.net_commands(toy, "a2") == [["ip", "link", "set", "eth-t1", "up"]]
+    vms = {vm.name: vm for vm in plan(toy)}
+    assert sorted(vms) == ["a1", "a2", "mon", "t1"]
+    assert [(e.ifname, e.peer, e.mbps) for e in vms["t1"].links] == [("eth-a1", "a1", 2500), ("eth-a2", "a2", 2500)]
+    # the host agent it registered is the one `rlbhost run` builds
+    built = assembler(toy)(None, toy, Options("eth-t1", node="a1"), None)
+    assert built.summary == "toy host a1 of 2"
+    # a layer that has nothing for it names the kind and the kinds it serves
+    with pytest.raises(FabricError, match=r"a toy fabric has no coordinator \(kinds that have one: clos, rail-only\)"):
+        COORDINATORS.of(toy)
+
+
+def test_an_unknown_kind_lists_the_registered_ones(toy):
+    with pytest.raises(FabricError, match="kind 'ring': clos .*rail-only, scaleup, toy"):
+        parse({"fabric": {"kind": "ring"}}, "ring.toml")
+    with pytest.raises(ValueError, match="registered twice"):
+        kind("toy")(lambda data, where: None)
+
+
+def test_no_layer_compares_fabric_kind_names():
+    """Kind names appear only where a kind registers itself (or declares its own KIND)."""
+    compare = re.compile(r"""(==|!=|\bin)\s*\(?["'](clos|scaleup|rail-only)["']|["'](clos|scaleup|rail-only)["']\s*(==|!=)""")
+    found = []
+    for path in sorted(ROOT.glob("rlb*/**/*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if compare.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert found == []
