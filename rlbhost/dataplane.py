@@ -21,9 +21,9 @@ from rlbcommon.constants import ROCE_PORT, U32_MAX
 from rlbfabric import addrplan
 from rlbcommon.pinnedstate import PinnedState
 from rlbcommon.cheader import constants, enum_names
-from rlbcommon.weights import grouped_release_targets, share_bounds
 
 from .gids import GidTable
+from .rebalance import LiveQp, moves
 
 log = logging.getLogger(__name__)
 
@@ -618,20 +618,12 @@ class HostDataplane(PinnedState):
 
     def rebalance(self, now_ns: int | None = None, release: bool = False,
                   before: dict[int, list[int]] | None = None, balance: bool = True) -> int:
-        """Move the fewest QPs so each weight entry's live QPs match its weights. The periodic
-        sweep (release False) only takes QPs from paths above their share rounded up and gives
-        them to paths below it rounded down, then rounded up: a split within one QP of the
-        shares is the local rule's to decide. After a change of capacity (release True) each
-        path gets a target within one QP of its share that moves the fewest
-        (rlbcommon/weights.release_targets: a path or plane whose share fell below what it holds
-        releases the proportional excess rounded up; `before` holds the previous effective
-        weights per entry), across planes first and then over a plane's sub-ports when paths
-        are grouped: the proportional QPs are released from a degraded path or plane, and
-        reinstated when it recovers (draft-fare-scale-up §3.1), placed by the
-        coordinator or not (a moved QP's placement is dropped; the coordinator starts again from
-        where the host put it). The sweep leaves QPs on the path the coordinator placed them
-        on (unless that path became unusable). The newest QPs move first. Also drops idle entries and rewrites the active
-        counters from the table (balance False: only that, nothing moves). Returns the QPs moved."""
+        """Move the fewest QPs so each weight entry's live QPs match its weights (which ones:
+        rlbhost/rebalance.py; release True after a change of capacity, `before` the previous
+        effective weights per entry). A moved QP's coordinator placement is dropped (the
+        coordinator starts again from where the host put it). Also drops idle entries and
+        corrects the active counters from the table (balance False: only that, nothing moves).
+        Returns the QPs moved."""
         now = now_ns or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         moved = 0
         with self.locked():
@@ -652,36 +644,18 @@ class HostDataplane(PinnedState):
                 flows = live[wid]
                 if not balance or entry.flags & SPRAY or not flows or not any(eff):
                     continue
-                on = {i: [f for f in flows if f[1].path == i] for i in range(MAX_PATHS)}
-                if release or cfg.group_size > 1:
-                    # a release, or planes of sub-ports (each plane kept within one QP of its
-                    # share: the data plane places new QPs per sub-port)
-                    lo = hi = grouped_release_targets([len(on[i]) for i in range(MAX_PATHS)], eff,
-                                                      max(1, cfg.group_size), cfg.rotation,
-                                                      (before or {}).get(wid) if release else None)
-                else:
-                    lo, hi = share_bounds(eff, len(flows))
-                surplus = []
-                for i in range(MAX_PATHS):
-                    movable = [f for f in on[i]
-                               if release or not eff[i] or placed.get(self._qp_id(f[0])) != i]
-                    extra = min(len(on[i]) - hi[i], len(movable))
-                    if extra > 0:
-                        surplus += sorted(movable, key=lambda f: f[1].created_ns)[-extra:]
-                count = {i: len(on[i]) for i in range(MAX_PATHS)}
-                for bound in (lo, hi):
-                    for i in range(MAX_PATHS):
-                        while surplus and count[i] < bound[i]:
-                            k, v = surplus.pop()
-                            count[v.path] -= 1
-                            self._adjust(wid, v.path, -1)
-                            self._adjust(wid, i, +1)
-                            v.path = i
-                            ct.set(k, v)
-                            if self._qp_id(k) in placed:      # the host's own capacity rules
-                                self.maps["placed"].delete(k)
-                            count[i] += 1
-                            moved += 1
+                qps = [LiveQp(k, v.path, v.created_ns, placed.get(self._qp_id(k)) == v.path) for k, v in flows]
+                values = {id(k): v for k, v in flows}
+                for q, i in moves(qps, eff, release, cfg.group_size, cfg.rotation,
+                                  (before or {}).get(wid)):
+                    v = values[id(q.key)]
+                    self._adjust(wid, v.path, -1)
+                    self._adjust(wid, i, +1)
+                    v.path = i
+                    ct.set(q.key, v)
+                    if self._qp_id(q.key) in placed:      # the host's own capacity rules
+                        self.maps["placed"].delete(q.key)
+                    moved += 1
             self._recount(ct)
             if moved:
                 self._count_event("ev_released", moved)

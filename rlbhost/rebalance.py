@@ -1,0 +1,52 @@
+"""Which QPs move so one weight entry's live QPs match its weights: a pure function of the QPs
+and the weights, which HostDataplane.rebalance applies to the maps under their lock."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+from rlbcommon.weights import grouped_release_targets, share_bounds
+
+
+@dataclass(frozen=True)
+class LiveQp:
+    key: Hashable
+    path: int                   # path index it is on
+    created_ns: int
+    placed_here: bool = False   # the coordinator placed it on this path
+
+
+def moves(qps: Sequence[LiveQp], eff: Sequence[int], release: bool, group_size: int = 1, rotation: int = 0,
+          before: Sequence[int] | None = None) -> list[tuple[LiveQp, int]]:
+    """[(QP, the path index it moves to)]. `eff`: the entry's effective weight per path index
+    (0: unusable). The periodic sweep (release False) only takes QPs from paths above their share
+    rounded up and gives them to paths below it rounded down, then rounded up: a split within one
+    QP of the shares is the local rule's to decide; it leaves a QP on the path the coordinator
+    placed it on unless that path became unusable. After a change of capacity (release True) each
+    path gets a target within one QP of its share that moves the fewest (`before`: the previous
+    effective weights), across planes first and then over a plane's sub-ports when paths are
+    grouped (group_size > 1: the sweep keeps each plane within one QP of its share too, since the
+    data plane places new QPs per sub-port). The newest QPs move first."""
+    n = len(eff)
+    on = {i: [q for q in qps if q.path == i] for i in range(n)}
+    if release or group_size > 1:
+        lo = hi = grouped_release_targets([len(on[i]) for i in range(n)], eff, max(1, group_size), rotation,
+                                          before if release else None)
+    else:
+        lo, hi = share_bounds(eff, len(qps))
+    surplus: list[LiveQp] = []
+    for i in range(n):
+        movable = [q for q in on[i] if release or not eff[i] or not q.placed_here]
+        extra = min(len(on[i]) - hi[i], len(movable))
+        if extra > 0:
+            surplus += sorted(movable, key=lambda q: q.created_ns)[-extra:]
+    count = {i: len(on[i]) for i in range(n)}
+    out = []
+    for bound in (lo, hi):
+        for i in range(n):
+            while surplus and count[i] < bound[i]:
+                q = surplus.pop()
+                count[q.path] -= 1
+                count[i] += 1
+                out.append((q, i))
+    return out
