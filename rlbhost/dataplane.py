@@ -474,8 +474,8 @@ class HostDataplane(PinnedState):
                 wm.set(k, v)
         ct = self.maps["conntrack"]
         for k, v in list(ct.items()):
-            if v.path == i:
-                ct.delete(k)
+            if v.path == i and ct.delete(k):
+                self._adjust(v.wid, v.path, -1)
         pl = self.maps["placed"]
         for k, v in list(pl.items()):
             if v.value == i:

@@ -184,7 +184,11 @@ class BirdSync:
             del compiled[net]
         scope = (set(self.programmed) | set(compiled)) if only is None else only
         ch = self.dp.apply_routes([c.route for c in compiled.values()], keep_going=True, owner="agent",
-                                  scope=lambda net: str(net) in scope and tables.owner(net) in (None, "agent"))
+                                  scope=lambda net: str(net) in scope and tables.owner(net) in (None, "agent"),
+                                  only_own=True)
+        for net in ch.yielded:          # an operator's route written since the check above
+            compiled.pop(net, None)
+            log.warning("%s is the %s's route: bird's is not programmed over it", net, tables.owner(net))
         for net, why in ch.failed.items():
             log.warning("cannot program %s: %s (retrying)", net, why)
         if only is None:

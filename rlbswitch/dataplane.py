@@ -413,9 +413,9 @@ class SwitchDataplane(PinnedState):
             log.info("route %s %s", route.prefix, self.describe(route))
 
     def apply_routes(self, routes: list[Route], scope=None, merge: bool = False, keep_going: bool = False,
-                     owner: str = "operator"):
+                     owner: str = "operator", only_own: bool = False):
         """Make the table equal to `routes` (see SwitchTables.apply); returns the changes."""
-        ch = self.tables.apply(routes, scope, merge, keep_going, owner)
+        ch = self.tables.apply(routes, scope, merge, keep_going, owner, only_own)
         if any(r.mode == "connected" for r in routes) and ch:
             self.sync_neighbours()
         return ch

@@ -66,6 +66,7 @@ class Changes:
     removed: list[str] = field(default_factory=list)
     unchanged: int = 0
     failed: dict[str, str] = field(default_factory=dict)    # prefix -> why (left as it was)
+    yielded: list[str] = field(default_factory=list)        # another owner's route: left alone
 
     def __bool__(self) -> bool:
         return bool(self.added or self.changed or self.removed)
@@ -423,12 +424,15 @@ class SwitchTables:
         return None if rt is None else rt.owner
 
     def apply(self, desired: list[Route], scope=None, merge: bool = False, keep_going: bool = False,
-              owner: str = "operator") -> Changes:
+              owner: str = "operator", only_own: bool = False) -> Changes:
         """Make the programmed routes equal to `desired`. Routes outside `scope` (a predicate on
         the prefix; default: all) are left alone, as are, with merge, routes not in `desired`.
         keep_going: a route that cannot be programmed (its port is not attached yet) stays as it
         was and is reported in Changes.failed; otherwise the first such error stops the batch.
-        owner: recorded in each route written, so that a restarted agent knows which are its own."""
+        owner: recorded in each route written, so that a restarted agent knows which are its own.
+        only_own: a route another owner holds is left alone (Changes.yielded), decided under the
+        lock the write takes: the bird follower's check before it had a window in which an
+        operator's route written meanwhile was overwritten as the agent's."""
         self.dp.OWNERS[owner]               # an unknown owner fails here, before anything is written
         want: dict[ipaddress.IPv6Network, Route] = {}
         for r in desired:
@@ -441,6 +445,9 @@ class SwitchTables:
             todo = []
             for net, route in want.items():
                 cur = self.routes.get(net)
+                if only_own and cur is not None and cur.owner != owner:
+                    ch.yielded.append(str(net))
+                    continue
                 if cur is not None and self._canonical_of(cur) == self._canonical(route):   # keeps its owner
                     ch.unchanged += 1
                     continue

@@ -3,12 +3,17 @@ on every GPU and plane switch, XDP plane switches, rlbhost in ports mode with pe
 Runs the registered scale-up scenarios (what `rlblab scenario NAME` runs) on one lab."""
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
 
+from rlbcommon import netns
 from rlbfabric.bird.conf import render
 from rlbfabric.fabric import load
+from rlbhost.dataplane import HostDataplane
+from rlblab.planescenarios import _wait_planes
 
 from .conftest import fabric_lab, scenario_passes
 
@@ -102,18 +107,20 @@ def test_a_gpu_port_deleted_and_made_again_comes_back_into_use(lab):
     ifindexes and MACs. The plane switch attaches its end again, g1 learns the switch's new MAC,
     its probes bind to the new port, BGP comes back over it: p1 is at full weight towards g2 again
     and g2 answers g1's probes over it; the time it took is printed."""
-    import time
-    from rlbhost.dataplane import HostDataplane
-    from rlblab.planescenarios import _wait_planes
     full = lab.full_planes()
     port = next(p for p in lab.fabric.gpu_ports("g1") if p.plane.name == "p1" and p.sub == 1)
     t0 = time.monotonic()
     lab.recreate_port("g1", port.ifname)
+    new_ifindex = int(json.loads(netns.run(lab.ns("g1"), "ip", "-j", "link", "show", port.ifname))[0]["ifindex"])
     dp = HostDataplane(lab.ns("g1"))
     try:
+        # usable again: the path names the new port, is valid, and new QPs to g2 may take it
+        # (before the agent has read the deletion the old entry still looks valid)
         deadline, usable_at = time.monotonic() + 30, None
         while time.monotonic() < deadline and usable_at is None:
-            if any(p.valid and p.value == port.value for p in dp.paths()):
+            p = next((p for p in dp.paths() if p.value == port.value), None)
+            w = dp.weights_for(lab.fabric.loopback("g2"))
+            if p is not None and p.valid and p.ifindex == new_ifindex and w and w[1][p.index] > 0:
                 usable_at = time.monotonic() - t0
             time.sleep(0.05)
     finally:
@@ -122,8 +129,10 @@ def test_a_gpu_port_deleted_and_made_again_comes_back_into_use(lab):
     weights_at = time.monotonic() - t0
     print(f"\nport re-created: usable again after {usable_at} s, full plane weights after {weights_at:.1f} s")
     assert usable_at is not None and got == full
+    seen = _placement_view(lab, "g1", "g2")
     r = lab.run_qps("g1", "g2", 8, 200, seed=9)
-    assert r["qp_packets"].get((1, 1), 0) > 0, r["qp_packets"]       # QPs cross the new port
+    # QPs cross the new port
+    assert r["qp_packets"].get((1, 1), 0) > 0, (r["qp_packets"], seen, _placement_view(lab, "g1", "g2"))
 
 
 def _rejected(lab, gpu: str) -> dict[str, float]:
@@ -202,3 +211,15 @@ def test_bad_scale_up_fabrics_are_refused_clearly(bad, msg):
     from rlbfabric.fabric import FabricError, parse
     with pytest.raises(FabricError, match=msg.replace("[", r"\[").replace("]", r"\]")):
         parse(bad)
+
+
+def _placement_view(lab, gpu: str, peer: str) -> dict:
+    """What a new QP from gpu to peer is placed by: each path's validity, the carrier bits, the
+    effective weights and the active counts the data plane reads (for a failure's message)."""
+    dp = HostDataplane(lab.ns(gpu))
+    try:
+        wid, eff = dp.weights_for(lab.fabric.loopback(peer))
+        return {"valid": [p.value for p in dp.paths() if p.valid], "down": bin(dp.ports_down()),
+                "weights": eff[:8], "counted": dp.active_counts(wid)[:8]}
+    finally:
+        dp.close()

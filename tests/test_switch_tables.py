@@ -167,6 +167,24 @@ def test_another_writer_is_noticed(tables):
     check(tables.dp)
 
 
+def test_the_agent_yields_to_an_operators_route_written_after_it_looked(tables):
+    """The bird follower decides which prefixes are its own, then writes: an operator's route for
+    one of them written in between (the CLI is another process) must stay the operator's; the
+    agent's own write is what checks, under the lock it writes with. (CI: a leaf agent restarted
+    with an operator's route for a bird prefix found the route recorded as the agent's.)"""
+    tables.apply([pinned("fc00:2::/64", 0, [1])], owner="agent")
+    assert tables.owner("fc00:2::/64") == "agent"           # what the agent saw when it looked
+    other = SwitchDataplane(tables.dp.instance)
+    other.tables.apply([Route("fc00:2::/64", "dlb", [NextHop.parse(NH[3])])], merge=True, owner="operator")
+    other.close()
+    ch = tables.apply([pinned("fc00:2::/64", 1, [0]), pinned("fc00:8::/64", 1, [2])], merge=True,
+                      owner="agent", only_own=True)
+    assert ch.yielded == ["fc00:2::/64"] and ch.added == ["fc00:8::/64"]
+    routes = {r["prefix"]: r for r in tables.dp.routes()}
+    assert routes["fc00:2::/64"]["owner"] == "operator" and routes["fc00:2::/64"]["mode"] == "dlb"
+    check(tables.dp)
+
+
 CHURN = r"""
 import random, sys
 from rlbcommon import netns
