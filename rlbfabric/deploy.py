@@ -60,10 +60,6 @@ def role(fabric: Fabric, node: str) -> str:
     return fabric.node(node).role
 
 
-def host_port(fabric: Fabric, host: str) -> str:
-    return fabric.host_port(host)
-
-
 # Every long-running unit: restarted however often it fails (the default start limit gave up after
 # five fast failures: a switch agent that cannot reach a restarting bird must keep trying), and
 # confined where that cannot break the data plane: read-only system, no home, private /tmp, no new
@@ -160,11 +156,11 @@ WantedBy=multi-user.target
     else:
         out["rlb-host"] = f"""[Unit]
 {NO_START_LIMIT}
-Description=RLB host agent (per-QP path selection) on {host_port(fabric, node)}
+Description=RLB host agent (per-QP path selection) on {fabric.host_port(node)}
 Requires=rlb-net.service
 After=rlb-net.service
 [Service]
-ExecStart={site.bin}/rlbhost attach {host_port(fabric, node)} {args}{coord} --metrics-addr {mgmt_ip}
+ExecStart={site.bin}/rlbhost attach {fabric.host_port(node)} {args}{coord} --metrics-addr {mgmt_ip}
 {RESTART}
 {HARDENING}
 {capabilities(AGENT_CAPS)}

@@ -95,7 +95,7 @@ WantedBy=multi-user.target
     out = deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip,
                        coordapi.url_for(mon.mgmt_ip) if fab.coordinated else None, site)
     if vm.role == "host" and fab.paths_by_address:
-        port = deploy.host_port(fab, vm.name)
+        port = fab.host_port(vm.name)
         out["rlb-rxe"] = f"""[Unit]
 Description=Soft-RoCE device rxe0 on {port}
 Requires=rlb-net.service
