@@ -51,7 +51,8 @@ class Site:
 
 def deployable(fabric: Fabric):
     if not fabric.rendered_units:
-        raise FabricError(f"{fabric.kind} fabrics have no rendered units or link setup yet")
+        raise FabricError(f"{fabric.kind} fabrics have no rendered units or link setup yet: its namespace "
+                          "lab (rlblab/labs.py) shows what each node runs")
 
 
 def role(fabric: Fabric, node: str) -> str:
