@@ -889,7 +889,8 @@ class VerbsService:
                     sec, nsec = struct.unpack("qq", cdata[:16])
                     arrived = sec * 1_000_000_000 + nsec
             try:
-                data = self.unsealer.open(data, self.keys.keys)
+                # aged at arrival (the kernel's stamp), not after waiting in this socket
+                data = self.unsealer.open(data, self.keys.keys, arrived // 1_000_000)
             except P.BadMessage as e:
                 self.counters["unauthenticated"] += 1
                 log.debug("verbs: refused a message from %s: %s", src[0], e)
