@@ -7,20 +7,26 @@ Namespace names: <lab>-<node>."""
 from __future__ import annotations
 
 import json
+import random
 import secrets
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from rlbcommon import netns
+from rlbcommon import coordapi, netns
+from rlbcommon.coordapi import url_for
 from rlbcommon.netns import run
 from rlbfabric.bird.conf import initial_includes, render
 from rlbfabric.deploy import AGENT_CAPS, COORDINATOR_CAPS, confined
 from rlbfabric.fabric import Fabric, load
+from rlbfabric.scrape import scrape_config
+from rlbmonitor.alerts import write as write_rules
 
 from . import topo
 from .bird import Bird
+from .traffic import Flow, open_raw, send
 from .workdir import lab_dir
 
 
@@ -69,7 +75,6 @@ class FabricLab:
 
     @property
     def coordinator_url(self) -> str:
-        from rlbcommon.coordapi import url_for
         return url_for(f"{self.MGMT}1")
 
     def namespaces(self) -> list[str]:
@@ -204,23 +209,21 @@ class FabricLab:
         self._spawn("coordinator", cmd, "listening on")
 
     def coordinator_status(self) -> dict:
-        from rlbcommon import coordapi
         with netns.inside(self.ns("mon")):
             return coordapi.call(self.coordinator_url, coordapi.STATUS)
 
     def start_prometheus(self, port: int = 9090):
         """A real Prometheus (Debian's) in <lab>-mon scraping every agent every second; its API
-        is on 127.0.0.1:<port> inside that namespace."""
-        from rlbfabric.scrape import scrape_config
+        is on 127.0.0.1:<port> inside that namespace. Called again, it starts afresh (one
+        Prometheus per lab: a second would find the port taken)."""
+        self.kill_agent("prometheus")
         targets = {n.name: (self.mgmt_addr(n.name), n.role) for n in self.switches}
         if self.hosts_agent:
             targets.update({h: (self.mgmt_addr(h), "host") for h in self.hosts})
         if self.coordinator:
             targets["coordinator"] = (f"{self.MGMT}1", "coordinator")
         conf = self.work / "prometheus.yml"
-        from rlbmonitor.alerts import write as write_rules
         conf.write_text(scrape_config(targets, rule_files=[str(write_rules(self.work))]))
-        import shutil
         shutil.rmtree(self.work / "prometheus", ignore_errors=True)   # an earlier lab's series would linger
         cmd = ["ip", "netns", "exec", self.ns("mon"), "prometheus", f"--config.file={conf}",
                f"--storage.tsdb.path={self.work / 'prometheus'}", f"--web.listen-address=127.0.0.1:{port}"]
@@ -330,15 +333,12 @@ class FabricLab:
     def qp_frames_sender(self, src_host: str):
         """A raw socket on the host's NIC: frames go out as a NIC would send them (through TC
         egress, so rlbhost sees them), carrying no socket hash for the leaf to reuse."""
-        from .traffic import open_raw
         return open_raw(self.ns(src_host), "eth0")
 
     def run_qps(self, src: str, dst: str, n_qps: int, packets: int, seed: int,
                 payload_len: int = 512, rate_pps: float | None = None) -> dict:
         """n QPs between two GPUs (base addresses, UDP 4791, random source ports and QPs);
         returns per-uplink bytes of the source leaf, from kernel counters."""
-        import random
-        from .traffic import Flow, send
         rnd = random.Random(seed)
         a, b = self.host_addresses(src)[1], self.host_addresses(dst)[1]
         flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(n_qps)]

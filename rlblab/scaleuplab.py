@@ -7,6 +7,7 @@ Namespace names: <lab>-<node>."""
 from __future__ import annotations
 
 import secrets
+import socket
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,8 @@ from .bird import Bird
 from .fabriclab import FabricLab
 from .scaleupview import FRAME_DMAC, FRAME_SMAC, ScaleupView
 from .traffic import SocketReader
+
+SO_RCVBUFFORCE, SO_RXQ_OVFL = 33, 40
 
 
 class ScaleupLab(ScaleupView, FabricLab):
@@ -122,15 +125,17 @@ class ScaleupLab(ScaleupView, FabricLab):
 class Receiver(SocketReader):
     """A UDP socket on a GPU's loopback:4791 counting datagrams in a thread, in all and per
     source port (one per QP in the labs' traffic); use as a context: on exit it waits for
-    stragglers, then stops."""
+    stragglers, then stops. `dropped` is what the socket itself dropped (its buffer full while
+    this process was busy): packets the fabric delivered, so a loss figure must not count them."""
 
     def __init__(self, ns: str, addr: str):
-        import socket
         with netns.inside(ns):
             sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)   # not capped at rmem_max
+            sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
             sock.bind((addr, ROCE_PORT))
         self.per_sport: dict[int, int] = {}
+        self.dropped = 0
         super().__init__(sock)
 
     @property
@@ -138,7 +143,10 @@ class Receiver(SocketReader):
         return sum(list(self.per_sport.values()))    # a copy: the reader thread adds ports
 
     def take(self):
-        _, (_, sport, *_) = self.sock.recvfrom(4096)
+        _, anc, _, (_, sport, *_) = self.sock.recvmsg(4096, socket.CMSG_SPACE(4))
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(data) >= 4:
+                self.dropped = int.from_bytes(data[:4], "little")     # the socket's total so far
         self.per_sport[sport] = self.per_sport.get(sport, 0) + 1
 
     def __enter__(self):

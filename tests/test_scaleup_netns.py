@@ -54,9 +54,12 @@ def test_plane_failure_moves_traffic_off_the_plane(lab):
     from rlblab.scenarios import SCENARIOS
     checks = SCENARIOS["scaleup-plane-down"].run(lab)
     print(checks)
-    (after_med, after_max, _), loss_ms, weights = (c.measured for c in checks)
+    (after_med, after_max, _), (loss_ms, out_ms), weights = (c.measured for c in checks)
     assert after_med <= 5 and after_max <= 100
-    assert 0 <= loss_ms <= 20
+    # out of use: only the carrier watcher writes that mask (probes change weights), so this is
+    # the fast path; the kernel's carrier report is most of it. Nothing lost after, within a round
+    assert out_ms <= 100
+    assert 0 <= loss_ms <= out_ms + 1 + 1
     assert weights.get(4) == 0.0 and all(weights[p] == 20.0 for p in (1, 2, 3))
 
 
