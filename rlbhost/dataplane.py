@@ -15,6 +15,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
 
 from rlbcommon.constants import ROCE_PORT, U32_MAX
@@ -513,7 +514,8 @@ class HostDataplane(PinnedState):
         self._net(prefix)
         with self.locked():
             before = self._before()
-            self._set_weights_locked(prefix, weights, spray)
+            with self.locked_part("weights"):
+                self._set_weights_locked(prefix, weights, spray)
         self.rebalance(release=True, before=before)
 
     def _set_weights_locked(self, prefix: str, weights: dict[int, float], spray: bool,
@@ -555,36 +557,65 @@ class HostDataplane(PinnedState):
                  {v: entry.weight[i] / WEIGHT_SCALE for v, i in sorted(paths.items())},
                  " (spray)" if spray else "")
 
-    def apply_weights(self, want: dict[str, tuple[dict[int, float], bool]], prune: bool = True,
-                      release: bool = True) -> bool:
+    def apply_weights(self, want: dict[str, tuple[dict[int, float], bool]] | Callable[[], dict],
+                      prune: bool = True, release: bool = True) -> bool:
         """Make the per-destination weights {prefix: (weights by path value, spray)} what is
         programmed, writing only the entries that differ (and, with prune, removing the other
         prefixes except ::/0); then one release/reinstate for all of them (release False: none,
-        for a path going to zero, whose QPs the data plane moves itself). Returns True when
-        something changed."""
-        changed = False
+        for a path going to zero, whose QPs the data plane moves itself). `want` may be a
+        function: called under the weights' own lock, so it sees every probe verdict applied
+        before it (and one after it writes after). Returns True when something changed."""
         with self.locked():
             before = self._before()
-            have = {w["prefix"]: w for w in self.weights()}
-            used = {w["id"] for w in have.values()}
             paths = {p.value: p.index for p in self.paths()}
-            for prefix, (weights, spray) in want.items():
-                prefix = str(ipaddress.IPv6Network(prefix))
-                cur = have.get(prefix)
-                full = {v: weights.get(v, 0.0) for v in paths}
-                if cur is not None and cur["spray"] == spray and all(
-                        round(cur["all_weights"].get(v, 0) * WEIGHT_SCALE) == round(w * WEIGHT_SCALE)
-                        for v, w in full.items()):
-                    continue
-                self._set_weights_locked(prefix, full, spray, cur is not None, used, paths)
-                changed = True
-            if prune:
-                for prefix in set(have) - {str(ipaddress.IPv6Network(p)) for p in want} - {"::/0"}:
-                    self.maps["weights"].delete(self._wkey(prefix))
-                    changed = True
+            with self.locked_part("weights"):      # a probe verdict's zero_paths waits only for this
+                have = {w["prefix"]: w for w in self.weights()}
+                changed = self._apply_weights_locked(want() if callable(want) else want, prune, have, paths)
         if changed and release:
             self.rebalance(release=True, before=before)
         return changed
+
+    def _apply_weights_locked(self, want: dict, prune: bool, have: dict, paths: dict) -> bool:
+        changed = False
+        used = {w["id"] for w in have.values()}
+        for prefix, (weights, spray) in want.items():
+            prefix = str(ipaddress.IPv6Network(prefix))
+            cur = have.get(prefix)
+            full = {v: weights.get(v, 0.0) for v in paths}
+            if cur is not None and cur["spray"] == spray and all(
+                    round(cur["all_weights"].get(v, 0) * WEIGHT_SCALE) == round(w * WEIGHT_SCALE)
+                    for v, w in full.items()):
+                continue
+            self._set_weights_locked(prefix, full, spray, cur is not None, used, paths)
+            changed = True
+        if prune:
+            for prefix in set(have) - {str(ipaddress.IPv6Network(p)) for p in want} - {"::/0"}:
+                self.maps["weights"].delete(self._wkey(prefix))
+                changed = True
+        return changed
+
+    def zero_paths(self, prefix: str, values: set[int]) -> bool:
+        """A probe verdict's fast path: paths `values` to weight 0 in prefix's own entry at
+        once, waiting only for other weight writes, not for a step under locked() (a sweep on a
+        busy host holds that for hundreds of ms). It only lowers weights and never the last
+        non-zero one; False when it would, or prefix has no entry of its own: the agent's next
+        step decides then."""
+        wm = self.maps["weights"]
+        key = self._wkey(prefix)
+        with self.locked_part("weights"):
+            if not any(k.prefixlen == key.prefixlen and bytes(k.addr) == bytes(key.addr) for k in wm.keys()):
+                return False
+            entry = wm.get(key)
+            paths = self.paths()
+            idx = {p.index for p in paths if p.value in values}
+            left = [p.index for p in paths if p.valid and p.index not in idx and entry.weight[p.index]]
+            if not idx or not left or not any(entry.weight[i] for i in idx):
+                return False
+            for i in idx:
+                entry.weight[i] = 0
+            wm.set(key, entry)
+        log.info("weights for %s: paths %s to 0 (a probe verdict)", prefix, sorted(values))
+        return True
 
     def del_weights(self, prefix: str) -> bool:
         if self._net(prefix).prefixlen == 0:

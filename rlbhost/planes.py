@@ -60,6 +60,7 @@ class PlaneAgent:
         self.own_macs: dict[str, str] = {}
         self.carrier: dict[str, bool] = {}
         self.dead: set[tuple[int, int]] = set()            # (peer GPU number, plane) unanswered
+        self.dead_lock = threading.Lock()                  # the prober's thread writes it
         self.period_s = period_s
         self.stop = threading.Event()
         self.wake = threading.Event()
@@ -72,7 +73,6 @@ class PlaneAgent:
         self.last_weights: dict[str, dict[int, float]] = {}
         self._pathbw_text = None
         self._next_resync = 0.0
-        self._routes = None                              # bird's, as last read
         self._ports_programmed: list[PortPath] | None = None
         self.carrier_rt_priority = carrier_rt_priority
         self._watch: subprocess.Popen | None = None
@@ -178,7 +178,8 @@ class PlaneAgent:
             # probes shift a peer's traffic between planes, never take the last one away: when
             # every plane BGP offers is unanswered, the likelier cause is this host or the peer
             # being too busy to answer (or the peer gone, which BGP and BFD will say)
-            dead = {pl for (pe, pl) in self.dead if pe == peer}
+            with self.dead_lock:
+                dead = {pl for (pe, pl) in self.dead if pe == peer}
             if learnt and set(learnt) <= dead:
                 dead = set()
             w = {p.value: 0.0 for p in self.ports}
@@ -217,11 +218,14 @@ class PlaneAgent:
             self.health.failed("bird", e, log)
             return
         with self.lock:
-            self._routes = routes
             want = self.weights_from(routes)
             if want != self.last_weights:
                 moved0 = self.dp.stats()["reasons"]["ev_released"]
-                self.dp.apply_weights({"::/0": ({}, False), **want})
+
+                def latest():        # computed again under the weights' lock: a verdict since counts
+                    want.update(self.weights_from(routes))
+                    return {"::/0": ({}, False), **want}
+                self.dp.apply_weights(latest)
                 moved = self.dp.stats()["reasons"]["ev_released"] - moved0
                 changed = {k: v for k, v in want.items() if self.last_weights.get(k) != v}
                 for k, (w, spray) in sorted(changed.items()):
@@ -232,14 +236,19 @@ class PlaneAgent:
                 self.last_weights = want
 
     def _probe_verdict(self, peer: int, plane: int, up: bool):
-        """A plane unanswered: that peer's weights on it go to zero at once, from the routes
-        last read (the data plane moves each QP on it with its next packet); the full step
-        follows. An answer again waits for the step (a reinstatement releases QPs by weight)."""
-        with self.lock:
+        """A plane unanswered: that peer's weights on its sub-ports go to zero at once (the data
+        plane moves each QP on them with its next packet), without waiting for the agent's step
+        or sweep; the full step follows. An answer again waits for the step (a reinstatement
+        releases QPs by weight)."""
+        with self.dead_lock:
             (self.dead.discard if up else self.dead.add)((peer, plane))
-            if not up and self._routes is not None:
-                self.dp.apply_weights(self.weights_from(self._routes, self.peers[peer]), prune=False,
-                                      release=False)
+        if not up:
+            t0 = time.monotonic()
+            values = {p.value for p in self.ports if p.plane.index == plane}
+            if self.dp.zero_paths(f"{self.peers[peer]}/128", values):
+                took = (time.monotonic() - t0) * 1000
+                if took > 20:
+                    log.warning("probe verdict on plane %d to GPU %d applied after %.0f ms", plane, peer, took)
         self.wake.set()
 
     def _links(self, ready: threading.Event):

@@ -162,6 +162,43 @@ def test_per_destination_weights_and_a_plane_unusable_for_one_peer_only(dp):
     assert sum(1 for p, _ in to_c if p == 3) == 12
 
 
+def test_a_probe_verdict_zeroes_its_plane_at_once_even_while_a_sweep_holds_the_maps(dp):
+    """zero_paths (a probe verdict's fast path) writes while another thread holds locked() (a
+    long sweep on a busy host made the verdict wait 400 ms in the lab); the QPs on the dead
+    plane move with their next packet, only towards that peer; it never zeroes the last plane."""
+    import threading
+    w = {v: 1.0 for v in range(1, 9)}
+    dp.apply_weights({f"{LOOP_B}/128": (w, False), f"{LOOP_C}/128": (w, False)})
+    frames = qp_frames(64, LOOP_B, seed=12)
+    before = planes_of(dp, frames)
+    held, release = threading.Event(), threading.Event()
+
+    def sweep():
+        with dp.locked():
+            held.set()
+            release.wait(10)
+    t = threading.Thread(target=sweep)
+    t.start()
+    try:
+        held.wait(5)
+        t0 = time.monotonic()
+        assert dp.zero_paths(f"{LOOP_B}/128", {value(2, 1), value(2, 2)})
+        assert time.monotonic() - t0 < 1.0
+        after = planes_of(dp, frames)             # moved by the program, no sweep needed
+    finally:
+        release.set()
+        t.join()
+    assert [q for q in range(64) if after[q] != before[q]] == [q for q in range(64) if before[q][0] == 2]
+    assert not any(p == 2 for p, _ in after) and sum(1 for p, _ in before if p == 2) == 16
+    assert sum(1 for p, _ in planes_of(dp, qp_frames(48, LOOP_C, seed=13)) if p == 2) == 12
+    # the last plane left is never taken away (probes cannot tell a dead peer from a busy one)
+    assert dp.zero_paths(f"{LOOP_B}/128", {value(p, i) for p in (1, 3) for i in (1, 2)})
+    assert not dp.zero_paths(f"{LOOP_B}/128", {value(4, 1), value(4, 2)})
+    entry = next(e for e in dp.weights() if e["prefix"] == f"{LOOP_B}/128")
+    assert {v for v, x in entry["all_weights"].items() if x} == {value(4, 1), value(4, 2)}
+    assert not dp.zero_paths("fc00:0:ff::99/128", {value(1, 1)})      # no entry of its own
+
+
 def test_spray_per_packet_across_planes_and_sub_ports_within_one_point(dp):
     """§3.2: one QP, 100 000 packets, plane weights 2:2:1:1 -> each (plane, sub-port) its share
     within 1 point."""
