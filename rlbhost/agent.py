@@ -11,7 +11,7 @@ import threading
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR
 
 from rlbcommon.health import Health
-from rlbcommon.netlinkevents import NetlinkEvents
+from rlbcommon.runtime import AgentRuntime
 from rlbfabric.policy import localrule
 from rlbfabric.clos import ClosFabric
 
@@ -30,8 +30,8 @@ class HostAgent:
         self.dp, self.ifname = dp, ifname
         self.path_field, self.base_value = path_field, base_value
         self.fabric, self.node = fabric, node
-        self.health = health or Health()
-        self.stop = threading.Event()
+        self.runtime = AgentRuntime(log, health)
+        self.health, self.stop = self.runtime.health, self.runtime.stop
 
     def sync(self):
         try:
@@ -70,38 +70,18 @@ class HostAgent:
                 log.info("QPs to %s weighed by the fabric file's link speeds: %s", prefix,
                          ", ".join(f"path {k} {w:g}" for k, w in sorted(ws.items())))
 
-    def _addresses(self, ready: threading.Event):
-        """Follow address events; if the socket fails (ENOBUFS: events were dropped), bind a new
-        one and read the addresses afresh, so no change is missed."""
-        while not self.stop.is_set():
-            try:
-                with NetlinkEvents(RTMGRP_IPV6_IFADDR) as events:
-                    if ready.is_set():
-                        self.sync()
-                    ready.set()
-                    while not self.stop.is_set():
-                        msgs = events.batch(timeout=0.5)
-                        if any(m["event"] in ("RTM_NEWADDR", "RTM_DELADDR") for m in msgs):
-                            self.sync()   # DAD completing also arrives as RTM_NEWADDR
-            except Exception as e:
-                self.health.failed("addresses", e, log)
-                self.stop.wait(0.1)
-
     def run(self):
+        """Address events (an RA adds or withdraws a prefix) resync the paths; the sweep runs
+        in the foreground every expiry / 2."""
         ready = threading.Event()
-        threading.Thread(target=self._addresses, args=(ready,), name="addresses", daemon=True).start()
+        self.runtime.follow("address-events", RTMGRP_IPV6_IFADDR,
+                            lambda msgs: any(m["event"] in ("RTM_NEWADDR", "RTM_DELADDR") for m in msgs),
+                            self.sync, ready)   # DAD completing also arrives as RTM_NEWADDR
         ready.wait()
-        self.sync()
         log.info("following addresses of %s; %d paths", self.ifname,
                  sum(p.valid for p in self.dp.paths()))
-        while not self.stop.is_set():
-            period = max(0.05, self.dp.config()["expiry_ms"] / 2000)
-            self.stop.wait(period)
-            try:
-                self.dp.rebalance()
-                self.health.ok("sweep")
-            except Exception as e:
-                self.health.failed("sweep", e, log, (HostError, OSError))
+        self.runtime.every("sweep", lambda: max(0.05, self.dp.config()["expiry_ms"] / 2000), self.dp.rebalance,
+                           (HostError, OSError), foreground=True)
 
 
 def check_place(fabric: ClosFabric, node: str):

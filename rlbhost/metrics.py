@@ -76,7 +76,8 @@ class HostCollector:
             sent.add_metric(lv, s["sent"])
         rejected = counter("rlb_host_probe_answers_rejected", "probe answers not counted: a tag none of the "
                            "fabric's keys makes (spoofed), a round not probed or answered already (stale, "
-                           "replayed), an unknown sender", ["node", "why"])
+                           "replayed), an unknown sender, or dropped by the socket unread (overflow: a burst while the "
+                           "prober lacked the CPU)", ["node", "why"])
         for why, n in self.prober.rejected.items():
             rejected.add_metric([self.node, why], n)
         yield from (up, rtt, loss, sent, rejected)

@@ -26,7 +26,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_LINK
 
 from rlbcommon.health import Health
-from rlbcommon.supervise import Supervisor
+from rlbcommon.runtime import AgentRuntime
 from rlbcommon.netlinkevents import NetlinkEvents
 from rlbfabric.bird.conf import pathbw_file, render_gpu_pathbw
 from rlbfabric.bird.ctl import BirdClient, BirdError
@@ -50,7 +50,8 @@ class PlaneAgent:
                  carrier_rt_priority: int = 10, keys: KeyFile | None = None):
         self.dp, self.fabric, self.gpu, self.run_dir = dp, fabric, gpu, Path(run_dir)
         self.bird = BirdClient(bird_socket or str(self.run_dir / f"{gpu}.ctl"))
-        self.health = health or Health()
+        self.runtime = AgentRuntime(log, health)
+        self.health, self.stop = self.runtime.health, self.runtime.stop
         self.ports = fabric.gpu_ports(gpu)
         self.loopback = fabric.loopback(gpu)
         self.peers = {g.index: fabric.loopback(g.name) for g in fabric.gpus if g.name != gpu}
@@ -62,14 +63,13 @@ class PlaneAgent:
         self.dead: set[tuple[int, int]] = set()            # (peer GPU number, plane) unanswered
         self.dead_lock = threading.Lock()                  # the prober's thread writes it
         self.period_s = period_s
-        self.stop = threading.Event()
         self.wake = threading.Event()
         self.lock = threading.Lock()
         self.keys = keys or KeyFile(None)
         self.prober = Prober(fabric.gpu(gpu).index, self.loopback, self.peers, PROBE_PORT, self.live_ports,
                              self._probe_verdict, probe_ms / 1000, probe_dead_ms / 1000,
                              on_round=lambda: self.health.ok("probes"), keys=lambda: self.keys.keys)
-        self.supervisor = Supervisor(self.health, log, self.stop)
+        self.supervisor = self.runtime.supervisor
         self.last_weights: dict[str, dict[int, float]] = {}
         self._pathbw_text = None
         self._next_resync = 0.0
@@ -323,25 +323,14 @@ class PlaneAgent:
         self.supervisor.start("probes", self.prober.run)
         log.info("following planes of %s: %d planes x %d sub-ports, loopback %s", self.gpu,
                  len(self.fabric.planes), self.fabric.subports, self.loopback)
-        sweep_every = max(0.05, self.dp.config()["expiry_ms"] / 2000)
-        next_sweep = 0.0
-        while not self.stop.is_set():
-            self.supervisor.check()            # a loop that cannot resume: exit for a restart
-            self._carrier_watch()
-            try:
-                self.step()
-                self.health.ok("planes")
-            except Exception as e:             # noqa: BLE001 - logged with its traceback, counted
-                self.health.failed("planes", e, log, (HostError, OSError))
-            if time.monotonic() >= next_sweep:
-                try:
-                    self.dp.rebalance()
-                    self.health.ok("sweep")
-                except Exception as e:         # noqa: BLE001
-                    self.health.failed("sweep", e, log, (HostError, OSError))
-                next_sweep = time.monotonic() + sweep_every
-            self.wake.wait(self.period_s)
-            self.wake.clear()
+        self.runtime.every("sweep", lambda: max(0.05, self.dp.config()["expiry_ms"] / 2000), self.dp.rebalance,
+                           (HostError, OSError))
+        self.runtime.every("planes", self.period_s, self._round, (HostError, OSError), wake=self.wake,
+                           foreground=True)
+
+    def _round(self):
+        self._carrier_watch()
+        self.step()
 
 
 def attach(dp: HostDataplane, fabric: ScaleupFabric, gpu: str, run_dir: Path, **kw) -> PlaneAgent:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from pyroute2 import IPRoute
 from rlbcommon import coordapi
 from rlbcommon.constants import RUN_DIR
 from rlbcommon.health import Health
+from rlbcommon.runtime import AgentRuntime
 from rlbcommon.paths import write_atomic
 from rlbfabric.hscore import Decision, Gpu, SortedRails, decide, gamma, rail_only_beats_rail_optimised
 from rlbfabric.railonly import (DOMAIN_IF, LOOPBACK_DEVICE, RAIL_IF, RAIL_PATH, SWITCH_LL,
@@ -64,7 +64,8 @@ class RailAgent:
                  health: Health | None = None, period_s: float = 0.1, why_file: Path | None = None):
         self.dp, self.fabric, self.gpu, self.coordinator = dp, fabric, gpu, coordinator
         self.me = fabric.gpu(gpu)
-        self.health = health or Health()
+        self.runtime = AgentRuntime(log, health)
+        self.health, self.stop = self.runtime.health, self.runtime.stop
         self.period_s = period_s
         self.why_file = why_file
         self.hops = fabric.first_hops(gpu)
@@ -78,7 +79,6 @@ class RailAgent:
         self._programmed: list[PortPath] | None = None
         self._counters: tuple[float, dict] | None = None
         self.rates: dict[str, dict[str, float]] = {}
-        self.stop = threading.Event()
         self._why_at = 0.0
 
     # ---- links ---------------------------------------------------------------------------
@@ -206,19 +206,9 @@ class RailAgent:
     def run(self):
         log.info("rail-only GPU %s (domain %d, rail %d): %d first hops, registry %s", self.gpu,
                  self.me.domain, self.me.rail, len(self.hops), self.coordinator or "none")
-        while not self.stop.is_set():
-            t0 = time.monotonic()
-            try:                                       # a failed round never ends the agent
-                self.step()
-                self.health.ok("rails")
-            except Exception as e:
-                self.health.failed("rails", e, log, (HostError, OSError))
-            try:
-                self.dp.rebalance(balance=False)       # idle QPs expire; none is moved
-                self.health.ok("sweep")
-            except Exception as e:
-                self.health.failed("sweep", e, log, (HostError, OSError))
-            self.stop.wait(max(0.0, self.period_s - (time.monotonic() - t0)))
+        # idle QPs expire (none is moved: the decisions place QPs); a failed round never ends the agent
+        self.runtime.every("sweep", self.period_s, lambda: self.dp.rebalance(balance=False), (HostError, OSError))
+        self.runtime.every("rails", self.period_s, self.step, (HostError, OSError), foreground=True)
 
 
 def attach(dp: HostDataplane, fabric: RailOnlyFabric, gpu: str, coordinator: str | None, **kw) -> RailAgent:

@@ -14,7 +14,7 @@ from typing import List, Optional
 import typer
 
 from rlbcommon import cli as common
-from rlbcommon.supervise import Supervisor
+from rlbcommon.runtime import AgentRuntime
 from rlbcommon.constants import METRICS_PORT
 
 from .dataplane import DataplaneError, SwitchDataplane
@@ -111,9 +111,9 @@ def run(
         from .birdsync import BirdSync
         sync = BirdSync(dp, fab, node, bird_socket or str(run_dir / f"{node}.ctl"), run_dir,
                         resync_s=resync_s, program=not control_only, health=health)
-        supervisor = Supervisor(health, log, sync.stop)
-        supervisor.start("bird-follower", sync.run)      # adoption included: restarted if it fails
-        supervisor.exit_when_fatal()
+        runtime = AgentRuntime(log, health, sync.stop)
+        runtime.supervisor.start("bird-follower", sync.run)      # adoption included: restarted if it fails
+        runtime.supervisor.exit_when_fatal()
         log.info("following bird2 at %s for %s", sync.bird.path, node)
     if coordinator:
         from .linkreport import LinkReporter

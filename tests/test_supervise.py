@@ -67,3 +67,51 @@ def test_good_rounds_between_failures_keep_the_agent_running():
     time.sleep(1.0)
     stop.set()
     assert n[0] >= 5 and not sup.fatal.is_set()
+
+
+def test_the_agent_runtimes_rounds_go_on_after_failures_of_either_kind():
+    """every(): an expected error is one failed round, an unexpected one goes to the supervisor;
+    both are counted and the rounds go on (in a thread, and in the foreground until stop)."""
+    from rlbcommon.runtime import AgentRuntime
+    rt = AgentRuntime(log)
+    rt.supervisor.backoff_s = (0.01, 0.05)
+    rounds = {"bg": 0, "fg": 0}
+
+    def step(name, fail_every):
+        def go():
+            rounds[name] += 1
+            if rounds[name] % fail_every == 1:
+                raise (OSError("map gone") if name == "bg" else KeyError("a bug"))
+            if rounds["bg"] >= 6 and rounds["fg"] >= 6:
+                rt.stop.set()
+        return go
+    rt.every("bg", 0.005, step("bg", 3))
+    t0 = time.monotonic()
+    rt.every("fg", 0.005, step("fg", 3), foreground=True)      # returns once stop is set
+    assert time.monotonic() - t0 < 5
+    snap = rt.health.snapshot()
+    assert snap["bg"]["errors"] >= 2 and "OSError" in snap["bg"]["last_error"]
+    assert snap["fg"]["errors"] >= 2 and "KeyError" in snap["fg"]["last_error"]
+    assert snap["bg"]["last_ok"] > 0 and snap["fg"]["last_ok"] > 0
+
+
+def test_the_agent_runtime_follows_netlink_and_reads_again_on_a_change():
+    """follow(): the state is read once subscribed, and again on a batch that holds a change (a
+    dummy link made in a scratch namespace)."""
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.rtnl import RTMGRP_LINK
+    from rlbcommon.runtime import AgentRuntime
+    from .conftest import scratch_netns
+    with scratch_netns("rlbrt"):
+        rt, ready, reads = AgentRuntime(log), threading.Event(), []
+        # the follower's thread is made in this (scratch) namespace and stays in it
+        rt.follow("links", RTMGRP_LINK, lambda msgs: any(m["event"] == "RTM_NEWLINK" for m in msgs),
+                  lambda: reads.append(time.monotonic()), ready)
+        assert ready.wait(5) and len(reads) == 1
+        with IPRoute() as ipr:
+            ipr.link("add", ifname="rt0", kind="veth", peer="rt1")
+        deadline = time.monotonic() + 5
+        while len(reads) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        rt.stop.set()
+        assert len(reads) >= 2

@@ -1,0 +1,80 @@
+"""What every agent runs on (the switch agent, the leaf-spine host agent, the scale-up and the
+rail-only GPU agents): one Health, one stop for all its loops, and its threads under one
+Supervisor. An agent writes rounds, not loops:
+
+- `every(name, period, step)`: step() every period (seconds, or a function giving them); a round
+  that raises one of `expected` (operational: a missing map, a refused write) is logged and
+  counted and the next round comes as usual; anything else goes to the supervisor (logged with
+  its traceback, counted, backed off, the loop resumed; the agent exits non-zero for a restart
+  when it cannot resume).
+- `follow(name, groups, changed, resync)`: netlink events of `groups`; resync() once subscribed
+  (so nothing falls between the read and the events) and again whenever a batch holds a change
+  (`changed(messages)`); a socket that lost events (ENOBUFS) is replaced and the state read
+  afresh by the same supervisor.
+
+The foreground loop (`every(..., foreground=True)`) checks the supervisor each round."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from .health import Health
+from .netlinkevents import NetlinkEvents
+from .supervise import Supervisor
+
+Period = float | Callable[[], float]
+
+
+class AgentRuntime:
+    def __init__(self, log: logging.Logger, health: Health | None = None, stop: threading.Event | None = None):
+        self.log = log
+        self.health = health or Health()
+        self.stop = stop or threading.Event()
+        self.supervisor = Supervisor(self.health, log, self.stop)
+
+    def every(self, name: str, period: Period, step: Callable[[], object], expected: tuple = (OSError,),
+              wake: threading.Event | None = None, foreground: bool = False):
+        """Rounds of step() until stop; `wake` set cuts a wait short. In a thread of its own,
+        or (foreground) in the caller's, which it then holds until stop."""
+        def loop():
+            while not self.stop.is_set():
+                if foreground:
+                    self.supervisor.check()       # a loop that cannot resume: exit for a restart
+                t0 = time.monotonic()
+                try:
+                    step()
+                    self.health.ok(name)
+                except expected as e:
+                    self.health.failed(name, e, self.log, expected)
+                wait = max(0.0, (period() if callable(period) else period) - (time.monotonic() - t0))
+                if wake is None:
+                    self.stop.wait(wait)
+                else:
+                    wake.wait(wait)
+                    wake.clear()
+        if not foreground:
+            return self.supervisor.start(name, loop)
+        while not self.stop.is_set():          # the foreground's own supervision: log, count, resume
+            try:
+                return loop()
+            except Exception as e:             # noqa: BLE001 - nothing ends the agent silently
+                self.health.failed(name, e, self.log, expected=())
+                self.stop.wait(self.supervisor.backoff_s[0])
+
+    def follow(self, name: str, groups: int, changed: Callable[[list], bool], resync: Callable[[], None],
+               ready: threading.Event | None = None) -> threading.Thread:
+        """Follow netlink `groups` in a supervised thread; `ready` is set after the first read."""
+        def loop():
+            with NetlinkEvents(groups) as events:
+                resync()
+                self.health.ok(name)
+                if ready is not None:
+                    ready.set()
+                while not self.stop.is_set():
+                    msgs = events.batch(timeout=0.5)
+                    if msgs and changed(msgs):
+                        resync()
+                    self.health.ok(name)
+        return self.supervisor.start(name, loop)
