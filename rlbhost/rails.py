@@ -206,9 +206,19 @@ class RailAgent:
     def run(self):
         log.info("rail-only GPU %s (domain %d, rail %d): %d first hops, registry %s", self.gpu,
                  self.me.domain, self.me.rail, len(self.hops), self.coordinator or "none")
-        # idle QPs expire (none is moved: the decisions place QPs); a failed round never ends the agent
-        self.runtime.every("sweep", self.period_s, lambda: self.dp.rebalance(balance=False), (HostError, OSError))
-        self.runtime.every("rails", self.period_s, self.step, (HostError, OSError), foreground=True)
+        self.runtime.every("rails", self.period_s, self._round, (HostError, OSError), foreground=True)
+
+    def _round(self):
+        """A decision pass, then the sweep in the same thread (16 GPUs' agents share a host's
+        cores in the lab: one wake-up per period each)."""
+        try:
+            self.step()
+        finally:
+            try:                    # idle QPs expire (none is moved: the decisions place QPs)
+                self.dp.rebalance(balance=False)
+                self.health.ok("sweep")
+            except (HostError, OSError) as e:
+                self.health.failed("sweep", e, log, (HostError, OSError))
 
 
 def attach(dp: HostDataplane, fabric: RailOnlyFabric, gpu: str, coordinator: str | None, **kw) -> RailAgent:
