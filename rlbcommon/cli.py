@@ -9,6 +9,9 @@ import json
 import logging
 import socket
 import sys
+import time
+import traceback
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Optional
 
@@ -16,6 +19,7 @@ import typer
 
 from . import netns
 from .bpfprog import BpfSetupError
+from .paths import RUN_DIR
 
 NETNS_HELP = "Work inside this network namespace (entered with setns, so pinned maps stay shared)."
 INSTANCE_HELP = "Name of this agent's pinned state (default: the namespace name, else 'default')."
@@ -41,7 +45,6 @@ class AgentContext:
 
 def _print_version(value: bool):
     if value:
-        from importlib.metadata import PackageNotFoundError, version
         try:
             typer.echo(f"rlb {version('rlb')}")
         except PackageNotFoundError:
@@ -144,9 +147,6 @@ def run(app: typer.Typer, prog: str, operator_errors: tuple[type[Exception], ...
 def crash_log(prog: str, log_dir: Path | None = None) -> Path:
     """Append the exception being handled, with a time stamp and the command line, to
     <log_dir>/<prog>-errors.log (the run dir by default; /tmp if that cannot be written)."""
-    import time
-    import traceback
-    from .paths import RUN_DIR
     text = (f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}\n" + traceback.format_exc())
     for d in (log_dir or RUN_DIR, Path("/tmp")):
         path = Path(d) / f"{prog}-errors.log"

@@ -12,6 +12,7 @@ from typing import List, Optional
 import typer
 
 from rlbcommon import cli as common
+from rlbfabric.scrape import fabric_scrape_config, read_addresses
 
 from .deploy import Site, XdpMode, coordinator_unit, net as net_setup, units as node_units
 from .fabric import FabricError, load
@@ -86,7 +87,6 @@ def prometheus(
           --coordinator 10.0.0.2 --rules /etc/prometheus/rlb-alerts.yml -o /etc/prometheus/prometheus.yml\n
       rlbfabric prometheus --fabric lab/fabric-2x2.toml --mgmt s1=10.0.0.1 --mgmt s2=10.0.0.2 ...
     """
-    from rlbfabric.scrape import fabric_scrape_config, read_addresses
     if not re.fullmatch(r"[0-9]+(ms|s|m|h)", interval):
         raise typer.BadParameter(f"{interval!r}: a duration such as 2s, 500ms or 1m", param_hint="--interval")
     addrs = read_addresses(mgmt_file.read_text(), str(mgmt_file)) if mgmt_file else {}

@@ -23,11 +23,11 @@ from rlbfabric.bird.ctl import BirdError
 from rlbfabric.fabric import FabricError, load
 
 from . import probes
-from . import agent as leafspine, planes, rails  # noqa: F401 - each kind's agent registers its assembler
+from . import clos_agent, railonly_agent, scaleup_agent  # noqa: F401 - each kind's agent registers its assembler
 from .assemble import Options, assembler, health_file
 from .dataplane import HostDataplane, HostError
 from .metrics import HostCollector
-from .rails import why_file
+from .railonly_agent import why_file
 from .verbs.build import BuildError, build
 from .verbs.paths import socket_path, status_path, table_path
 

@@ -12,7 +12,7 @@ class HostCollector:
         self.dp, self.node, self.coordinator, self.health = dp, node, coordinator, health
         self.verbs = verbs            # the verbs library's service (rlbhost/verbs/service.py)
         self.prober = prober          # scale-up GPUs: per-plane health probes
-        self.rails = rails            # rail-only GPUs: the h-score agent (rlbhost/rails.py)
+        self.rails = rails            # rail-only GPUs: the h-score agent (rlbhost/railonly_agent.py)
 
     def collect(self):
         s = self.dp.status()

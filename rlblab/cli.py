@@ -3,15 +3,27 @@ demo that compares it with kernel ECMP."""
 from __future__ import annotations
 
 import json
+import random
+import shutil
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from rlbcommon import cli as common
+from rlbcommon import cli as common, netns
+from rlbcommon.netns import run
+from rlbcommon.paths import PIN_ROOT, RUN_DIR
+from rlbfabric import workloads
+from rlbfabric.bird.ctl import BirdClient, BirdError
+from rlbfabric.coord import cli as coord_cli
+from rlbfabric.fabric import FabricError
 
-from rlbcommon.paths import RUN_DIR
+from . import demo as clos_demo, switchdemo, topo
+from .fabricgen import make_fabric
+from .labs import open_lab
+from .matrix import report, run_matrix
+from .scenarios import SCENARIOS, run_scenario
 
 app = common.program_app(__doc__)
 DEFAULT_FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"
@@ -22,7 +34,6 @@ def _state(name: str) -> Path:
 
 
 def _lab(name: str):
-    from .labs import open_lab
     st = _state(name)
     if not st.exists():
         raise typer.BadParameter(f"no lab {name!r} is up (rlblab up)")
@@ -60,9 +71,7 @@ def up(
       rlblab up --spines 4 --leaves 4 --hosts 2 --monitor\n
       rlblab up --fabric lab/scaleup.toml --name su
     """
-    from .labs import open_lab
     if spines is not None:
-        from .fabricgen import make_fabric
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         fabric = RUN_DIR / f"lab-{name}.toml"
         fabric.write_text(make_fabric(spines, leaves, hosts, stages, parallel=parallel))
@@ -105,7 +114,6 @@ def scenario(
       rlblab scenario scaleup-3.1-subcable --fabric lab/scaleup-small.toml\n
       rlblab scenario scaleup-silent --repeat 5
     """
-    from .scenarios import SCENARIOS, run_scenario
     if list_ and as_json:
         typer.echo(json.dumps([{"name": s.name, "source": s.source, "summary": s.summary,
                                 "fabric": f"lab/{s.fabric}", "minutes": s.minutes} for s in SCENARIOS.values()],
@@ -132,12 +140,9 @@ def down(name: str = typer.Option("rlb", help="Lab name.")):
     if _state(name).exists():
         _lab(name).down()
         _state(name).unlink()
-    from . import topo
     left = [ns for ns in topo.list_ns() if ns.startswith(f"{name}-")]
     for ns in left:
         topo.del_ns(ns)
-    import shutil
-    from rlbcommon.paths import PIN_ROOT
     for d in PIN_ROOT.glob(f"{name}-*"):      # pins of agents that died with their namespace
         shutil.rmtree(d, ignore_errors=True)
     typer.echo(f"lab {name} is down")
@@ -149,7 +154,6 @@ def status(name: str = typer.Option("rlb", help="Lab name."),
     """Namespaces, BGP sessions and what each leaf programmed.
 
     Example: rlblab status --name ecmp --json"""
-    from rlbfabric.bird.ctl import BirdClient, BirdError
     lab = _lab(name)
     out = {"fabric": str(lab.fabric_file), "stages": lab.fabric.stages, "mode": lab.mode, "switches": {}}
     for sw in lab.switches:
@@ -201,9 +205,6 @@ def traffic(
       rlblab traffic --workload all-to-all --qps 2\n
       rlblab traffic --workload pairs --qps 2 --churn-gap 0.6     # a new job 0.6 s after the last\n
       rlblab up --mode baseline --name ecmp; rlblab traffic --workload ring --qps 3 --compare ecmp"""
-    import random
-    from rlbfabric import workloads
-    from .matrix import report, run_matrix
     lab = _lab(name)
     if workload:
         members = hosts.split(",") if hosts else lab.hosts
@@ -234,17 +235,14 @@ def coordinator(name: str = typer.Option("rlb", help="Lab name."),
     """The lab coordinator's view: hosts reporting, QPs placed per link, balance.
 
     Example: rlblab coordinator --json"""
-    from rlbcommon import netns
-    from rlbfabric.coord.cli import status
     lab = _lab(name)
     if not lab.coordinator:
         raise typer.BadParameter(f"lab {name} runs without a coordinator")
     with netns.inside(lab.ns("mon")):
-        status(lab.coordinator_url, as_json)
+        coord_cli.status(lab.coordinator_url, as_json)
 
 
 def _set_link(name: str, leaf: str, spine: str, link: int, state: str):
-    from rlbcommon.netns import run
     lab = _lab(name)
     ifname = f"eth-{spine}-{link}" if link else f"eth-{spine}"
     run(lab.ns(leaf), "ip", "link", "set", ifname, state)
@@ -280,8 +278,7 @@ def demo(keep: bool = typer.Option(False, help="Leave the RLB lab running afterw
     Then a leaf-spine link failure during traffic. About 3 minutes.
 
     Example: rlblab demo --keep      # leave the RLB lab up to explore (rlblab status)"""
-    from .demo import main as demo_main
-    sys.exit(demo_main(keep=keep, chart=chart))
+    sys.exit(clos_demo.main(keep=keep, chart=chart))
 
 
 @app.command("switch-demo")
@@ -289,10 +286,8 @@ def switch_demo(keep: bool = typer.Option(False, help="Leave the lab running aft
     """One XDP switch and four parallel links: the same QPs under each forwarding mode.
 
     Example: rlblab switch-demo"""
-    from .switchdemo import main as demo_main
-    sys.exit(demo_main(keep=keep))
+    sys.exit(switchdemo.main(keep=keep))
 
 
 def main():
-    from rlbfabric.fabric import FabricError
     common.run(app, "rlblab", (FabricError, RuntimeError, TimeoutError))

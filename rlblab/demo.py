@@ -4,6 +4,8 @@ through both, then a leaf-spine link failure during traffic. Every load figure c
 spines' kernel interface counters."""
 from __future__ import annotations
 
+import json
+import random
 import statistics
 import threading
 import time
@@ -12,8 +14,14 @@ from pathlib import Path
 
 from rlbcommon import netns
 from rlbcommon.netns import run
+from rlbcommon.paths import RUN_DIR
+from rlbfabric import workloads
+from rlbhost.dataplane import HostDataplane
 
+from . import topo
+from .chart import load_chart
 from .fabriclab import FabricLab, balance
+from .matrix import FORGET_S, run_matrix
 from .traffic import Flow, QpReceiver, open_raw, send
 
 FABRIC = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"
@@ -35,14 +43,11 @@ def measure(lab: FabricLab, n_qps: int) -> dict:
 
 def failure(lab: FabricLab, rate: int = 2000, seconds: float = 3.0) -> dict:
     """4 QPs h1 -> h3 at `rate` packets/s; l1's uplink to s4 goes down half way."""
-    import random
-    from rlbhost.dataplane import HostDataplane
     rnd = random.Random(42)
     a, b = lab.host_addresses(SRC)[1], lab.host_addresses(DST)[1]
     flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(4)]
     rx = QpReceiver(lab.ns(DST))
     sock = open_raw(lab.ns(SRC), "eth0")
-    from . import topo
     dmac, smac = topo.mac(lab.ns("l1"), f"eth-{SRC}"), topo.mac(lab.ns(SRC), "eth0")
     res = {}
 
@@ -87,8 +92,6 @@ MANY_SEEDS = range(3)
 def many_to_many(lab: FabricLab) -> dict:
     """Every host of the matrix sends at once; the worst leaf's max/mean on uplinks and downlinks.
     RLB: the first burst is the hosts' local rule, the second the coordinator's placement."""
-    from rlbfabric import workloads
-    from .matrix import FORGET_S, run_matrix
     out = {}
     for label, conns, per in MANY:
         if isinstance(conns, str):
@@ -145,7 +148,6 @@ def main(keep: bool = False, chart: Path | None = Path("rlb-demo.png")) -> int:
         print(line)
     if chart:
         try:
-            from .chart import load_chart
             load_chart(results, chart, "Leaf l1 uplink load from the spines' kernel counters "
                        f"(bars: first run; max/mean: mean of {len(SEEDS)} runs)")
             print(f"chart: {chart.resolve()}")
@@ -170,8 +172,6 @@ def main(keep: bool = False, chart: Path | None = Path("rlb-demo.png")) -> int:
         print(f"\ndone in {time.time() - t0:.0f} s")
     finally:
         if keep:
-            import json
-            from rlbcommon.paths import RUN_DIR
             (RUN_DIR / "lab-rlbdemo.json").write_text(json.dumps({"fabric": str(FABRIC), "mode": "rlb", "shape": False}))
             print("lab kept: rlblab status --name rlbdemo; rlblab down --name rlbdemo")
         else:

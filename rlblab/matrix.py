@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from rlbcommon import netns
 from rlbcommon.packets import ROCE_PORT, roce_frame
 from rlbfabric import balance
+from rlbhost.dataplane import HostDataplane
 
 from . import topo
 from .traffic import open_raw
@@ -145,7 +146,6 @@ class PlacementWatch:
     every fabric-crossing QP of the matrix has a placement."""
 
     def __init__(self, lab, keys: dict[str, set]):
-        from rlbhost.dataplane import HostDataplane
         self.dps = {h: HostDataplane(lab.ns(h)) for h in keys}
         self.keys, self.done = keys, threading.Event()
         self.t0 = self.t1 = None

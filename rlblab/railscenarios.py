@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rlbfabric.hscore import Gpu, SortedRails, decide, gamma, rail_only_beats_rail_optimised
 
+from .scaleuplab import Receiver
 from .scenario import Check, Scenario, register
 
 G1, G2 = "d1g1", "d2g2"
@@ -47,7 +48,6 @@ def _settle(lab, want: dict[str, dict[int, float]], timeout: float = 6.0, tol: f
 
 def _send_and_count(lab, n_qps: int, seed: int, packets: int = 5):
     """n QPs G1 -> G2; {rail: bytes its switch got from domain 1} and datagrams G2 received."""
-    from .scaleuplab import Receiver
     before = lab.rail_rx(1)
     with Receiver(lab.ns(G2), lab.fabric.address(G2)) as rx:
         sent = lab.run_qps(G1, G2, n_qps, packets, seed, rate_pps=1000)

@@ -12,20 +12,20 @@ import sys
 import time
 from pathlib import Path
 
-from rlbfabric.bird.conf import initial_includes, render
-from rlbfabric.base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL
-from rlbfabric.deploy import AGENT_CAPS, confined
-from rlbfabric.base import add_loopback_device
-
 from rlbcommon import netns
-from rlbcommon.paths import write_private
 from rlbcommon.constants import ROCE_PORT
+from rlbcommon.paths import write_private
+from rlbfabric.base import add_loopback_device
+from rlbfabric.base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL
+from rlbfabric.bird.conf import initial_includes, render
+from rlbfabric.deploy import AGENT_CAPS, confined
 
 from . import topo
 from .bird import Bird
 from .fabriclab import FabricLab
 from .scaleupview import FRAME_DMAC, FRAME_SMAC, ScaleupView
 from .traffic import SocketReader
+from .traffic import open_raw, send
 
 SO_RCVBUFFORCE, SO_RXQ_OVFL = 33, 40
 
@@ -87,7 +87,6 @@ class ScaleupLab(ScaleupView, FabricLab):
         return {i: topo.counters(self.ns(node), i)["rx_bytes"] for i in ifnames}
 
     def send_flows(self, src: str, flows: list, packets: int, payload_len: int, rate_pps: float | None) -> int:
-        from .traffic import open_raw, send
         sock = open_raw(self.ns(src), LOOPBACK_DEVICE)
         try:
             return send(sock, flows, packets, dmac=FRAME_DMAC, smac=FRAME_SMAC, payload_len=payload_len,

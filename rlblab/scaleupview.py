@@ -9,6 +9,8 @@ import json
 import random
 import time
 
+from .traffic import Flow
+
 # the raw frames' MACs: the GPU's TC program rewrites both before the frame leaves a sub-port
 FRAME_DMAC, FRAME_SMAC = "02:00:00:00:00:01", "02:00:00:00:00:02"
 
@@ -96,7 +98,6 @@ class ScaleupView:
         through src's TC program, in rounds of one packet per QP; per (plane, sub-port) bytes
         from the plane switches' counters and packets from src's own, the flows and the
         seconds the sending took."""
-        from .traffic import Flow
         rnd = random.Random(seed)
         a, b = self.fabric.loopback(src), self.fabric.loopback(dst)
         flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(n_qps)]

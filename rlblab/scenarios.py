@@ -6,12 +6,12 @@ CI asserts."""
 from __future__ import annotations
 
 # each module registers its scenarios when imported
-from . import closscenarios, planescenarios, railscenarios
+from . import closscenarios, scaleupscenarios, railscenarios
 from .scenario import LAB_DIR, SCENARIOS, Check, Scenario, format_checks, run_scenario
 
 # What `--list` shows: by module in this order, each module's in the order it registered them.
 # Not the order of import: a process that imported one module earlier (a test) lists the same.
-_MODULES = [m.__name__ for m in (closscenarios, planescenarios, railscenarios)]
+_MODULES = [m.__name__ for m in (closscenarios, scaleupscenarios, railscenarios)]
 _ordered = sorted(SCENARIOS.items(), key=lambda kv: _MODULES.index(kv[1].run.__module__)
                   if kv[1].run.__module__ in _MODULES else len(_MODULES))
 SCENARIOS.clear()

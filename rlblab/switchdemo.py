@@ -3,11 +3,13 @@ then a link failure during traffic. Every number printed comes from kernel inter
 counters on the far side of the links, not from RLB's own counters."""
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
 import urllib.request
 
+from rlbcommon import netns
 from rlbcommon.netns import run
 
 from .switchlab import SwitchLab
@@ -43,7 +45,6 @@ def route(lab: SwitchLab, prefix: str, mode: str, vias: list[str], backups: list
 
 
 def clear(lab: SwitchLab):
-    import json
     for r in json.loads(lab.cli("route", "show", "--json")):
         lab.cli("route", "del", r["prefix"])
 
@@ -137,7 +138,6 @@ def main(keep: bool = False, links: int = 4) -> int:  # noqa: C901 - a script of
         step("metrics")
         with lab.dataplane():
             try:
-                from rlbcommon import netns
                 with netns.inside(lab.sw):
                     body = urllib.request.urlopen("http://127.0.0.1:9471/metrics", timeout=5).read().decode()
                 lines = [line for line in body.splitlines() if line.startswith("rlb_switch_port_tx_bytes")]

@@ -5,11 +5,15 @@ ECMP comparison; raw frames carry nothing but their bytes."""
 from __future__ import annotations
 
 import errno
+import ipaddress
+import random
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
 from rlbcommon import netns
+from rlbcommon.packets import bth
 from rlbcommon.packets import roce_frame
 
 
@@ -58,8 +62,6 @@ class QpSender:
 
     def __init__(self, ns: str | None, src: str, dst: str, n_qps: int, port: int = 4791,
                  base_sport: int = 49152, seed: int = 0):
-        import random
-        from rlbcommon.packets import bth
         rnd = random.Random(seed)
         self.dst, self.port, self.socks, self.qps = dst, port, [], []
         self._bth = bth
@@ -91,7 +93,6 @@ class SocketReader:
     """A socket read on a background thread until close()."""
 
     def __init__(self, sock: socket.socket):
-        import threading
         self.sock = sock
         self.sock.settimeout(0.2)
         self._stop = threading.Event()
@@ -131,7 +132,6 @@ class QpReceiver(SocketReader):
         super().__init__(sock)
 
     def take(self):
-        import ipaddress
         data, anc, _, addr = self.sock.recvmsg(4096, 256)
         dst = next((str(ipaddress.IPv6Address(d[:16])) for lvl, typ, d in anc
                     if lvl == socket.IPPROTO_IPV6 and typ == socket.IPV6_PKTINFO), "?")

@@ -7,18 +7,23 @@ import json
 import logging
 import signal
 import sys
-import threading
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from rlbcommon import cli as common
-from rlbcommon.runtime import AgentRuntime
+from rlbcommon import cli as common, health
 from rlbcommon.constants import METRICS_PORT
-
-from .dataplane import DataplaneError, SwitchDataplane
+from rlbcommon.health import Health
+from rlbcommon.paths import write_private
+from rlbfabric.bird.conf import initial_includes, render
+from rlbfabric.bird.ctl import BirdError
+from rlbfabric.fabric import FabricError, load
 from rlbfabric.routes import MODES, NextHop, Route, RouteError
+
+from .agent import SwitchAgent, SwitchOptions, attach_ports, health_file
+from .birdsync import why_file
+from .dataplane import DataplaneError, SwitchDataplane
 
 log = logging.getLogger("rlbswitch")
 app, ctx = common.agent_app(__doc__, SwitchDataplane, log)
@@ -62,73 +67,29 @@ def run(
       rlbswitch run                  # after a restart or upgrade: adopt what is pinned
     """
     common.attach_or_run(command, interfaces)
-    # what the options allow, before anything is attached
-    if once and (fabric_file or node or coordinator or control_only):
-        raise DataplaneError("--once only attaches: --fabric, --node, --coordinator and "
-                             "--control-only need the agent")
-    if once and not interfaces:
-        raise DataplaneError("--once: name the ports to attach")
-    if bool(fabric_file) != bool(node):
-        raise DataplaneError("--fabric and --node go together")
-    if (control_only or coordinator) and not fabric_file:
-        raise DataplaneError(f"{'--control-only' if control_only else '--coordinator'} needs --fabric and --node")
-    from .metrics import SwitchCollector
-    from .watcher import Watcher
-    from rlbcommon.metrics import serve
-
-    from rlbcommon.health import Health
+    opts = SwitchOptions([] if control_only else list(interfaces or []), generic, speed_mbps,
+                         fabric_file, None, node, bird_socket, run_dir, control_only, resync_s,
+                         coordinator, 0 if control_only else metrics_port, metrics_addr, ctx.node_label)
+    opts.check(once)
+    opts.fabric = load(fabric_file) if fabric_file else None
     dp = ctx.dataplane()
-    health = Health(health_file(dp.instance))
     adopted = dp.exists()
-    for ifname in interfaces or []:   # all must exist before anything is loaded
-        dp.ifindex(ifname)
-    if control_only:
-        interfaces, metrics_port = [], 0
-    fab = None
-    if fabric_file:
-        from rlbfabric.fabric import load
-        fab = load(fabric_file)
-    # how each port is attached, now and again if it is removed and made anew; host ports (from
-    # the fabric file) have their punts policed apart from the fabric's control traffic
-    edge = fab.edge_ports(node) if fab is not None and hasattr(fab, "edge_ports") else set()
-    attach_opts = {i: {"generic": generic, "speed_mbps": speed_mbps, "edge": i in edge if fab is not None else None}
-                   for i in interfaces or []}
-    for ifname, opts in attach_opts.items():
-        dp.attach(ifname, **opts)
+    attached = attach_ports(dp, opts)
     if once:
-        typer.echo(f"attached to {', '.join(interfaces)}; state pinned at {dp.pins}; no agent runs")
+        typer.echo(f"attached to {', '.join(opts.interfaces)}; state pinned at {dp.pins}; no agent runs")
         return
-    if interfaces:
-        typer.echo(f"attached to {', '.join(interfaces)}; state pinned at {dp.pins}; agent running "
+    if opts.interfaces:
+        typer.echo(f"attached to {', '.join(opts.interfaces)}; state pinned at {dp.pins}; agent running "
                    "(stop it with ^C or SIGTERM: forwarding goes on)")
     if adopted:
-        n = len(dp.routes())
-        log.info("adopted pinned state at %s: %d routes, %d ports", dp.pins, n, len(dp.ports()))
-    elif not interfaces and not control_only:
+        log.info("adopted pinned state at %s: %d routes, %d ports", dp.pins, len(dp.routes()), len(dp.ports()))
+    elif not opts.interfaces and not control_only:
         raise DataplaneError("nothing to run: no pinned state and no interfaces given")
-    sync = None
-    if fabric_file:
-        from .birdsync import BirdSync
-        sync = BirdSync(dp, fab, node, bird_socket or str(run_dir / f"{node}.ctl"), run_dir,
-                        resync_s=resync_s, program=not control_only, health=health)
-        runtime = AgentRuntime(log, health, sync.stop)
-        runtime.supervisor.start("bird-follower", sync.run)      # adoption included: restarted if it fails
-        runtime.supervisor.exit_when_fatal()
-        log.info("following bird2 at %s for %s", sync.bird.path, node)
-    if coordinator:
-        from .linkreport import LinkReporter
-        try:
-            LinkReporter(sync.fabric, node, coordinator, health=health).start()
-        except ValueError as e:
-            raise DataplaneError(str(e)) from None
-    if metrics_port:
-        serve(SwitchCollector(dp, ctx.node_label, sync, health), metrics_port, metrics_addr)
+    agent = SwitchAgent(dp, opts, attached, Health(health_file(dp.instance)))
+    agent.start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        if control_only:
-            log.info("following links, neighbours and addresses (control only: the kernel forwards)")
-            threading.Event().wait()
-        if not Watcher(dp, health, attach_opts).run():
+        if not agent.run():
             log.critical("a netlink follower stopped: exiting so that systemd restarts the agent")
             sys.exit(1)
     except KeyboardInterrupt:
@@ -258,7 +219,6 @@ def route_show(as_json: bool = typer.Option(False, "--json", help="Machine-reada
       rlbswitch route show\n
       rlbswitch route show --json > routes.json      # what 'route apply' takes back
     """
-    from .birdsync import why_file
     dp = ctx.dataplane()
     f = why_file(dp.instance)
     why = json.loads(f.read_text()) if f.exists() else {}
@@ -304,9 +264,6 @@ def bird_config(
     Also writes the include files the agent keeps up to date (empty to start with).
 
     Example: rlbswitch bird-config --fabric /etc/rlb/fabric.toml --node l1 -o /etc/bird/bird.conf"""
-    from rlbcommon.paths import write_private
-    from rlbfabric.bird.conf import initial_includes, render
-    from rlbfabric.fabric import load
     fab = load(fabric_file)
     if bfd_ms:
         fab.bfd_ms = bfd_ms
@@ -336,7 +293,6 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
     and the running agent's loops.
 
     Example: rlbswitch status --json | jq '.ports[] | {interface, up, tx_bytes}'"""
-    from rlbcommon import health
     dp = ctx.dataplane()
     s = dp.stats()
     s["tables"] = dp.tables.usage()
@@ -387,13 +343,5 @@ def config_cmd(
     common.show(dp.config(), as_json)
 
 
-def health_file(instance: str) -> Path:
-    """Where the running agent keeps its loops' health (read by `rlbswitch status`)."""
-    from rlbcommon.paths import RUN_DIR
-    return RUN_DIR / f"{instance}-switch-health.json"
-
-
 def main():
-    from rlbfabric.bird.ctl import BirdError
-    from rlbfabric.fabric import FabricError
     common.run(app, "rlbswitch", (DataplaneError, RouteError, FabricError, BirdError))

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 from pyroute2.netlink.exceptions import NetlinkError
 
+from rlbcommon.cheader import constants, enum_names
+from rlbcommon.constants import ROCE_PORT
 from rlbcommon.maps import checked_set
 from rlbcommon.pinnedstate import PinnedState
-from rlbcommon.constants import ROCE_PORT
-from rlbcommon.cheader import constants, enum_names
-
 from rlbfabric.routes import NextHop, Route
+
+from .tables import SwitchTables
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,6 @@ class SwitchDataplane(PinnedState):
     def tables(self):
         """The routing model: the only writer of routes, groups and next hops."""
         if self._tables is None:
-            from .tables import SwitchTables
             self._tables = SwitchTables(self)
         return self._tables
 

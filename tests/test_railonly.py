@@ -9,7 +9,7 @@ from rlbfabric.coord.service import BadRequest, Refused
 from rlbfabric.fabric import FabricError, parse
 from rlbfabric.hscore import Gpu, SortedRails, decide
 from rlbhost.dataplane import PortPath
-from rlbhost.rails import KEEP, RailAgent, direct, paths_of
+from rlbhost.railonly_agent import KEEP, RailGpuAgent, direct, paths_of
 
 BASE = {"kind": "rail-only", "domains": 3, "rails": 4, "rail_mbps": 10, "domain_mbps": 40}
 
@@ -131,7 +131,7 @@ def test_decisions_map_to_first_hops():
 
 def test_the_agent_weights_the_chosen_hop_and_keeps_the_others_for_qps_in_flight():
     f = fabric()
-    a = RailAgent(None, f, "d1g1", None)
+    a = RailGpuAgent(None, f, "d1g1", None)
     a.carrier = {"eth-rail": True, "eth-dom": True}
     a.macs = {1: "02:00:00:00:00:01", 3: "02:00:00:00:00:03", 4: "02:00:00:00:00:04"}   # (1, 4) unknown
     assert [p.value for p in a.port_paths() if p.dmac] == [1, 3, 4]
@@ -149,7 +149,7 @@ def test_the_agent_weights_the_chosen_hop_and_keeps_the_others_for_qps_in_flight
 
 def test_without_the_registry_every_pair_takes_its_direct_path():
     import time
-    a = RailAgent(None, fabric(), "d1g1", "http://[::1]:1")
+    a = RailGpuAgent(None, fabric(), "d1g1", "http://[::1]:1")
     assert {n: d.kind for n, d in a.decide_all().items() if n in ("d1g2", "d2g1", "d2g2")} == \
         {"d1g2": "d", "d2g1": "r", "d2g2": "rd"}
     a.table = {"rails": {"1": 0.4, "2": 0.5, "3": 0.8, "4": 1.0}, "domains": {"1": 1, "2": 1, "3": 1}, "delta": 0}
@@ -192,8 +192,8 @@ def test_a_rail_gpu_learns_its_neighbours_macs_again_after_a_link_loses_carrier(
     the MACs learnt over it are forgotten when it loses carrier, and asked for again."""
     from types import SimpleNamespace
     from rlbfabric.railonly import DOMAIN_IF, RAIL_IF
-    from rlbhost.rails import RailAgent
-    a = RailAgent.__new__(RailAgent)
+    from rlbhost.railonly_agent import RailGpuAgent
+    a = RailGpuAgent.__new__(RailGpuAgent)
     a.hops = [SimpleNamespace(value=1, ifname=RAIL_IF), SimpleNamespace(value=2, ifname=DOMAIN_IF)]
     a.macs = {1: "02:00:00:00:00:01", 2: "02:00:00:00:00:02"}
     a._counters = None

@@ -6,6 +6,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from rlbcommon.metrics import counter, gauge
 
+from .hregistry import HRegistry
 from .service import Coordinator
 
 
@@ -82,7 +83,6 @@ class RegistryCollector:
 def exposition(coord):
     """A function returning the Prometheus text for /metrics: of the Coordinator of a
     leaf-spine fabric, or of a rail-only fabric's HRegistry."""
-    from .hregistry import HRegistry
     registry = CollectorRegistry()
     registry.register((RegistryCollector if isinstance(coord, HRegistry) else CoordinatorCollector)(coord))
     return lambda: generate_latest(registry)

@@ -25,10 +25,13 @@ from pathlib import Path
 
 import typer
 
+from rlbcommon import cli as common
 from rlbcommon import coordapi
 from rlbcommon.netns import run
 from rlbfabric import deploy
 from rlbfabric.fabric import FabricError, load
+from rlbfabric.scrape import fabric_scrape_config
+from rlbmonitor.alerts import write as write_rules
 
 from .plan import MONITOR, VmNode, node, plan
 
@@ -128,7 +131,6 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
     for u, body in todo.items():
         (UNITS / f"{u}.service").write_text(body)
     if vm.role == "monitor":
-        from rlbmonitor.alerts import write as write_rules
         rules = write_rules(ETC)
         (ETC / "prometheus.yml").write_text(scrape_targets(fab, vms, vm, coordinator=fab.coordinated,
                                                            rule_files=[str(rules)]))
@@ -154,7 +156,6 @@ def write_lab_key(fabric_file: Path, path: Path = ETC / "probe-key"):
 def scrape_targets(fab, vms: list[VmNode], vm: VmNode, coordinator: bool = True, rule_files=()) -> str:
     """Prometheus on the monitor scrapes every agent and the coordinator beside it, and
     evaluates the alerting rules (rlbmonitor/alerts.py): what `rlbfabric prometheus` renders."""
-    from rlbfabric.scrape import fabric_scrape_config
     return fabric_scrape_config(fab, {v.name: v.mgmt_ip for v in vms if v.role != "monitor"},
                                 vm.mgmt_ip if coordinator else None, rule_files=rule_files)
 
@@ -241,7 +242,6 @@ def net_cmd(fabric: Path = typer.Option(..., help=FABRIC_HELP),
 
 
 def main():
-    from rlbcommon import cli as common
     logging.basicConfig(level=logging.INFO, format="vmnode: %(message)s")
     common.run(app, "vmnode", (FabricError, RuntimeError, OSError))
 

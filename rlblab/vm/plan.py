@@ -19,6 +19,7 @@ from pathlib import Path
 
 import typer
 
+from rlbfabric.deploy import deployable
 from rlbfabric.fabric import Fabric, FabricError, load
 
 MONITOR = "mon"
@@ -59,7 +60,6 @@ def fabric_links(fabric: Fabric) -> list[tuple[str, str, str, str, int]]:
 
 
 def plan(fabric: Fabric, mgmt_net: str = "10.77.0.0/24") -> list[VmNode]:
-    from rlbfabric.deploy import deployable
     deployable(fabric)            # the VMs run the rendered units
     net = ipaddress.IPv4Network(mgmt_net)
     hosts = list(fabric.hosts)

@@ -59,7 +59,7 @@ def direct(src: Gpu, dst: Gpu) -> Decision:
                     why="own rail (no h-scores yet)")
 
 
-class RailAgent:
+class RailGpuAgent:
     def __init__(self, dp: HostDataplane, fabric: RailOnlyFabric, gpu: str, coordinator: str | None,
                  health: Health | None = None, period_s: float = 0.1, why_file: Path | None = None):
         self.dp, self.fabric, self.gpu, self.coordinator = dp, fabric, gpu, coordinator
@@ -221,9 +221,9 @@ class RailAgent:
                 self.health.failed("sweep", e, log, (HostError, OSError))
 
 
-def attach(dp: HostDataplane, fabric: RailOnlyFabric, gpu: str, coordinator: str | None, **kw) -> RailAgent:
+def attach(dp: HostDataplane, fabric: RailOnlyFabric, gpu: str, coordinator: str | None, **kw) -> RailGpuAgent:
     fabric.gpu(gpu)
-    agent = RailAgent(dp, fabric, gpu, coordinator, **kw)
+    agent = RailGpuAgent(dp, fabric, gpu, coordinator, **kw)
     agent.measure()
     agent.learn_macs()
     dp.attach_ports(LOOPBACK_DEVICE, fabric.address(gpu), agent.port_paths())

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 GBPS = 1e9 / 8           # weights are in Gb/s: bytes/s / GBPS
 
 
-class PlaneAgent:
+class ScaleupGpuAgent:
     def __init__(self, dp: HostDataplane, fabric: ScaleupFabric, gpu: str, run_dir: Path,
                  bird_socket: str | None = None, health: Health | None = None,
                  probe_ms: float = INTERVAL_MS, probe_dead_ms: float = DEAD_MS, period_s: float = 0.5,
@@ -333,11 +333,11 @@ class PlaneAgent:
         self.step()
 
 
-def attach(dp: HostDataplane, fabric: ScaleupFabric, gpu: str, run_dir: Path, **kw) -> PlaneAgent:
+def attach(dp: HostDataplane, fabric: ScaleupFabric, gpu: str, run_dir: Path, **kw) -> ScaleupGpuAgent:
     """Ports mode on the GPU's loopback device, paths from the fabric file."""
     if gpu not in fabric.hosts:
         raise HostError(f"{gpu!r} is not a GPU in the fabric file (GPUs: {', '.join(fabric.hosts)})")
-    agent = PlaneAgent(dp, fabric, gpu, run_dir, **kw)
+    agent = ScaleupGpuAgent(dp, fabric, gpu, run_dir, **kw)
     agent._read_carrier()
     agent._learn_macs()
     dp.attach_ports(LOOPBACK_DEVICE, agent.loopback, agent.port_paths(), group_size=fabric.subports, echo=True)

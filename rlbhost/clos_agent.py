@@ -23,7 +23,7 @@ from .verbs.advice import FabricView
 log = logging.getLogger(__name__)
 
 
-class HostAgent:
+class ClosHostAgent:
     def __init__(self, dp: HostDataplane, ifname: str, path_field: int | None = None,
                  base_value: int | None = None, fabric: ClosFabric | None = None, node: str | None = None,
                  health: Health | None = None):
@@ -105,7 +105,7 @@ def assemble(dp: HostDataplane, fabric: ClosFabric | None, opts: Options, health
     else:
         dp.prepare(opts.interface, opts.path_field, opts.base_path)
     apply_config(dp, opts)
-    agent = HostAgent(dp, opts.interface, opts.path_field, opts.base_path, fabric, node, health)
+    agent = ClosHostAgent(dp, opts.interface, opts.path_field, opts.base_path, fabric, node, health)
     if fabric:
         agent.place()
     paths = [p for p in dp.paths() if p.valid]

@@ -1,0 +1,114 @@
+"""The switch agent: what `rlbswitch run` starts beside the pinned data plane.
+
+It attaches the ports it was given, then follows link state and neighbours (watcher.py), bird2's
+routes with --fabric/--node (birdsync.py), reports a leaf's uplinks to the coordinator
+(linkreport.py) and serves metrics. Built from options here, so the CLI only parses them and a
+test or a lab can run the same agent. Stopping it leaves forwarding running from the maps."""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlbcommon.constants import RUN_DIR
+from rlbcommon.health import Health
+from rlbcommon.metrics import serve
+from rlbcommon.runtime import AgentRuntime
+from rlbfabric.base import Fabric
+
+from .birdsync import BirdSync
+from .dataplane import DataplaneError, SwitchDataplane
+from .linkreport import LinkReporter
+from .metrics import SwitchCollector
+from .watcher import Watcher
+
+log = logging.getLogger("rlbswitch")
+
+
+def health_file(instance: str) -> Path:
+    """Where the running agent keeps its loops' health (read by `rlbswitch status`)."""
+    return RUN_DIR / f"{instance}-switch-health.json"
+
+
+@dataclass
+class SwitchOptions:
+    """What `rlbswitch run` was given (its --help says what each is for)."""
+    interfaces: list[str] = field(default_factory=list)
+    generic: bool = False
+    speed_mbps: int | None = None
+    fabric_file: Path | None = None
+    fabric: Fabric | None = None      # read from fabric_file once the options are checked
+    node: str | None = None
+    bird_socket: str | None = None
+    run_dir: Path = RUN_DIR
+    control_only: bool = False
+    resync_s: float = 1.0
+    coordinator: str | None = None
+    metrics_port: int = 0
+    metrics_addr: str = "127.0.0.1"
+    node_label: str = ""
+
+    def check(self, once: bool):
+        """Refuse what the options cannot do together, before anything is attached."""
+        if once and (self.fabric_file is not None or self.node or self.coordinator or self.control_only):
+            raise DataplaneError("--once only attaches: --fabric, --node, --coordinator and "
+                                 "--control-only need the agent")
+        if once and not self.interfaces:
+            raise DataplaneError("--once: name the ports to attach")
+        if (self.fabric_file is None) != (self.node is None):
+            raise DataplaneError("--fabric and --node go together")
+        if (self.control_only or self.coordinator) and self.fabric_file is None:
+            raise DataplaneError(f"{'--control-only' if self.control_only else '--coordinator'} "
+                                 "needs --fabric and --node")
+
+
+def attach_ports(dp: SwitchDataplane, opts: SwitchOptions) -> dict[str, dict]:
+    """Attach the ports named (all must exist before anything is loaded). Returns how each was
+    attached, so the watcher attaches a port again the same way if it is removed and made anew;
+    host ports (from the fabric file) have their punts policed apart from the fabric's control
+    traffic."""
+    for ifname in opts.interfaces:
+        dp.ifindex(ifname)
+    fab = opts.fabric
+    edge = fab.edge_ports(opts.node) if fab is not None and hasattr(fab, "edge_ports") else set()
+    how = {i: {"generic": opts.generic, "speed_mbps": opts.speed_mbps,
+               "edge": i in edge if fab is not None else None} for i in opts.interfaces}
+    for ifname, o in how.items():
+        dp.attach(ifname, **o)
+    return how
+
+
+class SwitchAgent:
+    """The agent's loops over one data plane: started by start(), run() blocks on the netlink
+    followers (the foreground) and returns False when one of them could not go on."""
+
+    def __init__(self, dp: SwitchDataplane, opts: SwitchOptions, attached: dict[str, dict],
+                 health: Health):
+        self.dp, self.opts, self.attached, self.health = dp, opts, attached, health
+        self.sync: BirdSync | None = None
+        self.runtime: AgentRuntime | None = None
+
+    def start(self):
+        o = self.opts
+        if o.fabric is not None:
+            self.sync = BirdSync(self.dp, o.fabric, o.node, o.bird_socket or str(o.run_dir / f"{o.node}.ctl"),
+                                 o.run_dir, resync_s=o.resync_s, program=not o.control_only,
+                                 health=self.health)
+            self.runtime = AgentRuntime(log, self.health, self.sync.stop)
+            self.runtime.supervisor.start("bird-follower", self.sync.run)   # adoption included: restarted if it fails
+            self.runtime.supervisor.exit_when_fatal()
+            log.info("following bird2 at %s for %s", self.sync.bird.path, o.node)
+        if o.coordinator:
+            try:
+                LinkReporter(self.sync.fabric, o.node, o.coordinator, health=self.health).start()
+            except ValueError as e:
+                raise DataplaneError(str(e)) from None
+        if o.metrics_port:
+            serve(SwitchCollector(self.dp, o.node_label, self.sync, self.health), o.metrics_port, o.metrics_addr)
+
+    def run(self) -> bool:
+        if self.opts.control_only:
+            log.info("following links, neighbours and addresses (control only: the kernel forwards)")
+            threading.Event().wait()
+        return Watcher(self.dp, self.health, self.attached).run()
