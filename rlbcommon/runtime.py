@@ -65,7 +65,10 @@ class AgentRuntime:
 
     def follow(self, name: str, groups: int, changed: Callable[[list], bool], resync: Callable[[], None],
                ready: threading.Event | None = None) -> threading.Thread:
-        """Follow netlink `groups` in a supervised thread; `ready` is set after the first read."""
+        """Follow netlink `groups` in a supervised thread: `resync()` reads the state once
+        subscribed (nothing falls between), then each batch goes to `changed(msgs)`, which
+        applies what it can from the messages themselves and returns True when the state must
+        be read again. `ready` is set after the first read."""
         def loop():
             with NetlinkEvents(groups) as events:
                 resync()

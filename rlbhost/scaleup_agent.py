@@ -27,7 +27,6 @@ from pyroute2.netlink.rtnl import RTMGRP_LINK
 
 from rlbcommon.health import Health
 from rlbcommon.runtime import AgentRuntime
-from rlbcommon.netlinkevents import NetlinkEvents
 from rlbfabric.bird.conf import pathbw_file, render_gpu_pathbw
 from rlbfabric.bird.ctl import BirdClient, BirdError
 from rlbfabric.scaleup import LOOPBACK_DEVICE, SWITCH_LL, ScaleupFabric
@@ -251,25 +250,21 @@ class ScaleupGpuAgent:
                     log.warning("probe verdict on plane %d to GPU %d applied after %.0f ms", plane, peer, took)
         self.wake.set()
 
-    def _links(self, ready: threading.Event):
-        """Carrier changes: the port's paths flip in the map at once; the rest follows. Every
-        (re)bind reads the carriers afresh: a storm's ENOBUFS loses events, not state."""
+    def _read_links(self):
+        """Every port's carrier afresh: on start and each time the follower's socket is made again
+        (a storm's ENOBUFS loses events, not state)."""
+        for m in self._port_links().values():
+            self._carrier_event(m)
+
+    def _link_events(self, msgs) -> bool:
+        """Carrier changes: the port's paths flip in the map at once, from the batch's last word
+        on each port; the rest follows. Nothing to read again (False)."""
         names = {p.ifname for p in self.ports}
-        while not self.stop.is_set():
-            try:
-                with NetlinkEvents(RTMGRP_LINK) as events:
-                    for m in self._port_links().values():
-                        self._carrier_event(m)
-                    ready.set()
-                    while not self.stop.is_set():
-                        last = {m.get_attr("IFLA_IFNAME"): m for m in events.batch(timeout=0.5)
-                                if m["event"] == "RTM_NEWLINK"}
-                        for name, m in last.items():     # a port's last state in the batch
-                            if name in names:
-                                self._carrier_event(m)
-            except Exception as e:
-                self.health.failed("links", e, log)
-                self.stop.wait(0.1)
+        last = {m.get_attr("IFLA_IFNAME"): m for m in msgs if m["event"] == "RTM_NEWLINK"}
+        for name, m in last.items():
+            if name in names:
+                self._carrier_event(m)
+        return False
 
     def _carrier_event(self, m):
         name, up = m.get_attr("IFLA_IFNAME"), has_carrier(m)
@@ -318,7 +313,7 @@ class ScaleupGpuAgent:
     def _run(self):
         self._carrier_watch()
         ready = threading.Event()
-        self.supervisor.start("links", self._links, ready)
+        self.runtime.follow("links", RTMGRP_LINK, self._link_events, self._read_links, ready)
         ready.wait(5)
         self.supervisor.start("probes", self.prober.run)
         log.info("following planes of %s: %d planes x %d sub-ports, loopback %s", self.gpu,
