@@ -22,7 +22,7 @@ from rlbfabric.fabric import FabricError, load
 from rlbfabric.routes import MODES, NextHop, Route, RouteError
 
 from .agent import SwitchAgent, SwitchOptions, attach_ports, health_file
-from .birdsync import why_file
+from .routesync import why_file
 from .dataplane import DataplaneError, SwitchDataplane
 
 log = logging.getLogger("rlbswitch")

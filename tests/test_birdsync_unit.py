@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlbfabric.bird.ctl import BirdError
-from rlbswitch.birdsync import BirdSync
+from rlbswitch.birdwatch import restarted
+from rlbswitch.includes import BirdIncludes
 
 
 class FlakyBird:
@@ -20,24 +21,23 @@ class FlakyBird:
 
 
 def test_an_include_whose_configure_failed_is_configured_again(tmp_path):
-    sync = BirdSync.__new__(BirdSync)          # only the include bookkeeping is exercised
-    sync._written, sync._pending, sync.bird = {}, set(), FlakyBird()
+    incs = BirdIncludes(FlakyBird())
     inc = tmp_path / "l1.neighbors.conf"
-    assert sync._write(inc, "protocol bgp s1 ...\n")
+    assert incs.write(inc, "protocol bgp s1 ...\n")
     with pytest.raises(BirdError):
-        sync._configure("neighbours", inc)
+        incs.configure("neighbours", inc)
     # the same content is on disk, but bird never read it: written and configured again
-    assert sync._write(inc, "protocol bgp s1 ...\n")
-    sync._configure("neighbours", inc)
-    assert sync.bird.calls == 2
-    assert not sync._write(inc, "protocol bgp s1 ...\n")
+    assert incs.write(inc, "protocol bgp s1 ...\n")
+    incs.configure("neighbours", inc)
+    assert incs.bird.calls == 2
+    assert not incs.write(inc, "protocol bgp s1 ...\n")
+    assert inc.read_text() == "protocol bgp s1 ...\n"
 
 
 def test_a_bird_whose_printed_start_time_drifts_has_not_restarted():
     """Seen in the VM lab: bird prints its start time from its monotonic clock and the wall
     clock, so one bird's start time moved by 22 ms back and forth between reads and the switch
     agent held its routes as if bird had restarted, every second. Only a later start is a new bird."""
-    from rlbswitch.birdsync import restarted
     assert not restarted("2026-11-23 06:02:02.586", "2026-11-23 06:02:02.564")
     assert not restarted("2026-11-23 06:02:02.564", "2026-11-23 06:02:02.586")
     assert restarted("2026-11-23 06:02:02.586", "2026-11-23 07:09:40.120")
