@@ -2,9 +2,9 @@
 rail-only GPU agents): one Health, one stop for all its loops, and its threads under one
 Supervisor. An agent writes rounds, not loops:
 
-- `every(name, period, step)`: step() every period (seconds, or a function giving them); a round
-  that raises one of `expected` (operational: a missing map, a refused write) is logged and
-  counted and the next round comes as usual; anything else goes to the supervisor (logged with
+- `every(name, period, step)`: step(), then a wait of period (seconds, or a function giving
+  them), again and again; a round that raises one of `expected` (operational: a missing map, a
+  refused write) is logged and counted and the next round comes as usual; anything else goes to the supervisor (logged with
   its traceback, counted, backed off, the loop resumed; the agent exits non-zero for a restart
   when it cannot resume).
 - `follow(name, groups, changed, resync)`: netlink events of `groups`; resync() once subscribed
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Callable
 
 from .health import Health
@@ -42,13 +41,15 @@ class AgentRuntime:
             while not self.stop.is_set():
                 if foreground:
                     self.supervisor.check()       # a loop that cannot resume: exit for a restart
-                t0 = time.monotonic()
                 try:
                     step()
                     self.health.ok(name)
                 except expected as e:
                     self.health.failed(name, e, self.log, expected)
-                wait = max(0.0, (period() if callable(period) else period) - (time.monotonic() - t0))
+                # the whole period after the round, not what is left of it: a round slowed by a
+                # busy host must not turn into rounds back to back (16 agents' sweeps on two
+                # cores did, and starved every other thread of the lab)
+                wait = period() if callable(period) else period
                 if wake is None:
                     self.stop.wait(wait)
                 else:
