@@ -90,7 +90,7 @@ struct pkt {
     u64 now;
     u32 len;
     u32 ports;         /* L4 source and dest ports as one word (wire order), 0 when none */
-    u32 qp;            /* RoCEv2 BTH word holding the destination QP (wire order), 0 when none */
+    u32 qp;            /* RoCEv2 destination QP (bth_dest_qp) in wire order, 0 when none */
     u32 hash;
     u32 spray;         /* per-packet choice: DLB without flowlets, ties by the packet's seq */
     u32 seq;
@@ -137,9 +137,11 @@ static __always_inline int punt(struct pkt *pk, void *data_end)
         if ((void *)(uh + 1) > data_end)
             return RLB_R_PASS_MALFORMED;
         pk->ports = *(u32 *)uh;
-        u8 *bth = (u8 *)(uh + 1);
-        if (uh->dest == htons(pk->cfg->roce_port) && (void *)(bth + RLB_BTH_LEN) <= data_end)
-            pk->qp = *(u32 *)(bth + 4) & htonl(0x00ffffff);   /* reserved byte, dest QP */
+        if (uh->dest == htons(pk->cfg->roce_port)) {
+            s32 qp = bth_dest_qp((u8 *)(uh + 1), data_end);
+            if (qp >= 0)
+                pk->qp = htonl(qp);     /* hashed as the wire's BTH word, reserved byte zero */
+        }
         break;
     }
     }
