@@ -48,7 +48,7 @@ def main() -> int:
             for t in range(args.trials):
                 run(lab.ns(leaf), "sysctl", "-qw", f"net.ipv4.fib_multipath_hash_seed={rnd.getrandbits(31)}")
                 r = lab.run_qps("h1", "h3", n, 2, seed=rnd.getrandbits(32), payload_len=1000)
-                links = r["links"]
+                links = r.links
                 total = sum(links.values())
                 qps = [round(v / total * n) for v in links.values()]     # bytes -> QPs
                 mm.append(max(qps) / (n / len(qps)))

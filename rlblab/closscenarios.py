@@ -11,13 +11,13 @@ from rlbcommon.netns import run
 from . import topo
 from .fabriclab import FabricLab, balance
 from .scenario import Check, Scenario, register
-from .traffic import Flow, open_raw, send
+from .traffic import Flow, QpRun, open_raw, send
 
 
-def qps_per_link(r: dict, n: int) -> dict[str, int]:
+def qps_per_link(r: QpRun, n: int) -> dict[str, int]:
     """Spine -> QPs it carried, from the bytes on each uplink (every QP sends the same)."""
-    total = sum(r["links"].values())
-    return {k: round(v / total * n) for k, v in r["links"].items()} if total else {}
+    total = sum(r.links.values())
+    return {k: round(v / total * n) for k, v in r.links.items()} if total else {}
 
 
 ONE_PER_SPINE = {"s1": 1, "s2": 1, "s3": 1, "s4": 1}
@@ -26,7 +26,7 @@ ONE_PER_SPINE = {"s1": 1, "s2": 1, "s3": 1, "s4": 1}
 # ---- Juniper RLB with BGP-DPF ------------------------------------------------------------
 
 def fig10(lab: FabricLab, seeds=range(6)) -> list[Check]:
-    runs = [round(balance(lab.run_qps("h1", "h3", 4, 50, s)["links"])["max_mean"], 2) for s in seeds]
+    runs = [round(balance(lab.run_qps("h1", "h3", 4, 50, s).links)["max_mean"], 2) for s in seeds]
     return [Check("kernel ECMP, 4 QPs h1->h3: max/mean per run", runs,
                   "some run >= 1.5 (two QPs share a spine)", any(r >= 1.5 for r in runs))]
 
@@ -152,8 +152,8 @@ def scaleup_3_2_spray(lab: FabricLab, packets: int = 20000) -> list[Check]:
     ONE QP from h1 is spread per packet over l1's four uplinks by their (equal) weights."""
     mode = lab.routes("l1")["fc00:2:1:1::/64"]["mode"]
     r = lab.run_qps("h1", "h3", 1, packets, seed=11, payload_len=256)
-    total = sum(r["links"].values())
-    shares = {k: round(v / total, 4) for k, v in r["links"].items()} if total else {}
+    total = sum(r.links.values())
+    shares = {k: round(v / total, 4) for k, v in r.links.items()} if total else {}
     return [Check("l1's route to h3's prefixes", mode, "spray", mode == "spray"),
             Check(f"1 QP, {packets} packets: share per uplink", shares, "0.25 ± 0.01 each",
                   bool(shares) and all(abs(s - 0.25) < 0.01 for s in shares.values()))]

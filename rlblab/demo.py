@@ -35,8 +35,8 @@ def step(msg: str):
 
 def measure(lab: FabricLab, n_qps: int) -> dict:
     runs = [lab.run_qps(SRC, DST, n_qps, 100, seed) for seed in SEEDS]
-    b = [balance(r["links"]) for r in runs]
-    return {"links": runs[0]["links"], "max_mean": statistics.mean(x["max_mean"] for x in b),
+    b = [balance(r.links) for r in runs]
+    return {"links": runs[0].links, "max_mean": statistics.mean(x["max_mean"] for x in b),
             "used": statistics.mean(x["links_used"] for x in b),
             "worst": max(x["max_mean"] for x in b)}
 

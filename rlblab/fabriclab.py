@@ -26,7 +26,7 @@ from rlbmonitor.alerts import write as write_rules
 
 from . import topo
 from .bird import Bird
-from .traffic import Flow, open_raw, send
+from .traffic import Flow, QpRun, open_raw, send
 from .workdir import lab_dir
 
 
@@ -336,9 +336,9 @@ class FabricLab:
         return open_raw(self.ns(src_host), "eth0")
 
     def run_qps(self, src: str, dst: str, n_qps: int, packets: int, seed: int,
-                payload_len: int = 512, rate_pps: float | None = None) -> dict:
+                payload_len: int = 512, rate_pps: float | None = None) -> QpRun:
         """n QPs between two GPUs (base addresses, UDP 4791, random source ports and QPs);
-        returns per-uplink bytes of the source leaf, from kernel counters."""
+        links: per-uplink bytes of the source leaf, from kernel counters."""
         rnd = random.Random(seed)
         a, b = self.host_addresses(src)[1], self.host_addresses(dst)[1]
         flows = [Flow(a, b, rnd.randrange(49152, 65536), rnd.getrandbits(24)) for _ in range(n_qps)]
@@ -352,7 +352,7 @@ class FabricLab:
             after = self.link_counts(leaf.name)
         finally:
             sock.close()
-        return {"sent": sent, "links": {k: after[k] - before[k] for k in after}}
+        return QpRun(sent, {k: after[k] - before[k] for k in after}, flows=flows)
 
 
 def balance(links: dict[str, int], noise_bytes: int = 2000) -> dict:

@@ -26,7 +26,7 @@ from rlbfabric.base import add_loopback_device
 
 from . import topo
 from .fabriclab import FabricLab
-from .traffic import QpSender
+from .traffic import QpRun, QpSender
 
 
 class RailLab(FabricLab):
@@ -108,12 +108,12 @@ class RailLab(FabricLab):
 
     # ---- traffic ------------------------------------------------------------------------
     def run_qps(self, src: str, dst: str, n_qps: int, packets: int, seed: int, payload_len: int = 256,
-                rate_pps: float = 2000) -> int:
+                rate_pps: float = 2000) -> QpRun:
         """n QPs from src's address to dst's (UDP 4791, kernel sockets through src's TC program)."""
         s = QpSender(self.ns(src), self.fabric.address(src), self.fabric.address(dst), n_qps,
                      port=ROCE_PORT, base_sport=49152 + random.Random(seed).randrange(0, 8000), seed=seed)
         try:
-            return s.send(packets, payload_len, rate_pps)
+            return QpRun(s.send(packets, payload_len, rate_pps))
         finally:
             s.close()
 

@@ -50,7 +50,7 @@ def _send_and_count(lab, n_qps: int, seed: int, packets: int = 5):
     """n QPs G1 -> G2; {rail: bytes its switch got from domain 1} and datagrams G2 received."""
     before = lab.rail_rx(1)
     with Receiver(lab.ns(G2), lab.fabric.address(G2)) as rx:
-        sent = lab.run_qps(G1, G2, n_qps, packets, seed, rate_pps=1000)
+        sent = lab.run_qps(G1, G2, n_qps, packets, seed, rate_pps=1000).sent
     after = lab.rail_rx(1)
     return {k: after[k] - before[k] for k in after}, sent, rx.count
 

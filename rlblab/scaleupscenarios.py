@@ -76,15 +76,15 @@ def scaleup_split(lab, n_qps: int = 64) -> list[Check]:
         got = _wait_planes(lab, "g1", "g2", want)
         checks = [Check("g1's plane weights to g2 (Gb/s)", got, str(want), got == want)]
         r = lab.run_qps("g1", "g2", n_qps, 20, seed=21)
-        per_sub = {k: round(v / max(1, sum(r["qp_packets"].values())) * n_qps) for k, v in r["qp_packets"].items()}
+        per_sub = {k: round(v / max(1, sum(r.qp_packets.values())) * n_qps) for k, v in r.qp_packets.items()}
         shares = lab.plane_shares(per_sub)
         exp = {k: v / sum(want.values()) for k, v in want.items()}
         worst = max(abs(shares.get(k, 0) - exp[k]) for k in exp)
         checks.append(Check(f"{n_qps} QPs: share per plane", shares,
                             f"{ {k: round(v, 3) for k, v in exp.items()} } within 0.02", worst <= 0.02))
-        arrived = sum(r["ports"].values()) >= r["sent"] * 512
-        checks.append(Check("bytes the plane switches received from g1", sum(r["ports"].values()),
-                            f">= {r['sent']} packets x 512 bytes", arrived))
+        arrived = sum(r.links.values()) >= r.sent * 512
+        checks.append(Check("bytes the plane switches received from g1", sum(r.links.values()),
+                            f">= {r.sent} packets x 512 bytes", arrived))
         uneven = [p for p in want if max(per_sub.get((p, i), 0) for i in range(1, m + 1))
                   - min(per_sub.get((p, i), 0) for i in range(1, m + 1)) > 1]
         checks.append(Check("QPs per sub-port within each plane", per_sub, "differ by at most 1", not uneven))
@@ -179,8 +179,8 @@ def _stream_loss(lab, src: str, dst: str, n_qps: int, seconds: float, rate_pps: 
         raise RuntimeError(f"the receiver on {dst} dropped {rx.dropped} datagrams itself (this process "
                            "too busy to read them): the loss cannot be told from the fabric's")
     r = res["r"]
-    worst = max(rounds - rx.per_sport.get(f.sport, 0) for f in r["flows"])
-    return r["sent"], rx.count, worst * r["seconds"] / rounds * 1000
+    worst = max(rounds - rx.per_sport.get(f.sport, 0) for f in r.flows)
+    return r.sent, rx.count, worst * r.seconds / rounds * 1000
 
 
 def ports_down(lab, switch: str, ifnames: list[str]) -> dict[str, float]:
@@ -347,15 +347,15 @@ def scaleup_spray(lab, packets: int = 100_000) -> list[Check]:
         got = _wait_planes(lab, "g1", peer, want)
         checks.append(Check(f"g1's plane weights to {peer}", got, str(want), got == want))
         r = lab.run_qps("g1", peer, planes, packets // planes, seed=61, payload_len=128)
-        total = sum(r["qp_packets"].values())
-        shares = lab.plane_shares(r["qp_packets"])
+        total = sum(r.qp_packets.values())
+        shares = lab.plane_shares(r.qp_packets)
         exp = {k: v / sum(want.values()) for k, v in want.items()}
         checks.append(Check(f"{planes} QPs, {packets} packets: share per plane", shares,
                             f"{ {k: round(v, 3) for k, v in exp.items()} } within 0.01",
                             all(abs(shares[k] - exp[k]) <= 0.01 for k in exp)))
-        subs = {k: round(v / total, 4) for k, v in r["qp_packets"].items() if k[0] != 1}
+        subs = {k: round(v / total, 4) for k, v in r.qp_packets.items() if k[0] != 1}
         checks.append(Check("packets g1 sent / the plane switches counted from it", (total, sum(
-            v for v in r["ports"].values())), f"{r['sent']} sent", total == r["sent"]))
+            v for v in r.links.values())), f"{r.sent} sent", total == r.sent))
         checks.append(Check("share per sub-port of the other planes", subs, f"{exp[2] / m:.4f} within 0.01 each",
                             all(abs(v - exp[2] / m) <= 0.01 for v in subs.values())))
     finally:

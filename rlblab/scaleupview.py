@@ -9,7 +9,7 @@ import json
 import random
 import time
 
-from .traffic import Flow
+from .traffic import Flow, QpRun
 
 # the raw frames' MACs: the GPU's TC program rewrites both before the frame leaves a sub-port
 FRAME_DMAC, FRAME_SMAC = "02:00:00:00:00:01", "02:00:00:00:00:02"
@@ -93,7 +93,7 @@ class ScaleupView:
         return {(p.plane.index, p.sub): by_value.get(p.value, 0) for p in self.fabric.gpu_ports(gpu)}
 
     def run_qps(self, src: str, dst: str, n_qps: int, packets: int, seed: int,
-                payload_len: int = 512, rate_pps: float | None = None) -> dict:
+                payload_len: int = 512, rate_pps: float | None = None) -> QpRun:
         """n QPs between two GPUs' loopbacks (UDP 4791, random source ports and QPs) sent
         through src's TC program, in rounds of one packet per QP; per (plane, sub-port) bytes
         from the plane switches' counters and packets from src's own, the flows and the
@@ -107,9 +107,8 @@ class ScaleupView:
         seconds = time.perf_counter() - t0
         time.sleep(0.3)
         after, sent_after = self.sub_port_bytes(src), self.sent_per_port(src)
-        return {"sent": sent, "ports": {k: after[k] - before[k] for k in after},
-                "qp_packets": {k: sent_after[k] - sent_before[k] for k in sent_after},
-                "flows": flows, "seconds": seconds}
+        return QpRun(sent, {k: after[k] - before[k] for k in after},
+                     {k: sent_after[k] - sent_before[k] for k in sent_after}, flows, seconds)
 
     def plane_shares(self, ports: dict[tuple[int, int], int]) -> dict[int, float]:
         total = sum(ports.values())

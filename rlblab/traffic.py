@@ -10,11 +10,23 @@ import random
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlbcommon import netns
-from rlbcommon.packets import bth
-from rlbcommon.packets import roce_frame
+from rlbcommon.packets import bth, roce_frame
+
+
+@dataclass
+class QpRun:
+    """What a lab's run_qps measured, the same for every fabric kind."""
+    sent: int                                       # packets sent
+    # bytes per fabric link the traffic could take, from the switches' counters: a leaf's
+    # uplinks by spine (leaf-spine), (plane, sub-port) (scale-up); empty where the lab reads
+    # its links apart (rail-only: rail_rx)
+    links: dict = field(default_factory=dict)
+    qp_packets: dict = field(default_factory=dict)  # per path, what the source's data plane sent
+    flows: list = field(default_factory=list)
+    seconds: float = 0.0                            # how long the sending took
 
 
 @dataclass

@@ -31,7 +31,7 @@ def test_remote_leaf_pins_colour_k_to_its_link(lab):
 
 def test_four_qps_one_per_link(lab):
     r = lab.run_qps("h1", "h2", 4, 50, seed=2)
-    total = sum(r["links"].values())
-    assert {k: round(v / total * 4) for k, v in r["links"].items()} == \
+    total = sum(r.links.values())
+    assert {k: round(v / total * 4) for k, v in r.links.items()} == \
         {"s1-1": 1, "s1-2": 1, "s2-1": 1, "s2-2": 1}
-    assert balance(r["links"])["max_mean"] <= 1.02
+    assert balance(r.links)["max_mean"] <= 1.02

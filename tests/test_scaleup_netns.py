@@ -136,7 +136,7 @@ def test_a_gpu_port_deleted_and_made_again_comes_back_into_use(lab):
     seen = _placement_view(lab, "g1", "g2")
     r = lab.run_qps("g1", "g2", 8, 200, seed=9)
     # QPs cross the new port
-    assert r["qp_packets"].get((1, 1), 0) > 0, (r["qp_packets"], seen, _placement_view(lab, "g1", "g2"))
+    assert r.qp_packets.get((1, 1), 0) > 0, (r.qp_packets, seen, _placement_view(lab, "g1", "g2"))
 
 
 def _rejected(lab, gpu: str) -> dict[str, float]:
