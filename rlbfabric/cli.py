@@ -2,7 +2,8 @@
 
 `units` renders the systemd units an operator installs on a switch, a GPU host or the coordinator;
 `net` is the boot-time link setup those units run; `prometheus` the scrape configuration of every
-agent of the fabric (docs/operations.md walks through all three)."""
+agent of the fabric; `etcd-users` the etcd identities of every machine (docs/operations.md walks
+through them)."""
 from __future__ import annotations
 
 import re
@@ -12,7 +13,10 @@ from typing import List, Optional
 import typer
 
 from rlbcommon import cli as common
+from rlbcommon.etcd import EtcdError
 from rlbfabric.scrape import fabric_scrape_config, read_addresses
+
+from .coord import etcdauth
 
 from .deploy import Site, XdpMode, coordinator_unit, net as net_setup, units as node_units
 from .fabric import FabricError, load
@@ -102,6 +106,31 @@ def prometheus(
         typer.echo(f"wrote {out}")
     else:
         typer.echo(text, nl=False)
+
+
+@app.command("etcd-users")
+def etcd_users(
+    fabric: Path = typer.Option(..., help=FABRIC_HELP),
+    etcd: List[str] = typer.Option(..., help="An etcd member's client URL (repeat for each)."),
+    out: Path = typer.Option(Path("/etc/rlb/etcd"), "-o", "--out", help="Directory for the password "
+                             "files (0700; one <user>.password each, 0600; root's is etcd's administrator)."),
+):
+    """Give every host, every switch and the coordinator its own etcd user, then turn etcd's
+    authentication on.
+
+    A host's user may write only its own reports and read its own placements, a switch's only
+    its own reports; the coordinator alone writes placements: a report forged in another
+    machine's name is refused by etcd itself. Run again when the fabric grows: existing users
+    and their passwords are kept. Copy each machine's password file to it (docs/operations.md).
+
+    Example: rlbfabric etcd-users --fabric /etc/rlb/fabric.toml --etcd http://10.0.0.2:2379 -o /root/rlb-etcd
+    """
+    try:
+        issued = etcdauth.issue(load(fabric), etcd, out)
+    except (EtcdError, ValueError) as e:       # etcd refused, or a password file is unreadable
+        raise RuntimeError(f"etcd: {e}") from None
+    typer.echo(f"{len(issued.users_added)} users added, {len(issued.users_kept)} kept; passwords in {out}; "
+               f"authentication {'turned on' if issued.auth_enabled else 'was on already'}")
 
 
 def main():

@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 VENV=${RLB_VENV:-.venv}
 APT_PKGS=(python3-bpfcc python3-venv linux-headers-amd64 bird2 ethtool iproute2 libbpf1 kmod
           gcc libc6-dev libibverbs-dev)   # the last three: the verbs library (librlbverbs.so)
-APT_LEAN=(prometheus)   # for the dashboard tests; without recommends (no exporters, no service)
+# without recommends: Prometheus for the dashboard tests (no exporters), etcd for the coordinator's
+# shared state (the labs start their own members)
+APT_LEAN=(prometheus etcd-server)
 
 log() { echo "[bootstrap] $*"; }
 
@@ -26,6 +28,12 @@ if [ ${#missing[@]} -gt 0 ] || [ ${#lean[@]} -gt 0 ]; then
   apt-get update -qq
   [ ${#missing[@]} -eq 0 ] || apt-get install -y -qq "${missing[@]}" >/dev/null
   [ ${#lean[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null
+  # Debian starts the packaged etcd at once (an empty member on localhost:2379): the labs run
+  # their own, and an operator's cluster is configured on purpose, so that one is stopped
+  if [[ " ${lean[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now etcd >/dev/null 2>&1 || true
+    log "etcd-server installed; its default service disabled (the labs start their own)"
+  fi
 fi
 
 # bcc compiles against the running kernel's headers. Debian has none for this kernel, so fall

@@ -1,0 +1,255 @@
+"""A small etcd v3 client over etcd's JSON gateway (/v3/...), standard library only.
+
+Why our own: the agents need keys, leases, transactions, watches and password authentication
+(each host and switch its own etcd user, issue 31). etcd3gw (OpenStack) speaks the same gateway
+but has no password authentication and brings requests, futurist and pbr; python-etcd3 speaks
+gRPC but is unmaintained and pins old grpcio/protobuf. What is used here is a few JSON calls:
+keys and values are base64 on the wire, a watch is one HTTP response streaming one JSON object
+per line. Several endpoints (the members of a cluster) are tried in turn.
+
+Errors: EtcdUnavailable when no endpoint answers (the caller keeps its last state and retries),
+EtcdError for a refusal (etcd's gRPC code and message: permission denied, lease not found...)."""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import socket
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Iterator
+
+log = logging.getLogger(__name__)
+
+# gRPC status codes etcd answers with (google.golang.org/grpc/codes)
+NOT_FOUND, PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED = 5, 7, 9, 16
+INVALID_TOKEN = "etcdserver: invalid auth token"
+
+
+class EtcdError(Exception):
+    """etcd refused a request (its gRPC code and message)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class EtcdUnavailable(EtcdError):
+    """No endpoint could be reached."""
+
+    def __init__(self, message: str):
+        super().__init__(14, message)
+
+
+def _b64(x: bytes | str) -> str:
+    return base64.b64encode(x.encode() if isinstance(x, str) else x).decode()
+
+
+def _unb64(s: str | None) -> bytes:
+    return base64.b64decode(s) if s else b""
+
+
+def prefix_end(prefix: bytes | str) -> bytes:
+    """The range end that covers every key starting with `prefix` (etcd's convention)."""
+    p = bytearray(prefix.encode() if isinstance(prefix, str) else prefix)
+    while p:
+        if p[-1] < 0xFF:
+            p[-1] += 1
+            return bytes(p)
+        p.pop()
+    return b"\0"
+
+
+@dataclass
+class KeyValue:
+    key: str
+    value: bytes
+    mod_revision: int = 0
+    create_revision: int = 0
+    lease: int = 0
+
+    @classmethod
+    def of(cls, kv: dict) -> "KeyValue":
+        return cls(_unb64(kv.get("key")).decode(), _unb64(kv.get("value")), int(kv.get("mod_revision", 0)),
+                   int(kv.get("create_revision", 0)), int(kv.get("lease", 0)))
+
+
+@dataclass
+class Event:
+    kind: str                  # "put" or "delete"
+    kv: KeyValue
+
+
+class Etcd:
+    def __init__(self, endpoints: list[str] | str, user: str | None = None, password: str | None = None,
+                 timeout: float = 2.0):
+        self.endpoints = [e.rstrip("/") for e in ([endpoints] if isinstance(endpoints, str) else endpoints)]
+        if not self.endpoints:
+            raise ValueError("etcd: no endpoint")
+        self.user, self.password, self.timeout = user, password, timeout
+        self._token: str | None = None
+        self._lock = threading.Lock()
+        self._good = 0                         # the endpoint that answered last
+
+    # ---- transport ----------------------------------------------------------------------
+    def _open(self, endpoint: str, path: str, body: dict, timeout: float, token: str | None):
+        req = urllib.request.Request(f"{endpoint}/v3/{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        if token:
+            req.add_header("Authorization", token)
+        return urllib.request.urlopen(req, timeout=timeout)
+
+    def _request(self, path: str, body: dict, timeout: float | None = None, stream: bool = False,
+                 auth: bool = True):
+        """POST to the first endpoint that answers; a refusal is raised as etcd said it."""
+        timeout = self.timeout if timeout is None else timeout
+        last = None
+        n = len(self.endpoints)
+        for i in range(n):
+            idx = (self._good + i) % n
+            endpoint = self.endpoints[idx]
+            try:
+                token = self._auth_token() if auth and self.user else None
+                resp = self._open(endpoint, path, body, timeout, token)
+            except urllib.error.HTTPError as e:
+                err = _refusal(e)
+                if auth and self.user and err.code == UNAUTHENTICATED and str(err) == INVALID_TOKEN:
+                    self._token = None             # expired (simple tokens do): once more, fresh
+                    resp = self._open(endpoint, path, body, timeout, self._auth_token())
+                else:
+                    raise err from None
+            except (urllib.error.URLError, OSError) as e:
+                last = e
+                continue
+            self._good = idx
+            if stream:
+                return resp
+            with resp:
+                return json.loads(resp.read() or b"{}")
+        raise EtcdUnavailable(f"etcd at {', '.join(self.endpoints)}: {getattr(last, 'reason', last)}")
+
+    def _auth_token(self) -> str:
+        with self._lock:
+            if self._token is None:
+                r = self._request("auth/authenticate", {"name": self.user, "password": self.password or ""},
+                                  auth=False)
+                self._token = r["token"]
+            return self._token
+
+    # ---- keys ---------------------------------------------------------------------------
+    def put(self, key: str, value: bytes | str, lease: int = 0) -> int:
+        """Returns the store's revision after the write."""
+        body = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            body["lease"] = str(lease)
+        return int(self._request("kv/put", body)["header"]["revision"])
+
+    def get(self, key: str) -> KeyValue | None:
+        kvs = self._request("kv/range", {"key": _b64(key)}).get("kvs") or []
+        return KeyValue.of(kvs[0]) if kvs else None
+
+    def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """Every key under prefix and the revision they were read at (to watch from next)."""
+        r = self._request("kv/range", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))})
+        return [KeyValue.of(kv) for kv in r.get("kvs") or []], int(r["header"]["revision"])
+
+    def delete(self, key: str) -> int:
+        return int(self._request("kv/deleterange", {"key": _b64(key)}).get("deleted", 0))
+
+    def delete_prefix(self, prefix: str) -> int:
+        return int(self._request("kv/deleterange", {"key": _b64(prefix),
+                                                   "range_end": _b64(prefix_end(prefix))}).get("deleted", 0))
+
+    def txn(self, compare: list[dict], success: list[dict], failure: list[dict] | None = None) -> dict:
+        return self._request("kv/txn", {"compare": compare, "success": success, "failure": failure or []})
+
+    def create(self, key: str, value: bytes | str, lease: int = 0) -> bool:
+        """Put only if the key does not exist: True if this call created it."""
+        put = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            put["lease"] = str(lease)
+        r = self.txn([{"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}],
+                     [{"request_put": put}])
+        return bool(r.get("succeeded"))
+
+    # ---- leases -------------------------------------------------------------------------
+    def lease_grant(self, ttl_s: int) -> int:
+        return int(self._request("lease/grant", {"TTL": str(int(ttl_s))})["ID"])
+
+    def lease_keepalive(self, lease: int) -> int:
+        """Refresh a lease; returns its TTL, or 0 when it has expired (its keys are gone)."""
+        r = self._request("lease/keepalive", {"ID": str(lease)}).get("result", {})
+        return int(r.get("TTL", 0))
+
+    def lease_revoke(self, lease: int):
+        try:
+            self._request("lease/revoke", {"ID": str(lease)})
+        except EtcdError as e:
+            if e.code != NOT_FOUND:
+                raise
+
+    # ---- watches ------------------------------------------------------------------------
+    def watch_prefix(self, prefix: str, start_revision: int, stop: threading.Event,
+                     idle_s: float = 5.0) -> Iterator[tuple[list[Event], int]]:
+        """Batches of events under prefix from start_revision on, each with the revision it
+        brings the reader to, until `stop` is set. A quiet stream is re-opened every idle_s
+        from where it was (nothing is missed: etcd replays from the revision); EtcdUnavailable
+        is raised when etcd cannot be reached, EtcdError(FAILED_PRECONDITION) when the
+        revision was compacted away (read the prefix again)."""
+        rev = start_revision
+        while not stop.is_set():
+            body = {"create_request": {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix)),
+                                       "start_revision": str(rev)}}
+            resp = self._request("watch", body, timeout=idle_s, stream=True)
+            try:
+                for line in resp:
+                    if stop.is_set():
+                        return
+                    msg = json.loads(line)
+                    if "error" in msg:
+                        raise EtcdError(msg["error"].get("grpc_code", 2), msg["error"].get("message", ""))
+                    res = msg.get("result", {})
+                    if res.get("compact_revision") and int(res["compact_revision"]) > 0:
+                        raise EtcdError(FAILED_PRECONDITION, f"revision {rev} compacted "
+                                        f"(now {res['compact_revision']})")
+                    events = [Event("delete" if e.get("type") == "DELETE" else "put", KeyValue.of(e["kv"]))
+                              for e in res.get("events") or []]
+                    if events:
+                        rev = max(e.kv.mod_revision for e in events) + 1
+                        yield events, rev
+            except (socket.timeout, TimeoutError):
+                continue                       # quiet: open again from rev
+            except (OSError, ValueError) as e:
+                raise EtcdUnavailable(f"watch {prefix}: {e}") from None
+            finally:
+                resp.close()
+
+    # ---- users and roles (an operator's, or the lab's, setup) --------------------------
+    def user_add(self, name: str, password: str):
+        self._request("auth/user/add", {"name": name, "password": password})
+
+    def role_add(self, name: str):
+        self._request("auth/role/add", {"name": name})
+
+    def role_grant(self, role: str, key: str, range_end: bytes | str | None, perm: str):
+        """perm: READ, WRITE or READWRITE over [key, range_end) (range_end None: the key alone)."""
+        p = {"permType": perm, "key": _b64(key)}
+        if range_end is not None:
+            p["range_end"] = _b64(range_end)
+        self._request("auth/role/grant", {"name": role, "perm": p})
+
+    def user_grant_role(self, user: str, role: str):
+        self._request("auth/user/grant", {"user": user, "role": role})
+
+    def auth_enable(self):
+        self._request("auth/enable", {})
+
+
+def _refusal(e: urllib.error.HTTPError) -> EtcdError:
+    try:
+        body = json.loads(e.read() or b"{}")
+    except ValueError:
+        body = {}
+    return EtcdError(int(body.get("code", 2)), body.get("message") or body.get("error") or f"HTTP {e.code}")

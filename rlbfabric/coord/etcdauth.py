@@ -1,0 +1,109 @@
+"""Issue the fabric's etcd identities (keys.py says who may write what): a role and a user per
+host, per switch and for the coordinator, each user's password in a file only root reads, then
+etcd's authentication switched on. Run again after the fabric grows: what exists is kept (users,
+their passwords), what is missing is added, and grants are made again (etcd keeps them once).
+
+The root user (etcd's own administrator, which authentication needs) gets a password file too;
+an operator keeps it off the machines."""
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlbcommon.etcd import FAILED_PRECONDITION, Etcd, EtcdError, EtcdUnavailable
+from rlbcommon.paths import write_private
+
+from ..base import Fabric
+from .keys import identities
+
+log = logging.getLogger(__name__)
+ROOT_USER = "root"
+
+
+def password_file(directory: Path, user: str) -> Path:
+    return directory / f"{user}.password"
+
+
+def read_password(path: Path) -> str:
+    """A password file: one line; an error names the file."""
+    try:
+        text = path.read_text().strip()
+    except OSError as e:
+        raise ValueError(f"etcd password file {path}: {e.strerror}") from None
+    if not text:
+        raise ValueError(f"etcd password file {path} is empty")
+    return text
+
+
+def _password(directory: Path, user: str) -> tuple[str, bool]:
+    """The user's password: from its file, or a new one written there. (password, new)"""
+    f = password_file(directory, user)
+    if f.exists():
+        return read_password(f), False
+    pw = secrets.token_urlsafe(24)
+    write_private(f, pw + "\n")
+    return pw, True
+
+
+def _exists_already(e: EtcdError) -> bool:
+    return e.code == FAILED_PRECONDITION and "already exists" in str(e)
+
+
+@dataclass
+class Issued:
+    users_added: list[str] = field(default_factory=list)
+    users_kept: list[str] = field(default_factory=list)
+    auth_enabled: bool = False
+
+
+def issue(fabric: Fabric, endpoints: list[str], directory: Path, timeout: float = 5.0) -> Issued:
+    """Create what is missing. Works on an etcd with authentication off (the first run) or on
+    (later runs: as root, from root's password file)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    root_pw, _ = _password(directory, ROOT_USER)
+    admin = Etcd(endpoints, timeout=timeout)
+    try:
+        admin.get("/")                         # authentication off: anyone may read
+        was_on = False
+    except EtcdUnavailable:
+        raise
+    except EtcdError:
+        admin, was_on = Etcd(endpoints, ROOT_USER, root_pw, timeout=timeout), True
+    out = Issued()
+    _add_user(admin, ROOT_USER, root_pw)
+    try:
+        admin.user_grant_role(ROOT_USER, ROOT_USER)
+    except EtcdError as e:
+        if e.code != FAILED_PRECONDITION:
+            raise
+    for ident in identities(fabric):
+        pw, _ = _password(directory, ident.user)
+        (out.users_added if _add_user(admin, ident.user, pw) else out.users_kept).append(ident.user)
+        try:
+            admin.role_add(ident.user)
+        except EtcdError as e:
+            if not _exists_already(e):
+                raise
+        for g in ident.grants:
+            admin.role_grant(ident.user, g.prefix, g.range_end, g.perm)
+        admin.user_grant_role(ident.user, ident.user)
+    if not was_on:
+        admin.auth_enable()
+        out.auth_enabled = True
+    log.info("etcd identities: %d added, %d kept; authentication %s", len(out.users_added),
+             len(out.users_kept), "enabled" if out.auth_enabled else "was on already")
+    return out
+
+
+def _add_user(admin: Etcd, user: str, password: str) -> bool:
+    """True if added; an existing user keeps its password."""
+    try:
+        admin.user_add(user, password)
+        return True
+    except EtcdError as e:
+        if _exists_already(e):
+            return False
+        raise

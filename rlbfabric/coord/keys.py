@@ -1,0 +1,78 @@
+"""Where the coordinator's shared state lives in etcd, and who may write what (issue 31).
+
+One tree per fabric, under ROOT:
+
+    hosts/<host>/...          a host's own reports (its paths, weights, QPs): that host writes
+    switches/<switch>/...     a switch's own reports (a leaf's uplinks): that switch writes
+    placements/<host>/...     the coordinator's placements for one host: that host reads
+    coordinator/...           the coordinators' election and state: coordinators only
+
+Each host and switch is an etcd user of its own whose role may write only its own subtree and
+read its placements, so a report forged in another's name is refused by etcd itself; only the
+coordinator's user writes placements. Kubernetes gives each kubelet the same shape (a node may
+write only its own Node and Lease objects, the NodeRestriction admission)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlbcommon.etcd import prefix_end
+
+from ..base import Fabric
+
+ROOT = "/rlb/"
+COORDINATOR_USER = "rlb-coordinator"
+READ, READWRITE = "READ", "READWRITE"
+
+
+def host_prefix(host: str) -> str:
+    return f"{ROOT}hosts/{host}/"
+
+
+def switch_prefix(switch: str) -> str:
+    return f"{ROOT}switches/{switch}/"
+
+
+def placements_prefix(host: str) -> str:
+    return f"{ROOT}placements/{host}/"
+
+
+def coordinator_prefix() -> str:
+    return f"{ROOT}coordinator/"
+
+
+def leader_key() -> str:
+    return coordinator_prefix() + "leader"
+
+
+def host_user(host: str) -> str:
+    return f"rlb-host-{host}"
+
+
+def switch_user(switch: str) -> str:
+    return f"rlb-switch-{switch}"
+
+
+@dataclass(frozen=True)
+class Grant:
+    prefix: str
+    perm: str
+
+    @property
+    def range_end(self) -> bytes:
+        return prefix_end(self.prefix)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One etcd user, its role (named as the user) and what the role may touch."""
+    user: str
+    grants: tuple[Grant, ...]
+
+
+def identities(fabric: Fabric) -> list[Identity]:
+    """Every machine of the fabric that reports, and the coordinator."""
+    out = [Identity(host_user(h), (Grant(host_prefix(h), READWRITE), Grant(placements_prefix(h), READ)))
+           for h in fabric.hosts]
+    out += [Identity(switch_user(s.name), (Grant(switch_prefix(s.name), READWRITE),)) for s in fabric.switches]
+    out.append(Identity(COORDINATOR_USER, (Grant(ROOT, READWRITE),)))
+    return out

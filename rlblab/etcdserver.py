@@ -1,0 +1,74 @@
+"""A single etcd member for labs and tests (Debian's etcd-server), in a network namespace or
+here: its data in a directory of the lab's, its log beside it, ready once it answers a read."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable
+
+ETCD = "etcd"
+
+
+class EtcdServer:
+    def __init__(self, work: Path, host: str = "127.0.0.1", client_port: int = 2379, peer_port: int = 2380,
+                 netns: str | None = None, name: str = "rlb"):
+        self.work, self.netns, self.name = work, netns, name
+        h = f"[{host}]" if ":" in host else host
+        self.url, self.peer_url = f"http://{h}:{client_port}", f"http://{h}:{peer_port}"
+        self.data = work / f"etcd-{name}.data"
+        self.log = work / f"etcd-{name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 20.0) -> "EtcdServer":
+        if shutil.which(ETCD) is None:
+            raise RuntimeError("etcd is not installed (apt-get install etcd-server; `make setup` does)")
+        cmd = [ETCD, "--name", self.name, "--data-dir", str(self.data),
+               "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+               "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
+               "--initial-cluster", f"{self.name}={self.peer_url}",
+               # a lab's: small, and quick to notice its own death
+               "--quota-backend-bytes", str(512 << 20), "--auto-compaction-retention", "5m"]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns, *cmd]
+        self.work.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "a") as f:
+            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 20.0):
+        client = Etcd(self.url, timeout=1.0)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited ({self.proc.returncode}): {self.log.read_text()[-1500:]}")
+            try:
+                client.get("/")
+                return
+            except EtcdUnavailable:
+                pass
+            except EtcdError:
+                return                         # it answers (authentication on): up
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd at {self.url} not ready after {timeout:g} s: {self.log.read_text()[-1500:]}")
+            time.sleep(0.1)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self):
+        """As a crash would: no goodbye to anyone."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
