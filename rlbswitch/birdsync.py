@@ -50,7 +50,7 @@ class BirdSync:
         self._next_sessions = 0.0
         self._resync_now = False
         self.trusted = TrustedPaths(fabric, self.stats)
-        self.events = RouteEvents(self.health, self.stop, self._events_lost)
+        self.events = RouteEvents(self.health, self.stop, self._events_lost, self.stats)
         self.hold = RestartHold(self.bird, dp, fabric, self.node, program, self.stats)
         self.discovery = NeighbourDiscovery(dp, fabric, self.node)
         self.routes = RouteProgrammer(dp, fabric, self.node, self.trusted, self.link_bw, self.stats)
@@ -159,7 +159,6 @@ class BirdSync:
                     next_discovery = time.time() + (30 if len(up) >= len(uplinks) else 1)
                 nets = self.events.take()
                 self.events.wake.clear()
-                self.stats["events"] = self.events.events
                 if time.monotonic() >= next_resync or self._resync_now or len(nets) > 256:
                     self._resync_now = False
                     self.step()

@@ -39,10 +39,9 @@ class RouteEvents:
     followed in their own thread; `lost()` is called when events may have been lost (ENOBUFS in
     a storm), and the reader then reads everything."""
 
-    def __init__(self, health: Health, stop: threading.Event, lost: Callable[[], None]):
-        self.health, self.stop, self.lost = health, stop, lost
+    def __init__(self, health: Health, stop: threading.Event, lost: Callable[[], None], stats: dict):
+        self.health, self.stop, self.lost, self.stats = health, stop, lost, stats
         self.wake = threading.Event()
-        self.events = 0
         self._dirty: set[str] = set()
         self._lock = threading.Lock()
 
@@ -54,7 +53,7 @@ class RouteEvents:
             return
         with self._lock:
             self._dirty.add(f"{dst}/{msg['dst_len']}")
-        self.events += 1
+        self.stats["events"] += 1
         self.wake.set()
 
     def take(self) -> set[str]:
