@@ -101,7 +101,7 @@ class SwitchAgent:
             log.info("following bird2 at %s for %s", self.sync.bird.path, o.node)
         if o.coordinator:
             try:
-                LinkReporter(self.sync.fabric, o.node, o.coordinator, health=self.health).start()
+                LinkReporter(self.sync.fabric, o.node, o.coordinator, self.runtime).start()
             except ValueError as e:
                 raise DataplaneError(str(e)) from None
         if o.metrics_port:

@@ -1,71 +1,82 @@
 """A leaf tells the fabric coordinator which of its uplinks are up: at once when one changes, and
 every few seconds anyway (a restarted coordinator learns the state within that time). The kernel's
-view is read (IFF_UP and carrier), so it holds whether or not XDP forwards."""
+view is followed (IFF_UP and carrier, from link events), so it holds whether or not XDP forwards.
+It used to dump every link ten times a second: a tenth of a core per leaf, idle."""
 from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl import RTM_DELLINK, RTM_NEWLINK, RTMGRP_LINK
 
 from rlbcommon import coordapi
-from rlbcommon.health import Health
+from rlbcommon.runtime import AgentRuntime
 from rlbfabric.clos import ClosFabric
 
 log = logging.getLogger(__name__)
 IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
 
 
+def link_up(flags: int) -> bool:
+    return bool(flags & IFF_UP and flags & IFF_LOWER_UP)
+
+
 class LinkReporter:
-    def __init__(self, fabric: ClosFabric, node: str, url: str, poll_s: float = 0.1, refresh_s: float = 2.0,
-                 health: Health | None = None):
+    def __init__(self, fabric: ClosFabric, node: str, url: str, runtime: AgentRuntime,
+                 refresh_s: float = 2.0):
         n = fabric.node(node)
         if n.role != "leaf":
             raise ValueError(f"{node} is a {n.role}: only leaves report uplinks")
-        self.node, self.url, self.poll_s, self.refresh_s = node, url, poll_s, refresh_s
+        self.node, self.url, self.refresh_s, self.runtime = node, url, refresh_s, runtime
         self.ifnames = [p.ifname for p in fabric.ports_up(n)]
-        self.stop = threading.Event()
+        self.up = {i: False for i in self.ifnames}      # the kernel's view, kept by the follower
+        self.changed = threading.Event()                # wakes the sender at once
+        self.sent: dict[str, bool] | None = None
         self.reachable = False
-        self.health = health or Health()
 
-    def state(self, ipr: IPRoute) -> dict[str, bool]:
-        up = {}
-        for link in ipr.get_links():
-            name = link.get_attr("IFLA_IFNAME")
-            if name in self.ifnames:
-                up[name] = bool(link["flags"] & IFF_UP and link["flags"] & IFF_LOWER_UP)
-        return {i: up.get(i, False) for i in self.ifnames}
-
-    def run(self):
-        while not self.stop.is_set():
-            try:
-                self._run()
-            except Exception as e:          # netlink itself failed: start over
-                self.health.failed("uplinks", e, log)
-                self.stop.wait(0.5)
-
-    def _run(self):
-        sent, last = None, 0.0
+    def resync(self):
+        """One dump of the links (at the start, and when the event socket was made anew)."""
         with IPRoute() as ipr:
-            while not self.stop.is_set():
-                now = time.monotonic()
-                state = self.state(ipr)
-                if state != sent or now - last >= self.refresh_s:
-                    try:
-                        coordapi.call(self.url, coordapi.LINKS.format(self.node), {"ports": state})
-                        if state != sent:
-                            log.info("told the coordinator: %s", ", ".join(
-                                f"{i} {'up' if u else 'down'}" for i, u in state.items()))
-                        sent, last, self.reachable = state, now, True
-                    except coordapi.CoordinatorError as e:
-                        if self.reachable or sent is None:
-                            log.warning("coordinator: %s", e)
-                        self.reachable, sent, last = False, None, now
-                self.health.ok("uplinks")
-                self.stop.wait(self.poll_s)
+            now = {link.get_attr("IFLA_IFNAME"): link_up(link["flags"]) for link in ipr.get_links()}
+        self._set({i: now.get(i, False) for i in self.ifnames})
 
-    def start(self) -> threading.Thread:
-        t = threading.Thread(target=self.run, name="links", daemon=True)
-        t.start()
-        return t
+    def on_links(self, msgs: list) -> bool:
+        """Applied from the events themselves; no dump needed."""
+        new = dict(self.up)
+        for m in msgs:
+            name = m.get_attr("IFLA_IFNAME")
+            if name in new:
+                new[name] = m["header"]["type"] == RTM_NEWLINK and link_up(m["flags"])
+            elif m["header"]["type"] == RTM_DELLINK:
+                continue
+        self._set(new)
+        return False
+
+    def _set(self, new: dict[str, bool]):
+        if new != self.up:
+            self.up = new
+            self.changed.set()
+
+    def send(self):
+        """Tell the coordinator (a change, or the refresh). Unreachable: logged once, tried again
+        at the next change or refresh."""
+        self.changed.clear()      # what changes from here on wakes the next round
+        state = dict(self.up)
+        try:
+            coordapi.call(self.url, coordapi.LINKS.format(self.node), {"ports": state})
+        except coordapi.CoordinatorError as e:
+            if self.reachable or self.sent is None:
+                log.warning("coordinator: %s", e)
+            self.reachable, self.sent = False, None
+            return
+        if state != self.sent:
+            log.info("told the coordinator: %s", ", ".join(
+                f"{i} {'up' if u else 'down'}" for i, u in state.items()))
+        self.sent, self.reachable = state, True
+
+    def start(self):
+        ready = threading.Event()
+        self.runtime.follow("uplinks-follower", RTMGRP_LINK, self.on_links, self.resync, ready=ready)
+        ready.wait(5.0)          # the first report carries the kernel's state, not all-down
+        self.runtime.every("uplinks", self.refresh_s, self.send, expected=(), wake=self.changed)
