@@ -244,7 +244,7 @@ class Prober:
         if not keys:
             return True
         msg = (struct.pack("!IQBHx", seq, t_ns, plane, self.me)
-               + ipaddress.IPv6Address(peer).packed + self._own_packed)
+               + socket.inet_pton(socket.AF_INET6, peer) + self._own_packed)
         got = int.from_bytes(tag, "little")
         return any(siphash24(k, msg) == got for k in keys)
 
