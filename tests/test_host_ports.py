@@ -454,13 +454,13 @@ def test_spoofed_stale_and_replayed_answers_never_keep_a_plane_up():
         def __init__(self, frames):
             self.frames = list(frames)
 
-        def recvfrom(self, n):
+        def recvmsg(self, n, ancillary):
             if not self.frames:
                 raise BlockingIOError
-            return self.frames.pop(0), (LOOP_A, 0, 0, 0)
+            return self.frames.pop(0), [], 0, (LOOP_A, 0, 0, 0)
 
     prober._receive(Rx([answer(10**9, tag=b"\1" * 8), answer(10**9), answer(seq, tag=b"\2" * 8)]))
-    assert st.answered == 0 and prober.rejected == {"tag": 2, "stale": 1, "unknown": 0}
+    assert st.answered == 0 and prober.rejected == {"tag": 2, "stale": 1, "unknown": 0, "overflow": 0}
     prober._receive(Rx([answer(seq), answer(seq)]))                # the real one, then its replay
     assert st.answered == 1 and prober.rejected["stale"] == 2
 
