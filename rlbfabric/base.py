@@ -68,6 +68,9 @@ class Fabric(Protocol):
     # rlbfabric.deploy renders its systemd units (and so the VM lab can run it)
     rendered_units: ClassVar[bool]
 
+    def summary(self) -> str:
+        """The fabric in one phrase, for people (rlblab up and status, logs)."""
+
     def links(self) -> list[Link]:
         """Every point-to-point link, switch links first (lower tier up), then host ports."""
 

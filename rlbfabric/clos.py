@@ -217,6 +217,10 @@ class ClosFabric:
     def asns(self) -> list[int]:
         return sorted({n.asn for n in self.switches})
 
+    def summary(self) -> str:
+        return (f"{self.stages}-stage leaf-spine: {len(self.spines)} spines, {len(self.leaves)} leaves, "
+                f"{len(self.hosts)} hosts")
+
     @property
     def stages(self) -> int:
         return 5 if self.superspines else 3

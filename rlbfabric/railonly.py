@@ -68,6 +68,9 @@ class RailOnlyFabric:
     bgp: BgpSecurity = field(default_factory=BgpSecurity)   # no BGP here (static routes); labs set it alike
 
     # ---- names ---------------------------------------------------------------------------
+    def summary(self) -> str:
+        return f"rail-only: {self.domains} domains of {self.rails} GPUs, {self.rails} rails"
+
     @property
     def switches(self) -> list[Node]:
         return [Node(f"r{k}", "rail", 0, k) for k in range(1, self.rails + 1)]

@@ -96,6 +96,9 @@ class ScaleupFabric:
     def hosts(self) -> list[str]:
         return [g.name for g in self.gpus]
 
+    def summary(self) -> str:
+        return f"scale-up: {len(self.planes)} planes, {len(self.gpus)} GPUs of {self.subports} sub-ports a plane"
+
     @property
     def stages(self) -> int:
         return 1

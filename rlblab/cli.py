@@ -77,7 +77,7 @@ def up(
         fabric.write_text(make_fabric(spines, leaves, hosts, stages, parallel=parallel))
     fabric = (fabric or DEFAULT_FABRIC).resolve()
     lab = open_lab(fabric, name, mode=mode, shape=shape, monitor=monitor, coordinator=coordinator)
-    typer.echo(f"==> building {lab.fabric.stages}-stage fabric from {fabric} ({mode}"
+    typer.echo(f"==> building {lab.fabric.summary()} from {fabric} ({mode}"
                f"{', coordinator' if lab.coordinator else ''})")
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     _state(name).write_text(json.dumps({"fabric": str(fabric), "mode": mode, "shape": shape,
@@ -155,7 +155,7 @@ def status(name: str = typer.Option("rlb", help="Lab name."),
 
     Example: rlblab status --name ecmp --json"""
     lab = _lab(name)
-    out = {"fabric": str(lab.fabric_file), "stages": lab.fabric.stages, "mode": lab.mode, "switches": {}}
+    out = {"fabric": str(lab.fabric_file), "summary": lab.fabric.summary(), "mode": lab.mode, "switches": {}}
     for sw in lab.switches:
         e = out["switches"][sw.name] = {"role": sw.role}
         try:
@@ -169,7 +169,7 @@ def status(name: str = typer.Option("rlb", help="Lab name."),
     if as_json:
         typer.echo(json.dumps(out, indent=2))
         return
-    typer.echo(f"{out['stages']}-stage, mode {out['mode']}, fabric {out['fabric']}")
+    typer.echo(f"{out['summary']}, mode {out['mode']}, fabric {out['fabric']}")
     for sw_name, e in out["switches"].items():
         bgp = (f"bird unreachable: {e['bird_error']}" if "bird_error" in e else
                f"BGP {e['bgp_established']} established")

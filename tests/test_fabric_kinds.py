@@ -16,7 +16,7 @@ from rlbfabric.base import KINDS, FabricError, Node, kind
 from rlbfabric.bgpsec import BgpSecurity
 from rlbfabric.coord import COORDINATORS
 from rlbfabric.coord import cli as coord_cli  # noqa: F401 - what rlbcoord runs: the coordinators registered
-from rlbfabric.fabric import parse
+from rlbfabric.fabric import load, parse
 from rlbhost.assemble import HOST_AGENTS, Assembled, Options, assembler
 from rlblab.vm.plan import plan
 
@@ -115,3 +115,15 @@ def test_no_layer_compares_fabric_kind_names():
             if compare.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert found == []
+
+
+@pytest.mark.parametrize("name, phrase", [
+    ("fabric.toml", "3-stage leaf-spine: 4 spines, 2 leaves, 4 hosts"),
+    ("fabric-5stage.toml", "5-stage leaf-spine"),
+    ("scaleup.toml", "scale-up: 4 planes, 8 GPUs of 2 sub-ports a plane"),
+    ("rail-only.toml", "rail-only: 4 domains of 4 GPUs, 4 rails"),
+])
+def test_every_kind_says_what_it_is_in_one_phrase(name, phrase):
+    """What `rlblab up` and `rlblab status` print (a rail-only fabric has no stages: `up` used
+    to stop on that with an internal error)."""
+    assert load(Path(__file__).resolve().parent.parent / "lab" / name).summary().startswith(phrase)
