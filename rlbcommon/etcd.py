@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 # gRPC status codes etcd answers with (google.golang.org/grpc/codes)
 NOT_FOUND, PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED = 5, 7, 9, 16
 INVALID_TOKEN = "etcdserver: invalid auth token"
+MAX_TXN_OPS = 128                # etcd's --max-txn-ops default
 
 
 class EtcdError(Exception):
@@ -174,6 +175,20 @@ class Etcd:
                      [{"request_put": put}])
         return bool(r.get("succeeded"))
 
+    def apply(self, puts: dict[str, bytes | str], deletes: list[str] | tuple = (), lease: int = 0,
+              compare: list[dict] | None = None) -> bool:
+        """Writes and deletions as transactions of at most MAX_TXN_OPS each (etcd's default
+        limit): one round trip per batch, not per key. With `compare` (e.g. created()), each
+        transaction applies only while it holds: False from the first that did not."""
+        ops = [{"request_put": {"key": _b64(k), "value": _b64(v), **({"lease": str(lease)} if lease else {})}}
+               for k, v in puts.items()]
+        ops += [{"request_delete_range": {"key": _b64(k)}} for k in deletes]
+        for i in range(0, len(ops), MAX_TXN_OPS):
+            r = self.txn(compare or [], ops[i:i + MAX_TXN_OPS])
+            if compare and not r.get("succeeded"):
+                return False
+        return True
+
     # ---- leases -------------------------------------------------------------------------
     def lease_grant(self, ttl_s: int) -> int:
         return int(self._request("lease/grant", {"TTL": str(int(ttl_s))})["ID"])
@@ -245,6 +260,11 @@ class Etcd:
 
     def auth_enable(self):
         self._request("auth/enable", {})
+
+
+def created(key: str, revision: int) -> dict:
+    """A transaction's condition: `key` exists as created at `revision` (a leader's fence)."""
+    return {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": str(revision)}
 
 
 def _refusal(e: urllib.error.HTTPError) -> EtcdError:

@@ -8,17 +8,21 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import threading
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from rlbcommon import cli as common, coordapi
+from rlbcommon.etcd import Etcd
 from rlbfabric.fabric import FabricError, load
 
-from . import COORDINATORS, hregistry, service  # noqa: F401 - the kinds' coordinators register themselves
+from . import COORDINATORS, etcdauth, hregistry, keys, service  # noqa: F401 - the kinds' coordinators register themselves
+from .etcdrun import EtcdCoordination
 from .metrics import exposition
-from .service import make_server
+from .service import Coordinator, make_server
 
 log = logging.getLogger("rlbcoord")
 app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_enable=False)
@@ -40,7 +44,19 @@ def run(
     listen: str = typer.Option("::1", help="Address to listen on: loopback, or the management "
                                "network's (never a fabric address)."),
     port: int = typer.Option(coordapi.DEFAULT_PORT, min=1, max=65535, help="TCP port (API and /metrics)."),
-    host_timeout_s: float = typer.Option(5.0, min=0.5, help="A host silent this long is forgotten."),
+    host_timeout_s: float = typer.Option(5.0, min=0.5, help="A host silent this long is forgotten "
+                                         "(without --etcd; with it, a host's lease says)."),
+    etcd: Optional[str] = typer.Option(None, help="The fabric's etcd (comma-separated client URLs): "
+                                       "state, placements and leadership there; run as many "
+                                       "coordinators as you like, one leads. Without it: one "
+                                       "coordinator, hosts report over HTTP."),
+    etcd_user: str = typer.Option(keys.COORDINATOR_USER, help="With --etcd: the etcd user (rlbfabric etcd-users)."),
+    etcd_password_file: Optional[Path] = typer.Option(None, help="With --etcd: its password "
+                                                      "(a file only root reads; none: no authentication)."),
+    name: str = typer.Option(socket.gethostname(), help="With --etcd: this coordinator's name in the "
+                             "election (unique among them)."),
+    lease_ttl_s: int = typer.Option(2, min=1, max=60, help="With --etcd: the leader's lease; a dead "
+                                    "leader is replaced within it (etcd raises it to its own minimum)."),
 ):
     """Run the coordinator in the foreground: the command of the rlb-coord unit.
 
@@ -52,11 +68,27 @@ def run(
         coord = COORDINATORS.of(fab)(fab, host_timeout_s)
     except FabricError as e:
         raise CoordError(f"{fabric}: {e}") from None
+    runner = None
+    if etcd is not None:
+        if not isinstance(coord, Coordinator):
+            raise CoordError(f"{fabric}: --etcd runs the leaf-spine coordinator only (a {fab.kind} fabric's "
+                             "service runs without it)")
+        try:
+            password = etcdauth.read_password(etcd_password_file) if etcd_password_file else None
+        except OSError as e:
+            raise CoordError(f"--etcd-password-file {etcd_password_file}: {e.strerror}") from None
+        client = Etcd([u.strip() for u in etcd.split(",") if u.strip()], etcd_user if password else None, password)
+        runner = EtcdCoordination(coord, client, name, lease_ttl_s=lease_ttl_s)
     try:
-        server = make_server(coord, listen, port, exposition(coord))
+        server = make_server(coord, listen, port, exposition(coord), reports=runner is None,
+                             extra_status=runner.status if runner else None)
     except OSError as e:
         raise CoordError(f"cannot listen on {coordapi.url_for(listen, port)}: {e.strerror}") from None
     stop = threading.Event()
+    if runner is not None:
+        runner.start()
+        log.info("%s: following %s as %s; placements go there, reports come from there", name, etcd,
+                 etcd_user if etcd_password_file else "nobody (no authentication)")
 
     def expire():
         while not stop.wait(1.0):
@@ -65,7 +97,8 @@ def run(
             except Exception:
                 log.exception("expiring silent hosts")
 
-    threading.Thread(target=expire, name="expire", daemon=True).start()
+    if runner is None:                 # with etcd, leases end hosts
+        threading.Thread(target=expire, name="expire", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     log.info("%s from %s; listening on %s", coord.summary(), fabric, coordapi.url_for(listen, port))
     try:
@@ -74,6 +107,11 @@ def run(
         pass
     stop.set()
     server.server_close()
+    if runner is not None:             # the lease revoked: a standby leads at once
+        runner.stop.set()
+        runner.join(5.0)
+        log.info("%s stopped; a standby coordinator leads (or hosts decide locally)", name)
+        return
     log.info("coordinator stopped; hosts decide locally")
 
 

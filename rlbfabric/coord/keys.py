@@ -44,6 +44,64 @@ def leader_key() -> str:
     return coordinator_prefix() + "leader"
 
 
+# ---- what lives under each prefix ------------------------------------------------------
+# A host writes its report (paths, weights, verbs peers: changes rarely) and one key per QP it
+# knows (written when it appears or changes path or activity, deleted when it is forgotten: the
+# bytes it carries are not state), all under its lease; the coordinator writes one key per
+# placement. A QP is named by (peer address, UDP source port, QP number) as in the data plane.
+QpId = tuple[str, int, int]
+
+
+def report_key(host: str) -> str:
+    return host_prefix(host) + "report"
+
+
+def qps_prefix(host: str) -> str:
+    return host_prefix(host) + "qps/"
+
+
+def qp_name(q: QpId) -> str:
+    return f"{q[0]}_{q[1]}_{q[2]}"
+
+
+def parse_qp_name(name: str) -> QpId:
+    """ValueError for a name that is not one."""
+    peer, sport, qp = name.rsplit("_", 2)
+    return peer, int(sport), int(qp)
+
+
+def qp_key(host: str, q: QpId) -> str:
+    return qps_prefix(host) + qp_name(q)
+
+
+def placement_key(host: str, q: QpId) -> str:
+    return placements_prefix(host) + qp_name(q)
+
+
+def uplinks_key(switch: str) -> str:
+    return switch_prefix(switch) + "uplinks"
+
+
+def hosts_root() -> str:
+    return f"{ROOT}hosts/"
+
+
+def switches_root() -> str:
+    return f"{ROOT}switches/"
+
+
+def placements_root() -> str:
+    return f"{ROOT}placements/"
+
+
+def split(key: str) -> tuple[str, str, str]:
+    """/rlb/<tree>/<node>/<rest> -> (tree, node, rest); ValueError for a key outside."""
+    if not key.startswith(ROOT):
+        raise ValueError(key)
+    tree, node, rest = key[len(ROOT):].split("/", 2)
+    return tree, node, rest
+
+
 def host_user(host: str) -> str:
     return f"rlb-host-{host}"
 

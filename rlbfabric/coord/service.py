@@ -80,6 +80,71 @@ class Coordinator:
             raise
 
     def _report(self, host: str, body: dict) -> dict:
+        seen = self._parse(host, body)
+        with self.lock:
+            self._apply(host, seen)
+            self._solve()
+            placed = self.placer.placements(host)
+            links = self._links_for(host, {info.dst for info in seen.values()} | self._peer_hosts(body))
+            self.counters["reports"] += 1
+        return {"placements": [{"peer": k[1], "sport": k[2], "qp": k[3], "path": p}
+                               for k, p in sorted(placed.items()) if k in seen and not seen[k].fixed],
+                "links": links}
+
+    def apply_reports(self, reports: dict[str, dict | None]) -> dict[str, str]:
+        """Many hosts' reports at once (None: the host is gone, its QPs leave), then one solve:
+        what the etcd follower feeds in per batch of changes (etcdrun.py). Returns the hosts
+        whose report was refused or unreadable, with why; their earlier state stays."""
+        parsed, bad = {}, {}
+        for host, body in reports.items():
+            if body is None:
+                continue
+            try:
+                parsed[host] = self._parse(host, body)
+            except (Refused, BadRequest) as e:
+                self.counters["refused" if isinstance(e, Refused) else "bad"] += 1
+                bad[host] = str(e)
+        with self.lock:
+            for host, body in reports.items():
+                if body is None:
+                    self._forget(host)
+                elif host in parsed:
+                    self._apply(host, parsed[host])
+                    self.counters["reports"] += 1
+            self._solve()
+        return bad
+
+    def _forget(self, host: str):
+        e = self.hosts.pop(host, None)
+        if e is not None:
+            for key in e["keys"]:
+                self.placer.remove(key)
+            log.info("%s is gone: its %d QPs leave the placement", host, len(e["keys"]))
+
+    def all_placements(self) -> dict[str, dict[tuple[str, int, int], int]]:
+        """Every host's placements, {host: {(peer, sport, qp): path}}, for the QPs it reported
+        and may move (not those placed through verbs)."""
+        with self.lock:
+            out = {}
+            for host, e in self.hosts.items():
+                placed = self.placer.placements(host)
+                out[host] = {(k[1], k[2], k[3]): p for k, p in placed.items()
+                             if k in e["keys"] and not self.placer.qps[k].fixed}
+            return out
+
+    def _apply(self, host: str, seen: dict):
+        """A host's QPs as it reported them (under the lock)."""
+        now = self.clock()
+        entry = self.hosts.setdefault(host, {"seen": now, "keys": set()})
+        entry["seen"] = now
+        for key in entry["keys"] - set(seen):
+            self.placer.remove(key)
+        for key, info in seen.items():
+            self.placer.update(key, info)
+        entry["keys"] = set(seen)
+
+    def _parse(self, host: str, body: dict) -> dict:
+        """{QP key: QpInfo} of a report, or Refused / BadRequest."""
         if host not in self.placer.leaf_of_host:
             raise Refused(f"host {host!r} is not in the fabric file")
         if not isinstance(body, dict):
@@ -121,22 +186,7 @@ class Coordinator:
             # when it last carried traffic: None while active (verbs QPs: until destroyed)
             last = None if active or fixed else received - idle_ms / 1000
             seen[(host, str(peer), sport, qpn)] = QpInfo(host, dst, path, weights, nbytes, fixed, last)
-        with self.lock:
-            now = self.clock()
-            entry = self.hosts.setdefault(host, {"seen": now, "keys": set()})
-            entry["seen"] = now
-            for key in entry["keys"] - set(seen):
-                self.placer.remove(key)
-            for key, info in seen.items():
-                self.placer.update(key, info)
-            entry["keys"] = set(seen)
-            self._solve()
-            placed = self.placer.placements(host)
-            links = self._links_for(host, {info.dst for info in seen.values()} | self._peer_hosts(body))
-            self.counters["reports"] += 1
-        return {"placements": [{"peer": k[1], "sport": k[2], "qp": k[3], "path": p}
-                               for k, p in sorted(placed.items()) if k in seen and not seen[k].fixed],
-                "links": links}
+        return seen
 
     def _peer_hosts(self, body: dict) -> set[str]:
         """Hosts the reporter is about to place QPs towards (its verbs library's recent peers)."""
@@ -227,12 +277,9 @@ class Coordinator:
     def _expire(self, now: float):
         for host, e in list(self.hosts.items()):
             if now - e["seen"] > self.host_timeout_s:
-                for key in e["keys"]:
-                    self.placer.remove(key)
-                del self.hosts[host]
+                log.info("%s silent for %.1f s", host, now - e["seen"])
+                self._forget(host)
                 self.counters["hosts_expired"] += 1
-                log.info("%s silent for %.1f s: its %d QPs leave the placement", host,
-                         now - e["seen"], len(e["keys"]))
 
     def expire(self):
         with self.lock:
@@ -288,9 +335,12 @@ class _Server(ThreadingHTTPServer):
 
 
 def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
-                metrics: Callable[[], bytes] | None = None) -> ThreadingHTTPServer:
+                metrics: Callable[[], bytes] | None = None, reports: bool = True,
+                extra_status: Callable[[], dict] | None = None) -> ThreadingHTTPServer:
     """An HTTP server for the API (serve_forever() to run it): `coord` is the Coordinator of a
-    leaf-spine fabric or the HRegistry of a rail-only one (hregistry.py)."""
+    leaf-spine fabric or the HRegistry of a rail-only one (hregistry.py). reports False: status
+    and metrics only (with etcd, reports come from there, each writer known by its user);
+    extra_status adds its dict under "etcd"."""
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "rlbcoord"
@@ -308,7 +358,10 @@ def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
 
         def do_GET(self):
             if self.path == coordapi.STATUS:
-                self._send(200, coord.status())
+                st = coord.status()
+                if extra_status is not None:
+                    st["etcd"] = extra_status()
+                self._send(200, st)
             elif self.path == "/healthz":
                 self._send(200, {"ok": True})
             elif self.path == "/metrics" and metrics:
@@ -318,6 +371,10 @@ def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
 
         def do_POST(self):
             parts = self.path.strip("/").split("/")
+            if not reports:
+                self._send(403, {"error": "this coordinator takes reports through etcd (rlbhost --etcd, "
+                                          "rlbswitch --etcd), where each writer is known"})
+                return
             try:
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > 16 << 20:

@@ -1,0 +1,259 @@
+"""The coordinator on etcd (issue 31): any number run, one leads, the others stand by with the
+same state, read from etcd as it changes.
+
+- State: hosts write their report and one key per QP under their lease, leaves their uplinks
+  (keys.py). Every coordinator follows the whole tree with one watch and keeps a mirror, so a
+  standby that takes over has nothing to fetch; a host whose lease ended has no keys left, and
+  its QPs leave the model (liveness is the lease, not a timer here).
+- Leadership: the leader key is created under the coordinator's own lease (etcd's election
+  recipe, as Kubernetes' and Cilium's operators do it); the others try again every
+  `retry_s`, so a dead leader is replaced within its lease's TTL plus one retry. A graceful stop
+  revokes the lease: replaced at once.
+- Placements: after each batch of changes the leader solves once and writes only what differs
+  from the placement keys (which it also follows, its predecessors' included), in
+  transactions that succeed only while it still holds the leader key: a deposed leader that
+  has not noticed yet cannot overwrite its successor. A new leader starts from where the hosts
+  put their QPs, so nothing placed moves unless the balance needs it."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable, created
+from rlbcommon.health import Health
+
+from . import keys
+from .service import Coordinator
+
+log = logging.getLogger(__name__)
+
+
+class EtcdCoordination:
+    def __init__(self, coord: Coordinator, etcd: Etcd, name: str, lease_ttl_s: int = 2,
+                 retry_s: float = 0.1, health: Health | None = None):
+        self.coord, self.etcd, self.name = coord, etcd, name
+        self.lease_ttl_s, self.retry_s = lease_ttl_s, retry_s
+        self.health = health or Health()
+        self.stop = threading.Event()
+        self.leading = threading.Event()
+        self.lock = threading.Lock()                   # the mirror, between follower and leader
+        self.placing = threading.Lock()
+        self.reports: dict[str, dict] = {}             # host -> {"report": dict | None, "qps": {QpId: dict}}
+        self.placed: dict[str, dict] = {}              # host -> {QpId: path}, as in etcd
+        self.dirty: set[str] = set()                   # hosts whose keys changed since the last solve
+        self.uplinks: dict[str, dict] = {}
+        self.lease = 0
+        self.leader_rev = 0                            # our leader key's create revision
+        self.leader: str | None = None
+        self.synced = threading.Event()                # the mirror has been read once
+        self.counters = {"batches": 0, "placements_written": 0, "placements_deleted": 0,
+                         "takeovers": 0, "refused": 0, "fenced": 0}
+        self._down_logged = False
+
+    # ---- following the tree -----------------------------------------------------------------
+    def _load(self) -> int:
+        kvs, rev = self.etcd.get_prefix(keys.ROOT)
+        with self.lock:
+            self.reports, self.placed, self.uplinks = {}, {}, {}
+            self.dirty = set(self.coord.hosts)         # hosts the model has and etcd may not
+            for kv in kvs:
+                self._put(kv.key, kv.value)
+        return rev
+
+    def _put(self, key: str, value: bytes | None):
+        """One key's new value (None: deleted) into the mirror (under the lock)."""
+        try:
+            tree, node, rest = keys.split(key)
+        except ValueError:
+            if key == keys.leader_key():
+                self.leader = value.decode() if value is not None else None
+            return
+        try:
+            if tree == "hosts":
+                h = self.reports.setdefault(node, {"report": None, "qps": {}})
+                if rest == "report":
+                    h["report"] = json.loads(value) if value is not None else None
+                elif rest.startswith("qps/"):
+                    q = keys.parse_qp_name(rest[4:])
+                    if value is None:
+                        h["qps"].pop(q, None)
+                    else:
+                        h["qps"][q] = json.loads(value)
+                if h["report"] is None and not h["qps"]:
+                    del self.reports[node]
+                self.dirty.add(node)
+            elif tree == "placements":
+                q = keys.parse_qp_name(rest)
+                p = self.placed.setdefault(node, {})
+                if value is None:
+                    p.pop(q, None)
+                else:
+                    p[q] = int(value)
+            elif tree == "switches" and rest == "uplinks" and value is not None:
+                self.uplinks[node] = json.loads(value)
+                self.dirty.add("")                     # "": a switch changed, solve
+        except (ValueError, TypeError) as e:           # a key no agent of ours writes like this
+            self.counters["refused"] += 1
+            log.warning("etcd key %s: cannot read it (%s); ignored", key, e)
+
+    def follow(self):
+        """Keep the mirror current (every coordinator, leading or not); the leader places after
+        each batch. Returns when stopped; etcd unreachable: retried, the model kept."""
+        while not self.stop.is_set():
+            try:
+                rev = self._load()
+                self.synced.set()
+                if self._down_logged:
+                    log.info("etcd reachable again: state read afresh")
+                    self._down_logged = False
+                self._place_if_leading()
+                for events, rev in self.etcd.watch_prefix(keys.ROOT, rev + 1, self.stop):
+                    with self.lock:
+                        for e in events:
+                            self._put(e.kv.key, None if e.kind == "delete" else e.kv.value)
+                    self._place_if_leading()
+                    self.health.ok("etcd-follower")
+            except EtcdUnavailable as e:
+                if not self._down_logged:
+                    log.warning("etcd: %s; keeping the model, retrying", e)
+                    self._down_logged = True
+                self.stop.wait(0.5)
+            except EtcdError as e:                     # compacted: read the tree again
+                log.info("etcd watch: %s; reading the tree again", e)
+
+    # ---- placing ---------------------------------------------------------------------------
+    def _body(self, h: dict, now_wall: float) -> dict | None:
+        """A host's keys as the report the model takes (None: nothing left of it)."""
+        if h["report"] is None:
+            return None
+        qps = []
+        for (peer, sport, qp), v in h["qps"].items():
+            active = bool(v.get("active", True))
+            since = v.get("since") or now_wall
+            qps.append({"peer": peer, "sport": sport, "qp": qp, "path": v.get("path"), "bytes": 0,
+                        "active": active, "fixed": bool(v.get("fixed", False)),
+                        "idle_ms": 0 if active else round(max(0.0, now_wall - since) * 1000, 1)})
+        return {**h["report"], "qps": qps}
+
+    def _place_if_leading(self):
+        if not self.leading.is_set():
+            return
+        with self.placing:                             # follower and campaign: one at a time
+            self._place()
+
+    def _place(self):
+        with self.lock:
+            if not self.dirty:
+                return
+            now = time.time()
+            batch = {h: self._body(self.reports[h], now) if h in self.reports else None
+                     for h in self.dirty if h}
+            uplinks = dict(self.uplinks) if "" in self.dirty else {}
+            self.dirty.clear()
+        for switch, state in uplinks.items():
+            try:
+                self.coord.links(switch, {"ports": state})
+            except Exception as e:                     # Refused / BadRequest: counted by the model
+                log.warning("uplinks of %s refused: %s", switch, e)
+        bad = self.coord.apply_reports(batch)
+        for host, why in bad.items():
+            log.warning("report of %s refused: %s", host, why)
+        self.counters["batches"] += 1
+        self.write_placements()
+
+    def write_placements(self):
+        """The model's placements against etcd's: only the differences, fenced by leadership."""
+        want = self.coord.all_placements()
+        puts, deletes = {}, []
+        with self.lock:
+            for host in set(want) | set(self.placed):
+                have, new = self.placed.get(host, {}), want.get(host, {})
+                puts.update({keys.placement_key(host, q): str(p) for q, p in new.items() if have.get(q) != p})
+                deletes += [keys.placement_key(host, q) for q in have if q not in new]
+        if puts or deletes:
+            self._fenced(puts, deletes)
+
+    def _fenced(self, puts: dict[str, str], deletes: list[str]):
+        if not self.etcd.apply(puts, deletes, compare=[created(keys.leader_key(), self.leader_rev)]):
+            self.counters["fenced"] += 1
+            self.leading.clear()
+            log.warning("%s: no longer the leader (placements not written)", self.name)
+            return
+        with self.lock:                                # as the watch will bring them back
+            for k, v in puts.items():
+                _, host, rest = keys.split(k)
+                self.placed.setdefault(host, {})[keys.parse_qp_name(rest)] = int(v)
+            for k in deletes:
+                _, host, rest = keys.split(k)
+                self.placed.get(host, {}).pop(keys.parse_qp_name(rest), None)
+        self.counters["placements_written"] += len(puts)
+        self.counters["placements_deleted"] += len(deletes)
+
+    # ---- leadership ------------------------------------------------------------------------
+    def campaign(self):
+        """Lead when the leader key is free; keep it alive while leading. Returns when stopped
+        (revoking the lease: a successor takes over at once)."""
+        while not self.stop.is_set():
+            try:
+                if not self.leading.is_set():
+                    self._try_lead()
+                else:
+                    if self.etcd.lease_keepalive(self.lease) <= 0:
+                        self.leading.clear()
+                        log.warning("%s: lease expired; standing by", self.name)
+                self.health.ok("etcd-leadership")
+            except EtcdUnavailable as e:
+                if self.leading.is_set():
+                    log.warning("%s: etcd unreachable (%s); placing stops until it answers", self.name, e)
+                    self.leading.clear()
+            except EtcdError as e:
+                log.warning("%s: %s", self.name, e)
+                self.leading.clear()
+            self.stop.wait(self.lease_ttl_s / 4 if self.leading.is_set() else self.retry_s)
+        if self.lease:
+            try:
+                self.etcd.lease_revoke(self.lease)
+            except (EtcdError, EtcdUnavailable):
+                pass
+            self.leading.clear()
+
+    def _try_lead(self):
+        if not self.synced.is_set():
+            return
+        cur = self.etcd.get(keys.leader_key())
+        if cur is not None:
+            return
+        if not self.lease or self.etcd.lease_keepalive(self.lease) <= 0:
+            self.lease = self.etcd.lease_grant(self.lease_ttl_s)
+        if self.etcd.create(keys.leader_key(), self.name, self.lease):
+            kv = self.etcd.get(keys.leader_key())
+            if kv is None or kv.lease != self.lease:
+                return
+            self.leader_rev = kv.create_revision
+            with self.lock:
+                self.dirty.update(self.reports)        # the whole mirror, against what is written
+                self.dirty.update(self.coord.hosts)
+                self.dirty.add("")
+            self.counters["takeovers"] += 1
+            log.info("%s leads the coordination (lease %x, TTL %d s)", self.name, self.lease, self.lease_ttl_s)
+            self.leading.set()
+            self._place_if_leading()
+
+    # ---- running ---------------------------------------------------------------------------
+    def start(self) -> list[threading.Thread]:
+        self.threads = []
+        for name, target in (("etcd-follower", self.follow), ("etcd-leadership", self.campaign)):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self.threads.append(t)
+        return self.threads
+
+    def join(self, timeout: float):
+        for t in getattr(self, "threads", []):
+            t.join(timeout)
+
+    def status(self) -> dict:
+        return {"name": self.name, "leading": self.leading.is_set(), "leader": self.leader,
+                "hosts_in_etcd": len(self.reports), "counters": dict(self.counters)}

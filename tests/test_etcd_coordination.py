@@ -1,0 +1,175 @@
+"""Coordinators on a real etcd (Debian's etcd-server, authentication on), run as the `rlbcoord run
+--etcd` processes an operator starts: hosts' and leaves' keys in, placements out, one leader and a
+standby that takes over without moving a placed QP, a host whose lease ends leaves the model.
+Hosts are written here as their own etcd users (what rlbhost --etcd writes)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rlbcommon import coordapi
+from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
+from rlbfabric.coord import etcdauth, keys
+from rlbfabric.fabric import load
+from rlblab.etcdserver import EtcdServer
+
+from .test_coordinator import addr, paths
+from .test_etcd_identity import free_port
+
+FABRIC_FILE = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"
+FABRIC = load(FABRIC_FILE)
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    work = tmp_path_factory.mktemp("etcd")
+    # the lab's timing (rlblab): a lease's floor is 1.5 election timeouts
+    server = EtcdServer(work, client_port=free_port(), peer_port=free_port(), fast=True).start()
+    creds = tmp_path_factory.mktemp("creds")
+    etcdauth.issue(FABRIC, [server.url], creds)
+    server.creds = creds
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def user(etcd, name: str) -> Etcd:
+    return Etcd(etcd.url, name, etcdauth.read_password(etcdauth.password_file(etcd.creds, name)))
+
+
+class Coord:
+    """One `rlbcoord run --etcd` process."""
+
+    def __init__(self, etcd, name: str, work: Path):
+        self.port = free_port()
+        self.log = work / f"coord-{name}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(FABRIC_FILE),
+             "--listen", "::1", "--port", str(self.port), "--etcd", etcd.url, "--name", name,
+             "--lease-ttl-s", "1",
+             "--etcd-password-file", str(etcdauth.password_file(etcd.creds, keys.COORDINATOR_USER))],
+            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.url = coordapi.url_for("::1", self.port)
+
+    def status(self) -> dict | None:
+        try:
+            return coordapi.call(self.url, coordapi.STATUS, timeout=1.0)
+        except coordapi.CoordinatorError:
+            return None
+
+    def leading(self) -> bool:
+        s = self.status()
+        return bool(s and s["etcd"]["leading"])
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def coords(etcd, tmp_path):
+    admin = user(etcd, etcdauth.ROOT_USER)
+    admin.delete_prefix(keys.ROOT)
+    started = [Coord(etcd, n, tmp_path) for n in ("ca", "cb")]
+    try:
+        wait(lambda: sum(c.leading() for c in started) == 1, 15, "one leader")
+        yield started
+    finally:
+        for c in started:
+            c.kill()
+        admin.delete_prefix(keys.ROOT)
+
+
+def wait(cond, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"waited {timeout} s for {what}")
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def write_host(client: Etcd, host: str, qps: list[tuple[str, int, int, int]], lease: int) -> None:
+    """A host's report and QPs (peer host, sport, qp, path it is on), as rlbhost --etcd writes them."""
+    puts = {keys.report_key(host): json.dumps({"paths": paths(host), "weights": [
+        {"prefix": "::/0", "weights": {"1": 1, "2": 1, "3": 1, "4": 1}}]})}
+    for peer, sport, qp, path in qps:
+        puts[keys.qp_key(host, (addr(peer, 1), sport, qp))] = json.dumps({"path": path, "active": True})
+    client.apply(puts, lease=lease)
+
+
+def placements(etcd, host: str) -> dict:
+    kvs, _ = user(etcd, keys.host_user(host)).get_prefix(keys.placements_prefix(host))
+    return {kv.key: (int(kv.value), kv.mod_revision) for kv in kvs}
+
+
+def test_placements_come_back_through_etcd_and_a_standby_takes_over_without_moving_any(etcd, coords):
+    h1 = user(etcd, keys.host_user("h1"))
+    lease = h1.lease_grant(10)
+    t0 = time.monotonic()
+    write_host(h1, "h1", [("h3", 50000 + i, i, 1) for i in range(8)], lease)
+    took = wait(lambda: len(placements(etcd, "h1")) == 8, 5, "h1's 8 placements")
+    placed = placements(etcd, "h1")
+    assert sorted(Counter(p for p, _ in placed.values()).values()) == [2, 2, 2, 2], placed
+    print(f"\n8 QPs placed {took * 1000:.0f} ms after they were written")
+    leader = next(c for c in coords if c.leading())
+    standby = next(c for c in coords if c is not leader)
+    # the hosts move their QPs where they were placed (what rlbhost does for idle or new QPs)
+    write_host(h1, "h1", [("h3", 50000 + i, i, placed[keys.placement_key("h1", (addr("h3", 1), 50000 + i, i))][0])
+                          for i in range(8)], lease)
+    time.sleep(0.5)
+    assert placements(etcd, "h1") == placed                      # nothing to rewrite
+    t_kill = time.monotonic()
+    leader.kill()                                                # no goodbye: the lease must end
+    took = wait(standby.leading, 5, "the standby to lead")
+    assert took < 2.0, took
+    time.sleep(0.5)                                              # it has solved and compared
+    s = standby.status()
+    assert s["etcd"]["counters"]["takeovers"] == 1 and s["qps"]["fabric"] == 8, s
+    assert placements(etcd, "h1") == placed                      # not one QP moved, nothing rewritten
+    print(f"standby leads {time.monotonic() - t_kill:.2f} s after the leader was killed")
+    # and it places: a new QP of h2's is placed by the new leader
+    h2 = user(etcd, keys.host_user("h2"))
+    write_host(h2, "h2", [("h4", 40000, 77, 1)], h2.lease_grant(10))
+    wait(lambda: len(placements(etcd, "h2")) == 1, 3, "h2's placement from the new leader")
+
+
+def test_a_dead_uplink_reported_by_its_leaf_takes_its_path_away(etcd, coords):
+    h1, l1 = user(etcd, keys.host_user("h1")), user(etcd, keys.switch_user("l1"))
+    lease = h1.lease_grant(10)
+    l1.put(keys.uplinks_key("l1"), json.dumps({"eth-s1": True, "eth-s2": True, "eth-s3": True, "eth-s4": False}))
+    write_host(h1, "h1", [("h3", 50000 + i, i, 4) for i in range(6)], lease)
+    wait(lambda: len(placements(etcd, "h1")) == 6, 5, "h1's placements")
+    got = Counter(p for p, _ in placements(etcd, "h1").values())
+    assert 4 not in got and sorted(got.values()) == [2, 2, 2], got
+    # another leaf cannot say l1's links are down
+    l2 = user(etcd, keys.switch_user("l2"))
+    with pytest.raises(EtcdError) as e:
+        l2.put(keys.uplinks_key("l1"), json.dumps({"eth-s1": False}))
+    assert e.value.code == PERMISSION_DENIED
+
+
+def test_a_host_whose_lease_ends_leaves_the_model_and_its_placements_go(etcd, coords):
+    h1, h2 = user(etcd, keys.host_user("h1")), user(etcd, keys.host_user("h2"))
+    l1, l2 = h1.lease_grant(10), h2.lease_grant(10)
+    write_host(h1, "h1", [("h3", 50000 + i, i, 1) for i in range(4)], l1)
+    write_host(h2, "h2", [("h4", 40000 + i, i, 1) for i in range(4)], l2)
+    wait(lambda: len(placements(etcd, "h1")) == 4 and len(placements(etcd, "h2")) == 4, 5, "placements")
+    h1.lease_revoke(l1)                                          # as its expiry would, at once
+    wait(lambda: not placements(etcd, "h1"), 3, "h1's placements to go")
+    leader = next(c for c in coords if c.leading())
+    s = leader.status()
+    assert s["qps"]["fabric"] == 4 and "h1" not in s["hosts"], s
+    # a report over HTTP is refused: reports come through etcd, each writer known
+    with pytest.raises(coordapi.CoordinatorError, match="403"):
+        coordapi.call(leader.url, coordapi.REPORT.format("h1"), {"paths": paths("h1"), "qps": []})
