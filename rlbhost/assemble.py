@@ -33,6 +33,8 @@ class Options:
     expiry_ms: float | None = None
     roce_port: list[int] = field(default_factory=list)
     coordinator: str | None = None
+    etcd: str | None = None             # the coordinator through the fabric's etcd instead
+    etcd_password_file: Path | None = None
     report_ms: int = 250
     qp_memory_s: float = 3.0
     run_dir: Path = RUN_DIR

@@ -61,7 +61,13 @@ def run(
         "(default: the host name)."),
     coordinator: Optional[str] = typer.Option(None, help="The fabric coordinator's URL, e.g. "
         "http://[fd00:99::1]:9473: QPs are reported to it and new or idle QPs take its placements."),
-    report_ms: int = typer.Option(250, min=50, help="How often to report to the coordinator."),
+    etcd: Optional[str] = typer.Option(None, help="Instead of --coordinator: the fabric's etcd "
+        "(comma-separated client URLs, e.g. http://[fd00:99::1]:2379): this host's QPs are written "
+        "there as they change, under its own user, and its placements watched."),
+    etcd_password_file: Optional[Path] = typer.Option(None, help="With --etcd: the password of this "
+        "host's etcd user rlb-host-<node> (`rlbfabric etcd-users` issues it; none: no authentication)."),
+    report_ms: int = typer.Option(250, min=50, help="How often to report to the coordinator (with "
+        "--etcd: how often to look for changes to write)."),
     qp_memory_s: float = typer.Option(3.0, min=0.1, help="QPs idle up to this long are still "
         "reported (a collective's QPs return burst after burst); then they are forgotten."),
     metrics_port: int = typer.Option(METRICS_PORT["host"], help="Prometheus port (0: none)."),
@@ -103,9 +109,11 @@ def run(
     dp = ctx.dataplane()
     interface = interface or _attached(dp)
     fab = load(fabric) if fabric else None
+    if coordinator and etcd:
+        raise typer.BadParameter("--coordinator or --etcd, not both: the coordinator runs on one or the other")
     opts = Options(interface, node or socket.gethostname(), path_field, base_path, expiry_ms, roce_port or [],
-                   coordinator, report_ms, qp_memory_s, run_dir, probe_ms, probe_dead_ms, probe_key,
-                   carrier_rt_priority, tc, verbs, verbs_group, once)
+                   coordinator, etcd, etcd_password_file, report_ms, qp_memory_s, run_dir, probe_ms,
+                   probe_dead_ms, probe_key, carrier_rt_priority, tc, verbs, verbs_group, once)
     health = Health(health_file(dp.instance))
     built = assembler(fab)(dp, fab, opts, health)
     typer.echo(built.summary)

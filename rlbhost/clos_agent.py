@@ -14,9 +14,11 @@ from rlbcommon.health import Health
 from rlbcommon.runtime import AgentRuntime
 from rlbfabric.policy import localrule
 from rlbfabric.clos import ClosFabric
+from rlbfabric.coord import etcdauth, keys
 
 from .assemble import HOST_AGENTS, Assembled, Options, apply_config, verbs_service
 from .coordclient import CoordinatorClient
+from .etcdclient import EtcdCoordinatorClient
 from .dataplane import HostDataplane, HostError
 from .verbs.advice import FabricView
 
@@ -97,8 +99,14 @@ def assemble(dp: HostDataplane, fabric: ClosFabric | None, opts: Options, health
     node = opts.node if fabric else None
     if fabric:
         check_place(fabric, node)
-    if opts.coordinator and not fabric:
-        raise HostError("--coordinator needs --fabric (and --node unless the host name is the fabric's)")
+    if (opts.coordinator or opts.etcd) and not fabric:
+        raise HostError("--coordinator and --etcd need --fabric (and --node unless the host name is the fabric's)")
+    etcd = None
+    if opts.etcd:
+        try:
+            etcd = etcdauth.client(opts.etcd, keys.host_user(node), opts.etcd_password_file)
+        except ValueError as e:
+            raise HostError(str(e)) from None
     dp.ifindex(opts.interface)   # before anything is loaded
     if opts.tc:
         dp.attach(opts.interface, opts.path_field, opts.base_path)
@@ -114,8 +122,12 @@ def assemble(dp: HostDataplane, fabric: ClosFabric | None, opts: Options, health
     if opts.once:
         return Assembled(agent, summary)
     view = FabricView(fabric, node) if opts.coordinator and opts.verbs else None
-    client = CoordinatorClient(dp, node, opts.coordinator, opts.report_ms / 1000, opts.qp_memory_s,
-                               health=health, view=view) if opts.coordinator else None
+    client = None
+    if opts.coordinator:
+        client = CoordinatorClient(dp, node, opts.coordinator, opts.report_ms / 1000, opts.qp_memory_s,
+                                   health=health, view=view)
+    elif etcd is not None:     # no link loads come back through etcd: new verbs QPs by the local rule
+        client = EtcdCoordinatorClient(dp, node, etcd, opts.report_ms / 1000, opts.qp_memory_s, health=health)
     service = verbs_service(dp, opts, health, view) if opts.verbs else None
 
     def close():

@@ -16,10 +16,11 @@ from rlbcommon.health import Health
 from rlbcommon.metrics import serve
 from rlbcommon.runtime import AgentRuntime
 from rlbfabric.base import Fabric
+from rlbfabric.coord import etcdauth, keys
 
 from .birdsync import BirdSync
 from .dataplane import DataplaneError, SwitchDataplane
-from .linkreport import LinkReporter
+from .linkreport import EtcdUplinks, HttpUplinks, LinkReporter
 from .metrics import SwitchCollector
 from .watcher import Watcher
 
@@ -48,19 +49,24 @@ class SwitchOptions:
     metrics_port: int = 0
     metrics_addr: str = "127.0.0.1"
     node_label: str = ""
+    etcd: str | None = None               # the coordinator through the fabric's etcd instead
+    etcd_password_file: Path | None = None
 
     def check(self, once: bool):
         """Refuse what the options cannot do together, before anything is attached."""
-        if once and (self.fabric_file is not None or self.node or self.coordinator or self.control_only):
-            raise DataplaneError("--once only attaches: --fabric, --node, --coordinator and "
+        if once and (self.fabric_file is not None or self.node or self.coordinator or self.etcd
+                     or self.control_only):
+            raise DataplaneError("--once only attaches: --fabric, --node, --coordinator, --etcd and "
                                  "--control-only need the agent")
+        if self.coordinator and self.etcd:
+            raise DataplaneError("--coordinator or --etcd, not both: the coordinator runs on one or the other")
         if once and not self.interfaces:
             raise DataplaneError("--once: name the ports to attach")
         if (self.fabric_file is None) != (self.node is None):
             raise DataplaneError("--fabric and --node go together")
-        if (self.control_only or self.coordinator) and self.fabric_file is None:
-            raise DataplaneError(f"{'--control-only' if self.control_only else '--coordinator'} "
-                                 "needs --fabric and --node")
+        if (self.control_only or self.coordinator or self.etcd) and self.fabric_file is None:
+            what = "--control-only" if self.control_only else "--coordinator" if self.coordinator else "--etcd"
+            raise DataplaneError(f"{what} needs --fabric and --node")
 
 
 def attach_ports(dp: SwitchDataplane, opts: SwitchOptions) -> dict[str, dict]:
@@ -99,9 +105,11 @@ class SwitchAgent:
             self.runtime.supervisor.start("bird-follower", self.sync.run)   # adoption included: restarted if it fails
             self.runtime.supervisor.exit_when_fatal()
             log.info("following bird2 at %s for %s", self.sync.bird.path, o.node)
-        if o.coordinator:
+        if o.coordinator or o.etcd:
             try:
-                LinkReporter(self.sync.fabric, o.node, o.coordinator, self.runtime).start()
+                publish = (HttpUplinks(o.coordinator, o.node) if o.coordinator else
+                           EtcdUplinks(etcdauth.client(o.etcd, keys.switch_user(o.node), o.etcd_password_file), o.node))
+                LinkReporter(self.sync.fabric, o.node, publish, self.runtime).start()
             except ValueError as e:
                 raise DataplaneError(str(e)) from None
         if o.metrics_port:

@@ -56,6 +56,11 @@ def run(
     coordinator: Optional[str] = typer.Option(None, help="A leaf: tell the fabric coordinator at "
         "this URL (e.g. http://[fd00:99::1]:9473) which uplinks are up, so it never places QPs on "
         "a dead one. Needs --fabric and --node."),
+    etcd: Optional[str] = typer.Option(None, help="A leaf, instead of --coordinator: write its uplinks "
+        "to the fabric's etcd (comma-separated client URLs) under its own user, where the "
+        "coordinators read them."),
+    etcd_password_file: Optional[Path] = typer.Option(None, help="With --etcd: the password of this "
+        "switch's etcd user rlb-switch-<node> (`rlbfabric etcd-users` issues it)."),
 ):
     """Run the switch agent in the foreground: `attach` with the ports optional (adopted).
 
@@ -69,7 +74,8 @@ def run(
     common.attach_or_run(command, interfaces)
     opts = SwitchOptions([] if control_only else list(interfaces or []), generic, speed_mbps,
                          fabric_file, None, node, bird_socket, run_dir, control_only, resync_s,
-                         coordinator, 0 if control_only else metrics_port, metrics_addr, ctx.node_label)
+                         coordinator, 0 if control_only else metrics_port, metrics_addr, ctx.node_label,
+                         etcd, etcd_password_file)
     opts.check(once)
     opts.fabric = load(fabric_file) if fabric_file else None
     dp = ctx.dataplane()

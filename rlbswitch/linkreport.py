@@ -4,15 +4,19 @@ view is followed (IFF_UP and carrier, from link events), so it holds whether or 
 It used to dump every link ten times a second: a tenth of a core per leaf, idle."""
 from __future__ import annotations
 
+import json
 import logging
 import threading
+from typing import Callable
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTM_DELLINK, RTM_NEWLINK, RTMGRP_LINK
 
 from rlbcommon import coordapi
+from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable
 from rlbcommon.runtime import AgentRuntime
 from rlbfabric.clos import ClosFabric
+from rlbfabric.coord import keys
 
 log = logging.getLogger(__name__)
 IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
@@ -22,13 +26,45 @@ def link_up(flags: int) -> bool:
     return bool(flags & IFF_UP and flags & IFF_LOWER_UP)
 
 
+class HttpUplinks:
+    """The coordinator's HTTP API: every refresh is a report."""
+
+    def __init__(self, url: str, node: str):
+        self.url, self.node = url, node
+
+    def __call__(self, state: dict[str, bool]):
+        coordapi.call(self.url, coordapi.LINKS.format(self.node), {"ports": state})
+
+
+class EtcdUplinks:
+    """The fabric's etcd: the state under the leaf's own key and lease, written when it
+    changes; a refresh only keeps the lease (a leaf's agent gone: its key ends with it)."""
+
+    def __init__(self, etcd: Etcd, node: str, lease_ttl_s: int = 6):
+        self.etcd, self.node, self.lease_ttl_s = etcd, node, lease_ttl_s
+        self.lease, self.written = 0, None
+
+    def __call__(self, state: dict[str, bool]):
+        try:
+            if self.lease and self.etcd.lease_keepalive(self.lease) <= 0:
+                self.lease, self.written = 0, None
+            if not self.lease:
+                self.lease = self.etcd.lease_grant(self.lease_ttl_s)
+            if state != self.written:
+                self.etcd.put(keys.uplinks_key(self.node), json.dumps(state, sort_keys=True), lease=self.lease)
+                self.written = dict(state)
+        except (EtcdError, EtcdUnavailable) as e:
+            raise coordapi.CoordinatorError(f"etcd: {e}") from None
+
+
 class LinkReporter:
-    def __init__(self, fabric: ClosFabric, node: str, url: str, runtime: AgentRuntime,
+    def __init__(self, fabric: ClosFabric, node: str, publish: Callable[[dict], None], runtime: AgentRuntime,
                  refresh_s: float = 2.0):
+        """publish(state): HttpUplinks or EtcdUplinks (CoordinatorError when it cannot)."""
         n = fabric.node(node)
         if n.role != "leaf":
             raise ValueError(f"{node} is a {n.role}: only leaves report uplinks")
-        self.node, self.url, self.refresh_s, self.runtime = node, url, refresh_s, runtime
+        self.node, self.publish, self.refresh_s, self.runtime = node, publish, refresh_s, runtime
         self.ifnames = [p.ifname for p in fabric.ports_up(n)]
         self.up = {i: False for i in self.ifnames}      # the kernel's view, kept by the follower
         self.changed = threading.Event()                # wakes the sender at once
@@ -64,7 +100,7 @@ class LinkReporter:
         self.changed.clear()      # what changes from here on wakes the next round
         state = dict(self.up)
         try:
-            coordapi.call(self.url, coordapi.LINKS.format(self.node), {"ports": state})
+            self.publish(state)
         except coordapi.CoordinatorError as e:
             if self.reachable or self.sent is None:
                 log.warning("coordinator: %s", e)

@@ -21,7 +21,7 @@ from rlbfabric.coord import etcdauth, keys
 from rlbfabric.fabric import load
 from rlblab.etcdserver import EtcdServer
 
-from .test_coordinator import addr, paths
+from .test_coordinator import FakeHostDataplane, addr, paths
 from .test_etcd_identity import free_port
 
 FABRIC_FILE = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"
@@ -173,3 +173,39 @@ def test_a_host_whose_lease_ends_leaves_the_model_and_its_placements_go(etcd, co
     # a report over HTTP is refused: reports come through etcd, each writer known
     with pytest.raises(coordapi.CoordinatorError, match="403"):
         coordapi.call(leader.url, coordapi.REPORT.format("h1"), {"paths": paths("h1"), "qps": []})
+
+
+def test_the_host_client_writes_changes_only_and_applies_watched_placements(etcd, coords):
+    """rlbhost --etcd's client (the data plane in memory, as in test_coordinator): 4 QPs on path
+    1 are placed one per path; a round with nothing new writes nothing; a QP going idle is one
+    write; etcd gone, the placements stay for fallback_s, then the local rule decides."""
+    from rlbhost.etcdclient import EtcdCoordinatorClient
+    live = [{"peer": addr("h3", 1), "sport": 50000 + i, "qp": i, "path": 0, "idle_ms": 1, "active": True,
+             "bytes": 10} for i in range(4)]
+    dp = FakeHostDataplane("h1", live)
+    client = EtcdCoordinatorClient(dp, "h1", user(etcd, keys.host_user("h1")), fallback_s=0.0)
+    try:
+        assert client.report_once() == 5                         # the report and 4 QPs
+        wait(lambda: sorted(dp.placed.values()) == [0, 1, 2, 3], 3, "placements in the data plane")
+        moved = 0
+        for q in live:                                           # the host moves them (idle, then new)
+            new = dp.placed[(q["peer"], q["sport"], q["qp"])]
+            moved += new != q["path"]
+            q["path"] = new
+        assert moved == 3 and client.report_once() == 3         # one write per QP that moved
+        assert client.report_once() == 0                         # nothing changed: nothing written
+        dp._qps = live[1:]                                       # one idle: swept from conntrack
+        dp.swept = {}
+        live[0]["active"] = False
+        client.memory[(live[0]["peer"], live[0]["sport"], live[0]["qp"])]["active"] = False
+        assert client.report_once() == 1
+        time.sleep(0.3)
+        assert sorted(dp.placed.values()) == [0, 1, 2, 3]        # nothing moved for it
+        client.etcd = Etcd("http://127.0.0.1:1", timeout=0.2)    # etcd gone: seen at the next
+        client.kept_alive = 0.0                                  # keepalive (a third of the lease)
+        with pytest.raises(coordapi.CoordinatorError):
+            client.report_once()
+        client._failed(coordapi.CoordinatorError("gone"))
+        assert dp.placed == {} and client.counters["fallbacks"] == 1
+    finally:
+        client.stop.set()

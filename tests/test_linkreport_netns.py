@@ -16,7 +16,7 @@ from rlbcommon.runtime import AgentRuntime
 from rlbfabric.coord.metrics import exposition
 from rlbfabric.coord.service import Coordinator, make_server
 from rlbfabric.fabric import load
-from rlbswitch.linkreport import LinkReporter
+from rlbswitch.linkreport import HttpUplinks, LinkReporter
 
 from .conftest import scratch_netns
 
@@ -44,7 +44,7 @@ def leaf():
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = coordapi.url_for("::1", server.server_address[1])
         runtime = AgentRuntime(logging.getLogger("test"))
-        reporter = LinkReporter(FABRIC, "l1", url, runtime, refresh_s=30.0)
+        reporter = LinkReporter(FABRIC, "l1", HttpUplinks(url, "l1"), runtime, refresh_s=30.0)
         try:
             reporter.start()
             yield coord, url, reporter

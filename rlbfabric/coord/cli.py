@@ -16,7 +16,6 @@ from typing import Optional
 import typer
 
 from rlbcommon import cli as common, coordapi
-from rlbcommon.etcd import Etcd
 from rlbfabric.fabric import FabricError, load
 
 from . import COORDINATORS, etcdauth, hregistry, keys, service  # noqa: F401 - the kinds' coordinators register themselves
@@ -74,10 +73,9 @@ def run(
             raise CoordError(f"{fabric}: --etcd runs the leaf-spine coordinator only (a {fab.kind} fabric's "
                              "service runs without it)")
         try:
-            password = etcdauth.read_password(etcd_password_file) if etcd_password_file else None
-        except OSError as e:
-            raise CoordError(f"--etcd-password-file {etcd_password_file}: {e.strerror}") from None
-        client = Etcd([u.strip() for u in etcd.split(",") if u.strip()], etcd_user if password else None, password)
+            client = etcdauth.client(etcd, etcd_user, etcd_password_file)
+        except ValueError as e:
+            raise CoordError(str(e)) from None
         runner = EtcdCoordination(coord, client, name, lease_ttl_s=lease_ttl_s)
     try:
         server = make_server(coord, listen, port, exposition(coord), reports=runner is None,

@@ -37,6 +37,18 @@ def read_password(path: Path) -> str:
     return text
 
 
+def client(urls: str, user: str, password_file: Path | None) -> Etcd:
+    """An agent's etcd client from its options: comma-separated client URLs, its user and the
+    file with its password (None: no authentication, a lab's etcd without it). ValueError
+    names what is wrong."""
+    endpoints = [u.strip() for u in urls.split(",") if u.strip()]
+    if not endpoints or not all(u.startswith(("http://", "https://")) for u in endpoints):
+        raise ValueError(f"--etcd {urls!r}: client URLs, comma-separated (http://[fd00:99::1]:2379)")
+    if password_file is None:
+        return Etcd(endpoints)
+    return Etcd(endpoints, user, read_password(password_file))
+
+
 def _password(directory: Path, user: str) -> tuple[str, bool]:
     """The user's password: from its file, or a new one written there. (password, new)"""
     f = password_file(directory, user)

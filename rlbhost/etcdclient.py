@@ -1,0 +1,137 @@
+"""The host's side of the coordinator when the fabric runs it on etcd (rlbhost --etcd): the same
+view of this host's QPs as the HTTP client (coordclient.py), written as changes instead of full
+reports, and placements watched instead of asked for.
+
+- Under the host's own lease (its etcd user may write nothing else): one report key (paths,
+  weights, the verbs library's peers) rewritten when it changes, and one key per QP, written when
+  the QP appears or changes path or activity and deleted when it is forgotten. Bytes are not
+  state: a busy QP costs no writes. A QP gone idle carries the wall-clock time of its last
+  packet, so the coordinator ages it without a write per round.
+- Placements: one watch on placements/<host>/, applied to the data plane as they change.
+- etcd unreachable (or the lease lost): the placements are kept for fallback_s, then dropped
+  and the local rule decides, as with the HTTP coordinator; once etcd answers, everything is
+  written afresh under a new lease."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+from rlbcommon import coordapi
+from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable
+from rlbcommon.health import Health
+from rlbfabric.coord import keys
+
+from .coordclient import CoordinatorClient
+from .dataplane import HostDataplane
+
+log = logging.getLogger(__name__)
+
+
+class EtcdCoordinatorClient(CoordinatorClient):
+    def __init__(self, dp: HostDataplane, node: str, etcd: Etcd, period_s: float = 0.1,
+                 memory_s: float = 3.0, fallback_s: float = 3.0, lease_ttl_s: int = 3,
+                 health: Health | None = None):
+        super().__init__(dp, node, ",".join(etcd.endpoints), period_s, memory_s, fallback_s, health)
+        self.etcd, self.lease_ttl_s = etcd, lease_ttl_s
+        self.lease = 0
+        self.kept_alive = 0.0
+        self.written: dict[str, str] = {}          # key -> value as last written under this lease
+        self.placed: dict[keys.QpId, int] = {}     # path values, as the watch last said
+        self.wall_offset = time.time() - time.monotonic()
+        self.counters.update({"writes": 0, "deletes": 0, "leases": 0, "placement_events": 0})
+        self._watching = False
+
+    # ---- what is written -----------------------------------------------------------------
+    def wanted(self) -> dict[str, str]:
+        """Every key this host should have in etcd now, with its value."""
+        body = self.body()              # the memory of QPs, as the HTTP client keeps it
+        report = {"paths": body["paths"], "weights": body["weights"], "peers": body["peers"]}
+        out = {keys.report_key(self.node): json.dumps(report, sort_keys=True)}
+        for k, v in self.memory.items():
+            val = {"path": v["path"], "active": v["active"]}
+            if not v["active"]:          # when it last carried traffic, on the wall clock
+                val["since"] = round(v["seen"] + self.wall_offset, 2)
+            out[keys.qp_key(self.node, k)] = json.dumps(val, sort_keys=True)
+        for q in body["qps"]:
+            if q.get("fixed"):           # placed through verbs: never moved, counted on its links
+                out[keys.qp_key(self.node, (q["peer"], 0, q["qp"]))] = json.dumps(
+                    {"path": q["path"], "active": True, "fixed": True}, sort_keys=True)
+        return out
+
+    def report_once(self) -> int:
+        """Write what changed since the last round (everything under a new lease); returns the
+        number of keys written or deleted."""
+        try:
+            self._keep_lease()
+            want = self.wanted()
+            puts = {k: v for k, v in want.items() if self.written.get(k) != v}
+            deletes = [k for k in self.written if k not in want]
+            if puts or deletes:
+                self.etcd.apply(puts, deletes, lease=self.lease)
+                self.written = want
+                self.counters["writes"] += len(puts)
+                self.counters["deletes"] += len(deletes)
+            if not self._watching:
+                self._start_watch()
+            return len(puts) + len(deletes)
+        except (EtcdUnavailable, EtcdError) as e:
+            raise coordapi.CoordinatorError(f"etcd: {e}") from None
+
+    def _keep_lease(self):
+        now = time.monotonic()
+        if self.lease and now - self.kept_alive < self.lease_ttl_s / 3:
+            return
+        if self.lease and self.etcd.lease_keepalive(self.lease) > 0:
+            self.kept_alive = now
+            return
+        if self.lease:
+            log.warning("etcd lease %x of %s ended: writing everything again", self.lease, self.node)
+        self.lease = self.etcd.lease_grant(self.lease_ttl_s)
+        self.kept_alive, self.written = now, {}
+        self.counters["leases"] += 1
+
+    # ---- placements ------------------------------------------------------------------------
+    def _start_watch(self):
+        self._watching = True
+        threading.Thread(target=self._watch, name="placements", daemon=True).start()
+
+    def _watch(self):
+        prefix = keys.placements_prefix(self.node)
+        while not self.stop.is_set():
+            try:
+                kvs, rev = self.etcd.get_prefix(prefix)
+                self.placed = {}
+                for kv in kvs:
+                    self._placement(kv.key, kv.value)
+                self._apply()
+                for events, rev in self.etcd.watch_prefix(prefix, rev + 1, self.stop):
+                    for e in events:
+                        self._placement(e.kv.key, None if e.kind == "delete" else e.kv.value)
+                    self.counters["placement_events"] += len(events)
+                    self._apply()
+            except EtcdUnavailable:
+                self.stop.wait(0.5)           # the report round notices and falls back
+            except EtcdError as e:
+                log.info("placements watch: %s; reading them again", e)
+                self.stop.wait(0.1)
+            except Exception as e:            # noqa: BLE001 - logged and counted, then again
+                self.health.failed("placements", e, log, ())
+                self.stop.wait(0.5)
+
+    def _placement(self, key: str, value: bytes | None):
+        try:
+            q = keys.parse_qp_name(key[len(keys.placements_prefix(self.node)):])
+            if value is None:
+                self.placed.pop(q, None)
+            else:
+                self.placed[q] = int(value)
+        except ValueError:
+            log.warning("placement key %s: not one of ours; ignored", key)
+
+    def _apply(self):
+        index = {p.value: p.index for p in self.dp.paths() if p.valid}
+        want = {q: index[p] for q, p in self.placed.items() if p in index}
+        with self.dp.locked():
+            self.dp.set_placements(want)
