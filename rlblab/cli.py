@@ -39,7 +39,7 @@ def _lab(name: str):
         raise typer.BadParameter(f"no lab {name!r} is up (rlblab up)")
     s = json.loads(st.read_text())
     return open_lab(s["fabric"], name, mode=s["mode"], shape=s["shape"], monitor=s.get("monitor", False),
-                    coordinator=s.get("coordinator", False))
+                    coordinator=s.get("coordinator", False), etcd=s.get("etcd", False))
 
 
 @app.command()
@@ -58,6 +58,9 @@ def up(
     coordinator: bool = typer.Option(True, help="The fabric coordinator (rlbcoord) in <name>-mon: "
                                      "hosts report QPs and take its placements. --no-coordinator "
                                      "shows the hosts' local rule alone."),
+    etcd: bool = typer.Option(False, help="Run the coordinator on etcd: an etcd member in <name>-mon, "
+                              "an etcd user per host, leaf and coordinator, two coordinators (one "
+                              "leads); hosts and leaves write their state there."),
     name: str = typer.Option("rlb", help="Lab name (namespace prefix)."),
 ):
     """Build the fabric: namespaces, links, bird2 everywhere, agents; wait until converged.
@@ -76,12 +79,13 @@ def up(
         fabric = RUN_DIR / f"lab-{name}.toml"
         fabric.write_text(make_fabric(spines, leaves, hosts, stages, parallel=parallel))
     fabric = (fabric or DEFAULT_FABRIC).resolve()
-    lab = open_lab(fabric, name, mode=mode, shape=shape, monitor=monitor, coordinator=coordinator)
+    lab = open_lab(fabric, name, mode=mode, shape=shape, monitor=monitor, coordinator=coordinator, etcd=etcd)
     typer.echo(f"==> building {lab.fabric.summary()} from {fabric} ({mode}"
-               f"{', coordinator' if lab.coordinator else ''})")
+               f"{', coordinator' if lab.coordinator else ''}{' on etcd' if getattr(lab, 'etcd', False) else ''})")
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     _state(name).write_text(json.dumps({"fabric": str(fabric), "mode": mode, "shape": shape,
-                                        "monitor": monitor, "coordinator": lab.coordinator}))
+                                        "monitor": monitor, "coordinator": lab.coordinator,
+                                        "etcd": getattr(lab, "etcd", False)}))
     lab.up()
     typer.echo("==> waiting for BGP to converge")
     lab.wait_converged(120)
@@ -89,7 +93,10 @@ def up(
         lab.start_prometheus()
         typer.echo(f"Prometheus: ip netns exec {lab.ns('mon')} curl -s 127.0.0.1:9090/api/v1/targets "
                    f"(config {lab.work / 'prometheus.yml'}; dashboards in grafana/)")
-    if lab.coordinator:
+    if getattr(lab, "etcd", False):
+        typer.echo(f"etcd: {lab.etcd_url} in {lab.ns('mon')} (users' passwords in {lab.etcd_creds}); "
+                   f"coordinators {', '.join(lab.coordinator_urls().values())}, one leads")
+    elif lab.coordinator:
         typer.echo(f"coordinator: {lab.coordinator_url} in {lab.ns('mon')} (rlblab coordinator)")
     typer.echo(f"up: {', '.join(lab.namespaces())}; logs and bird sockets in {lab.work}")
 
@@ -238,8 +245,10 @@ def coordinator(name: str = typer.Option("rlb", help="Lab name."),
     lab = _lab(name)
     if not lab.coordinator:
         raise typer.BadParameter(f"lab {name} runs without a coordinator")
+    key = lab.leading_coordinator() if getattr(lab, "etcd", False) else None
+    url = lab.coordinator_urls()[key] if key else lab.coordinator_url
     with netns.inside(lab.ns("mon")):
-        coord_cli.status(lab.coordinator_url, as_json)
+        coord_cli.status(url, as_json)
 
 
 def _set_link(name: str, leaf: str, spine: str, link: int, state: str):

@@ -19,6 +19,7 @@ from rlbcommon import coordapi, netns
 from rlbcommon.coordapi import url_for
 from rlbcommon.netns import run
 from rlbfabric.bird.conf import initial_includes, render
+from rlbfabric.coord import etcdauth, keys
 from rlbfabric.deploy import AGENT_CAPS, COORDINATOR_CAPS, confined
 from rlbfabric.fabric import Fabric, load
 from rlbfabric.scrape import scrape_config
@@ -26,25 +27,32 @@ from rlbmonitor.alerts import write as write_rules
 
 from . import topo
 from .bird import Bird
+from .etcdserver import EtcdServer
 from .traffic import Flow, QpRun, open_raw, send
 from .workdir import lab_dir
 
 
 class FabricLab:
     KIND = "clos"
-    OPTIONS = ("hosts_agent", "mode", "shape", "monitor", "coordinator")    # what open_lab passes on
+    OPTIONS = ("hosts_agent", "mode", "shape", "monitor", "coordinator", "etcd")    # what open_lab passes on
+    COORDINATORS = ("c1", "c2")      # with etcd: two, one leads
+    ETCD_PORT = 2379
     MGMT = "fd00:99::"
     HOST_IF = "eth0"      # where rlbhost is attached on a host
 
     def __init__(self, fabric_file: str | Path, name: str = "rlbf", hosts_agent: bool = True,
-                 mode: str = "rlb", shape: bool = False, monitor: bool = False, coordinator: bool = True):
+                 mode: str = "rlb", shape: bool = False, monitor: bool = False, coordinator: bool = True,
+                 etcd: bool = False):
         """mode "rlb": XDP switches fed by bird, rlbhost on hosts. mode "baseline": the same
         fabric as people run it today: bird merges equal paths into kernel ECMP routes, the
         kernel forwards with fib_multipath_hash_policy=1, no XDP, no rlbhost.
         shape: tbf on every fabric link at its fabric-file rate (real bandwidth for kernel
         forwarding; XDP-redirected frames bypass qdiscs).
         coordinator (rlb mode): rlbcoord in <lab>-mon on the management network, host agents
-        reporting to it, leaves telling it their uplinks; without it hosts use the local rule."""
+        reporting to it, leaves telling it their uplinks; without it hosts use the local rule.
+        etcd (with the coordinator): an etcd member in <lab>-mon, every host, leaf and the
+        coordinators an etcd user of their own (rlbfabric etcd-users), two coordinators of which
+        one leads; hosts and leaves write there instead of reporting over HTTP."""
         if mode not in ("rlb", "baseline"):
             raise ValueError(f"mode {mode!r}: rlb or baseline")
         self.fabric_file = Path(fabric_file).resolve()
@@ -53,6 +61,7 @@ class FabricLab:
         self.name, self.mode, self.shape, self.monitor = name, mode, shape, monitor
         self.hosts_agent = hosts_agent and mode == "rlb"
         self.coordinator = coordinator and self.hosts_agent
+        self.etcd = etcd and self.coordinator
         self.work = lab_dir(name)
         self.birds: dict[str, Bird] = {}
         self.agents: dict[str, subprocess.Popen] = {}
@@ -75,7 +84,22 @@ class FabricLab:
 
     @property
     def coordinator_url(self) -> str:
+        """The coordinator's API (with etcd: the first one's; leader_url() finds the leader)."""
         return url_for(f"{self.MGMT}1")
+
+    def coordinator_urls(self) -> dict[str, str]:
+        if not self.etcd:
+            return {"coordinator": self.coordinator_url}
+        return {f"coordinator-{c}": url_for(f"{self.MGMT}1", coordapi.DEFAULT_PORT + i)
+                for i, c in enumerate(self.COORDINATORS)}
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://[{self.MGMT}1]:{self.ETCD_PORT}"
+
+    @property
+    def etcd_creds(self) -> Path:
+        return self.work / "etcd-creds"
 
     def namespaces(self) -> list[str]:
         return [self.ns(n.name) for n in self.switches] + [self.ns(h) for h in self.hosts] + [self.ns("mon")]
@@ -99,6 +123,8 @@ class FabricLab:
     # ---- lifecycle ------------------------------------------------------------------
     def up(self, timeout: float = 60.0):
         self._namespaces_up()
+        if self.etcd:
+            self.start_etcd()
         if self.coordinator:
             self.start_coordinator()
         for sw in self.switches:
@@ -187,7 +213,10 @@ class FabricLab:
             cmd += ["--control-only"]
         if self.monitor:
             cmd += ["--metrics-addr", self.mgmt_addr(node)]
-        if self.coordinator and self.fabric.node(node).role == "leaf":
+        if self.etcd and self.fabric.node(node).role == "leaf":
+            cmd += ["--etcd", self.etcd_url, "--etcd-password-file",
+                    str(etcdauth.password_file(self.etcd_creds, keys.switch_user(node)))]
+        elif self.coordinator and self.fabric.node(node).role == "leaf":
             cmd += ["--coordinator", self.coordinator_url]
         self._spawn(node, cmd, "following links")
 
@@ -196,21 +225,67 @@ class FabricLab:
                "eth0", "--fabric", str(self.fabric_file), "--node", host]
         if self.monitor:
             cmd += ["--metrics-addr", self.mgmt_addr(host)]
-        if self.coordinator:
+        if self.etcd:
+            cmd += ["--etcd", self.etcd_url, "--etcd-password-file",
+                    str(etcdauth.password_file(self.etcd_creds, keys.host_user(host))), "--report-ms", "100"]
+        elif self.coordinator:
             cmd += ["--coordinator", self.coordinator_url]
         self._spawn(host, cmd, "following addresses")
 
-    def start_coordinator(self):
-        """rlbcoord in <lab>-mon, listening on the management network's first address, with the
-        capabilities its unit gives it (none)."""
-        cmd = ["ip", "netns", "exec", self.ns("mon"), *confined(
-            [sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(self.fabric_file),
-             "--listen", f"{self.MGMT}1"], COORDINATOR_CAPS)]
-        self._spawn("coordinator", cmd, "listening on")
-
-    def coordinator_status(self) -> dict:
+    def start_etcd(self):
+        """One etcd member in <lab>-mon on the management network (a fresh store: an earlier
+        lab's users and keys would linger), then a user per host, leaf and coordinator."""
+        server = EtcdServer(self.work, f"{self.MGMT}1", self.ETCD_PORT, self.ETCD_PORT + 1,
+                            netns=self.ns("mon"), fast=True)
+        shutil.rmtree(server.data, ignore_errors=True)
+        shutil.rmtree(self.etcd_creds, ignore_errors=True)
         with netns.inside(self.ns("mon")):
-            return coordapi.call(self.coordinator_url, coordapi.STATUS)
+            server.start()
+            self.agents["etcd"] = server.proc
+            etcdauth.issue(self.fabric, [self.etcd_url], self.etcd_creds)
+        self.etcd_server = server
+
+    def start_coordinator(self, which: str | None = None):
+        """rlbcoord in <lab>-mon, listening on the management network's first address, with the
+        capabilities its unit gives it (none). With etcd: each of COORDINATORS (or `which`) on a
+        port of its own, following etcd as the coordinators' user."""
+        for key, url in self.coordinator_urls().items():
+            name = key.split("-", 1)[-1]
+            if which is not None and name != which:
+                continue
+            args = [sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(self.fabric_file),
+                    "--listen", f"{self.MGMT}1", "--port", url.rsplit(":", 1)[1]]
+            if self.etcd:
+                args += ["--etcd", self.etcd_url, "--name", name, "--lease-ttl-s", "1", "--etcd-password-file",
+                         str(etcdauth.password_file(self.etcd_creds, keys.COORDINATOR_USER))]
+            self._spawn(key, ["ip", "netns", "exec", self.ns("mon"), *confined(args, COORDINATOR_CAPS)],
+                        "listening on")
+
+    def coordinator_status(self, key: str | None = None) -> dict:
+        """The coordinator's status (with etcd: the leader's, or `key`'s)."""
+        with netns.inside(self.ns("mon")):
+            urls = self.coordinator_urls()
+            if key is not None:
+                return coordapi.call(urls[key], coordapi.STATUS)
+            statuses = []
+            for k, url in urls.items():
+                try:
+                    statuses.append(coordapi.call(url, coordapi.STATUS, timeout=1.0))
+                except coordapi.CoordinatorError:
+                    continue
+            if not statuses:
+                raise coordapi.CoordinatorError(f"no coordinator of lab {self.name} answers")
+            return next((s for s in statuses if s.get("etcd", {}).get("leading")), statuses[0])
+
+    def leading_coordinator(self) -> str | None:
+        """With etcd: the key (coordinator-c1, ...) of the one leading now."""
+        for key in self.coordinator_urls():
+            try:
+                if self.coordinator_status(key).get("etcd", {}).get("leading"):
+                    return key
+            except coordapi.CoordinatorError:
+                continue
+        return None
 
     def start_prometheus(self, port: int = 9090):
         """A real Prometheus (Debian's) in <lab>-mon scraping every agent every second; its API
@@ -220,7 +295,7 @@ class FabricLab:
         targets = {n.name: (self.mgmt_addr(n.name), n.role) for n in self.switches}
         if self.hosts_agent:
             targets.update({h: (self.mgmt_addr(h), "host") for h in self.hosts})
-        if self.coordinator:
+        if self.coordinator and not self.etcd:
             targets["coordinator"] = (f"{self.MGMT}1", "coordinator")
         conf = self.work / "prometheus.yml"
         conf.write_text(scrape_config(targets, rule_files=[str(write_rules(self.work))]))

@@ -1,0 +1,124 @@
+"""The coordinator on etcd, end to end (issue 31): `rlblab up --etcd` — an etcd member in the lab's
+management namespace, an etcd user per host, leaf and coordinator, two `rlbcoord --etcd` of which
+one leads, `rlbhost --etcd` on every host and `rlbswitch --etcd` on the leaves. Balance through
+etcd, a forged report refused by etcd, the leader killed mid-collective, etcd itself killed."""
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from rlbcommon import netns
+from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
+from rlbfabric import workloads
+from rlbfabric.coord import etcdauth, keys
+from rlbhost.dataplane import HostDataplane
+from rlblab.matrix import FORGET_S, run_matrix
+
+from .conftest import fabric_lab, h1_to_h3_during
+
+pytestmark = pytest.mark.netns
+LAB = Path(__file__).resolve().parent.parent / "lab"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with fabric_lab(LAB / "fabric.toml", "rlbet", etcd=True) as lab:
+        yield lab
+
+
+def as_user(lab, user: str) -> Etcd:
+    return Etcd(lab.etcd_url, user, etcdauth.read_password(etcdauth.password_file(lab.etcd_creds, user)))
+
+
+def placements(lab, host: str) -> dict:
+    with netns.inside(lab.ns(host)):
+        dp = HostDataplane(lab.ns(host))
+        try:
+            return dp.placements()
+        finally:
+            dp.close()
+
+
+@pytest.mark.parametrize("kind, per_conn", [("pairs", 2), ("all-to-all", 1), ("ring", 3)])
+def test_placements_through_etcd_reach_the_best(lab, kind, per_conn):
+    conns = workloads.connections(kind, lab.hosts, random.Random(per_conn))
+    r = run_matrix(lab, conns, per_conn, packets=150, seed=40 + per_conn, bursts=2)
+    time.sleep(FORGET_S)
+    best, got = r.best(lab.fabric), r.figures(1)
+    print(f"\n{kind} x{per_conn}: best {best}, local {r.figures(0)}, through etcd {got}, "
+          f"placed after {r.placed_after_s} s")
+    assert got[0] <= best[0] + 0.05 and got[1] <= best[1] + 0.05, (got, best)
+    assert r.placed_after_s is not None and r.placed_after_s < 0.5, (r.placed_after_s, r.unplaced)
+
+
+def test_a_forged_report_and_a_forged_link_report_are_refused_by_etcd(lab):
+    """h2's credentials cannot write h1's QPs; l2's cannot say l1's uplinks are down."""
+    with netns.inside(lab.ns("mon")):
+        h2, l2 = as_user(lab, keys.host_user("h2")), as_user(lab, keys.switch_user("l2"))
+        for call in (lambda: h2.put(keys.qp_key("h1", ("fc00::1", 1, 1)), json.dumps({"path": 1, "active": True})),
+                     lambda: h2.delete_prefix(keys.host_prefix("h1")),
+                     lambda: l2.put(keys.uplinks_key("l1"), json.dumps({"eth-s1": False})),
+                     lambda: h2.put(keys.placement_key("h2", ("fc00::1", 1, 1)), "1")):
+            with pytest.raises(EtcdError) as e:
+                call()
+            assert e.value.code == PERMISSION_DENIED
+        assert lab.coordinator_status()["dead_links"] == []
+
+
+def test_the_leader_killed_mid_collective_a_standby_leads_nothing_moves_nothing_lost(lab):
+    """4 QPs h1 -> h3 at 2000 packets/s for 4 s; the leading coordinator is killed (SIGKILL) once
+    they are placed. The standby leads within 2 s, not one placement changes, every packet
+    arrives; then it places new QPs."""
+    seen = {}
+
+    def kill_the_leader():
+        seen["before"] = placements(lab, "h1")
+        seen["leader"] = lab.leading_coordinator()
+        t0 = time.monotonic()
+        lab.kill_agent(seen["leader"])
+        while lab.leading_coordinator() is None and time.monotonic() - t0 < 10:
+            time.sleep(0.02)
+        seen["took"] = time.monotonic() - t0
+        seen["new"] = lab.leading_coordinator()
+
+    try:
+        sent, received, _ = h1_to_h3_during(lab, 2000, 2000, kill_the_leader, seed=77, payload_len=256, lead_s=0.8)
+        time.sleep(0.5)
+        after = placements(lab, "h1")
+        print(f"\n{seen['leader']} killed: {seen['new']} leads after {seen['took']:.2f} s; "
+              f"{received}/{sent} packets arrived; placements {len(seen['before'])} -> {len(after)}")
+        assert len(seen["before"]) == 4 and after == seen["before"]
+        assert seen["new"] not in (None, seen["leader"]) and seen["took"] < 2.0
+        assert sent == 8000 and received == 8000
+        time.sleep(FORGET_S)
+        r = run_matrix(lab, [("h2", "h4")], 4, packets=100, seed=78, bursts=2)
+        assert r.placed_after_s is not None and r.placed_after_s < 0.5, r.unplaced
+        assert r.figures(1)[0] <= r.best(lab.fabric)[0] + 0.05
+    finally:
+        lab.start_coordinator(seen.get("leader", "").split("-", 1)[-1] or None)
+        time.sleep(FORGET_S)
+
+
+def test_etcd_killed_and_restarted_loses_nothing_and_placements_resume(lab):
+    """etcd dies under a stream: forwarding never waits on it (0 lost), the hosts keep their
+    placements, then decide locally; etcd back, new QPs are placed through it again."""
+    seen = {}
+
+    def kill_etcd():
+        seen["before"] = placements(lab, "h1")
+        lab.kill_agent("etcd")
+
+    sent, received, _ = h1_to_h3_during(lab, 2000, 2000, kill_etcd, seed=88, payload_len=256, lead_s=0.8)
+    assert len(seen["before"]) == 4 and sent == 8000 and received == 8000
+    with netns.inside(lab.ns("mon")):
+        lab.etcd_server.start()
+        lab.agents["etcd"] = lab.etcd_server.proc
+    time.sleep(FORGET_S)
+    r = run_matrix(lab, [("h1", "h3"), ("h2", "h4")], 2, packets=100, seed=89, bursts=2)
+    print(f"\netcd back: placed after {r.placed_after_s} s, {r.figures(1)}")
+    assert r.placed_after_s is not None and r.placed_after_s < 1.0, r.unplaced
+    assert r.figures(1)[0] <= r.best(lab.fabric)[0] + 0.05
