@@ -27,6 +27,7 @@ from .coordclient import CoordinatorClient
 from .dataplane import HostDataplane
 
 log = logging.getLogger(__name__)
+IDLE_WRITE_S = 1.0
 
 
 class EtcdCoordinatorClient(CoordinatorClient):
@@ -49,9 +50,14 @@ class EtcdCoordinatorClient(CoordinatorClient):
         body = self.body()              # the memory of QPs, as the HTTP client keeps it
         report = {"paths": body["paths"], "weights": body["weights"], "peers": body["peers"]}
         out = {keys.report_key(self.node): json.dumps(report, sort_keys=True)}
+        now = time.monotonic()
         for k, v in self.memory.items():
-            val = {"path": v["path"], "active": v["active"]}
-            if not v["active"]:          # when it last carried traffic, on the wall clock
+            # idle is news only after IDLE_WRITE_S: a collective's QPs pause between iterations
+            # longer than the conntrack expiry, and two writes per QP per iteration would be
+            # most of etcd's load (docs/operations.md, the arithmetic)
+            idle = not v["active"] and now - v["seen"] >= IDLE_WRITE_S
+            val = {"path": v["path"], "active": not idle}
+            if idle:                     # when it last carried traffic, on the wall clock
                 val["since"] = round(v["seen"] + self.wall_offset, 2)
             out[keys.qp_key(self.node, k)] = json.dumps(val, sort_keys=True)
         for q in body["qps"]:

@@ -197,7 +197,10 @@ def test_the_host_client_writes_changes_only_and_applies_watched_placements(etcd
         dp._qps = live[1:]                                       # one idle: swept from conntrack
         dp.swept = {}
         live[0]["active"] = False
-        client.memory[(live[0]["peer"], live[0]["sport"], live[0]["qp"])]["active"] = False
+        idle = client.memory[(live[0]["peer"], live[0]["sport"], live[0]["qp"])]
+        idle["active"] = False
+        assert client.report_once() == 0                         # a pause between iterations: no news
+        idle["seen"] -= 1.0                                      # idle for a second: one write
         assert client.report_once() == 1
         time.sleep(0.3)
         assert sorted(dp.placed.values()) == [0, 1, 2, 3]        # nothing moved for it
