@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -291,3 +292,15 @@ def test_the_coordinators_loads_choose_a_new_verbs_qps_path_and_count_what_was_p
     assert view.best(addr("h2", 1), {1, 2}) is None                  # same leaf: no fabric link
     clock.t += 4
     assert view.best(addr("h3", 1), {1, 2, 3, 4}) is None            # stale: the local rule
+
+
+def test_weights_that_are_not_finite_are_refused(coord):
+    for w in ("Infinity", "NaN", -1):
+        body = report("h1", [("h3", 50000, 1, 1)], weights=[{"prefix": "::/0", "weights": {"1": w, "2": 1}}])
+        data = json.dumps(body).replace('"Infinity"', "Infinity").replace('"NaN"', "NaN").encode()
+        req = urllib.request.Request(coord.url + coordapi.REPORT.format("h1"), data=data,
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=2)
+        assert e.value.code == 400 and b"finite" in e.value.read()
+    assert coordapi.call(coord.url, coordapi.STATUS)["qps"]["fabric"] == 0

@@ -346,3 +346,21 @@ def test_release_targets_against_brute_force():
             if sum(cand) != total or any(d and c > math.floor(e + 1e-9) for d, c, e in zip(degraded, cand, exact)):
                 continue
             assert moves <= sum(max(0, c - x) for c, x in zip(counts, cand))
+
+
+def test_groups_are_freed_with_their_last_qp_and_weights_must_be_finite():
+    """Weights differ per QP (a host's capacity changes, verbs peers): each weight ratio is a
+    group, and a group whose QPs have all gone must go too, or a long-running coordinator grows
+    without bound. An infinite weight once made a NaN-keyed group per QP."""
+    p = Placement(3, 4)
+    for i in range(200):
+        p.add(i, 0, 1 + i % 2, weights=[1.0, 1.0 + i, 1.0, 0.5])
+    assert len(p.groups) == 200
+    p.solve()
+    for i in range(200):
+        p.remove(i)
+    assert p.groups == {} and all(g == [] for side in p.at for g in side)
+    for bad in ([math.inf, 1, 1, 1], [math.nan, 1, 1, 1], [-1, 1, 1, 1]):
+        with pytest.raises(ValueError, match="finite non-negative"):
+            p.add("x", 0, 1, weights=bad)
+    assert p.groups == {}

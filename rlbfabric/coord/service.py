@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -238,6 +239,8 @@ class Coordinator:
                 ws = {int(k): float(v) for k, v in t["weights"].items()}
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise BadRequest(f"weights entry {t!r}: {e}") from None
+            if not all(math.isfinite(v) and v >= 0 for v in ws.values()):
+                raise BadRequest(f"weights entry {t!r}: weights must be finite and not negative")
             out.append((net, ws))
         return sorted(out, key=lambda e: -e[0].prefixlen)
 

@@ -177,8 +177,8 @@ class Placement:
             w = tuple(1.0 if mask >> c & 1 else 0.0 for c in range(self.n_colours))
         else:
             w = tuple(float(x) for x in weights)
-            if len(w) != self.n_colours or any(x < 0 or math.isnan(x) for x in w):
-                raise ValueError(f"QP {key!r}: {self.n_colours} non-negative weights expected, got {w}")
+            if len(w) != self.n_colours or any(x < 0 or not math.isfinite(x) for x in w):
+                raise ValueError(f"QP {key!r}: {self.n_colours} finite non-negative weights expected, got {w}")
             top = max(w) or 1.0
             w = tuple(round(x / top, 6) for x in w)     # equal ratios share a group
         g = self.groups.get((a, b, w))
@@ -204,8 +204,13 @@ class Placement:
             self.unplaced.pop(key, None)
         else:
             self._unset(key, q)
-        q.group.size -= 1
-        self._dirty |= {(UP, q.group.a), (DOWN, q.group.b)}
+        g = q.group
+        g.size -= 1
+        self._dirty |= {(UP, g.a), (DOWN, g.b)}
+        if g.size == 0:                 # freed: groups come and go with weights and leaf pairs
+            del self.groups[(g.a, g.b, g.weights)]
+            for side, v in ((UP, g.a), (DOWN, g.b)):
+                self.at[side][v] = [x for x in self.at[side][v] if x is not g]
         return True
 
     def colour(self, key: Hashable) -> int | None:
