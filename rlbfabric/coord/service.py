@@ -292,35 +292,41 @@ class Coordinator:
                 self._solve()
 
     def status(self) -> dict:
+        """What the model holds now. The lock is held only to copy it: the figures (a bound over
+        every QP's leaf pair) are computed after, so a scrape never delays a placement."""
         with self.lock:
             now = self.clock()
             loads = self.placer.link_loads()
             caps = {lf: self.placer.caps(lf) for lf in loads}
-            up = {lf: v["up"] for lf, v in loads.items()}
-            down = {lf: v["down"] for lf, v in loads.items()}
-            got = balance.figures(up, down, caps)
-            best = balance.best_figures(self.fabric, [(q.src, q.dst) for q in self.placer.qps.values()], caps)
+            pairs = [(q.src, q.dst) for q in self.placer.qps.values()]
             active = self.placer.active()
             act = self.placer.link_loads(tiers=1)
-            got_a = balance.figures({lf: v["up"] for lf, v in act.items()},
-                                    {lf: v["down"] for lf, v in act.items()}, caps)
-            best_a = balance.best_figures(self.fabric, [(self.placer.qps[k].src, self.placer.qps[k].dst)
-                                                        for k in active], caps)
-            return {
-                "hosts": {h: {"qps": len(e["keys"]), "age_s": round(now - e["seen"], 3)}
-                          for h, e in sorted(self.hosts.items())},
-                "qps": {"fabric": len(self.placer.qps), "local": len(self.placer.local),
-                        "newest": len(active)},
-                "links": {lf: {**loads[lf], "capacity_mbps": caps[lf]} for lf in loads},
-                "balance": {"up": got[0], "down": got[1], "best_up": best[0], "best_down": best[1]},
-                # the newest generation alone (the QPs active now and those idle just as long):
-                # placed as if the older ones did not exist
-                "balance_newest": {"up": got_a[0], "down": got_a[1], "best_up": best_a[0], "best_down": best_a[1]},
-                "over_target": self.placer.excess(),
-                "dead_links": [f"{lf}/{c + 1}" for lf, c in self.placer.dead_links()],
-                "last_solve_ms": round(self.last_solve_s * 1000, 3),
-                "counters": dict(self.counters),
-            }
+            pairs_a = [(self.placer.qps[k].src, self.placer.qps[k].dst) for k in active]
+            hosts = {h: {"qps": len(e["keys"]), "age_s": round(now - e["seen"], 3)}
+                     for h, e in sorted(self.hosts.items())}
+            n_local = len(self.placer.local)
+            excess, dead = self.placer.excess(), self.placer.dead_links()
+            last, counters = self.last_solve_s, dict(self.counters)
+        up = {lf: v["up"] for lf, v in loads.items()}
+        down = {lf: v["down"] for lf, v in loads.items()}
+        got = balance.figures(up, down, caps)
+        best = balance.best_figures(self.fabric, pairs, caps)
+        got_a = balance.figures({lf: v["up"] for lf, v in act.items()},
+                                {lf: v["down"] for lf, v in act.items()}, caps)
+        best_a = balance.best_figures(self.fabric, pairs_a, caps)
+        return {
+            "hosts": hosts,
+            "qps": {"fabric": len(pairs), "local": n_local, "newest": len(active)},
+            "links": {lf: {**loads[lf], "capacity_mbps": caps[lf]} for lf in loads},
+            "balance": {"up": got[0], "down": got[1], "best_up": best[0], "best_down": best[1]},
+            # the newest generation alone (the QPs active now and those idle just as long):
+            # placed as if the older ones did not exist
+            "balance_newest": {"up": got_a[0], "down": got_a[1], "best_up": best_a[0], "best_down": best_a[1]},
+            "over_target": excess,
+            "dead_links": [f"{lf}/{c + 1}" for lf, c in dead],
+            "last_solve_ms": round(last * 1000, 3),
+            "counters": counters,
+        }
 
 
 def _lookup(tables, addr: ipaddress.IPv6Address) -> dict[int, float]:
