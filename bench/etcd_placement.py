@@ -1,0 +1,190 @@
+"""The coordinator with etcd in the loop, at fabric scale (issue 31): a real etcd member (Debian's),
+one coordinator following it (EtcdCoordination, in this process), and simulated host agents that
+write a collective's QPs the way rlbhost --etcd does (one transaction per host: its report and one
+key per QP, under its lease). Measured: from a host's write to its placements being readable in
+etcd (median, p99), etcd transactions and keys written per second, the coordinator's CPU; next to
+today's HTTP coordinator on the same workload (each host posting its full report).
+
+    .venv/bin/python bench/etcd_placement.py [--leaves 32 --hosts 32 --spines 8 --qps 8]
+
+No etcd authentication here (a user per simulated host would cost a bcrypt hash each to create);
+the lab and the tests run with it."""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rlbcommon.etcd import Etcd  # noqa: E402
+from rlbfabric import workloads  # noqa: E402
+from rlbfabric.coord import keys  # noqa: E402
+from rlbfabric.coord.etcdrun import EtcdCoordination  # noqa: E402
+from rlbfabric.coord.service import Coordinator  # noqa: E402
+from rlblab.etcdserver import EtcdServer  # noqa: E402
+
+from placement_sim import model_fabric  # noqa: E402
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def host_writes(fabric, host: str, peers: list[str], qps: int, rnd: random.Random) -> tuple[dict, dict]:
+    """The keys rlbhost --etcd writes for `qps` QPs of `host` towards peers (all on path 1), and
+    the same as one HTTP report."""
+    leaf, port = fabric.leaf_of_host(host)
+    nets = fabric.host_prefixes(leaf, port)
+    addr = {k + 1: str(n.network_address + 1) for k, n in enumerate(nets)}
+    report = {"paths": {str(k): a for k, a in addr.items()},
+              "weights": [{"prefix": "::/0", "weights": {str(k): 1 for k in addr}}], "peers": []}
+    puts = {keys.report_key(host): json.dumps(report, sort_keys=True)}
+    body = dict(report, qps=[])
+    for i in range(qps):
+        p = peers[i % len(peers)]
+        pl, pp = fabric.leaf_of_host(p)
+        peer = str(fabric.host_prefixes(pl, pp)[0].network_address + 1)
+        q = (peer, 49152 + rnd.randrange(16384), rnd.getrandbits(24))
+        puts[keys.qp_key(host, q)] = json.dumps({"active": True, "path": 1}, sort_keys=True)
+        body["qps"].append({"peer": q[0], "sport": q[1], "qp": q[2], "path": 1, "bytes": 0, "active": True})
+    return puts, body
+
+
+def run_etcd(fabric, writes: dict[str, dict], workers: int) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="rlb-etcdbench-"))
+    server = EtcdServer(work, client_port=free_port(), peer_port=free_port()).start()
+    try:
+        client = Etcd(server.url, timeout=30.0)
+        coord = EtcdCoordination(Coordinator(fabric, host_timeout_s=1e9), client, "bench", lease_ttl_s=10)
+        coord.start()
+        while not coord.leading.is_set():
+            time.sleep(0.01)
+        lease = client.lease_grant(60)
+        placed_at: dict[str, float] = {}
+        want = {h: sum(1 for k in w if "/qps/" in k) for h, w in writes.items()}
+        done = threading.Event()
+        stop = threading.Event()
+
+        def watch():
+            _, rev = client.get_prefix(keys.placements_root())
+            have: dict[str, int] = {}
+            for events, _ in client.watch_prefix(keys.placements_root(), rev + 1, stop, idle_s=60):
+                now = time.monotonic()
+                for e in events:
+                    _, host, _ = keys.split(e.kv.key)
+                    have[host] = have.get(host, 0) + 1
+                    if have[host] >= want[host] and host not in placed_at:
+                        placed_at[host] = now
+                if len(placed_at) == len(want):
+                    done.set()
+                    return
+        w = threading.Thread(target=watch, daemon=True)
+        w.start()
+        time.sleep(0.3)
+        written_at: dict[str, float] = {}
+        t0 = time.monotonic()
+
+        def write(host):
+            written_at[host] = time.monotonic()
+            client.apply(writes[host], lease=lease)
+        with ThreadPoolExecutor(workers) as ex:
+            list(ex.map(write, list(writes)))
+        t_written = time.monotonic() - t0
+        done.wait(600)
+        total = time.monotonic() - t0
+        stop.set()
+        lat = sorted(placed_at[h] - written_at[h] for h in placed_at)
+        c = coord.counters
+        n_keys = sum(len(w) for w in writes.values())
+        out = {"hosts placed": f"{len(placed_at)}/{len(writes)}",
+               "latency median ms": round(statistics.median(lat) * 1000, 1) if lat else None,
+               "latency p99 ms": round(lat[int(0.99 * (len(lat) - 1))] * 1000, 1) if lat else None,
+               "all placed after s": round(total, 2), "writes took s": round(t_written, 2),
+               "host keys written": n_keys, "placement keys written": c["placements_written"],
+               "etcd keys/s (in + out)": round((n_keys + c["placements_written"]) / total),
+               "transactions in": len(writes), "coordinator batches": c["batches"],
+               "solves": coord.coord.counters["solves"],
+               "solve s": round(coord.coord.counters["solve_seconds"], 2),
+               "coordinator CPU s (follow + place)": round(c["follow_cpu_s"] + c["place_cpu_s"], 2),
+               # nothing changes, nothing is written: lease keepalives go to etcd alone
+               "steady state: coordinator cores": 0}
+        coord.stop.set()
+        return out
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_http(fabric, bodies: dict[str, dict], workers: int) -> dict:
+    """The same reports to the in-process HTTP coordinator's model (no network: its cost alone)."""
+    coord = Coordinator(fabric, host_timeout_s=1e9)
+    lat = []
+    t0 = time.monotonic()
+    cpu0 = time.process_time()
+    lock = threading.Lock()
+
+    def post(host):
+        t = time.monotonic()
+        coord.report(host, bodies[host])
+        with lock:
+            lat.append(time.monotonic() - t)
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(post, list(bodies)))
+    total = time.monotonic() - t0
+    cpu = time.process_time() - cpu0
+    lat.sort()
+    return {"hosts placed": f"{len(lat)}/{len(bodies)}",
+            "latency median ms": round(statistics.median(lat) * 1000, 1),
+            "latency p99 ms": round(lat[int(0.99 * (len(lat) - 1))] * 1000, 1),
+            "all placed after s": round(total, 2), "solves": coord.counters["solves"],
+            "solve s": round(coord.counters["solve_seconds"], 2),
+            "coordinator CPU s (follow + place)": round(cpu, 2),
+            # every host reports every QP every 250 ms whether or not anything changed
+            "steady state: coordinator cores": round(cpu * 4, 2),
+            "reports/s to keep it current (every 250 ms)": len(bodies) * 4,
+            "QP records/s": sum(len(b["qps"]) for b in bodies.values()) * 4}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--leaves", type=int, default=32)
+    ap.add_argument("--hosts", type=int, default=32, help="hosts per leaf")
+    ap.add_argument("--spines", type=int, default=8)
+    ap.add_argument("--qps", type=int, default=8, help="fabric QPs per host (a permutation's peers)")
+    ap.add_argument("--workers", type=int, default=16, help="hosts writing at once")
+    a = ap.parse_args()
+    fabric = model_fabric(a.leaves, a.hosts, a.spines)
+    rnd = random.Random(1)
+    conns = workloads.connections("permutation", fabric.hosts, rnd)
+    peer_of = {}
+    for s, d in conns:
+        peer_of.setdefault(s, []).append(d)
+    writes, bodies = {}, {}
+    for h in fabric.hosts:
+        peers = [p for p in peer_of.get(h, []) if fabric.leaf_of_host(p)[0] is not fabric.leaf_of_host(h)[0]]
+        if peers:
+            writes[h], bodies[h] = host_writes(fabric, h, peers, a.qps, rnd)
+    print(f"{a.leaves} leaves x {a.hosts} hosts x {a.spines} spines: {len(writes)} hosts start "
+          f"{a.qps} fabric QPs each at once ({len(writes) * a.qps} QPs)")
+    http = run_http(fabric, bodies, a.workers)
+    etcd = run_etcd(fabric, writes, a.workers)
+    names = list(dict.fromkeys([*etcd, *http]))
+    print(f"{'':<44}{'etcd (rlbcoord --etcd)':>24}{'HTTP (rlbcoord)':>20}")
+    for n in names:
+        print(f"{n:<44}{str(etcd.get(n, '')):>24}{str(http.get(n, '')):>20}")
+
+
+if __name__ == "__main__":
+    main()
