@@ -58,9 +58,10 @@ def up(
     coordinator: bool = typer.Option(True, help="The fabric coordinator (rlbcoord) in <name>-mon: "
                                      "hosts report QPs and take its placements. --no-coordinator "
                                      "shows the hosts' local rule alone."),
-    etcd: bool = typer.Option(False, help="Run the coordinator on etcd: an etcd member in <name>-mon, "
+    etcd: bool = typer.Option(True, help="The coordinator on etcd: an etcd member in <name>-mon, "
                               "an etcd user per host, leaf and coordinator, two coordinators (one "
-                              "leads); hosts and leaves write their state there."),
+                              "leads); hosts and leaves write their state there. --no-etcd: one "
+                              "coordinator taking reports over HTTP."),
     name: str = typer.Option("rlb", help="Lab name (namespace prefix)."),
 ):
     """Build the fabric: namespaces, links, bird2 everywhere, agents; wait until converged.

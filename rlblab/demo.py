@@ -128,7 +128,7 @@ def main(keep: bool = False, chart: Path | None = Path("rlb-demo.png")) -> int:
     results, many = {}, {}
     for mode, label in (("baseline", "kernel ECMP"), ("rlb", "RLB")):
         step(f"building the fabric as {label} ({'bird ECMP into the kernel, hash policy 1' if mode == 'baseline' else 'bird + XDP switches + rlbhost'})")
-        lab = FabricLab(FABRIC, "rlbdemo", mode=mode)
+        lab = FabricLab(FABRIC, "rlbdemo", mode=mode, etcd=mode == "rlb")   # the coordinator on etcd
         lab.up()
         lab.wait_converged(120)
         for n in (4, 8):
