@@ -128,6 +128,9 @@ class EtcdCoordination:
                 self.stop.wait(0.5)
             except EtcdError as e:                     # compacted: read the tree again
                 log.info("etcd watch: %s; reading the tree again", e)
+            except Exception as e:                     # noqa: BLE001 - logged, counted, again
+                self.health.failed("etcd-follower", e, log, ())
+                self.stop.wait(0.5)
 
     # ---- placing ---------------------------------------------------------------------------
     def _body(self, h: dict, now_wall: float) -> dict | None:
@@ -217,6 +220,9 @@ class EtcdCoordination:
             except EtcdError as e:
                 log.warning("%s: %s", self.name, e)
                 self.leading.clear()
+            except Exception as e:                     # noqa: BLE001 - logged, counted, again
+                self.health.failed("etcd-leadership", e, log, ())
+                self.leading.clear()
             self.stop.wait(self.lease_ttl_s / 4 if self.leading.is_set() else self.retry_s)
         if self.lease:
             try:
@@ -264,6 +270,10 @@ class EtcdCoordination:
                 with self.lock:
                     self.dirty.add("")
                 self.stop.wait(0.2)
+                self.wake.set()
+            except Exception as e:                     # noqa: BLE001 - logged, counted, again
+                self.health.failed("etcd-placer", e, log, ())
+                self.stop.wait(0.5)
                 self.wake.set()
             self.counters["place_cpu_s"] += time.thread_time() - t
 
