@@ -176,18 +176,21 @@ class Etcd:
         return bool(r.get("succeeded"))
 
     def apply(self, puts: dict[str, bytes | str], deletes: list[str] | tuple = (), lease: int = 0,
-              compare: list[dict] | None = None) -> bool:
+              compare: list[dict] | None = None) -> int:
         """Writes and deletions as transactions of at most MAX_TXN_OPS each (etcd's default
-        limit): one round trip per batch, not per key. With `compare` (e.g. created()), each
-        transaction applies only while it holds: False from the first that did not."""
+        limit): one round trip per batch, not per key. Returns the store's revision after the
+        last one. With `compare` (e.g. created()), each transaction applies only while it holds:
+        0 from the first that did not."""
         ops = [{"request_put": {"key": _b64(k), "value": _b64(v), **({"lease": str(lease)} if lease else {})}}
                for k, v in puts.items()]
         ops += [{"request_delete_range": {"key": _b64(k)}} for k in deletes]
+        rev = 0
         for i in range(0, len(ops), MAX_TXN_OPS):
             r = self.txn(compare or [], ops[i:i + MAX_TXN_OPS])
             if compare and not r.get("succeeded"):
-                return False
-        return True
+                return 0
+            rev = int(r["header"]["revision"])
+        return rev
 
     # ---- leases -------------------------------------------------------------------------
     def lease_grant(self, ttl_s: int) -> int:

@@ -121,13 +121,14 @@ def assemble(dp: HostDataplane, fabric: ClosFabric | None, opts: Options, health
                f"({', '.join(f'{p.value}:{p.address}' for p in paths)})")
     if opts.once:
         return Assembled(agent, summary)
-    view = FabricView(fabric, node) if opts.coordinator and opts.verbs else None
+    view = FabricView(fabric, node) if (opts.coordinator or opts.etcd) and opts.verbs else None
     client = None
     if opts.coordinator:
         client = CoordinatorClient(dp, node, opts.coordinator, opts.report_ms / 1000, opts.qp_memory_s,
                                    health=health, view=view)
-    elif etcd is not None:     # no link loads come back through etcd: new verbs QPs by the local rule
-        client = EtcdCoordinatorClient(dp, node, etcd, opts.report_ms / 1000, opts.qp_memory_s, health=health)
+    elif etcd is not None:
+        client = EtcdCoordinatorClient(dp, node, etcd, opts.report_ms / 1000, opts.qp_memory_s, health=health,
+                                       view=view)
     service = verbs_service(dp, opts, health, view) if opts.verbs else None
 
     def close():

@@ -25,6 +25,7 @@ from rlbfabric.coord import keys
 
 from .coordclient import CoordinatorClient
 from .dataplane import HostDataplane
+from .verbs.advice import FabricView
 
 log = logging.getLogger(__name__)
 IDLE_WRITE_S = 1.0
@@ -33,8 +34,11 @@ IDLE_WRITE_S = 1.0
 class EtcdCoordinatorClient(CoordinatorClient):
     def __init__(self, dp: HostDataplane, node: str, etcd: Etcd, period_s: float = 0.1,
                  memory_s: float = 3.0, fallback_s: float = 3.0, lease_ttl_s: int = 3,
-                 health: Health | None = None):
-        super().__init__(dp, node, ",".join(etcd.endpoints), period_s, memory_s, fallback_s, health)
+                 health: Health | None = None, view: FabricView | None = None):
+        super().__init__(dp, node, ",".join(etcd.endpoints), period_s, memory_s, fallback_s, health, view)
+        self.leaf = view.leaf if view is not None else None
+        self.link_table: dict[str, dict] = {}      # leaf -> {"loads": ..., "through": revision}
+        self.writes: list[tuple[int, float]] = []  # (revision, when sent) of recent writes
         self.etcd, self.lease_ttl_s = etcd, lease_ttl_s
         self.lease = 0
         self.kept_alive = 0.0
@@ -75,12 +79,15 @@ class EtcdCoordinatorClient(CoordinatorClient):
             puts = {k: v for k, v in want.items() if self.written.get(k) != v}
             deletes = [k for k in self.written if k not in want]
             if puts or deletes:
-                self.etcd.apply(puts, deletes, lease=self.lease)
+                sent = time.monotonic()
+                rev = self.etcd.apply(puts, deletes, lease=self.lease)
+                self.writes = [*self.writes[-63:], (rev, sent)]
                 self.written = want
                 self.counters["writes"] += len(puts)
                 self.counters["deletes"] += len(deletes)
             if not self._watching:
                 self._start_watch()
+            self._tell_view()                # fresh as long as the watch is: nothing else comes
             return len(puts) + len(deletes)
         except (EtcdUnavailable, EtcdError) as e:
             raise coordapi.CoordinatorError(f"etcd: {e}") from None
@@ -101,22 +108,29 @@ class EtcdCoordinatorClient(CoordinatorClient):
     # ---- placements ------------------------------------------------------------------------
     def _start_watch(self):
         self._watching = True
-        threading.Thread(target=self._watch, name="placements", daemon=True).start()
+        threading.Thread(target=self._watch, name="placements", daemon=True,
+                         args=(keys.placements_prefix(self.node), self._placement, self._apply)).start()
+        if self.view is not None:
+            threading.Thread(target=self._watch, name="links", daemon=True,
+                             args=(keys.links_prefix(), self._links, self._tell_view)).start()
 
-    def _watch(self):
-        prefix = keys.placements_prefix(self.node)
+    def _watch(self, prefix: str, put, changed):
+        """Follow one prefix: put(key, value or None) per key, changed() after each batch."""
         while not self.stop.is_set():
             try:
                 kvs, rev = self.etcd.get_prefix(prefix)
-                self.placed = {}
+                if prefix == keys.links_prefix():
+                    self.link_table = {}
+                else:
+                    self.placed = {}
                 for kv in kvs:
-                    self._placement(kv.key, kv.value)
-                self._apply()
+                    put(kv.key, kv.value)
+                changed()
                 for events, rev in self.etcd.watch_prefix(prefix, rev + 1, self.stop):
                     for e in events:
-                        self._placement(e.kv.key, None if e.kind == "delete" else e.kv.value)
+                        put(e.kv.key, None if e.kind == "delete" else e.kv.value)
                     self.counters["placement_events"] += len(events)
-                    self._apply()
+                    changed()
             except EtcdUnavailable:
                 self.stop.wait(0.5)           # the report round notices and falls back
             except EtcdError as e:
@@ -135,6 +149,32 @@ class EtcdCoordinatorClient(CoordinatorClient):
                 self.placed[q] = int(value)
         except ValueError:
             log.warning("placement key %s: not one of ours; ignored", key)
+
+    def _links(self, key: str, value: bytes | None):
+        leaf = key[len(keys.links_prefix()):]
+        try:
+            if value is None:
+                self.link_table.pop(leaf, None)
+            else:
+                self.link_table[leaf] = json.loads(value)
+        except ValueError:
+            log.warning("link loads %s: not readable; ignored", key)
+
+    def _tell_view(self):
+        """The coordinator's loads as the verbs library's view takes them (what the HTTP reply
+        carries): this leaf's uplinks, every other leaf's downlinks; QPs written after the
+        revision the loads include stay pending in the view."""
+        if self.view is None or self.leaf not in self.link_table:
+            return
+        table = self.link_table
+        try:
+            links = {"leaf": self.leaf, "up": table[self.leaf]["loads"]["up"],
+                     "down": {lf: v["loads"]["down"] for lf, v in table.items() if lf != self.leaf}}
+            through = min(v.get("through", 0) for v in table.values())
+        except (KeyError, TypeError):
+            return
+        included = [t for rev, t in self.writes if rev <= through]
+        self.view.answered(links, max(included) if included else 0.0)
 
     def _apply(self):
         index = {p.value: p.index for p in self.dp.paths() if p.valid}

@@ -212,3 +212,28 @@ def test_the_host_client_writes_changes_only_and_applies_watched_placements(etcd
         assert dp.placed == {} and client.counters["fallbacks"] == 1
     finally:
         client.stop.set()
+
+
+def test_the_coordinators_link_loads_reach_the_verbs_librarys_view_through_etcd(etcd, coords):
+    """A verbs QP decided on h1 (path 2, fixed) is written as h1's; the leader writes l1's and
+    l2's link loads, which h1's view (what new verbs QPs are placed by) receives by its watch."""
+    from rlbhost.dataplane import VerbsQp
+    from rlbhost.etcdclient import EtcdCoordinatorClient
+    from rlbhost.verbs.advice import FabricView
+    dp = FakeHostDataplane("h1", [])
+    h3 = addr("h3", 1)
+    dp._verbs = [VerbsQp(h3, addr("h3", 2), 0x11, 0x21, 1, 0, 1, flags=1)]   # decided here, path 2
+    view = FabricView(FABRIC, "h1")
+    client = EtcdCoordinatorClient(dp, "h1", user(etcd, keys.host_user("h1")), view=view)
+    try:
+        client.report_once()
+        wait(lambda: view.links is not None and view.links["up"]["load"] == [0, 1, 0, 0], 3, "l1's loads")
+        assert view.links["down"]["l2"]["load"] == [0, 1, 0, 0]
+        assert view.best(addr("h4", 1), {1, 2, 3, 4}) == {1, 3, 4}      # path 2 holds the fixed QP
+        client.report_once()                                            # fresh while the watch is
+        assert view.best(addr("h4", 1), {1, 2, 3, 4}) == {1, 3, 4}
+        with pytest.raises(EtcdError) as e:                             # hosts read loads, never write
+            user(etcd, keys.host_user("h1")).put(keys.links_prefix() + "l1", "{}")
+        assert e.value.code == PERMISSION_DENIED
+    finally:
+        client.stop.set()

@@ -45,6 +45,8 @@ class EtcdCoordination:
         self.placed: dict[str, dict] = {}              # host -> {QpId: path}, as in etcd
         self.dirty: set[str] = set()                   # hosts whose keys changed since the last solve
         self.uplinks: dict[str, dict] = {}
+        self.links: dict[str, str] = {}                # leaf -> its link loads, as in etcd
+        self.through = 0                               # the revision the mirror has read up to
         self.lease = 0
         self.leader_rev = 0                            # our leader key's create revision
         self.leader: str | None = None
@@ -60,7 +62,7 @@ class EtcdCoordination:
     def _load(self) -> int:
         kvs, rev = self.etcd.get_prefix(keys.ROOT)
         with self.lock:
-            self.reports, self.placed, self.uplinks = {}, {}, {}
+            self.reports, self.placed, self.uplinks, self.links = {}, {}, {}, {}
             self.dirty = set(self.coord.hosts)         # hosts the model has and etcd may not
             for kv in kvs:
                 self._put(kv.key, kv.value)
@@ -68,12 +70,15 @@ class EtcdCoordination:
 
     def _put(self, key: str, value: bytes | None):
         """One key's new value (None: deleted) into the mirror (under the lock)."""
-        try:
-            tree, node, rest = keys.split(key)
-        except ValueError:
-            if key == keys.leader_key():
-                self.leader = value.decode() if value is not None else None
-            return
+        if key.startswith(keys.links_prefix()):
+            tree, node, rest = "links", key[len(keys.links_prefix()):], ""
+        else:
+            try:
+                tree, node, rest = keys.split(key)
+            except ValueError:
+                if key == keys.leader_key():
+                    self.leader = value.decode() if value is not None else None
+                return
         try:
             if tree == "hosts":
                 h = self.reports.setdefault(node, {"report": None, "qps": {}})
@@ -95,6 +100,11 @@ class EtcdCoordination:
                     p.pop(q, None)
                 else:
                     p[q] = int(value)
+            elif tree == "links":
+                if value is None:
+                    self.links.pop(node, None)
+                else:
+                    self.links[node] = json.dumps(json.loads(value)["loads"], sort_keys=True)
             elif tree == "switches" and rest == "uplinks" and value is not None:
                 self.uplinks[node] = json.loads(value)
                 self.dirty.add("")                     # "": a switch changed, solve
@@ -108,6 +118,7 @@ class EtcdCoordination:
         while not self.stop.is_set():
             try:
                 rev = self._load()
+                self.through = rev
                 self.synced.set()
                 if self._down_logged:
                     log.info("etcd reachable again: state read afresh")
@@ -118,6 +129,7 @@ class EtcdCoordination:
                     with self.lock:
                         for e in events:
                             self._put(e.kv.key, None if e.kind == "delete" else e.kv.value)
+                        self.through = rev - 1           # the store's changes read so far
                     self.wake.set()      # the placer takes whatever has come by then: one solve
                     self.counters["follow_cpu_s"] += time.thread_time() - t
                     self.health.ok("etcd-follower")
@@ -161,6 +173,7 @@ class EtcdCoordination:
                      for h in self.dirty if h}
             uplinks = dict(self.uplinks) if "" in self.dirty else {}
             self.dirty.clear()
+            through = self.through
         for switch, state in uplinks.items():
             try:
                 self.coord.links(switch, {"ports": state})
@@ -170,17 +183,23 @@ class EtcdCoordination:
         for host, why in bad.items():
             log.warning("report of %s refused: %s", host, why)
         self.counters["batches"] += 1
-        self.write_placements()
+        self.write_placements(through)
 
-    def write_placements(self):
-        """The model's placements against etcd's: only the differences, fenced by leadership."""
+    def write_placements(self, through: int = 0):
+        """The model's placements against etcd's: only the differences, fenced by leadership.
+        A leaf's link loads are written when they changed, saying which revision of the hosts'
+        writes they include (`through`): a host's verbs library counts its own QPs written
+        after that as pending."""
         want = self.coord.all_placements()
+        links = {leaf: json.dumps(v, sort_keys=True) for leaf, v in self.coord.link_table().items()}
         puts, deletes = {}, []
         with self.lock:
             for host in set(want) | set(self.placed):
                 have, new = self.placed.get(host, {}), want.get(host, {})
                 puts.update({keys.placement_key(host, q): str(p) for q, p in new.items() if have.get(q) != p})
                 deletes += [keys.placement_key(host, q) for q in have if q not in new]
+            puts.update({keys.links_prefix() + leaf: json.dumps({"loads": json.loads(v), "through": through})
+                         for leaf, v in links.items() if self.links.get(leaf) != v})
         if puts or deletes:
             self._fenced(puts, deletes)
 
@@ -192,12 +211,15 @@ class EtcdCoordination:
             return
         with self.lock:                                # as the watch will bring them back
             for k, v in puts.items():
+                if k.startswith(keys.links_prefix()):
+                    self.links[k[len(keys.links_prefix()):]] = json.dumps(json.loads(v)["loads"], sort_keys=True)
+                    continue
                 _, host, rest = keys.split(k)
                 self.placed.setdefault(host, {})[keys.parse_qp_name(rest)] = int(v)
             for k in deletes:
                 _, host, rest = keys.split(k)
                 self.placed.get(host, {}).pop(keys.parse_qp_name(rest), None)
-        self.counters["placements_written"] += len(puts)
+        self.counters["placements_written"] += sum(1 for k in puts if not k.startswith(keys.links_prefix()))
         self.counters["placements_deleted"] += len(deletes)
 
     # ---- leadership ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ One tree per fabric, under ROOT:
     hosts/<host>/...          a host's own reports (its paths, weights, QPs): that host writes
     switches/<switch>/...     a switch's own reports (a leaf's uplinks): that switch writes
     placements/<host>/...     the coordinator's placements for one host: that host reads
+    links/<leaf>              the coordinator's loads per leaf link: every host reads
     coordinator/...           the coordinators' election and state: coordinators only
 
 Each host and switch is an etcd user of its own whose role may write only its own subtree and
@@ -94,6 +95,12 @@ def placements_root() -> str:
     return f"{ROOT}placements/"
 
 
+def links_prefix() -> str:
+    """links/<leaf>: the coordinator's QPs placed per uplink and downlink of a leaf, with their
+    capacity: what a host's verbs library places a new QP by (every host reads them all)."""
+    return f"{ROOT}links/"
+
+
 def split(key: str) -> tuple[str, str, str]:
     """/rlb/<tree>/<node>/<rest> -> (tree, node, rest); ValueError for a key outside."""
     if not key.startswith(ROOT):
@@ -129,7 +136,8 @@ class Identity:
 
 def identities(fabric: Fabric) -> list[Identity]:
     """Every machine of the fabric that reports, and the coordinator."""
-    out = [Identity(host_user(h), (Grant(host_prefix(h), READWRITE), Grant(placements_prefix(h), READ)))
+    out = [Identity(host_user(h), (Grant(host_prefix(h), READWRITE), Grant(placements_prefix(h), READ),
+                                   Grant(links_prefix(), READ)))
            for h in fabric.hosts]
     out += [Identity(switch_user(s.name), (Grant(switch_prefix(s.name), READWRITE),)) for s in fabric.switches]
     out.append(Identity(COORDINATOR_USER, (Grant(ROOT, READWRITE),)))

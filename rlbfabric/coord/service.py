@@ -189,6 +189,16 @@ class Coordinator:
             seen[(host, str(peer), sport, qpn)] = QpInfo(host, dst, path, weights, nbytes, fixed, last)
         return seen
 
+    def link_table(self) -> dict[str, dict]:
+        """Every leaf's uplinks and downlinks: QPs placed (of the newest generation, which a new
+        QP joins) and capacity per colour (0: dead), as _links_for gives one host."""
+        with self.lock:
+            loads = self.placer.loads(tiers=1)
+            cap = self.placer.cap
+            return {lf.name: {"up": {"load": loads[UP][i], "cap": cap[UP][i]},
+                              "down": {"load": loads[DOWN][i], "cap": cap[DOWN][i]}}
+                    for i, lf in enumerate(self.fabric.leaves)}
+
     def _peer_hosts(self, body: dict) -> set[str]:
         """Hosts the reporter is about to place QPs towards (its verbs library's recent peers)."""
         peers = body.get("peers", [])
