@@ -45,7 +45,7 @@ class EtcdCoordinatorClient(CoordinatorClient):
         self.written: dict[str, str] = {}          # key -> value as last written under this lease
         self.placed: dict[keys.QpId, int] = {}     # path values, as the watch last said
         self.wall_offset = time.time() - time.monotonic()
-        self.counters.update({"writes": 0, "deletes": 0, "leases": 0, "placement_events": 0})
+        self.counters.update({"writes": 0, "deletes": 0, "leases": 0, "watch_events": 0})
         self._watching = False
 
     # ---- what is written -----------------------------------------------------------------
@@ -129,7 +129,7 @@ class EtcdCoordinatorClient(CoordinatorClient):
                 for events, rev in self.etcd.watch_prefix(prefix, rev + 1, self.stop):
                     for e in events:
                         put(e.kv.key, None if e.kind == "delete" else e.kv.value)
-                    self.counters["placement_events"] += len(events)
+                    self.counters["watch_events"] += len(events)
                     changed()
             except EtcdUnavailable:
                 self.stop.wait(0.5)           # the report round notices and falls back
