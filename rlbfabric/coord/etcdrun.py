@@ -41,6 +41,7 @@ class EtcdCoordination:
         self.lock = threading.Lock()                   # the mirror, between follower and leader
         self.placing = threading.Lock()
         self.wake = threading.Event()                  # the mirror changed: place
+        self.vacant = threading.Event()                # the leader key was deleted
         self.reports: dict[str, dict] = {}             # host -> {"report": dict | None, "qps": {QpId: dict}}
         self.placed: dict[str, dict] = {}              # host -> {QpId: path}, as in etcd
         self.dirty: set[str] = set()                   # hosts whose keys changed since the last solve
@@ -78,6 +79,8 @@ class EtcdCoordination:
             except ValueError:
                 if key == keys.leader_key():
                     self.leader = value.decode() if value is not None else None
+                    if value is None:
+                        self.vacant.set()            # the standbys try at once, not at their next retry
                 return
         try:
             if tree == "hosts":
@@ -245,7 +248,11 @@ class EtcdCoordination:
             except Exception as e:                     # noqa: BLE001 - logged, counted, again
                 self.health.failed("etcd-leadership", e, log, ())
                 self.leading.clear()
-            self.stop.wait(self.lease_ttl_s / 4 if self.leading.is_set() else self.retry_s)
+            if self.leading.is_set():
+                self.stop.wait(self.lease_ttl_s / 4)
+            else:
+                self.vacant.wait(self.retry_s)
+                self.vacant.clear()
         if self.lease:
             try:
                 self.etcd.lease_revoke(self.lease)
