@@ -20,22 +20,20 @@ def siphash24(key: bytes, msg: bytes) -> int:
     full = len(msg) // 8 * 8
     words = [m for (m,) in struct.iter_unpack("<Q", msg[:full])]
     words.append((len(msg) & 0xFF) << 56 | int.from_bytes(msg[full:], "little"))
-    for m in words:
-        v3 ^= m
-        for _ in range(2):
+    # each message word: 2 rounds between xors into v3 and v0; then the finalisation: 4 rounds
+    # after v2 ^= 0xFF (None below). One copy of the round, with local names only
+    for m, n in [*((m, 2) for m in words), (None, 4)]:
+        if m is None:
+            v2 ^= 0xFF
+        else:
+            v3 ^= m
+        for _ in range(n):
             v0 = (v0 + v1) & M64; v1 = ((v1 << 13) | (v1 >> 51)) & M64 ^ v0             # noqa: E702
             v0 = ((v0 << 32) | (v0 >> 32)) & M64                                          # noqa: E702
             v2 = (v2 + v3) & M64; v3 = ((v3 << 16) | (v3 >> 48)) & M64 ^ v2             # noqa: E702
             v0 = (v0 + v3) & M64; v3 = ((v3 << 21) | (v3 >> 43)) & M64 ^ v0             # noqa: E702
             v2 = (v2 + v1) & M64; v1 = ((v1 << 17) | (v1 >> 47)) & M64 ^ v2             # noqa: E702
             v2 = ((v2 << 32) | (v2 >> 32)) & M64                                          # noqa: E702
-        v0 ^= m
-    v2 ^= 0xFF
-    for _ in range(4):
-        v0 = (v0 + v1) & M64; v1 = ((v1 << 13) | (v1 >> 51)) & M64 ^ v0                 # noqa: E702
-        v0 = ((v0 << 32) | (v0 >> 32)) & M64                                              # noqa: E702
-        v2 = (v2 + v3) & M64; v3 = ((v3 << 16) | (v3 >> 48)) & M64 ^ v2                 # noqa: E702
-        v0 = (v0 + v3) & M64; v3 = ((v3 << 21) | (v3 >> 43)) & M64 ^ v0                 # noqa: E702
-        v2 = (v2 + v1) & M64; v1 = ((v1 << 17) | (v1 >> 47)) & M64 ^ v2                 # noqa: E702
-        v2 = ((v2 << 32) | (v2 >> 32)) & M64                                              # noqa: E702
+        if m is not None:
+            v0 ^= m
     return v0 ^ v1 ^ v2 ^ v3
