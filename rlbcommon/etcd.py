@@ -37,6 +37,13 @@ class EtcdError(Exception):
         self.code = code
 
 
+class EtcdCompacted(EtcdError):
+    """A watch asked for a revision etcd has compacted away: read the prefix again."""
+
+    def __init__(self, message: str):
+        super().__init__(FAILED_PRECONDITION, message)
+
+
 class EtcdUnavailable(EtcdError):
     """No endpoint could be reached."""
 
@@ -214,8 +221,8 @@ class Etcd:
         """Batches of events under prefix from start_revision on, each with the revision it
         brings the reader to, until `stop` is set. A quiet stream is re-opened every idle_s
         from where it was (nothing is missed: etcd replays from the revision); EtcdUnavailable
-        is raised when etcd cannot be reached, EtcdError(FAILED_PRECONDITION) when the
-        revision was compacted away (read the prefix again)."""
+        is raised when etcd cannot be reached, EtcdCompacted when the revision was compacted
+        away (read the prefix again), EtcdError when etcd refuses (authentication, permission)."""
         rev = start_revision
         while not stop.is_set():
             body = {"create_request": {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix)),
@@ -230,8 +237,7 @@ class Etcd:
                         raise EtcdError(msg["error"].get("grpc_code", 2), msg["error"].get("message", ""))
                     res = msg.get("result", {})
                     if res.get("compact_revision") and int(res["compact_revision"]) > 0:
-                        raise EtcdError(FAILED_PRECONDITION, f"revision {rev} compacted "
-                                        f"(now {res['compact_revision']})")
+                        raise EtcdCompacted(f"revision {rev} compacted (now {res['compact_revision']})")
                     events = [Event("delete" if e.get("type") == "DELETE" else "put", KeyValue.of(e["kv"]))
                               for e in res.get("events") or []]
                     if events:

@@ -18,7 +18,8 @@ from rlbfabric.scrape import fabric_scrape_config, read_addresses
 
 from .coord import etcdauth
 
-from .deploy import Site, XdpMode, coordinator_unit, net as net_setup, units as node_units
+from .deploy import ETCD_PASSWORD_FILE, Coordination, Site, XdpMode, coordinator_unit, net as net_setup, \
+    units as node_units
 from .fabric import FabricError, load
 
 app = common.program_app(__doc__)
@@ -32,6 +33,11 @@ def units(
     mgmt_ip: str = typer.Option(..., help="Its management address (metrics; the coordinator listens there)."),
     coordinator: Optional[str] = typer.Option(None, help="The coordinator's URL: hosts report to it, "
                                               "leaves tell it their uplinks."),
+    etcd: Optional[str] = typer.Option(None, help="Instead of --coordinator: the fabric's etcd "
+                                       "(comma-separated client URLs); hosts and leaves write there as "
+                                       "their own users, coordinators follow it and one leads."),
+    etcd_password_file: Path = typer.Option(ETCD_PASSWORD_FILE, help="With --etcd: where each machine "
+                                            "keeps its etcd user's password (rlbfabric etcd-users)."),
     bin_dir: Path = typer.Option(Site.bin, "--bin", help="Where rlbswitch, rlbhost, rlbcoord and rlbfabric are."),
     xdp: XdpMode = typer.Option(XdpMode.native, help="native, or generic for NICs without native XDP."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Directory to write to (default: print them)."),
@@ -41,13 +47,18 @@ def units(
     Examples:\n
       rlbfabric units --fabric /etc/rlb/fabric.toml --node l1 --mgmt-ip 10.0.0.11 \\\n
           --coordinator http://10.0.0.2:9473 -o /etc/systemd/system\n
-      rlbfabric units --fabric /etc/rlb/fabric.toml --node coordinator --mgmt-ip 10.0.0.2
+      rlbfabric units --fabric /etc/rlb/fabric.toml --node coordinator --mgmt-ip 10.0.0.2\n
+      rlbfabric units --fabric /etc/rlb/fabric.toml --node h1 --mgmt-ip 10.0.0.21 \\\n
+          --etcd http://10.0.0.2:2379,http://10.0.0.3:2379
     """
+    if coordinator and etcd:
+        raise typer.BadParameter("--coordinator or --etcd, not both: the coordinator runs on one or the other")
     fab = load(fabric)
     site = Site(bin=bin_dir, xdp=xdp.value)
     fabric_file = fabric.resolve()
-    rendered = (coordinator_unit(fabric_file, mgmt_ip, site) if node == "coordinator"
-                else node_units(fab, fabric_file, node, mgmt_ip, coordinator, site))
+    coord = Coordination(url=coordinator, etcd=etcd, password_file=etcd_password_file)
+    rendered = (coordinator_unit(fabric_file, mgmt_ip, site, coord) if node == "coordinator"
+                else node_units(fab, fabric_file, node, mgmt_ip, coord, site))
     for name, text in rendered.items():
         if out:
             out.mkdir(parents=True, exist_ok=True)

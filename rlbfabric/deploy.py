@@ -3,6 +3,7 @@ systemd units of every role and the boot-time link setup. The Vagrant lab instal
 
     rlbfabric units --fabric F --node l1 --mgmt-ip 10.0.0.11 \\
         --coordinator http://10.0.0.2:9473 -o /etc/systemd/system
+    rlbfabric units ... --etcd http://10.0.0.2:2379   # the coordinator on the fabric's etcd instead
     rlbfabric net --fabric F --node l1        # what rlb-net.service runs at boot
 
 Roles and units:
@@ -12,6 +13,9 @@ Roles and units:
     host                       rlb-net (SLAAC on the fabric port), rlb-host (the agent, reporting
                                to the coordinator)
     coordinator (any machine on the management network)   rlb-coord
+With the coordinator on etcd (issue 31) every agent gets `--etcd URLS --etcd-password-file
+/etc/rlb/etcd.password` instead of `--coordinator URL`: each machine's own etcd user, whose
+password `rlbfabric etcd-users` issues and the operator copies there (docs/operations.md).
 A scale-up fabric (kind = "scaleup"):
     plane switch               rlb-net (forwarding, sub-ports up with their link-local), rlb-bird,
                                rlb-switch (ports at the plane's speed)
@@ -47,6 +51,30 @@ class Site:
     bfd_ms: int = 0                           # instead of the fabric file's (slow emulation)
     probe_ms: float = 0                       # scale-up GPUs' probes instead of the agent's
     probe_dead_ms: float = 0                  # defaults (0: rlbhost's), for slow emulation
+
+
+# where every machine keeps its own etcd user's password (rlbfabric etcd-users issues them)
+ETCD_PASSWORD_FILE = Path("/etc/rlb/etcd.password")
+
+
+@dataclass(frozen=True)
+class Coordination:
+    """How the agents reach the coordinator: its HTTP URL, or the fabric's etcd (comma-separated
+    client URLs; each machine authenticates as its own user with the password in
+    password_file). Neither: hosts decide by the local rule alone."""
+    url: str | None = None
+    etcd: str | None = None
+    password_file: Path = ETCD_PASSWORD_FILE
+
+    def __post_init__(self):
+        if self.url and self.etcd:
+            raise FabricError("the coordinator runs over HTTP or on etcd, not both")
+
+    def agent_args(self) -> str:
+        """What rlbhost attach and a leaf's rlbswitch run are given."""
+        if self.etcd:
+            return f" --etcd {self.etcd} --etcd-password-file {self.password_file}"
+        return f" --coordinator {self.url}" if self.url else ""
 
 
 def deployable(fabric: Fabric):
@@ -97,13 +125,16 @@ def confined(cmd: list[str], caps: tuple[str, ...]) -> list[str]:
     return ["setpriv", "--bounding-set", ",".join(["-all"] + [f"+{c[4:].lower()}" for c in caps]), "--", *cmd]
 
 
-def units(fabric: Fabric, fabric_file: Path, node: str, mgmt_ip: str, coordinator: str | None,
-          site: Site = Site()) -> dict[str, str]:
-    """{unit name: unit file} for one machine of the fabric."""
+def units(fabric: Fabric, fabric_file: Path, node: str, mgmt_ip: str,
+          coordinator: str | Coordination | None, site: Site = Site()) -> dict[str, str]:
+    """{unit name: unit file} for one machine of the fabric. coordinator: its HTTP URL, or a
+    Coordination (HTTP or etcd)."""
     deployable(fabric)
     r = role(fabric, node)
     args = f"--fabric {fabric_file} --node {node}"
-    coord = f" --coordinator {coordinator}" if coordinator else ""
+    if not isinstance(coordinator, Coordination):
+        coordinator = Coordination(url=coordinator)
+    coord = coordinator.agent_args()
     bfd = f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else ""        # bird-config, switch or GPU
     out = {"rlb-net": f"""[Unit]
 Description=RLB fabric links of {node} ({r})
@@ -191,13 +222,21 @@ WantedBy=multi-user.target
 """
 
 
-def coordinator_unit(fabric_file: Path, listen: str, site: Site = Site()) -> dict[str, str]:
+def coordinator_unit(fabric_file: Path, listen: str, site: Site = Site(),
+                     coordination: Coordination = Coordination(), name: str | None = None,
+                     after: tuple[str, ...] = ()) -> dict[str, str]:
+    """rlb-coord: over HTTP, or on etcd (any number of machines run it, `name` unique among them:
+    one leads). `after`: units of the same machine it waits for (the lab's etcd)."""
+    etcd = ""
+    if coordination.etcd:
+        etcd = f" --etcd {coordination.etcd} --etcd-password-file {coordination.password_file}" + \
+            (f" --name {name}" if name else "")
     return {"rlb-coord": f"""[Unit]
 {NO_START_LIMIT}
-Description=RLB fabric coordinator (QP placements for the whole fabric)
-After=network-online.target
+Description=RLB fabric coordinator (QP placements for the whole fabric{", on etcd" if etcd else ""})
+After={" ".join(("network-online.target", *after))}
 [Service]
-ExecStart={site.bin}/rlbcoord run --fabric {fabric_file} --listen {listen}
+ExecStart={site.bin}/rlbcoord run --fabric {fabric_file} --listen {listen}{etcd}
 {RESTART}
 {HARDENING}
 {capabilities(COORDINATOR_CAPS)}

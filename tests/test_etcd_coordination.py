@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -235,3 +236,45 @@ def test_the_coordinators_link_loads_reach_the_verbs_librarys_view_through_etcd(
         assert e.value.code == PERMISSION_DENIED
     finally:
         client.stop.set()
+
+
+def test_a_coordinator_etcd_refuses_says_so_once_waits_and_never_leads(etcd, coords, tmp_path):
+    """A wrong password (or authentication not on yet, the first seconds of a lab): one log
+    line for the cause, retried once a second rather than in a tight loop, never the leader;
+    /metrics says who leads and counts the refusals."""
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-the-password\n")
+    port = free_port()
+    log = tmp_path / "coord-wrong.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(FABRIC_FILE), "--listen", "::1",
+         "--port", str(port), "--etcd", etcd.url, "--name", "cw", "--etcd-password-file", str(wrong)],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = coordapi.url_for("::1", port)
+
+        wait(lambda: _answers(lambda: etcd_metrics(url)), 15, "the refused coordinator's /metrics")
+        time.sleep(3.0)
+        m = etcd_metrics(url)
+        assert m["rlb_coord_etcd_leading"] == 0 and 2 <= m["rlb_coord_etcd_refusals_total"] <= 6, m
+        lines = [ln for ln in log.read_text().splitlines() if "refuses" in ln]
+        assert len(lines) == 1 and "authentication failed" in lines[0], log.read_text()
+        leader = next(c for c in coords if c.leading())
+        assert etcd_metrics(leader.url)["rlb_coord_etcd_leading"] == 1
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def etcd_metrics(url: str) -> dict[str, float]:
+    """A coordinator's rlb_coord_etcd_* samples from its /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=2) as r:
+        text = r.read().decode()
+    return {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("rlb_coord_etcd_")}
+
+
+def _answers(fn) -> bool:
+    try:
+        return bool(fn())
+    except OSError:
+        return False

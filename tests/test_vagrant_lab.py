@@ -109,6 +109,27 @@ def test_transfer_survives_a_pulled_leaf_spine_cable(vlab, tmp_path):
 
 
 BIN = "/opt/rlb/venv/bin"
+
+
+def test_the_coordinator_on_mon_leads_from_etcd_and_each_machine_writes_only_as_itself(vlab):
+    """etcd runs on mon under systemd; the coordinator there leads from it; both hosts' agents
+    have their keys in it (their leases alive), the leaf its uplinks; h2's etcd user cannot
+    write h1's report: etcd refuses it."""
+    mon = vlab.vm("mon").mgmt_ip
+    assert vlab.sh("mon", "systemctl is-active etcd.service rlb-coord.service").stdout.split() == ["active"] * 2
+    vlab.wait("the coordinator leads from etcd with both hosts' keys", lambda: (lambda s: s["etcd"]["leading"] and
+              s["etcd"]["hosts_in_etcd"] == 2)(vlab.json("mon", f"{BIN}/rlbcoord status --json --url http://{mon}:9473")),
+              timeout=300)
+    forge = (f"{BIN}/python -c \"from rlbfabric.coord import etcdauth, keys; from pathlib import Path; "
+             f"c = etcdauth.client('http://{mon}:2379', 'rlb-host-h2', Path('/etc/rlb/etcd.password')); "
+             "c.put(keys.report_key('h2'), c.get(keys.report_key('h2')).value); "
+             "c.put(keys.report_key('h1'), '{}')\"")
+    res = vlab.sh("h2", forge, check=False)
+    assert res.returncode != 0 and "permission denied" in res.stderr, res.stderr   # its own: fine; h1's: refused
+    uplinks = vlab.sh("mon", f"{BIN}/python -c \"from rlbfabric.coord import etcdauth, keys; from pathlib import Path; "
+                      f"c = etcdauth.client('http://127.0.0.1:2379', 'root', Path('/etc/rlb/etcd-users/root.password')); "
+                      "print(c.get(keys.uplinks_key('l1')).value.decode())\"").stdout
+    assert '"eth-s1": true' in uplinks and '"eth-s2": true' in uplinks, uplinks
 # docs/operations.md's release: a wheel of the source (pip wheel), here the synced source as
 # 0.1.0 and a copy of it as 0.1.1, built on the VM itself
 WHEELS = "/var/tmp/rlb-wheels"

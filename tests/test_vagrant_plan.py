@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
+from rlbfabric.coord import etcdauth, keys
+from rlblab.etcdserver import EtcdServer
+from rlblab.vm.node import write_etcd_passwords
 from rlblab.vm.plan import node, plan
 from rlbfabric.scrape import scrape_config
 from rlbfabric.fabric import FabricError, load
+
+from .test_etcd_identity import free_port
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 
@@ -160,23 +166,75 @@ def test_vm_leaf_setup_names_nics_by_mac_and_configures_links(tmp_path, monkeypa
         vmnode.net(fabric, "l1")    # at every boot: idempotent
 
 
-def test_units_wire_every_agent_to_the_coordinator_on_the_monitor():
-    from rlblab.vm.node import scrape_targets, units
+def test_units_wire_every_agent_to_the_coordinator_on_etcd_on_the_monitor():
+    """The VM lab runs what `rlblab up` runs: etcd on the monitor (Debian's etcd.service,
+    configured), every machine's etcd user issued there, the coordinator on it; hosts and leaves
+    write to it as their own users; spines never talk to it."""
+    from rlblab.vm.node import ETCD_DEFAULTS, ETCD_DROPIN, ETCD_USERS, etcd_config, scrape_targets, units
+    from rlbfabric.deploy import ETCD_PASSWORD_FILE
     fab_file = LAB / "fabric-2x2.toml"
     fab = load(fab_file)
     vms = plan(fab)
     mon = node(vms, "mon")
-    url = f"http://{mon.mgmt_ip}:9473"
+    etcd = f"http://{mon.mgmt_ip}:2379"
     u = units(fab, vms, mon, fab_file)
-    assert sorted(u) == ["rlb-coord", "rlb-prometheus"]
-    assert f"rlbcoord run --fabric {fab_file} --listen {mon.mgmt_ip}" in u["rlb-coord"]
+    assert sorted(u) == ["rlb-coord", "rlb-etcd-users", "rlb-prometheus"]
+    assert (f"rlbcoord run --fabric {fab_file} --listen {mon.mgmt_ip} --etcd {etcd} "
+            f"--etcd-password-file {ETCD_USERS}/rlb-coordinator.password --name mon") in u["rlb-coord"]
+    assert "After=network-online.target rlb-etcd-users.service" in u["rlb-coord"]
+    assert f"rlbfabric etcd-users --fabric {fab_file} --etcd http://127.0.0.1:2379 -o {ETCD_USERS}" in u["rlb-etcd-users"]
+    assert "Requires=etcd.service" in u["rlb-etcd-users"] and "Type=oneshot" in u["rlb-etcd-users"]
+    agent = f"--etcd {etcd} --etcd-password-file {ETCD_PASSWORD_FILE}"
     host = units(fab, vms, node(vms, "h1"), fab_file)["rlb-host"]
-    assert f"rlbhost attach eth-l1 --fabric {fab_file} --node h1 --coordinator {url}" in host
+    assert f"rlbhost attach eth-l1 --fabric {fab_file} --node h1 {agent}" in host
     leaf = units(fab, vms, node(vms, "l1"), fab_file)["rlb-switch"]
     spine = units(fab, vms, node(vms, "s1"), fab_file)["rlb-switch"]
-    assert leaf.rstrip().count(f"--coordinator {url}") == 1 and "--coordinator" not in spine
+    assert leaf.count(agent) == 1 and "--etcd" not in spine and "--coordinator" not in leaf + host
+    conf = etcd_config(vms)
+    env = dict(line.split("=", 1) for line in conf[ETCD_DEFAULTS].splitlines())
+    assert env["ETCD_LISTEN_CLIENT_URLS"] == f"{etcd},http://127.0.0.1:2379" and env["ETCD_NAME"] == "mon"
+    assert env["ETCD_ADVERTISE_CLIENT_URLS"] == etcd and env["ETCD_INITIAL_CLUSTER"] == "mon=http://127.0.0.1:2380"
+    assert "Restart=always" in conf[ETCD_DROPIN] and "StartLimitIntervalSec=0" in conf[ETCD_DROPIN]
     jobs = {j["job_name"]: j for j in json.loads(scrape_targets(fab, vms, mon))["scrape_configs"]}
     assert jobs["rlbcoord"]["static_configs"][0]["targets"] == [f"{mon.mgmt_ip}:9473"]
+
+
+def test_the_lab_etcd_passwords_let_each_machine_in_as_itself_only(tmp_path):
+    """Each VM derives its own etcd password from the fabric file, the monitor every user's
+    before `rlbfabric etcd-users` runs (which keeps them): against a real etcd issued that way,
+    h1's own file lets it write its keys and not h2's; files are root's alone."""
+    fab_file = tmp_path / "fabric.toml"
+    fab_file.write_text((LAB / "fabric-2x2.toml").read_text())
+    fab = load(fab_file)
+    vms = plan(fab)
+    users = tmp_path / "mon-users"
+    write_etcd_passwords(fab, node(vms, "mon"), fab_file, own=tmp_path / "mon.password", users=users)
+    assert not (tmp_path / "mon.password").exists()               # the monitor is no agent
+    for vm in ("h1", "l1", "s1"):
+        write_etcd_passwords(fab, node(vms, vm), fab_file, own=tmp_path / f"{vm}.password", users=tmp_path / "no")
+    assert not (tmp_path / "s1.password").exists() and not (tmp_path / "no").exists()   # spines write nothing
+    for f in [*users.iterdir(), tmp_path / "h1.password", tmp_path / "l1.password"]:
+        assert f.stat().st_mode & 0o777 == 0o600, f
+    assert users.stat().st_mode & 0o777 == 0o700
+    h1_pw = etcdauth.read_password(tmp_path / "h1.password")
+    assert h1_pw == etcdauth.read_password(etcdauth.password_file(users, keys.host_user("h1")))
+    assert h1_pw != etcdauth.read_password(etcdauth.password_file(users, keys.host_user("h2")))
+    server = EtcdServer(tmp_path / "etcd", client_port=free_port(), peer_port=free_port()).start()
+    try:
+        issued = etcdauth.issue(fab, [server.url], users)
+        assert issued.auth_enabled and set(issued.users_added) == {i.user for i in keys.identities(fab)}
+        assert etcdauth.read_password(etcdauth.password_file(users, keys.host_user("h1"))) == h1_pw   # kept
+        h1 = etcdauth.client(server.url, keys.host_user("h1"), tmp_path / "h1.password")
+        h1.put(keys.report_key("h1"), "{}")
+        with pytest.raises(EtcdError) as e:
+            h1.put(keys.report_key("h2"), "{}")
+        assert e.value.code == PERMISSION_DENIED
+        l1 = etcdauth.client(server.url, keys.switch_user("l1"), tmp_path / "l1.password")
+        l1.put(keys.uplinks_key("l1"), "{}")
+        with pytest.raises(EtcdError):
+            Etcd(server.url, keys.host_user("h2"), h1_pw).get(keys.report_key("h2"))   # h1's password is not h2's
+    finally:
+        server.stop()
 
 
 def test_deployment_units_of_every_role():

@@ -78,7 +78,8 @@ def run(
             raise CoordError(str(e)) from None
         runner = EtcdCoordination(coord, client, name, lease_ttl_s=lease_ttl_s)
     try:
-        server = make_server(coord, listen, port, exposition(coord), reports=runner is None,
+        server = make_server(coord, listen, port, exposition(coord, runner.status if runner else None),
+                             reports=runner is None,
                              extra_status=runner.status if runner else None)
     except OSError as e:
         raise CoordError(f"cannot listen on {coordapi.url_for(listen, port)}: {e.strerror}") from None

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 
-from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable, created
+from rlbcommon.etcd import Etcd, EtcdCompacted, EtcdError, EtcdUnavailable, created
 from rlbcommon.health import Health
 
 from . import keys
@@ -53,11 +53,12 @@ class EtcdCoordination:
         self.leader: str | None = None
         self.synced = threading.Event()                # the mirror has been read once
         self.counters = {"batches": 0, "placements_written": 0, "placements_deleted": 0,
-                         "takeovers": 0, "refused": 0, "fenced": 0,
+                         "takeovers": 0, "refused": 0, "fenced": 0, "etcd_refusals": 0,
                          # CPU seconds of the follower (reading changes) and the placer (solving,
                          # writing): the coordinator's cost, apart from its HTTP status server
                          "follow_cpu_s": 0.0, "place_cpu_s": 0.0}
         self._down_logged = False
+        self._refused_logged = ""
 
     # ---- following the tree -----------------------------------------------------------------
     def _load(self) -> int:
@@ -123,9 +124,9 @@ class EtcdCoordination:
                 rev = self._load()
                 self.through = rev
                 self.synced.set()
-                if self._down_logged:
+                if self._down_logged or self._refused_logged:
                     log.info("etcd reachable again: state read afresh")
-                    self._down_logged = False
+                    self._down_logged, self._refused_logged = False, ""
                 self.wake.set()
                 for events, rev in self.etcd.watch_prefix(keys.ROOT, rev + 1, self.stop):
                     t = time.thread_time()
@@ -141,8 +142,15 @@ class EtcdCoordination:
                     log.warning("etcd: %s; keeping the model, retrying", e)
                     self._down_logged = True
                 self.stop.wait(0.5)
-            except EtcdError as e:                     # compacted: read the tree again
+            except EtcdCompacted as e:
                 log.info("etcd watch: %s; reading the tree again", e)
+            except EtcdError as e:                     # refused: authentication, permission
+                if str(e) != self._refused_logged:     # once per cause, not every retry
+                    log.warning("etcd refuses to let %s read the fabric's state: %s; retrying",
+                                self.name, e)
+                    self._refused_logged = str(e)
+                self.counters["etcd_refusals"] += 1
+                self.stop.wait(1.0)
             except Exception as e:                     # noqa: BLE001 - logged, counted, again
                 self.health.failed("etcd-follower", e, log, ())
                 self.stop.wait(0.5)

@@ -80,9 +80,44 @@ class RegistryCollector:
         yield from (h, gpus, reports)
 
 
-def exposition(coord):
+class EtcdCollector:
+    """A coordinator on etcd (etcdrun.EtcdCoordination.status): whether it leads, and the work
+    and refusals of following the tree and writing placements."""
+
+    COUNTERS = (("batches", "rlb_coord_etcd_batches", "batches of changes placed (one solve each)"),
+                ("placements_written", "rlb_coord_etcd_placements_written", "placement keys written"),
+                ("placements_deleted", "rlb_coord_etcd_placements_deleted", "placement keys deleted"),
+                ("takeovers", "rlb_coord_etcd_takeovers", "times this coordinator became the leader"),
+                ("fenced", "rlb_coord_etcd_fenced", "placement writes refused because another leads"),
+                ("refused", "rlb_coord_etcd_unreadable_keys", "keys under the fabric's tree that no "
+                 "agent writes like that (ignored)"),
+                ("etcd_refusals", "rlb_coord_etcd_refusals", "reads etcd refused (authentication, "
+                 "permission)"),
+                ("follow_cpu_s", "rlb_coord_etcd_follow_cpu_seconds", "CPU spent following the tree"),
+                ("place_cpu_s", "rlb_coord_etcd_place_cpu_seconds", "CPU spent placing and writing"))
+
+    def __init__(self, status):
+        self.status = status
+
+    def collect(self):
+        s = self.status()
+        leading = gauge("rlb_coord_etcd_leading", "1 while this coordinator leads", [])
+        leading.add_metric([], 1 if s["leading"] else 0)
+        hosts = gauge("rlb_coord_etcd_hosts", "hosts with keys in etcd (their leases alive)", [])
+        hosts.add_metric([], s["hosts_in_etcd"])
+        yield from (leading, hosts)
+        for key, name, doc in self.COUNTERS:
+            c = counter(name, doc, [])
+            c.add_metric([], s["counters"][key])
+            yield c
+
+
+def exposition(coord, etcd_status=None):
     """A function returning the Prometheus text for /metrics: of the Coordinator of a
-    leaf-spine fabric, or of a rail-only fabric's HRegistry."""
+    leaf-spine fabric, or of a rail-only fabric's HRegistry; with etcd_status (a coordinator
+    on etcd), its leadership and work too."""
     registry = CollectorRegistry()
     registry.register((RegistryCollector if isinstance(coord, HRegistry) else CoordinatorCollector)(coord))
+    if etcd_status is not None:
+        registry.register(EtcdCollector(etcd_status))
     return lambda: generate_latest(registry)

@@ -7,9 +7,11 @@
 
 Units: switches run bird2 (rlb-bird) and `rlbswitch run` (rlb-switch, leaves telling the
 coordinator their uplinks); hosts run `rlbhost attach` (rlb-host, reporting to the coordinator)
-and get a Soft-RoCE device rxe0 on their fabric port (rlb-rxe); the monitor runs the fabric
-coordinator (rlb-coord), Prometheus (rlb-prometheus) scraping every agent and the coordinator,
-and Grafana with the dashboards if installed. A scale-up fabric's GPUs run bird2 and `rlbhost
+and get a Soft-RoCE device rxe0 on their fabric port (rlb-rxe); the monitor runs etcd (Debian's
+etcd.service, configured in /etc/default/etcd), issues every machine its etcd user
+(rlb-etcd-users: `rlbfabric etcd-users`), runs the fabric coordinator on it (rlb-coord, `rlbcoord
+run --etcd`), Prometheus (rlb-prometheus) scraping every agent and the coordinator, and Grafana
+with the dashboards if installed. Hosts and leaves write to that etcd as their own users. A scale-up fabric's GPUs run bird2 and `rlbhost
 attach rlb0` (the deployment's units) and its monitor only Prometheus (there is no coordinator);
 GPUs get no Soft-RoCE device: rxe takes packets only on the netdev it is bound to, and a GPU's
 QPs arrive on any of its sub-ports addressed to its loopback (the lab's UDP QPs stand in)."""
@@ -26,9 +28,10 @@ from pathlib import Path
 import typer
 
 from rlbcommon import cli as common
-from rlbcommon import coordapi
 from rlbcommon.netns import run
+from rlbcommon.paths import write_private
 from rlbfabric import deploy
+from rlbfabric.coord import etcdauth, keys
 from rlbfabric.fabric import FabricError, load
 from rlbfabric.scrape import fabric_scrape_config
 from rlbmonitor.alerts import write as write_rules
@@ -41,6 +44,10 @@ UNITS = Path("/etc/systemd/system")
 RUN = Path("/run/rlb")
 ETC = Path("/etc/rlb")
 VERBS_LIB = Path("/usr/local/lib/rlb")
+ETCD_PORT = 2379
+ETCD_USERS = ETC / "etcd-users"          # on the monitor: every user's password, root's included
+ETCD_DEFAULTS = Path("/etc/default/etcd")
+ETCD_DROPIN = UNITS / "etcd.service.d" / "rlb.conf"
 LINK_DIR = Path("/etc/systemd/network")   # .link files: NIC names that survive a reboot
 
 
@@ -78,16 +85,61 @@ def net(fabric_file: Path, name: str):
     deploy.net(load(fabric_file), name)
 
 
+def etcd_url(vms: list[VmNode]) -> str:
+    return f"http://{node(vms, MONITOR).mgmt_ip}:{ETCD_PORT}"
+
+
+def coordination(fab, vms: list[VmNode]) -> deploy.Coordination:
+    """The lab's coordinator runs on etcd on the monitor (what `rlblab up` does in namespaces)."""
+    return deploy.Coordination(etcd=etcd_url(vms)) if fab.coordinated else deploy.Coordination()
+
+
+def etcd_config(vms: list[VmNode]) -> dict[Path, str]:
+    """Debian's etcd.service on the monitor, configured as one member (its environment file) and
+    restarted however often it fails, like the agents' units."""
+    mon = node(vms, MONITOR)
+    env = {"ETCD_NAME": MONITOR, "ETCD_DATA_DIR": "/var/lib/etcd/rlb",
+           "ETCD_LISTEN_CLIENT_URLS": f"http://{mon.mgmt_ip}:{ETCD_PORT},http://127.0.0.1:{ETCD_PORT}",
+           "ETCD_ADVERTISE_CLIENT_URLS": etcd_url(vms),
+           "ETCD_LISTEN_PEER_URLS": "http://127.0.0.1:2380",
+           "ETCD_INITIAL_ADVERTISE_PEER_URLS": "http://127.0.0.1:2380",
+           "ETCD_INITIAL_CLUSTER": f"{MONITOR}=http://127.0.0.1:2380",
+           "ETCD_INITIAL_CLUSTER_STATE": "new",
+           # emulated VMs stall for hundreds of ms: a lone member's elections must not flap
+           "ETCD_HEARTBEAT_INTERVAL": "200", "ETCD_ELECTION_TIMEOUT": "2000"}
+    return {ETCD_DEFAULTS: "".join(f"{k}={v}\n" for k, v in env.items()),
+            ETCD_DROPIN: f"[Unit]\n{deploy.NO_START_LIMIT}\n[Service]\n{deploy.RESTART}\n"}
+
+
 def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, xdp: str = "native",
           bfd_ms: int = 0, probe_ms: float = 0, probe_dead_ms: float = 0) -> dict[str, str]:
     """{unit name: unit file} for one VM: what an operator installs (rlbfabric.deploy), plus the
-    lab's own: Soft-RoCE on the hosts, Prometheus beside the coordinator on the monitor."""
+    lab's own: Soft-RoCE on the hosts; on the monitor the etcd users issued, and Prometheus
+    beside the coordinator."""
     site = deploy.Site(bin=VENV, run_dir=RUN, xdp=xdp, bfd_ms=bfd_ms, probe_ms=probe_ms,
                        probe_dead_ms=probe_dead_ms)
-    mon = node(vms, MONITOR)
+    coord = coordination(fab, vms)
     if vm.role == "monitor":
-        coord = deploy.coordinator_unit(fabric_file, vm.mgmt_ip, site) if fab.coordinated else {}
-        return {**coord, "rlb-prometheus": f"""[Unit]
+        out = {}
+        if fab.coordinated:
+            out["rlb-etcd-users"] = f"""[Unit]
+Description=The RLB lab's etcd users (one per machine) and authentication on
+Requires=etcd.service
+After=etcd.service
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={VENV}/rlbfabric etcd-users --fabric {fabric_file} --etcd http://127.0.0.1:{ETCD_PORT} -o {ETCD_USERS}
+Restart=on-failure
+RestartSec=2
+[Install]
+WantedBy=multi-user.target
+"""
+            out.update(deploy.coordinator_unit(
+                fabric_file, vm.mgmt_ip, site, deploy.Coordination(
+                    etcd=coord.etcd, password_file=ETCD_USERS / f"{keys.COORDINATOR_USER}.password"),
+                name=vm.name, after=("rlb-etcd-users.service",)))
+        return {**out, "rlb-prometheus": f"""[Unit]
 Description=Prometheus scraping the RLB lab's agents
 [Service]
 ExecStart=/usr/bin/prometheus --config.file={ETC}/prometheus.yml --storage.tsdb.path=/var/lib/rlb-prometheus --web.listen-address=:9090
@@ -95,8 +147,7 @@ Restart=always
 [Install]
 WantedBy=multi-user.target
 """}
-    out = deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip,
-                       coordapi.url_for(mon.mgmt_ip) if fab.coordinated else None, site)
+    out = deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip, coord, site)
     if vm.role == "host" and fab.paths_by_address:
         port = fab.host_port(vm.name)
         out["rlb-rxe"] = f"""[Unit]
@@ -124,6 +175,14 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
     name_nics(vm)
     if vm.role == "host":
         write_lab_key(fabric_file)
+    if fab.coordinated:
+        write_etcd_passwords(fab, vm, fabric_file)
+    if vm.role == "monitor" and fab.coordinated:
+        for path, text in etcd_config(vms).items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    elif shutil.which("etcd"):            # the box has it everywhere; only the monitor runs it
+        sh("systemctl", "disable", "--now", "etcd.service")
     if vm.role == "host" and fab.paths_by_address:
         # the verbs library, as an operator installs it (`rlbhost verbs install`)
         sh(str(VENV / "rlbhost"), "verbs", "install", "--dir", str(VERBS_LIB))
@@ -135,6 +194,10 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
         (ETC / "prometheus.yml").write_text(scrape_targets(fab, vms, vm, coordinator=fab.coordinated,
                                                            rule_files=[str(rules)]))
     sh("systemctl", "daemon-reload")
+    if vm.role == "monitor" and fab.coordinated:
+        sh("systemctl", "enable", "etcd.service")
+        sh("systemctl", "restart", "etcd.service")
+        log.info("etcd on %s", etcd_url(vms))
     for u in todo:
         sh("systemctl", "enable", f"{u}.service")
         sh("systemctl", "restart", f"{u}.service")
@@ -143,14 +206,30 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
         grafana(vm)
 
 
+def lab_secret(fabric_file: Path, what: str) -> str:
+    """A secret of the lab derived from the fabric file every VM has, so the VMs agree without
+    one to hand out. An operator makes random ones (docs/operations.md)."""
+    return hashlib.sha256(f"rlb lab {what}\0".encode() + fabric_file.read_bytes()).hexdigest()[:32]
+
+
 def write_lab_key(fabric_file: Path, path: Path = ETC / "probe-key"):
-    """The fabric's keys (probe answers, the verbs agents' messages): in the lab one key derived
-    from the fabric file every VM has, so the hosts agree without a secret to hand out. An
-    operator makes a random one (`openssl rand -hex 16`, docs/operations.md)."""
-    key = hashlib.sha256(b"rlb lab key\0" + fabric_file.read_bytes()).hexdigest()[:32]
-    path.touch(mode=0o600)
-    path.chmod(0o600)
-    path.write_text(key + "\n")
+    """The fabric's keys (probe answers, the verbs agents' messages): one key, the lab's (an
+    operator's: `openssl rand -hex 16`)."""
+    write_private(path, lab_secret(fabric_file, "key") + "\n")
+
+
+def write_etcd_passwords(fab, vm: VmNode, fabric_file: Path, own: Path = deploy.ETCD_PASSWORD_FILE,
+                         users: Path = ETCD_USERS):
+    """Each machine's etcd password where its agent reads it (deploy.ETCD_PASSWORD_FILE); on
+    the monitor every user's, where `rlbfabric etcd-users` takes them instead of making new ones
+    (what an operator copies from the issuing machine to each, the lab derives on each)."""
+    mine = {"leaf": keys.switch_user, "host": keys.host_user}.get(vm.role)
+    if mine is not None:
+        write_private(own, lab_secret(fabric_file, f"etcd {mine(vm.name)}") + "\n")
+    if vm.role == "monitor":
+        users.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for user in [etcdauth.ROOT_USER, *(i.user for i in keys.identities(fab))]:
+            write_private(etcdauth.password_file(users, user), lab_secret(fabric_file, f"etcd {user}") + "\n")
 
 
 def scrape_targets(fab, vms: list[VmNode], vm: VmNode, coordinator: bool = True, rule_files=()) -> str:
