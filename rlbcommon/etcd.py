@@ -12,11 +12,13 @@ EtcdError for a refusal (etcd's gRPC code and message: permission denied, lease 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import logging
 import socket
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Iterator
@@ -100,42 +102,83 @@ class Etcd:
         self._token: str | None = None
         self._lock = threading.Lock()
         self._good = 0                         # the endpoint that answered last
+        self._local = threading.local()        # this thread's connections, by endpoint
 
     # ---- transport ----------------------------------------------------------------------
-    def _open(self, endpoint: str, path: str, body: dict, timeout: float, token: str | None):
-        req = urllib.request.Request(f"{endpoint}/v3/{path}", data=json.dumps(body).encode(), method="POST",
+    # Requests go over one kept-alive connection per thread and endpoint (a TCP handshake and a
+    # gateway connection per request had cost more than the request); watches stream over a
+    # connection of their own.
+    def _post(self, endpoint: str, path: str, data: bytes, timeout: float, token: str | None) -> tuple[int, bytes]:
+        """(HTTP status, body) of one request. A kept-alive connection the server closed while
+        idle is replaced once; any other failure closes it and is raised (OSError)."""
+        conns = self._local.__dict__.setdefault("conns", {})
+        headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
+        while True:
+            conn = conns.get(endpoint)
+            reused = conn is not None
+            if conn is None:
+                conn = conns[endpoint] = _connection(endpoint, timeout)
+            conn.timeout = timeout
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout)
+            try:
+                conn.request("POST", f"/v3/{path}", body=data, headers=headers)
+                resp = conn.getresponse()
+                return resp.status, resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                conn.close()
+                del conns[endpoint]
+                if not reused:
+                    raise
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                del conns[endpoint]
+                raise OSError(str(e) or type(e).__name__) from None
+
+    def _stream(self, endpoint: str, path: str, data: bytes, timeout: float, token: str | None):
+        req = urllib.request.Request(f"{endpoint}/v3/{path}", data=data, method="POST",
                                      headers={"Content-Type": "application/json"})
         if token:
             req.add_header("Authorization", token)
-        return urllib.request.urlopen(req, timeout=timeout)
+        try:
+            return urllib.request.urlopen(req, timeout=timeout)
+        except urllib.error.HTTPError as e:
+            raise _refusal(e.code, e.read()) from None
 
     def _request(self, path: str, body: dict, timeout: float | None = None, stream: bool = False,
                  auth: bool = True):
         """POST to the first endpoint that answers; a refusal is raised as etcd said it."""
         timeout = self.timeout if timeout is None else timeout
+        data = json.dumps(body).encode()
         last = None
         n = len(self.endpoints)
         for i in range(n):
             idx = (self._good + i) % n
             endpoint = self.endpoints[idx]
             try:
-                token = self._auth_token() if auth and self.user else None
-                resp = self._open(endpoint, path, body, timeout, token)
-            except urllib.error.HTTPError as e:
-                err = _refusal(e)
-                if auth and self.user and err.code == UNAUTHENTICATED and str(err) == INVALID_TOKEN:
-                    self._token = None             # expired (simple tokens do): once more, fresh
-                    resp = self._open(endpoint, path, body, timeout, self._auth_token())
-                else:
-                    raise err from None
+                for fresh in (False, True):
+                    if fresh:
+                        self._token = None         # expired (simple tokens do): once more, fresh
+                    token = self._auth_token() if auth and self.user else None
+                    try:
+                        if stream:
+                            resp = self._stream(endpoint, path, data, timeout, token)
+                            self._good = idx
+                            return resp
+                        status, raw = self._post(endpoint, path, data, timeout, token)
+                        if status >= 400:
+                            raise _refusal(status, raw)
+                        self._good = idx
+                        return json.loads(raw or b"{}")
+                    except EtcdError as err:
+                        if fresh or not (token and err.code == UNAUTHENTICATED and str(err) == INVALID_TOKEN):
+                            raise
+            except EtcdUnavailable as e:           # authenticating found no endpoint either
+                last = e
+            except EtcdError:
+                raise
             except (urllib.error.URLError, OSError) as e:
                 last = e
-                continue
-            self._good = idx
-            if stream:
-                return resp
-            with resp:
-                return json.loads(resp.read() or b"{}")
         raise EtcdUnavailable(f"etcd at {', '.join(self.endpoints)}: {getattr(last, 'reason', last)}")
 
     def _auth_token(self) -> str:
@@ -276,9 +319,17 @@ def created(key: str, revision: int) -> dict:
     return {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": str(revision)}
 
 
-def _refusal(e: urllib.error.HTTPError) -> EtcdError:
+def _connection(endpoint: str, timeout: float) -> http.client.HTTPConnection:
+    u = urllib.parse.urlsplit(endpoint)
+    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    return cls(u.hostname, u.port, timeout=timeout)
+
+
+def _refusal(status: int, raw: bytes) -> EtcdError:
     try:
-        body = json.loads(e.read() or b"{}")
+        body = json.loads(raw or b"{}")
     except ValueError:
         body = {}
-    return EtcdError(int(body.get("code", 2)), body.get("message") or body.get("error") or f"HTTP {e.code}")
+    if not isinstance(body, dict):
+        body = {}
+    return EtcdError(int(body.get("code", 2)), body.get("message") or body.get("error") or f"HTTP {status}")

@@ -19,7 +19,7 @@ import threading
 import time
 
 from rlbcommon import coordapi
-from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable
+from rlbcommon.etcd import Etcd, EtcdCompacted, EtcdError, EtcdUnavailable
 from rlbcommon.health import Health
 from rlbfabric.coord import keys
 
@@ -29,6 +29,7 @@ from .verbs.advice import FabricView
 
 log = logging.getLogger(__name__)
 IDLE_WRITE_S = 1.0
+REFUSED_BACKOFF_S = 1.0
 
 
 class EtcdCoordinatorClient(CoordinatorClient):
@@ -45,8 +46,9 @@ class EtcdCoordinatorClient(CoordinatorClient):
         self.written: dict[str, str] = {}          # key -> value as last written under this lease
         self.placed: dict[keys.QpId, int] = {}     # path values, as the watch last said
         self.wall_offset = time.time() - time.monotonic()
-        self.counters.update({"writes": 0, "deletes": 0, "leases": 0, "watch_events": 0})
+        self.counters.update({"writes": 0, "deletes": 0, "leases": 0, "watch_events": 0, "refusals": 0})
         self._watching = False
+        self._refused_until, self._refusal = 0.0, ""
 
     # ---- what is written -----------------------------------------------------------------
     def wanted(self) -> dict[str, str]:
@@ -72,7 +74,13 @@ class EtcdCoordinatorClient(CoordinatorClient):
 
     def report_once(self) -> int:
         """Write what changed since the last round (everything under a new lease); returns the
-        number of keys written or deleted."""
+        number of keys written or deleted. After a refusal (a wrong password, authentication
+        not on yet) etcd is asked again only after REFUSED_BACKOFF_S: each attempt costs its
+        server a password hash."""
+        now = time.monotonic()
+        if now < self._refused_until:
+            raise coordapi.CoordinatorError(f"etcd: {self._refusal} (asking again in "
+                                            f"{self._refused_until - now:.1f} s)")
         try:
             self._keep_lease()
             want = self.wanted()
@@ -89,7 +97,11 @@ class EtcdCoordinatorClient(CoordinatorClient):
                 self._start_watch()
             self._tell_view()                # fresh as long as the watch is: nothing else comes
             return len(puts) + len(deletes)
-        except (EtcdUnavailable, EtcdError) as e:
+        except EtcdUnavailable as e:
+            raise coordapi.CoordinatorError(f"etcd: {e}") from None
+        except EtcdError as e:
+            self._refusal, self._refused_until = str(e), time.monotonic() + REFUSED_BACKOFF_S
+            self.counters["refusals"] += 1
             raise coordapi.CoordinatorError(f"etcd: {e}") from None
 
     def _keep_lease(self):
@@ -133,9 +145,11 @@ class EtcdCoordinatorClient(CoordinatorClient):
                     changed()
             except EtcdUnavailable:
                 self.stop.wait(0.5)           # the report round notices and falls back
-            except EtcdError as e:
-                log.info("placements watch: %s; reading them again", e)
-                self.stop.wait(0.1)
+            except EtcdCompacted as e:
+                log.info("%s watch: %s; reading them again", prefix, e)
+            except EtcdError as e:            # refused: the report round logs and counts it
+                log.debug("%s watch: %s", prefix, e)
+                self.stop.wait(REFUSED_BACKOFF_S)
             except Exception as e:            # noqa: BLE001 - logged and counted, then again
                 self.health.failed("placements", e, log, ())
                 self.stop.wait(0.5)

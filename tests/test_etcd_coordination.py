@@ -278,3 +278,22 @@ def _answers(fn) -> bool:
         return bool(fn())
     except OSError:
         return False
+
+
+def test_a_host_etcd_refuses_asks_again_only_after_a_second(etcd):
+    """Each authentication costs etcd a password hash: a host with a wrong password (or before
+    authentication is on) must not ask ten times a second."""
+    from rlbhost.etcdclient import REFUSED_BACKOFF_S, EtcdCoordinatorClient
+    dp = FakeHostDataplane("h1", [])
+    client = EtcdCoordinatorClient(dp, "h1", Etcd(etcd.url, keys.host_user("h1"), "wrong"))
+    try:
+        for _ in range(5):                                       # five rounds of 100 ms
+            with pytest.raises(coordapi.CoordinatorError, match="authentication failed"):
+                client.report_once()
+        assert client.counters["refusals"] == 1
+        time.sleep(REFUSED_BACKOFF_S)
+        with pytest.raises(coordapi.CoordinatorError):
+            client.report_once()
+        assert client.counters["refusals"] == 2
+    finally:
+        client.stop.set()
