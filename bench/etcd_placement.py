@@ -62,18 +62,79 @@ def host_writes(fabric, host: str, peers: list[str], qps: int, rnd: random.Rando
     return puts, body
 
 
-def write_slice(url: str, writes: dict[str, dict], lease: int) -> dict[str, float]:
-    """One writer process: each host's transaction in turn; when each was sent (CLOCK_MONOTONIC
-    is the machine's, so the parent compares it with its own)."""
+def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int) -> dict[str, float]:
+    """One writer process: its hosts' transactions, `threads` at a time (hosts are machines of
+    their own: thousands write at once, and etcd batches what arrives together); when each was
+    sent (CLOCK_MONOTONIC is the machine's, so the parent compares it with its own)."""
     client = Etcd(url, timeout=30.0)
     out = {}
-    for host, puts in writes.items():
+
+    def one(item):
+        host, puts = item
         out[host] = time.monotonic()
         client.apply(puts, lease=lease)
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(one, writes.items()))
     return out
 
 
-def run_etcd(fabric, writes: dict[str, dict], workers: int) -> dict:
+class PlacementWatch:
+    """Follows every placement key as hosts do and notes when each first appeared."""
+
+    def __init__(self, client: Etcd):
+        self.client, self.stop = client, threading.Event()
+        self.seen: dict[str, float] = {}
+        self.cond = threading.Condition()
+        _, rev = client.get_prefix(keys.placements_root())
+        threading.Thread(target=self._run, args=(rev,), daemon=True).start()
+
+    def _run(self, rev: int):
+        for events, _ in self.client.watch_prefix(keys.placements_root(), rev + 1, self.stop, idle_s=60):
+            now = time.monotonic()
+            with self.cond:
+                for e in events:
+                    self.seen.setdefault(e.kv.key, now)
+                self.cond.notify_all()
+
+    def wait(self, wanted: set[str], timeout: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: wanted <= self.seen.keys(), timeout)
+
+
+def placement_keys(host: str, puts: dict) -> set[str]:
+    return {keys.placements_prefix(host) + k[len(keys.qps_prefix(host)):] for k in puts if "/qps/" in k}
+
+
+def latencies(watch: PlacementWatch, writes: dict[str, dict], written_at: dict[str, float]) -> list[float]:
+    """Per host: from its write to the last of its QPs' placements appearing."""
+    return sorted(max(watch.seen[k] for k in placement_keys(h, w)) - written_at[h]
+                  for h, w in writes.items() if placement_keys(h, w) <= watch.seen.keys())
+
+
+def figures(lat: list[float]) -> str:
+    if not lat:
+        return "none placed"
+    return (f"{statistics.median(lat) * 1000:.0f} / {lat[int(0.99 * (len(lat) - 1))] * 1000:.0f} ms "
+            f"(max {lat[-1] * 1000:.0f})")
+
+
+def write_all(url: str, writes: dict[str, dict], lease: int, workers: int, threads: int) -> dict[str, float]:
+    # the hosts are processes of their own, as they are machines of their own: a writer process
+    # per slice, each with its own client (threads of this one would share its GIL with the
+    # coordinator and measure Python, not etcd)
+    hosts = list(writes)
+    slices = [{h: writes[h] for h in hosts[i::workers]} for i in range(workers)]
+    written_at: dict[str, float] = {}
+    with ProcessPoolExecutor(workers) as ex:
+        for got in ex.map(write_slice, [url] * workers, slices, [lease] * workers, [threads] * workers):
+            written_at.update(got)
+    return written_at
+
+
+def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: int, threads: int,
+             singles: int) -> tuple[dict, dict]:
+    """The burst (every host at once), then in the loaded fabric a collective of `later`'s hosts
+    adding QPs at once, then `singles` hosts adding QPs one after another."""
     work = Path(tempfile.mkdtemp(prefix="rlb-etcdbench-"))
     server = EtcdServer(work, client_port=free_port(), peer_port=free_port()).start()
     try:
@@ -82,62 +143,64 @@ def run_etcd(fabric, writes: dict[str, dict], workers: int) -> dict:
         coord.start()
         while not coord.leading.is_set():
             time.sleep(0.01)
-        lease = client.lease_grant(60)
-        placed_at: dict[str, float] = {}
-        want = {h: sum(1 for k in w if "/qps/" in k) for h, w in writes.items()}
-        done = threading.Event()
-        stop = threading.Event()
-
-        def watch():
-            _, rev = client.get_prefix(keys.placements_root())
-            have: dict[str, int] = {}
-            for events, _ in client.watch_prefix(keys.placements_root(), rev + 1, stop, idle_s=60):
-                now = time.monotonic()
-                for e in events:
-                    _, host, _ = keys.split(e.kv.key)
-                    have[host] = have.get(host, 0) + 1
-                    if have[host] >= want[host] and host not in placed_at:
-                        placed_at[host] = now
-                if len(placed_at) == len(want):
-                    done.set()
-                    return
-        w = threading.Thread(target=watch, daemon=True)
-        w.start()
+        lease = client.lease_grant(600)
+        watch = PlacementWatch(client)
         time.sleep(0.3)
         t0 = time.monotonic()
-        # the hosts are processes of their own, as they are machines of their own: a writer
-        # process per slice, each with its own client (threads of this one would share its GIL
-        # with the coordinator and measure Python, not etcd)
-        hosts = list(writes)
-        slices = [{h: writes[h] for h in hosts[i::workers]} for i in range(workers)]
-        written_at: dict[str, float] = {}
-        with ProcessPoolExecutor(workers) as ex:
-            for got in ex.map(write_slice, [server.url] * workers, slices, [lease] * workers):
-                written_at.update(got)
+        written_at = write_all(server.url, writes, lease, workers, threads)
         t_written = time.monotonic() - t0
-        done.wait(600)
+        watch.wait(set().union(*(placement_keys(h, w) for h, w in writes.items())), 600)
         total = time.monotonic() - t0
-        stop.set()
-        lat = sorted(placed_at[h] - written_at[h] for h in placed_at)
-        coord.stop.set()
+        lat = latencies(watch, writes, written_at)
         c = coord.counters
         n_keys = sum(len(w) for w in writes.values())
-        out = {"hosts placed": f"{len(placed_at)}/{len(writes)}",
-               "latency median ms": round(statistics.median(lat) * 1000, 1) if lat else None,
-               "latency p99 ms": round(lat[int(0.99 * (len(lat) - 1))] * 1000, 1) if lat else None,
+        cpu = c["follow_cpu_s"] + c["place_cpu_s"]
+        out = {"hosts placed": f"{len(lat)}/{len(writes)}",
+               "latency median / p99 (max)": figures(lat),
                "all placed after s": round(total, 2), "writes took s": round(t_written, 2),
                "host keys written": n_keys, "placement keys written": c["placements_written"],
                "etcd keys/s (in + out)": round((n_keys + c["placements_written"]) / total),
                "transactions in": len(writes), "coordinator batches": c["batches"],
                "solves": coord.coord.counters["solves"],
                "solve s": round(coord.coord.counters["solve_seconds"], 2),
-               "coordinator CPU s (follow + place)": round(c["follow_cpu_s"] + c["place_cpu_s"], 2),
+               "coordinator CPU s (follow + place)": round(cpu, 2),
                # nothing changes, nothing is written: lease keepalives go to etcd alone
                "steady state: coordinator cores": 0}
-        return out
+        # a collective starts beside the placed ones
+        cpu0, t0 = cpu, time.monotonic()
+        at = write_all(server.url, later, lease, workers, threads)
+        watch.wait(set().union(*(placement_keys(h, w) for h, w in later.items())), 600)
+        lat_c = latencies(watch, later, at)
+        cpu1 = c["follow_cpu_s"] + c["place_cpu_s"]
+        more = {f"a collective of {len(later)} hosts x {len(next(iter(later.values())))} QPs beside them":
+                f"{figures(lat_c)}; all after {time.monotonic() - t0:.2f} s, coordinator CPU {cpu1 - cpu0:.2f} s"}
+        # one host at a time, the fabric full
+        lat_1 = []
+        for h in list(later)[:singles]:
+            _, puts = _more_qps(fabric, h, later[h], random.Random(h))
+            sent = time.monotonic()
+            client.apply(puts, lease=lease)
+            watch.wait(placement_keys(h, puts), 30)
+            lat_1 += latencies(watch, {h: puts}, {h: sent})
+        lat_1.sort()
+        more[f"one host's {len(next(iter(later.values())))} new QPs, {singles} hosts in turn"] = figures(lat_1)
+        watch.stop.set()
+        coord.stop.set()
+        return out, more
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _more_qps(fabric, host: str, like: dict, rnd: random.Random) -> tuple[str, dict]:
+    """New QPs of `host` towards the peers of `like` (fresh source ports and QP numbers)."""
+    puts = {}
+    for k, v in like.items():
+        if "/qps/" in k:
+            peer, _, _ = keys.parse_qp_name(k[len(keys.qps_prefix(host)):])
+            q = (peer, 49152 + rnd.randrange(16384), rnd.getrandbits(24))
+            puts[keys.qp_key(host, q)] = v
+    return host, puts
 
 
 def run_http(fabric, bodies: dict[str, dict], workers: int) -> dict:
@@ -159,8 +222,7 @@ def run_http(fabric, bodies: dict[str, dict], workers: int) -> dict:
     cpu = time.process_time() - cpu0
     lat.sort()
     return {"hosts placed": f"{len(lat)}/{len(bodies)}",
-            "latency median ms": round(statistics.median(lat) * 1000, 1),
-            "latency p99 ms": round(lat[int(0.99 * (len(lat) - 1))] * 1000, 1),
+            "latency median / p99 (max)": figures(lat),
             "all placed after s": round(total, 2), "solves": coord.counters["solves"],
             "solve s": round(coord.counters["solve_seconds"], 2),
             "coordinator CPU s (follow + place)": round(cpu, 2),
@@ -176,8 +238,11 @@ def main():
     ap.add_argument("--hosts", type=int, default=32, help="hosts per leaf")
     ap.add_argument("--spines", type=int, default=8)
     ap.add_argument("--qps", type=int, default=8, help="fabric QPs per host (a permutation's peers)")
-    ap.add_argument("--workers", type=int, default=8, help="hosts writing at once (processes for etcd, "
-                    "threads for HTTP)")
+    ap.add_argument("--workers", type=int, default=8, help="writer processes for etcd (threads for HTTP)")
+    ap.add_argument("--threads", type=int, default=16, help="hosts writing at once in each etcd writer process")
+    ap.add_argument("--collective", type=int, default=512, help="hosts of the collective that starts "
+                    "once the first QPs are placed")
+    ap.add_argument("--singles", type=int, default=30, help="hosts that then add QPs one after another")
     a = ap.parse_args()
     fabric = model_fabric(a.leaves, a.hosts, a.spines)
     rnd = random.Random(1)
@@ -193,11 +258,15 @@ def main():
     print(f"{a.leaves} leaves x {a.hosts} hosts x {a.spines} spines: {len(writes)} hosts start "
           f"{a.qps} fabric QPs each at once ({len(writes) * a.qps} QPs)")
     http = run_http(fabric, bodies, a.workers)
-    etcd = run_etcd(fabric, writes, a.workers)
+    later = dict(_more_qps(fabric, h, writes[h], rnd) for h in list(writes)[:a.collective])
+    etcd, more = run_etcd(fabric, writes, later, a.workers, a.threads, a.singles)
     names = list(dict.fromkeys([*etcd, *http]))
-    print(f"{'':<44}{'etcd (rlbcoord --etcd)':>24}{'HTTP (rlbcoord)':>20}")
+    print(f"{'every host at once':<44}{'etcd (rlbcoord --etcd)':>30}{'HTTP (rlbcoord)':>30}")
     for n in names:
-        print(f"{n:<44}{str(etcd.get(n, '')):>24}{str(http.get(n, '')):>20}")
+        print(f"{n:<44}{str(etcd.get(n, '')):>30}{str(http.get(n, '')):>30}")
+    print("then, with every QP above placed (etcd):")
+    for n, v in more.items():
+        print(f"  {n}: {v}")
 
 
 if __name__ == "__main__":

@@ -304,3 +304,20 @@ def test_weights_that_are_not_finite_are_refused(coord):
             urllib.request.urlopen(req, timeout=2)
         assert e.value.code == 400 and b"finite" in e.value.read()
     assert coordapi.call(coord.url, coordapi.STATUS)["qps"]["fabric"] == 0
+
+
+def test_a_writer_of_placements_is_told_every_host_whose_placements_changed():
+    """take_changed(): the hosts reported or forgotten, and those whose QPs the placement moved
+    without them reporting (a dead uplink of their leaf); nobody else (what etcd's writer
+    compares, instead of every host of the fabric)."""
+    c = Coordinator(FABRIC, host_timeout_s=1e9)
+    c.apply_reports({"h1": report("h1", [("h3", 50000 + i, i, 1) for i in range(8)]),
+                     "h3": report("h3", [("h1", 40000, 1, 1)])})
+    assert c.take_changed() == {"h1", "h3"} and c.take_changed() == set()
+    before = {k: p for k, p in c.all_placements()["h1"].items()}
+    assert sorted(before.values()) == [1, 1, 2, 2, 3, 3, 4, 4]
+    c.links("l1", {"ports": {"eth-s4": False}})                 # l1's fourth uplink dies
+    assert c.take_changed() == {"h1"}                           # h1's two QPs there moved; h3 is on l2
+    assert 4 not in c.all_placements({"h1"})["h1"].values()
+    c.apply_reports({"h3": None})
+    assert c.take_changed() == {"h3"} and "h3" not in c.all_placements()

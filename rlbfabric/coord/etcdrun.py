@@ -59,6 +59,7 @@ class EtcdCoordination:
                          "follow_cpu_s": 0.0, "place_cpu_s": 0.0}
         self._down_logged = False
         self._refused_logged = ""
+        self._compare_all = True                       # the next write compares every host
 
     # ---- following the tree -----------------------------------------------------------------
     def _load(self) -> int:
@@ -201,11 +202,14 @@ class EtcdCoordination:
         A leaf's link loads are written when they changed, saying which revision of the hosts'
         writes they include (`through`): a host's verbs library counts its own QPs written
         after that as pending."""
-        want = self.coord.all_placements()
+        changed = self.coord.take_changed()
+        if self._compare_all:                          # a new leader: everything against etcd
+            changed, self._compare_all = set(self.coord.hosts) | set(self.placed), False
+        want = self.coord.all_placements(changed)
         links = {leaf: json.dumps(v, sort_keys=True) for leaf, v in self.coord.link_table().items()}
         puts, deletes = {}, []
         with self.lock:
-            for host in set(want) | set(self.placed):
+            for host in changed:
                 have, new = self.placed.get(host, {}), want.get(host, {})
                 puts.update({keys.placement_key(host, q): str(p) for q, p in new.items() if have.get(q) != p})
                 deletes += [keys.placement_key(host, q) for q in have if q not in new]
@@ -285,6 +289,7 @@ class EtcdCoordination:
                 self.dirty.update(self.reports)        # the whole mirror, against what is written
                 self.dirty.update(self.coord.hosts)
                 self.dirty.add("")
+                self._compare_all = True
             self.counters["takeovers"] += 1
             log.info("%s leads the coordination (lease %x, TTL %d s)", self.name, self.lease, self.lease_ttl_s)
             self.leading.set()
@@ -306,6 +311,7 @@ class EtcdCoordination:
                 log.warning("%s: placements not written (%s); again at the next change", self.name, e)
                 with self.lock:
                     self.dirty.add("")
+                    self._compare_all = True           # what was not written is compared again
                 self.stop.wait(0.2)
                 self.wake.set()
             except Exception as e:                     # noqa: BLE001 - logged, counted, again

@@ -25,6 +25,7 @@ from ..policy.placement import DOWN, UP
 from ..policy.qpplacer import QpInfo, QpPlacer
 
 log = logging.getLogger(__name__)
+PEER_CACHE = 1 << 17        # peer addresses remembered (a fabric's hosts x paths, with room)
 
 
 class Refused(Exception):
@@ -60,6 +61,9 @@ class Coordinator:
                          "solves": 0, "solve_seconds": 0.0, "hosts_expired": 0}
         self.last_solve_s = 0.0
         self.prefixes: dict[str, list] = {}         # host -> its /64 per path
+        self._paths_ok: dict[str, tuple] = {}       # host -> (its paths as last reported, valid ones)
+        self._peers: dict[str, tuple] = {}          # peer address text -> (address, host)
+        self.changed_hosts: set[str] = set()        # whose placements may differ since take_changed()
         leaves = {lf.name: lf for lf in fabric.leaves}
         self.uplink_colour = {name: {p.ifname: p.colour - 1 for p in fabric.ports_up(lf)}
                               for name, lf in leaves.items()}
@@ -116,18 +120,22 @@ class Coordinator:
         return bad
 
     def _forget(self, host: str):
+        self.changed_hosts.add(host)
+        self._paths_ok.pop(host, None)
         e = self.hosts.pop(host, None)
         if e is not None:
             for key in e["keys"]:
                 self.placer.remove(key)
             log.info("%s is gone: its %d QPs leave the placement", host, len(e["keys"]))
 
-    def all_placements(self) -> dict[str, dict[tuple[str, int, int], int]]:
-        """Every host's placements, {host: {(peer, sport, qp): path}}, for the QPs it reported
-        and may move (not those placed through verbs)."""
+    def all_placements(self, hosts: set[str] | None = None) -> dict[str, dict[tuple[str, int, int], int]]:
+        """Every host's placements (or those of `hosts`), {host: {(peer, sport, qp): path}}, for
+        the QPs it reported and may move (not those placed through verbs)."""
         with self.lock:
             out = {}
             for host, e in self.hosts.items():
+                if hosts is not None and host not in hosts:
+                    continue
                 placed = self.placer.placements(host)
                 out[host] = {(k[1], k[2], k[3]): p for k, p in placed.items()
                              if k in e["keys"] and not self.placer.qps[k].fixed}
@@ -135,6 +143,7 @@ class Coordinator:
 
     def _apply(self, host: str, seen: dict):
         """A host's QPs as it reported them (under the lock)."""
+        self.changed_hosts.add(host)
         now = self.clock()
         entry = self.hosts.setdefault(host, {"seen": now, "keys": set()})
         entry["seen"] = now
@@ -160,7 +169,7 @@ class Coordinator:
         for i, q in enumerate(qps):
             if not isinstance(q, dict):
                 raise BadRequest(f"qps[{i}] must be an object")
-            peer = _addr(q.get("peer"), f"qps[{i}].peer")
+            peer, dst = self._peer(q.get("peer"), f"qps[{i}].peer")
             sport = _int(q.get("sport"), f"qps[{i}].sport", 0, 65535)
             qpn = _int(q.get("qp"), f"qps[{i}].qp", 0, (1 << 24) - 1)
             path = q.get("path")
@@ -176,7 +185,6 @@ class Coordinator:
             idle_ms = q.get("idle_ms", 0)
             if isinstance(idle_ms, bool) or not isinstance(idle_ms, (int, float)) or not 0 <= idle_ms <= 1e9:
                 raise BadRequest(f"qps[{i}].idle_ms must be a number of milliseconds, not {idle_ms!r}")
-            dst = self.placer.host_of(str(peer))
             if dst is None:
                 continue                       # a peer outside the fabric: nothing to place
             if fixed:                          # placed through verbs: its path cannot change
@@ -188,6 +196,18 @@ class Coordinator:
             last = None if active or fixed else received - idle_ms / 1000
             seen[(host, str(peer), sport, qpn)] = QpInfo(host, dst, path, weights, nbytes, fixed, last)
         return seen
+
+    def _peer(self, v, name: str) -> tuple[ipaddress.IPv6Address, str | None]:
+        """A QP's peer address and the host it belongs to (None: outside the fabric), remembered
+        by its text: every report names the same few thousand addresses again."""
+        got = self._peers.get(v) if isinstance(v, str) else None
+        if got is None:
+            a = _addr(v, name)
+            got = (a, self.placer.host_of(str(a)))
+            if len(self._peers) >= PEER_CACHE:        # foreign addresses must not grow it for good
+                self._peers.clear()
+            self._peers[v] = got
+        return got
 
     def link_table(self) -> dict[str, dict]:
         """Every leaf's uplinks and downlinks: QPs placed (of the newest generation, which a new
@@ -219,9 +239,18 @@ class Coordinator:
                 "down": {name[b].name: {"load": loads[DOWN][b], "cap": cap[DOWN][b]} for b in sorted(leaves)}}
 
     def _check_paths(self, host: str, paths) -> set[int]:
-        """The path values the host reports, each address inside its prefix for that path."""
+        """The path values the host reports, each address inside its prefix for that path (the
+        answer kept until the host reports other paths)."""
         if not isinstance(paths, dict) or not paths:
             raise BadRequest("paths must be an object {path value: address}")
+        seen = self._paths_ok.get(host)
+        if seen is not None and seen[0] == paths:
+            return seen[1]
+        out = self._valid_paths(host, paths)
+        self._paths_ok[host] = (dict(paths), out)
+        return out
+
+    def _valid_paths(self, host: str, paths: dict) -> set[int]:
         nets = self.prefixes.get(host)
         if nets is None:
             nets = self.prefixes[host] = self.fabric.host_prefixes(*self.fabric.leaf_of_host(host))
@@ -279,9 +308,18 @@ class Coordinator:
         return {"changed": changed}
 
     # ---- keeping it current -------------------------------------------------------------------
+    def take_changed(self) -> set[str]:
+        """The hosts whose placements may have changed since the last call (those reported,
+        forgotten, or with a QP the placement moved): a writer of placements compares only
+        theirs, so its work follows the change, not the fabric's size."""
+        with self.lock:
+            out, self.changed_hosts = self.changed_hosts, set()
+        return out
+
     def _solve(self):
         t = time.perf_counter()
         moved = self.placer.solve(self.clock())
+        self.changed_hosts.update(self.placer.qps[k].src for k in self.placer.last_changed if k in self.placer.qps)
         self.last_solve_s = time.perf_counter() - t
         self.counters["solves"] += 1
         self.counters["solve_seconds"] += self.last_solve_s

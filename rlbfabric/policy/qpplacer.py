@@ -65,6 +65,7 @@ class QpPlacer:
         self.local: dict[Hashable, QpInfo] = {}      # QPs inside one leaf: no fabric link to place
         self.by_host: dict[str, set] = {}            # sending host -> its fabric-crossing QPs
         self.link_up: dict[tuple[int, int], bool] = {}
+        self.last_changed: set = set()               # keys whose colour the last solve changed
         for lf in fabric.leaves:
             self._apply_caps(self.leaf_index[lf.name])
 
@@ -207,13 +208,16 @@ class QpPlacer:
         before it; returns how many QPs got a new colour."""
         self._regroup(now)
         moved = 0
+        self.last_changed: set = set()
         for k, t in enumerate(self.tiers):
             if k:
                 base = self.loads(tiers=k)         # the newer generations, as just placed
                 for side in (UP, DOWN):
                     for v in range(len(self.fabric.leaves)):
                         t.set_base(v, side, base[side][v])
-            moved += len(t.solve())
+            changed = t.solve()
+            moved += len(changed)
+            self.last_changed |= changed
         return moved
 
     def colour(self, key: Hashable) -> int | None:
