@@ -122,3 +122,36 @@ def test_etcd_killed_and_restarted_loses_nothing_and_placements_resume(lab):
     print(f"\netcd back: placed after {r.placed_after_s} s, {r.figures(1)}")
     assert r.placed_after_s is not None and r.placed_after_s < 1.0, r.unplaced
     assert r.figures(1)[0] <= r.best(lab.fabric)[0] + 0.05
+
+
+def test_a_host_agent_killed_its_lease_ends_its_qps_leave_and_come_back_with_it(lab):
+    """h1's agent SIGKILLed during a stream of 4 QPs: forwarding goes on from the pinned maps (no
+    packet lost); its lease (3 s) ends, so its keys go, its QPs leave the leader's model and their
+    placements are deleted; started again, it writes them under a new lease and they are placed."""
+    seen = {}
+    admin = as_user(lab, etcdauth.ROOT_USER)
+
+    def h1_keys():
+        with netns.inside(lab.ns("mon")):
+            return (len(admin.get_prefix(keys.qps_prefix("h1"))[0]),
+                    len(admin.get_prefix(keys.placements_prefix("h1"))[0]))
+
+    def h1_in_model():
+        return lab.coordinator_status()["hosts"].get("h1", {}).get("qps", 0)
+
+    def restart_h1():
+        lab.wait_for(lambda: h1_keys() == (4, 4) and h1_in_model() == 4, 5, "h1's 4 QPs placed")
+        lab.kill_agent("h1")
+        t0 = time.monotonic()
+        lab.wait_for(lambda: h1_keys() == (0, 0) and h1_in_model() == 0, 8, "h1's keys to end with its lease")
+        seen["gone_after"] = time.monotonic() - t0
+        lab.start_host_agent("h1")
+        t1 = time.monotonic()
+        lab.wait_for(lambda: h1_keys() == (4, 4) and h1_in_model() == 4, 10, "h1's QPs back in etcd and placed")
+        seen["back_after"] = time.monotonic() - t1
+
+    sent, received, _ = h1_to_h3_during(lab, 4000, 1000, restart_h1, seed=91, payload_len=256, lead_s=1.0)
+    print(f"\nh1's agent killed: its keys gone after {seen['gone_after']:.1f} s (lease 3 s); started "
+          f"again: back and placed after {seen['back_after']:.1f} s; {received}/{sent} packets")
+    assert sent == 16000 and received == 16000
+    assert seen["gone_after"] <= 3.0 + 1.5                        # the lease's TTL, and etcd's check

@@ -70,12 +70,15 @@ def write_bw(lab, tmp_path, qps: int, extra: str = "", during=None):
     return out, {s: after[s] - before[s] for s in after}
 
 
-def test_four_qps_use_both_spines(vlab, tmp_path):
+def test_four_qps_use_both_spines_by_their_links_capacity(vlab, tmp_path):
+    """l1-s2 runs at half speed: of 4 QPs (perftest gives each the same bytes) 3 go by s1 and 1
+    by s2, the capacity shares (2:2 would load the slow link twice as much as the fast one;
+    kernel ECMP puts 4:0 or 3:1 either way round as the ports hash)."""
     out, delta = write_bw(vlab, tmp_path, 4, f"-n {ITERS}")
     total = sum(delta.values())
     print(f"-q 4: spine bytes {delta}\n{out}")
     assert total >= 4 * ITERS * SIZE                      # the payload crossed the spines
-    assert min(delta.values()) >= 0.35 * total            # 2 QPs per spine, not 4:0 or 3:1
+    assert 0.15 * total <= delta["s2"] <= 0.35 * total    # one QP of four by the half-speed link
     assert re.search(rf"^\s*{SIZE}\s+\d+", out, re.M)       # perftest's result line
 
 
