@@ -7,6 +7,7 @@ import json
 import threading
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -321,3 +322,24 @@ def test_a_writer_of_placements_is_told_every_host_whose_placements_changed():
     assert 4 not in c.all_placements({"h1"})["h1"].values()
     c.apply_reports({"h3": None})
     assert c.take_changed() == {"h3"} and "h3" not in c.all_placements()
+
+
+def test_single_qps_of_a_known_host_cost_their_own_reading_not_the_whole_report(monkeypatch):
+    """apply_reports' `changes`: a QP written, one gone and one unreadable, of a host whose report
+    was read: only those three are read, the bad one alone is refused, the placement follows."""
+    c = Coordinator(FABRIC, host_timeout_s=1e9)
+    qps = [("h3", 50000 + i, i, 1) for i in range(32)]
+    c.apply_reports({"h1": report("h1", qps)})
+    assert c.knows("h1") and not c.knows("h2")
+    read = []
+    real = c._qp
+    monkeypatch.setattr(c, "_qp", lambda *a: read.append(a[2]) or real(*a))
+    h3 = addr("h3", 1)
+    new = {"peer": h3, "sport": 60000, "qp": 99, "path": 2, "active": True}
+    bad = c.apply_reports({}, {"h1": {(h3, 60000, 99): new, (h3, 50000, 0): None}})
+    assert bad == {} and len(read) == 1                          # the new QP; the gone one costs no reading
+    keys_ = c.hosts["h1"]["keys"]
+    assert len(keys_) == 32 and ("h1", h3, 60000, 99) in keys_ and ("h1", h3, 50000, 0) not in keys_
+    assert sorted(Counter(c.all_placements()["h1"].values()).values()) == [8, 8, 8, 8]
+    bad = c.apply_reports({}, {"h1": {(h3, 60001, 100): {"peer": h3, "sport": 70000, "qp": 100}}})
+    assert "sport must be a whole number 0-65535" in bad["h1"] and len(c.hosts["h1"]["keys"]) == 32

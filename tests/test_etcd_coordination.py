@@ -19,6 +19,8 @@ import pytest
 from rlbcommon import coordapi
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
 from rlbfabric.coord import etcdauth, keys
+from rlbfabric.coord.etcdrun import EtcdCoordination
+from rlbfabric.coord.service import Coordinator
 from rlbfabric.fabric import load
 from rlblab.etcdserver import EtcdServer
 
@@ -297,3 +299,37 @@ def test_a_host_etcd_refuses_asks_again_only_after_a_second(etcd):
         assert client.counters["refusals"] == 2
     finally:
         client.stop.set()
+
+
+def test_a_qp_key_that_changes_is_all_the_leader_reads_of_its_host(etcd, monkeypatch):
+    """The follower feeds single QP keys to the model: of h1's 32 QPs one goes idle and one is
+    deleted, and the leader reads that one QP (not h1's 32), its placement of the deleted one
+    goes, and the rest stay where they were."""
+    admin = user(etcd, etcdauth.ROOT_USER)
+    admin.delete_prefix(keys.ROOT)
+    coord = EtcdCoordination(Coordinator(FABRIC, host_timeout_s=1e9), user(etcd, keys.COORDINATOR_USER),
+                             "inproc", lease_ttl_s=1)
+    coord.start()
+    try:
+        wait(coord.leading.is_set, 10, "the in-process coordinator to lead")
+        h1 = user(etcd, keys.host_user("h1"))
+        lease = h1.lease_grant(10)
+        write_host(h1, "h1", [("h3", 50000 + i, i, 1) for i in range(32)], lease)
+        wait(lambda: len(placements(etcd, "h1")) == 32, 5, "h1's 32 placements")
+        before = placements(etcd, "h1")
+        read = []
+        real = coord.coord._qp
+        monkeypatch.setattr(coord.coord, "_qp", lambda *a: read.append(a[2]) or real(*a))
+        h3 = addr("h3", 1)
+        h1.apply({keys.qp_key("h1", (h3, 50000, 0)): json.dumps({"path": 1, "active": False, "since": time.time()})},
+                 [keys.qp_key("h1", (h3, 50001, 1))], lease=lease)
+        gone = keys.placement_key("h1", (h3, 50001, 1))
+        wait(lambda: gone not in placements(etcd, "h1"), 5, "the deleted QP's placement to go")
+        time.sleep(0.3)
+        after = placements(etcd, "h1")
+        assert len(read) == 1 and len(coord.coord.hosts["h1"]["keys"]) == 31, read
+        assert after == {k: v for k, v in before.items() if k != gone}       # nothing else rewritten
+    finally:
+        coord.stop.set()
+        coord.join(3.0)
+        admin.delete_prefix(keys.ROOT)

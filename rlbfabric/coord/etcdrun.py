@@ -45,6 +45,8 @@ class EtcdCoordination:
         self.reports: dict[str, dict] = {}             # host -> {"report": dict | None, "qps": {QpId: dict}}
         self.placed: dict[str, dict] = {}              # host -> {QpId: path}, as in etcd
         self.dirty: set[str] = set()                   # hosts whose keys changed since the last solve
+        self.dirty_report: set[str] = set()            # ... whose report key did (read them whole)
+        self.dirty_qps: dict[str, set] = {}            # ... and which of their QP keys
         self.uplinks: dict[str, dict] = {}
         self.links: dict[str, str] = {}                # leaf -> its link loads, as in etcd
         self.through = 0                               # the revision the mirror has read up to
@@ -67,6 +69,7 @@ class EtcdCoordination:
         with self.lock:
             self.reports, self.placed, self.uplinks, self.links = {}, {}, {}, {}
             self.dirty = set(self.coord.hosts)         # hosts the model has and etcd may not
+            self.dirty_report, self.dirty_qps = set(self.coord.hosts), {}   # read whole
             for kv in kvs:
                 self._put(kv.key, kv.value)
         return rev
@@ -88,13 +91,15 @@ class EtcdCoordination:
             if tree == "hosts":
                 h = self.reports.setdefault(node, {"report": None, "qps": {}})
                 if rest == "report":
-                    h["report"] = json.loads(value) if value is not None else None
+                    h["report"] = _object(value) if value is not None else None
+                    self.dirty_report.add(node)
                 elif rest.startswith("qps/"):
                     q = keys.parse_qp_name(rest[4:])
                     if value is None:
                         h["qps"].pop(q, None)
                     else:
-                        h["qps"][q] = json.loads(value)
+                        h["qps"][q] = _object(value)
+                    self.dirty_qps.setdefault(node, set()).add(q)
                 if h["report"] is None and not h["qps"]:
                     del self.reports[node]
                 self.dirty.add(node)
@@ -161,14 +166,7 @@ class EtcdCoordination:
         """A host's keys as the report the model takes (None: nothing left of it)."""
         if h["report"] is None:
             return None
-        qps = []
-        for (peer, sport, qp), v in h["qps"].items():
-            active = bool(v.get("active", True))
-            since = v.get("since") or now_wall
-            qps.append({"peer": peer, "sport": sport, "qp": qp, "path": v.get("path"), "bytes": 0,
-                        "active": active, "fixed": bool(v.get("fixed", False)),
-                        "idle_ms": 0 if active else round(max(0.0, now_wall - since) * 1000, 1)})
-        return {**h["report"], "qps": qps}
+        return {**h["report"], "qps": [_qp_body(q, v, now_wall) for q, v in h["qps"].items()]}
 
     def _place_if_leading(self):
         if not self.leading.is_set():
@@ -181,17 +179,27 @@ class EtcdCoordination:
             if not self.dirty:
                 return
             now = time.time()
-            batch = {h: self._body(self.reports[h], now) if h in self.reports else None
-                     for h in self.dirty if h}
+            batch, changes = {}, {}
+            for h in self.dirty - {""}:
+                if h not in self.reports:
+                    batch[h] = None                    # its keys are gone (its lease ended)
+                elif h in self.dirty_report or not self.coord.knows(h) or self.reports[h]["report"] is None:
+                    batch[h] = self._body(self.reports[h], now)
+                else:                                  # only some QPs: only they are read
+                    qps = self.reports[h]["qps"]
+                    changes[h] = {q: _qp_body(q, qps[q], now) if q in qps else None
+                                  for q in self.dirty_qps.get(h, ())}
             uplinks = dict(self.uplinks) if "" in self.dirty else {}
             self.dirty.clear()
+            self.dirty_report.clear()
+            self.dirty_qps.clear()
             through = self.through
         for switch, state in uplinks.items():
             try:
                 self.coord.links(switch, {"ports": state})
             except Exception as e:                     # Refused / BadRequest: counted by the model
                 log.warning("uplinks of %s refused: %s", switch, e)
-        bad = self.coord.apply_reports(batch)
+        bad = self.coord.apply_reports(batch, changes)
         for host, why in bad.items():
             log.warning("report of %s refused: %s", host, why)
         self.counters["batches"] += 1
@@ -287,6 +295,7 @@ class EtcdCoordination:
             self.leader_rev = kv.create_revision
             with self.lock:
                 self.dirty.update(self.reports)        # the whole mirror, against what is written
+                self.dirty_report.update(self.reports)
                 self.dirty.update(self.coord.hosts)
                 self.dirty.add("")
                 self._compare_all = True
@@ -337,3 +346,21 @@ class EtcdCoordination:
     def status(self) -> dict:
         return {"name": self.name, "leading": self.leading.is_set(), "leader": self.leader,
                 "hosts_in_etcd": len(self.reports), "counters": dict(self.counters)}
+
+
+def _qp_body(q: keys.QpId, v: dict, now_wall: float) -> dict:
+    """A QP key's value as a report lists it: an idle one's `since` (wall clock) as idle_ms."""
+    peer, sport, qp = q
+    active = bool(v.get("active", True))
+    since = v.get("since") or now_wall
+    return {"peer": peer, "sport": sport, "qp": qp, "path": v.get("path"), "bytes": 0, "active": active,
+            "fixed": bool(v.get("fixed", False)),
+            "idle_ms": 0 if active else round(max(0.0, now_wall - since) * 1000, 1)}
+
+
+def _object(value: bytes) -> dict:
+    """A host's key holds a JSON object; anything else is refused (ValueError)."""
+    v = json.loads(value)
+    if not isinstance(v, dict):
+        raise ValueError(f"not a JSON object: {value[:60]!r}")
+    return v

@@ -62,6 +62,7 @@ class Coordinator:
         self.last_solve_s = 0.0
         self.prefixes: dict[str, list] = {}         # host -> its /64 per path
         self._paths_ok: dict[str, tuple] = {}       # host -> (its paths as last reported, valid ones)
+        self._context: dict[str, tuple] = {}        # host -> (valid paths, weights) of its last report
         self._peers: dict[str, tuple] = {}          # peer address text -> (address, host)
         self.changed_hosts: set[str] = set()        # whose placements may differ since take_changed()
         leaves = {lf.name: lf for lf in fabric.leaves}
@@ -96,16 +97,27 @@ class Coordinator:
                                for k, p in sorted(placed.items()) if k in seen and not seen[k].fixed],
                 "links": links}
 
-    def apply_reports(self, reports: dict[str, dict | None]) -> dict[str, str]:
-        """Many hosts' reports at once (None: the host is gone, its QPs leave), then one solve:
-        what the etcd follower feeds in per batch of changes (etcdrun.py). Returns the hosts
-        whose report was refused or unreadable, with why; their earlier state stays."""
+    def apply_reports(self, reports: dict[str, dict | None],
+                      changes: dict[str, dict[tuple[str, int, int], dict | None]] | None = None) -> dict[str, str]:
+        """Many hosts' reports at once (None: the host is gone, its QPs leave), and single QPs of
+        hosts already known (`changes`: {host: {(peer, sport, qp): the QP as in a report's
+        list, or None: gone}}, each costing its own reading and placement, not its host's whole
+        report), then one solve: what the etcd follower feeds in per batch of changes
+        (etcdrun.py). Returns the hosts whose report or QP was refused or unreadable, with why;
+        their earlier state stays."""
         parsed, bad = {}, {}
         for host, body in reports.items():
             if body is None:
                 continue
             try:
                 parsed[host] = self._parse(host, body)
+            except (Refused, BadRequest) as e:
+                self.counters["refused" if isinstance(e, Refused) else "bad"] += 1
+                bad[host] = str(e)
+        deltas = {}
+        for host, qps in (changes or {}).items():
+            try:
+                deltas[host] = self._parse_changes(host, qps)
             except (Refused, BadRequest) as e:
                 self.counters["refused" if isinstance(e, Refused) else "bad"] += 1
                 bad[host] = str(e)
@@ -116,12 +128,46 @@ class Coordinator:
                 elif host in parsed:
                     self._apply(host, parsed[host])
                     self.counters["reports"] += 1
+            for host, (seen, gone) in deltas.items():
+                self._apply_changes(host, seen, gone)
             self._solve()
         return bad
+
+    def knows(self, host: str) -> bool:
+        """Whether single QPs of `host` can be applied (apply_reports' changes): its report read."""
+        return host in self.hosts and host in self._context
+
+    def _parse_changes(self, host: str, qps: dict) -> tuple[dict, set]:
+        """({QP key: QpInfo} written, {QP key} gone) of single QPs, read in the context (paths,
+        weights) of the host's last report."""
+        valid, tables = self._context[host]
+        received = self.clock()
+        seen, gone = {}, set()
+        for (peer, sport, qpn), q in qps.items():
+            if q is None:
+                addr, _ = self._peer(peer, "peer")
+                gone.add((host, str(addr), sport, qpn))
+                continue
+            got = self._qp(host, q, f"QP {peer} {sport} {qpn}", valid, tables, received)
+            if got is not None:
+                seen[got[0]] = got[1]
+        return seen, gone
+
+    def _apply_changes(self, host: str, seen: dict, gone: set):
+        """Single QPs of a known host (under the lock)."""
+        self.changed_hosts.add(host)
+        entry = self.hosts[host]
+        entry["seen"] = self.clock()
+        for key in gone & entry["keys"]:
+            self.placer.remove(key)
+        for key, info in seen.items():
+            self.placer.update(key, info)
+        entry["keys"] = (entry["keys"] - gone) | set(seen)
 
     def _forget(self, host: str):
         self.changed_hosts.add(host)
         self._paths_ok.pop(host, None)
+        self._context.pop(host, None)
         e = self.hosts.pop(host, None)
         if e is not None:
             for key in e["keys"]:
@@ -167,35 +213,43 @@ class Coordinator:
         seen: dict[tuple, QpInfo] = {}
         received = self.clock()
         for i, q in enumerate(qps):
-            if not isinstance(q, dict):
-                raise BadRequest(f"qps[{i}] must be an object")
-            peer, dst = self._peer(q.get("peer"), f"qps[{i}].peer")
-            sport = _int(q.get("sport"), f"qps[{i}].sport", 0, 65535)
-            qpn = _int(q.get("qp"), f"qps[{i}].qp", 0, (1 << 24) - 1)
-            path = q.get("path")
-            if path is not None:
-                path = _int(path, f"qps[{i}].path", 1, self.fabric.paths)
-            nbytes = _int(q.get("bytes", 0), f"qps[{i}].bytes", 0, 1 << 63)
-            fixed = q.get("fixed", False)
-            if not isinstance(fixed, bool) or (fixed and path is None):
-                raise BadRequest(f"qps[{i}].fixed must be true or false, and a fixed QP needs its path")
-            active = q.get("active", True)
-            if not isinstance(active, bool):
-                raise BadRequest(f"qps[{i}].active must be true or false")
-            idle_ms = q.get("idle_ms", 0)
-            if isinstance(idle_ms, bool) or not isinstance(idle_ms, (int, float)) or not 0 <= idle_ms <= 1e9:
-                raise BadRequest(f"qps[{i}].idle_ms must be a number of milliseconds, not {idle_ms!r}")
-            if dst is None:
-                continue                       # a peer outside the fabric: nothing to place
-            if fixed:                          # placed through verbs: its path cannot change
-                weights = {k: float(k == path) for k in valid}
-            else:
-                ws = _lookup(tables, peer)
-                weights = {k: max(0.0, ws.get(k, 1.0)) for k in valid}
-            # when it last carried traffic: None while active (verbs QPs: until destroyed)
-            last = None if active or fixed else received - idle_ms / 1000
-            seen[(host, str(peer), sport, qpn)] = QpInfo(host, dst, path, weights, nbytes, fixed, last)
+            got = self._qp(host, q, f"qps[{i}]", valid, tables, received)
+            if got is not None:
+                seen[got[0]] = got[1]
+        self._context[host] = (valid, tables)
         return seen
+
+    def _qp(self, host: str, q, name: str, valid: set[int], tables, received: float):
+        """(QP key, QpInfo) of one QP of a report, None for a peer outside the fabric, or
+        BadRequest."""
+        if not isinstance(q, dict):
+            raise BadRequest(f"{name} must be an object")
+        peer, dst = self._peer(q.get("peer"), f"{name}.peer")
+        sport = _int(q.get("sport"), f"{name}.sport", 0, 65535)
+        qpn = _int(q.get("qp"), f"{name}.qp", 0, (1 << 24) - 1)
+        path = q.get("path")
+        if path is not None:
+            path = _int(path, f"{name}.path", 1, self.fabric.paths)
+        nbytes = _int(q.get("bytes", 0), f"{name}.bytes", 0, 1 << 63)
+        fixed = q.get("fixed", False)
+        if not isinstance(fixed, bool) or (fixed and path is None):
+            raise BadRequest(f"{name}.fixed must be true or false, and a fixed QP needs its path")
+        active = q.get("active", True)
+        if not isinstance(active, bool):
+            raise BadRequest(f"{name}.active must be true or false")
+        idle_ms = q.get("idle_ms", 0)
+        if isinstance(idle_ms, bool) or not isinstance(idle_ms, (int, float)) or not 0 <= idle_ms <= 1e9:
+            raise BadRequest(f"{name}.idle_ms must be a number of milliseconds, not {idle_ms!r}")
+        if dst is None:
+            return None                        # a peer outside the fabric: nothing to place
+        if fixed:                              # placed through verbs: its path cannot change
+            weights = {k: float(k == path) for k in valid}
+        else:
+            ws = _lookup(tables, peer)
+            weights = {k: max(0.0, ws.get(k, 1.0)) for k in valid}
+        # when it last carried traffic: None while active (verbs QPs: until destroyed)
+        last = None if active or fixed else received - idle_ms / 1000
+        return (host, str(peer), sport, qpn), QpInfo(host, dst, path, weights, nbytes, fixed, last)
 
     def _peer(self, v, name: str) -> tuple[ipaddress.IPv6Address, str | None]:
         """A QP's peer address and the host it belongs to (None: outside the fabric), remembered
