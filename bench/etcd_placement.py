@@ -1,7 +1,8 @@
 """The coordinator with etcd in the loop, at fabric scale (issue 31): a real etcd member (Debian's),
 one coordinator following it (EtcdCoordination, in this process), and simulated host agents that
 write a collective's QPs the way rlbhost --etcd does (one transaction per host: its report and one
-key per QP, under its lease). Measured: from a host's write to its placements being readable in
+key per QP, under its lease; each QP first on the path the host's local rule gives it, as the
+data plane does before any placement comes). Measured: from a host's write to its placements being readable in
 etcd (median, p99), etcd transactions and keys written per second, the coordinator's CPU; next to
 today's HTTP coordinator on the same workload (each host posting its full report).
 
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rlbcommon.etcd import Etcd  # noqa: E402
 from rlbfabric import workloads  # noqa: E402
+from rlbfabric.policy import localrule  # noqa: E402
 from rlbfabric.coord import keys  # noqa: E402
 from rlbfabric.coord.etcdrun import EtcdCoordination  # noqa: E402
 from rlbfabric.coord.service import Coordinator  # noqa: E402
@@ -42,9 +44,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def host_writes(fabric, host: str, peers: list[str], qps: int, rnd: random.Random) -> tuple[dict, dict]:
-    """The keys rlbhost --etcd writes for `qps` QPs of `host` towards peers (all on path 1), and
-    the same as one HTTP report."""
+class LocalRule:
+    """The path each host's agent gives a new QP before any placement arrives (localrule.py, as
+    bpf/rlb_host.c does it: a host's QPs split evenly, hosts' ties spread by their rotation), or
+    path 1 for every QP (`one`: the coordinator has to move 7 of 8, its worst case)."""
+
+    def __init__(self, fabric, mode: str):
+        self.fabric, self.mode, self.active = fabric, mode, {}
+
+    def path(self, host: str) -> int:
+        if self.mode == "one":
+            return 1
+        n = self.fabric.paths
+        active = self.active.setdefault(host, [0] * n)
+        i = localrule.choose(active, [1.0] * n, localrule.rotation(self.fabric, host))
+        active[i] += 1
+        return i + 1
+
+
+def host_writes(fabric, host: str, peers: list[str], qps: int, rnd: random.Random,
+                rule: LocalRule) -> tuple[dict, dict]:
+    """The keys rlbhost --etcd writes for `qps` QPs of `host` towards peers (each on the path its
+    host's rule gave it), and the same as one HTTP report."""
     leaf, port = fabric.leaf_of_host(host)
     nets = fabric.host_prefixes(leaf, port)
     addr = {k + 1: str(n.network_address + 1) for k, n in enumerate(nets)}
@@ -57,8 +78,9 @@ def host_writes(fabric, host: str, peers: list[str], qps: int, rnd: random.Rando
         pl, pp = fabric.leaf_of_host(p)
         peer = str(fabric.host_prefixes(pl, pp)[0].network_address + 1)
         q = (peer, 49152 + rnd.randrange(16384), rnd.getrandbits(24))
-        puts[keys.qp_key(host, q)] = json.dumps({"active": True, "path": 1}, sort_keys=True)
-        body["qps"].append({"peer": q[0], "sport": q[1], "qp": q[2], "path": 1, "bytes": 0, "active": True})
+        path = rule.path(host)
+        puts[keys.qp_key(host, q)] = json.dumps({"active": True, "path": path}, sort_keys=True)
+        body["qps"].append({"peer": q[0], "sport": q[1], "qp": q[2], "path": path, "bytes": 0, "active": True})
     return puts, body
 
 
@@ -79,11 +101,13 @@ def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int) -> 
 
 
 class PlacementWatch:
-    """Follows every placement key as hosts do and notes when each first appeared."""
+    """Follows every placement key as hosts do and notes when each QP's placement first
+    appeared ({(host, QP name): when}) and where the last one put it."""
 
     def __init__(self, client: Etcd):
         self.client, self.stop = client, threading.Event()
-        self.seen: dict[str, float] = {}
+        self.seen: dict[tuple[str, str], float] = {}
+        self.path: dict[tuple[str, str], int] = {}
         self.cond = threading.Condition()
         _, rev = client.get_prefix(keys.placements_root())
         threading.Thread(target=self._run, args=(rev,), daemon=True).start()
@@ -93,10 +117,15 @@ class PlacementWatch:
             now = time.monotonic()
             with self.cond:
                 for e in events:
-                    self.seen.setdefault(e.kv.key, now)
+                    if e.kind == "delete":
+                        continue
+                    _, host, part = keys.split(e.kv.key)
+                    for q, path in keys.read_placements(part, e.kv.value).items():
+                        self.seen.setdefault((host, keys.qp_name(q)), now)
+                        self.path[(host, keys.qp_name(q))] = path
                 self.cond.notify_all()
 
-    def wait(self, wanted: set[str], timeout: float) -> bool:
+    def wait(self, wanted: set[tuple[str, str]], timeout: float) -> bool:
         with self.cond:
             return self.cond.wait_for(lambda: wanted <= self.seen.keys(), timeout)
 
@@ -115,8 +144,24 @@ def settled(coord: EtcdCoordination):
             return
 
 
-def placement_keys(host: str, puts: dict) -> set[str]:
-    return {keys.placements_prefix(host) + k[len(keys.qps_prefix(host)):] for k in puts if "/qps/" in k}
+def placement_keys(host: str, puts: dict) -> set[tuple[str, str]]:
+    """The QPs a host's write names, as PlacementWatch notes them."""
+    return {(host, k[len(keys.qps_prefix(host)):]) for k in puts if "/qps/" in k}
+
+
+def moved(watch: PlacementWatch, writes: dict[str, dict]) -> tuple[int, int]:
+    """(QPs the placement put on another path than their host's rule, QPs written)."""
+    n = out = 0
+    for h, puts in writes.items():
+        for k, v in puts.items():
+            if "/qps/" in k:
+                n += 1
+                out += watch.path.get((h, k[len(keys.qps_prefix(h)):])) != json.loads(v)["path"]
+    return out, n
+
+
+def share(got: tuple[int, int]) -> str:
+    return f"{got[0]} of {got[1]} ({100 * got[0] / max(1, got[1]):.0f} %)"
 
 
 def latencies(watch: PlacementWatch, writes: dict[str, dict], written_at: dict[str, float]) -> list[float]:
@@ -146,7 +191,7 @@ def write_all(url: str, writes: dict[str, dict], lease: int, workers: int, threa
 
 
 def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: int, threads: int,
-             singles: int) -> tuple[dict, dict]:
+             singles: int, rule: LocalRule) -> tuple[dict, dict]:
     """The burst (every host at once), then in the loaded fabric a collective of `later`'s hosts
     adding QPs at once, then `singles` hosts adding QPs one after another."""
     work = Path(tempfile.mkdtemp(prefix="rlb-etcdbench-"))
@@ -174,6 +219,7 @@ def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: i
                "latency median / p99 (max)": figures(lat),
                "all placed after s": round(total, 2), "writes took s": round(t_written, 2),
                "host keys written": n_keys, "placement keys written": c["placements_written"],
+               "QPs moved from their host's path": share(moved(watch, writes)),
                "etcd keys/s (in + out)": round((n_keys + c["placements_written"]) / total),
                "transactions in": len(writes), "coordinator batches": c["batches"],
                "solves": coord.coord.counters["solves"],
@@ -190,11 +236,12 @@ def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: i
         lat_c = latencies(watch, later, at)
         cpu1 = c["follow_cpu_s"] + c["place_cpu_s"]
         more = {f"a collective of {len(later)} hosts x {len(next(iter(later.values())))} QPs beside them":
-                f"{figures(lat_c)}; all after {t_c:.2f} s, coordinator CPU {cpu1 - cpu0:.2f} s"}
+                f"{figures(lat_c)}; all after {t_c:.2f} s, coordinator CPU {cpu1 - cpu0:.2f} s, "
+                f"moved from their host's path {share(moved(watch, later))}"}
         # one host at a time, the fabric full
         lat_1 = []
         for h in list(later)[:singles]:
-            _, puts = _more_qps(fabric, h, later[h], random.Random(h))
+            _, puts = _more_qps(fabric, h, later[h], random.Random(h), rule)
             sent = time.monotonic()
             client.apply(puts, lease=lease)
             watch.wait(placement_keys(h, puts), 30)
@@ -209,14 +256,15 @@ def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: i
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _more_qps(fabric, host: str, like: dict, rnd: random.Random) -> tuple[str, dict]:
-    """New QPs of `host` towards the peers of `like` (fresh source ports and QP numbers)."""
+def _more_qps(fabric, host: str, like: dict, rnd: random.Random, rule: LocalRule) -> tuple[str, dict]:
+    """New QPs of `host` towards the peers of `like` (fresh source ports and QP numbers), each
+    on the path its host's rule gives it."""
     puts = {}
-    for k, v in like.items():
+    for k in like:
         if "/qps/" in k:
             peer, _, _ = keys.parse_qp_name(k[len(keys.qps_prefix(host)):])
             q = (peer, 49152 + rnd.randrange(16384), rnd.getrandbits(24))
-            puts[keys.qp_key(host, q)] = v
+            puts[keys.qp_key(host, q)] = json.dumps({"active": True, "path": rule.path(host)}, sort_keys=True)
     return host, puts
 
 
@@ -260,9 +308,13 @@ def main():
     ap.add_argument("--collective", type=int, default=512, help="hosts of the collective that starts "
                     "once the first QPs are placed")
     ap.add_argument("--singles", type=int, default=30, help="hosts that then add QPs one after another")
+    ap.add_argument("--start", choices=("local", "one"), default="local",
+                    help="the path a host puts a new QP on before its placement comes: its local rule's "
+                    "(as rlbhost does), or path 1 for all (the coordinator moves most: its worst case)")
     a = ap.parse_args()
     fabric = model_fabric(a.leaves, a.hosts, a.spines)
     rnd = random.Random(1)
+    rule = LocalRule(fabric, a.start)
     conns = workloads.connections("permutation", fabric.hosts, rnd)
     peer_of = {}
     for s, d in conns:
@@ -271,12 +323,13 @@ def main():
     for h in fabric.hosts:
         peers = [p for p in peer_of.get(h, []) if fabric.leaf_of_host(p)[0] is not fabric.leaf_of_host(h)[0]]
         if peers:
-            writes[h], bodies[h] = host_writes(fabric, h, peers, a.qps, rnd)
+            writes[h], bodies[h] = host_writes(fabric, h, peers, a.qps, rnd, rule)
+    first = "the path its host's rule gives it" if a.start == "local" else "path 1"
     print(f"{a.leaves} leaves x {a.hosts} hosts x {a.spines} spines: {len(writes)} hosts start "
-          f"{a.qps} fabric QPs each at once ({len(writes) * a.qps} QPs)")
+          f"{a.qps} fabric QPs each at once ({len(writes) * a.qps} QPs), each first on {first}")
     http = run_http(fabric, bodies, a.workers)
-    later = dict(_more_qps(fabric, h, writes[h], rnd) for h in list(writes)[:a.collective])
-    etcd, more = run_etcd(fabric, writes, later, a.workers, a.threads, a.singles)
+    later = dict(_more_qps(fabric, h, writes[h], rnd, rule) for h in list(writes)[:a.collective])
+    etcd, more = run_etcd(fabric, writes, later, a.workers, a.threads, a.singles, rule)
     names = list(dict.fromkeys([*etcd, *http]))
     print(f"{'every host at once':<44}{'etcd (rlbcoord --etcd)':>30}{'HTTP (rlbcoord)':>30}")
     for n in names:

@@ -7,7 +7,8 @@ reports, and placements watched instead of asked for.
   the QP appears or changes path or activity and deleted when it is forgotten. Bytes are not
   state: a busy QP costs no writes. A QP gone idle carries the wall-clock time of its last
   packet, so the coordinator ages it without a write per round.
-- Placements: one watch on placements/<host>/, applied to the data plane as they change.
+- Placements: one watch on placements/<host>/ (one key holds them all, more past 1024 QPs),
+  applied to the data plane as they change.
 - etcd unreachable (or the lease lost): the placements are kept for fallback_s, then dropped
   and the local rule decides, as with the HTTP coordinator; once etcd answers, everything is
   written afresh under a new lease."""
@@ -45,6 +46,7 @@ class EtcdCoordinatorClient(CoordinatorClient):
         self.kept_alive = 0.0
         self.written: dict[str, str] = {}          # key -> value as last written under this lease
         self.placed: dict[keys.QpId, int] = {}     # path values, as the watch last said
+        self._parts: dict[str, dict] = {}          # placement key -> its QPs' path values
         self.wall_offset = time.time() - time.monotonic()
         self.counters.update({"writes": 0, "deletes": 0, "leases": 0, "watch_events": 0, "refusals": 0})
         self._watching = False
@@ -134,7 +136,7 @@ class EtcdCoordinatorClient(CoordinatorClient):
                 if prefix == keys.links_prefix():
                     self.link_table = {}
                 else:
-                    self.placed = {}
+                    self.placed, self._parts = {}, {}
                 for kv in kvs:
                     put(kv.key, kv.value)
                 changed()
@@ -155,14 +157,17 @@ class EtcdCoordinatorClient(CoordinatorClient):
                 self.stop.wait(0.5)
 
     def _placement(self, key: str, value: bytes | None):
-        try:
-            q = keys.parse_qp_name(key[len(keys.placements_prefix(self.node)):])
-            if value is None:
-                self.placed.pop(q, None)
-            else:
-                self.placed[q] = int(value)
-        except ValueError:
-            log.warning("placement key %s: not one of ours; ignored", key)
+        """One placement key (a part of this host's placements, keys.placement_parts) changed."""
+        name = key[len(keys.placements_prefix(self.node)):]
+        if value is None:
+            self._parts.pop(name, None)
+        else:
+            try:
+                self._parts[name] = keys.read_placements(name, value)
+            except ValueError as e:
+                log.warning("placement key %s: not one of ours (%s); ignored", key, e)
+                return
+        self.placed = {q: p for part in self._parts.values() for q, p in part.items()}
 
     def _links(self, key: str, value: bytes | None):
         leaf = key[len(keys.links_prefix()):]

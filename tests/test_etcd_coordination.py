@@ -112,8 +112,10 @@ def write_host(client: Etcd, host: str, qps: list[tuple[str, int, int, int]], le
 
 
 def placements(etcd, host: str) -> dict:
+    """{QP: (path value, revision its key was last written at)}, as the host reads them."""
     kvs, _ = user(etcd, keys.host_user(host)).get_prefix(keys.placements_prefix(host))
-    return {kv.key: (int(kv.value), kv.mod_revision) for kv in kvs}
+    return {q: (p, kv.mod_revision) for kv in kvs
+            for q, p in keys.read_placements(kv.key[len(keys.placements_prefix(host)):], kv.value).items()}
 
 
 def test_placements_come_back_through_etcd_and_a_standby_takes_over_without_moving_any(etcd, coords):
@@ -127,7 +129,7 @@ def test_placements_come_back_through_etcd_and_a_standby_takes_over_without_movi
     leader = next(c for c in coords if c.leading())
     standby = next(c for c in coords if c is not leader)
     # the hosts move their QPs where they were placed (what rlbhost does for idle or new QPs)
-    write_host(h1, "h1", [("h3", 50000 + i, i, placed[keys.placement_key("h1", (addr("h3", 1), 50000 + i, i))][0])
+    write_host(h1, "h1", [("h3", 50000 + i, i, placed[(addr("h3", 1), 50000 + i, i)][0])
                           for i in range(8)], lease)
     time.sleep(0.5)
     assert placements(etcd, "h1") == placed                      # nothing to rewrite
@@ -304,7 +306,7 @@ def test_a_host_etcd_refuses_asks_again_only_after_a_second(etcd):
 def test_a_qp_key_that_changes_is_all_the_leader_reads_of_its_host(etcd, monkeypatch):
     """The follower feeds single QP keys to the model: of h1's 32 QPs one goes idle and one is
     deleted, and the leader reads that one QP (not h1's 32), its placement of the deleted one
-    goes, and the rest stay where they were."""
+    goes in one write of h1's placement key, and the rest stay where they were."""
     admin = user(etcd, etcdauth.ROOT_USER)
     admin.delete_prefix(keys.ROOT)
     coord = EtcdCoordination(Coordinator(FABRIC, host_timeout_s=1e9), user(etcd, keys.COORDINATOR_USER),
@@ -317,18 +319,22 @@ def test_a_qp_key_that_changes_is_all_the_leader_reads_of_its_host(etcd, monkeyp
         write_host(h1, "h1", [("h3", 50000 + i, i, 1) for i in range(32)], lease)
         wait(lambda: len(placements(etcd, "h1")) == 32, 5, "h1's 32 placements")
         before = placements(etcd, "h1")
+        assert len({rev for _, rev in before.values()}) == 1          # one key holds h1's 32
+        written = dict(coord.counters)
         read = []
         real = coord.coord._qp
         monkeypatch.setattr(coord.coord, "_qp", lambda *a: read.append(a[2]) or real(*a))
         h3 = addr("h3", 1)
         h1.apply({keys.qp_key("h1", (h3, 50000, 0)): json.dumps({"path": 1, "active": False, "since": time.time()})},
                  [keys.qp_key("h1", (h3, 50001, 1))], lease=lease)
-        gone = keys.placement_key("h1", (h3, 50001, 1))
+        gone = (h3, 50001, 1)
         wait(lambda: gone not in placements(etcd, "h1"), 5, "the deleted QP's placement to go")
         time.sleep(0.3)
         after = placements(etcd, "h1")
         assert len(read) == 1 and len(coord.coord.hosts["h1"]["keys"]) == 31, read
-        assert after == {k: v for k, v in before.items() if k != gone}       # nothing else rewritten
+        assert {q: p for q, (p, _) in after.items()} == {q: p for q, (p, _) in before.items() if q != gone}
+        assert coord.counters["placements_written"] - written["placements_written"] == 1
+        assert coord.counters["placements_deleted"] == written["placements_deleted"]
     finally:
         coord.stop.set()
         coord.join(3.0)

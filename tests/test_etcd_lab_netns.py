@@ -62,7 +62,7 @@ def test_a_forged_report_and_a_forged_link_report_are_refused_by_etcd(lab):
         for call in (lambda: h2.put(keys.qp_key("h1", ("fc00::1", 1, 1)), json.dumps({"path": 1, "active": True})),
                      lambda: h2.delete_prefix(keys.host_prefix("h1")),
                      lambda: l2.put(keys.uplinks_key("l1"), json.dumps({"eth-s1": False})),
-                     lambda: h2.put(keys.placement_key("h2", ("fc00::1", 1, 1)), "1")):
+                     lambda: h2.put(keys.placement_key("h2", "part0"), '{"fc00::1_1_1":1}')):
             with pytest.raises(EtcdError) as e:
                 call()
             assert e.value.code == PERMISSION_DENIED
@@ -133,8 +133,10 @@ def test_a_host_agent_killed_its_lease_ends_its_qps_leave_and_come_back_with_it(
 
     def h1_keys():
         with netns.inside(lab.ns("mon")):
+            placed = admin.get_prefix(keys.placements_prefix("h1"))[0]
             return (len(admin.get_prefix(keys.qps_prefix("h1"))[0]),
-                    len(admin.get_prefix(keys.placements_prefix("h1"))[0]))
+                    sum(len(keys.read_placements(kv.key[len(keys.placements_prefix("h1")):], kv.value))
+                        for kv in placed))
 
     def h1_in_model():
         return lab.coordinator_status()["hosts"].get("h1", {}).get("qps", 0)

@@ -364,3 +364,27 @@ def test_groups_are_freed_with_their_last_qp_and_weights_must_be_finite():
         with pytest.raises(ValueError, match="finite non-negative"):
             p.add("x", 0, 1, weights=bad)
     assert p.groups == {}
+
+
+def test_the_searchs_violation_steps_equal_the_violations_own_difference():
+    """_dv (written out for speed) is the change of _wv when one QP turns from one colour to
+    another, at loads under, within and over the targets, on full, slow and dead links."""
+    rnd = random.Random(5)
+    for _ in range(300):
+        p = Placement(3, 4)
+        for leaf in range(3):
+            caps = [rnd.choice([0.0, 25.0, 40.0, 100.0]) for _ in range(4)]
+            p.set_capacity(leaf, UP, caps)
+            p.set_capacity(leaf, DOWN, caps)
+        for _ in range(rnd.randrange(20)):
+            a, b = rnd.sample(range(3), 2)
+            p.add(object(), a, b, colour=rnd.randrange(4))
+        p.targets()
+        for side in (UP, DOWN):
+            for v in range(3):
+                p.load[side][v] = [rnd.randrange(6) for _ in range(4)]   # anywhere around the targets
+                for gain, shed in itertools.permutations(range(4), 2):
+                    ld = p.load[side][v]
+                    want = (p._wv(side, v, gain, ld[gain] + 1) - p._wv(side, v, gain, ld[gain])
+                            + p._wv(side, v, shed, ld[shed] - 1) - p._wv(side, v, shed, ld[shed]))
+                    assert p._dv(side, v, gain, shed) == pytest.approx(want, abs=1e-12)

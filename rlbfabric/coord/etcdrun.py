@@ -10,7 +10,7 @@ same state, read from etcd as it changes.
   `retry_s`, so a dead leader is replaced within its lease's TTL plus one retry. A graceful stop
   revokes the lease: replaced at once.
 - Placements: after each batch of changes the leader solves once and writes only what differs
-  from the placement keys (which it also follows, its predecessors' included), in
+  from the placement keys (a host's placements in one key: keys.placement_parts) (which it also follows, its predecessors' included), in
   transactions that succeed only while it still holds the leader key: a deposed leader that
   has not noticed yet cannot overwrite its successor. A new leader starts from where the hosts
   put their QPs, so nothing placed moves unless the balance needs it."""
@@ -43,7 +43,7 @@ class EtcdCoordination:
         self.wake = threading.Event()                  # the mirror changed: place
         self.vacant = threading.Event()                # the leader key was deleted
         self.reports: dict[str, dict] = {}             # host -> {"report": dict | None, "qps": {QpId: dict}}
-        self.placed: dict[str, dict] = {}              # host -> {QpId: path}, as in etcd
+        self.placed: dict[str, dict] = {}              # host -> {part: its value's text}, as in etcd
         self.dirty: set[str] = set()                   # hosts whose keys changed since the last solve
         self.dirty_report: set[str] = set()            # ... whose report key did (read them whole)
         self.dirty_qps: dict[str, set] = {}            # ... and which of their QP keys
@@ -103,13 +103,14 @@ class EtcdCoordination:
                 if h["report"] is None and not h["qps"]:
                     del self.reports[node]
                 self.dirty.add(node)
-            elif tree == "placements":
-                q = keys.parse_qp_name(rest)
+            elif tree == "placements":                # compared as text (keys.placement_parts)
                 p = self.placed.setdefault(node, {})
                 if value is None:
-                    p.pop(q, None)
+                    p.pop(rest, None)
                 else:
-                    p[q] = int(value)
+                    p[rest] = value.decode()
+                if not p:
+                    del self.placed[node]
             elif tree == "links":
                 if value is None:
                     self.links.pop(node, None)
@@ -214,13 +215,14 @@ class EtcdCoordination:
         if self._compare_all:                          # a new leader: everything against etcd
             changed, self._compare_all = set(self.coord.hosts) | set(self.placed), False
         want = self.coord.all_placements(changed)
+        parts = {host: keys.placement_parts(want.get(host, {})) for host in changed}
         links = {leaf: json.dumps(v, sort_keys=True) for leaf, v in self.coord.link_table().items()}
         puts, deletes = {}, []
         with self.lock:
-            for host in changed:
-                have, new = self.placed.get(host, {}), want.get(host, {})
-                puts.update({keys.placement_key(host, q): str(p) for q, p in new.items() if have.get(q) != p})
-                deletes += [keys.placement_key(host, q) for q in have if q not in new]
+            for host, new in parts.items():
+                have = self.placed.get(host, {})
+                puts.update({keys.placement_key(host, k): v for k, v in new.items() if have.get(k) != v})
+                deletes += [keys.placement_key(host, k) for k in have if k not in new]
             puts.update({keys.links_prefix() + leaf: json.dumps({"loads": json.loads(v), "through": through})
                          for leaf, v in links.items() if self.links.get(leaf) != v})
         if puts or deletes:
@@ -238,10 +240,10 @@ class EtcdCoordination:
                     self.links[k[len(keys.links_prefix()):]] = json.dumps(json.loads(v)["loads"], sort_keys=True)
                     continue
                 _, host, rest = keys.split(k)
-                self.placed.setdefault(host, {})[keys.parse_qp_name(rest)] = int(v)
+                self.placed.setdefault(host, {})[rest] = v
             for k in deletes:
                 _, host, rest = keys.split(k)
-                self.placed.get(host, {}).pop(keys.parse_qp_name(rest), None)
+                self.placed.get(host, {}).pop(rest, None)
         self.counters["placements_written"] += sum(1 for k in puts if not k.startswith(keys.links_prefix()))
         self.counters["placements_deleted"] += len(deletes)
 

@@ -85,7 +85,8 @@ class EtcdCollector:
     and refusals of following the tree and writing placements."""
 
     COUNTERS = (("batches", "rlb_coord_etcd_batches", "batches of changes placed (one solve each)"),
-                ("placements_written", "rlb_coord_etcd_placements_written", "placement keys written"),
+                ("placements_written", "rlb_coord_etcd_placements_written",
+                 "placement keys written (a host's placements: one key per 1024 QPs)"),
                 ("placements_deleted", "rlb_coord_etcd_placements_deleted", "placement keys deleted"),
                 ("takeovers", "rlb_coord_etcd_takeovers", "times this coordinator became the leader"),
                 ("fenced", "rlb_coord_etcd_fenced", "placement writes refused because another leads"),

@@ -62,8 +62,8 @@ class Coordinator:
         self.last_solve_s = 0.0
         self.prefixes: dict[str, list] = {}         # host -> its /64 per path
         self._paths_ok: dict[str, tuple] = {}       # host -> (its paths as last reported, valid ones)
-        self._context: dict[str, tuple] = {}        # host -> (valid paths, weights) of its last report
-        self._peers: dict[str, tuple] = {}          # peer address text -> (address, host)
+        self._context: dict[str, tuple] = {}        # host -> (valid paths, weights, {peer: weights}) of its last report
+        self._peers: dict[str, tuple] = {}          # peer address text -> (address, host, canonical text)
         self.changed_hosts: set[str] = set()        # whose placements may differ since take_changed()
         leaves = {lf.name: lf for lf in fabric.leaves}
         self.uplink_colour = {name: {p.ifname: p.colour - 1 for p in fabric.ports_up(lf)}
@@ -140,15 +140,14 @@ class Coordinator:
     def _parse_changes(self, host: str, qps: dict) -> tuple[dict, set]:
         """({QP key: QpInfo} written, {QP key} gone) of single QPs, read in the context (paths,
         weights) of the host's last report."""
-        valid, tables = self._context[host]
+        context = self._context[host]
         received = self.clock()
         seen, gone = {}, set()
         for (peer, sport, qpn), q in qps.items():
             if q is None:
-                addr, _ = self._peer(peer, "peer")
-                gone.add((host, str(addr), sport, qpn))
+                gone.add((host, self._peer(peer, "peer")[2], sport, qpn))
                 continue
-            got = self._qp(host, q, f"QP {peer} {sport} {qpn}", valid, tables, received)
+            got = self._qp(host, q, f"QP {peer} {sport} {qpn}", context, received)
             if got is not None:
                 seen[got[0]] = got[1]
         return seen, gone
@@ -212,19 +211,22 @@ class Coordinator:
             raise BadRequest("qps must be a list")
         seen: dict[tuple, QpInfo] = {}
         received = self.clock()
+        context = (valid, tables, {})
         for i, q in enumerate(qps):
-            got = self._qp(host, q, f"qps[{i}]", valid, tables, received)
+            got = self._qp(host, q, f"qps[{i}]", context, received)
             if got is not None:
                 seen[got[0]] = got[1]
-        self._context[host] = (valid, tables)
+        self._context[host] = context
         return seen
 
-    def _qp(self, host: str, q, name: str, valid: set[int], tables, received: float):
+    def _qp(self, host: str, q, name: str, context: tuple, received: float):
         """(QP key, QpInfo) of one QP of a report, None for a peer outside the fabric, or
-        BadRequest."""
+        BadRequest. `context`: the host's valid paths, weight tables and the weights already
+        looked up per peer (a collective names the same peers in QP after QP)."""
         if not isinstance(q, dict):
             raise BadRequest(f"{name} must be an object")
-        peer, dst = self._peer(q.get("peer"), f"{name}.peer")
+        valid, tables, by_peer = context
+        peer, dst, text = self._peer(q.get("peer"), f"{name}.peer")
         sport = _int(q.get("sport"), f"{name}.sport", 0, 65535)
         qpn = _int(q.get("qp"), f"{name}.qp", 0, (1 << 24) - 1)
         path = q.get("path")
@@ -244,20 +246,27 @@ class Coordinator:
             return None                        # a peer outside the fabric: nothing to place
         if fixed:                              # placed through verbs: its path cannot change
             weights = {k: float(k == path) for k in valid}
-        else:
-            ws = _lookup(tables, peer)
-            weights = {k: max(0.0, ws.get(k, 1.0)) for k in valid}
+        else:                                  # shared by the peer's QPs: nobody changes them in place
+            weights = by_peer.get(text)
+            if weights is None:
+                ws = _lookup(tables, peer)
+                weights = {k: max(0.0, ws.get(k, 1.0)) for k in valid}
+                if len(by_peer) >= PEER_CACHE:
+                    by_peer.clear()
+                by_peer[text] = weights
         # when it last carried traffic: None while active (verbs QPs: until destroyed)
         last = None if active or fixed else received - idle_ms / 1000
-        return (host, str(peer), sport, qpn), QpInfo(host, dst, path, weights, nbytes, fixed, last)
+        return (host, text, sport, qpn), QpInfo(host, dst, path, weights, nbytes, fixed, last)
 
-    def _peer(self, v, name: str) -> tuple[ipaddress.IPv6Address, str | None]:
-        """A QP's peer address and the host it belongs to (None: outside the fabric), remembered
-        by its text: every report names the same few thousand addresses again."""
+    def _peer(self, v, name: str) -> tuple[ipaddress.IPv6Address, str | None, str]:
+        """A QP's peer address, the host it belongs to (None: outside the fabric) and the
+        address's canonical text (the QP's key), remembered by the text given: every report
+        names the same few thousand addresses again."""
         got = self._peers.get(v) if isinstance(v, str) else None
         if got is None:
             a = _addr(v, name)
-            got = (a, self.placer.host_of(str(a)))
+            text = str(a)
+            got = (a, self.placer.host_of(text), text)
             if len(self._peers) >= PEER_CACHE:        # foreign addresses must not grow it for good
                 self._peers.clear()
             self._peers[v] = got

@@ -45,6 +45,7 @@ from typing import Hashable, Iterable
 
 UP, DOWN = 0, 1          # the two sides of a leaf: its uplinks, and the downlinks into it
 EPS = 1e-9
+NORM_CACHE = 4096        # distinct QP weight vectors remembered normalised
 
 
 @dataclass
@@ -131,6 +132,7 @@ class Placement:
             raise ValueError("need at least one leaf and 1-64 colours")
         self.n_leaves, self.n_colours = n_leaves, n_colours
         self.cap = [[[1.0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
+        self.top = [[1.0] * n_leaves for _ in (UP, DOWN)]         # each link set's fastest link
         self.load = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
         self.lo = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
         self.hi = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
@@ -141,6 +143,7 @@ class Placement:
         self.qps: dict[Hashable, _Qp] = {}
         self.all_colours = (1 << n_colours) - 1
         self.unplaced: dict = {}          # keys without a colour, in arrival order
+        self._norm: dict[tuple, tuple] = {}   # a QP's weights as given -> as grouped (read per QP added)
         self._caps_changed = False
         self._dirty: set[tuple[int, int]] = set()     # vertices whose targets need recomputing
         self._touched: set[tuple[int, int]] = set()   # vertices whose loads changed since solve()
@@ -153,6 +156,7 @@ class Placement:
             raise ValueError(f"{self.n_colours} non-negative capacities expected, got {caps}")
         if caps != self.cap[side][leaf]:
             self.cap[side][leaf] = caps
+            self.top[side][leaf] = max(caps)
             self._caps_changed = True
 
     def set_base(self, leaf: int, side: int, loads: list[int]):
@@ -176,11 +180,17 @@ class Placement:
             mask = self.all_colours if allowed is None else allowed & self.all_colours
             w = tuple(1.0 if mask >> c & 1 else 0.0 for c in range(self.n_colours))
         else:
-            w = tuple(float(x) for x in weights)
-            if len(w) != self.n_colours or any(x < 0 or not math.isfinite(x) for x in w):
-                raise ValueError(f"QP {key!r}: {self.n_colours} finite non-negative weights expected, got {w}")
-            top = max(w) or 1.0
-            w = tuple(round(x / top, 6) for x in w)     # equal ratios share a group
+            given = tuple(weights)
+            w = self._norm.get(given)
+            if w is None:
+                w = tuple(float(x) for x in given)
+                if len(w) != self.n_colours or any(x < 0 or not math.isfinite(x) for x in w):
+                    raise ValueError(f"QP {key!r}: {self.n_colours} finite non-negative weights expected, got {w}")
+                top = max(w) or 1.0
+                w = tuple(round(x / top, 6) for x in w)     # equal ratios share a group
+                if len(self._norm) >= NORM_CACHE:           # hosts' weights vary little; bounded all the same
+                    self._norm.clear()
+                self._norm[given] = w
         g = self.groups.get((a, b, w))
         if g is None:
             mask = sum(1 << c for c, x in enumerate(w) if x > 0)
@@ -316,16 +326,27 @@ class Placement:
         the link it takes (a half-speed link twice), so where the targets of both ends cannot all
         be met the excess lands on the fastest links; a QP under the target counts one."""
         lo, hi, cap = self.lo[side][v][c], self.hi[side][v][c], self.cap[side][v][c]
-        over = max(0, load - hi)
+        over = load - hi if load > hi else 0
         if over and cap > 0:
-            over *= max(self.cap[side][v]) / cap
-        return over + max(0, lo - load)
+            over *= self.top[side][v] / cap
+        return over + (lo - load if lo > load else 0)
 
     def _dv(self, side: int, v: int, gain: int, shed: int) -> float:
-        """Change of v's (weighed) violation when one of its QPs turns from shed to gain."""
-        ld = self.load[side][v]
-        return (self._wv(side, v, gain, ld[gain] + 1) - self._wv(side, v, gain, ld[gain])
-                + self._wv(side, v, shed, ld[shed] - 1) - self._wv(side, v, shed, ld[shed]))
+        """Change of v's (weighed) violation when one of its QPs turns from shed to gain: _wv's
+        steps written out (the search's innermost call)."""
+        ld, lo, hi, cap = self.load[side][v], self.lo[side][v], self.hi[side][v], self.cap[side][v]
+        top = self.top[side][v]
+        g, s = ld[gain], ld[shed]
+        d = 0.0
+        if g >= hi[gain]:                     # one more over the target
+            d += top / cap[gain] if cap[gain] > 0 else 1.0
+        if g < lo[gain]:                      # one fewer under it
+            d -= 1.0
+        if s > hi[shed]:
+            d -= top / cap[shed] if cap[shed] > 0 else 1.0
+        if s <= lo[shed]:
+            d += 1.0
+        return d
 
     # ---- solving ------------------------------------------------------------------------
     def solve(self) -> set:

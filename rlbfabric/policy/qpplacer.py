@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Hashable
 
 from ..clos import ClosFabric
@@ -31,8 +32,9 @@ class QpInfo:
     fixed: bool = False           # placed through verbs: it stays on its path (weights allow only it)
     last: float | None = None     # when it last carried traffic (the coordinator's clock); None: now
 
-    @property
+    @cached_property
     def allowed(self) -> frozenset[int]:
+        # read on every placement; a QP's weights never change in place (new weights: a new QpInfo)
         return frozenset(k for k, w in self.weights.items() if w > 0)
 
 
