@@ -51,6 +51,13 @@ NO_TAG = bytes(8)
 # loaded host's late rounds and the weights' update; the verdict's other conditions, not a
 # longer wait, keep a stalled peer or host from looking like a silent plane.
 INTERVAL_MS, DEAD_MS = 20, 60
+# A plane whose live ports change under this GPU (a sub-cable lost or back) is being re-converged
+# by its switch, which moves that port's traffic, the probes' answers included, only once it has
+# seen the change itself: a software switch's agent can take tens of milliseconds under load,
+# and a verdict taken meanwhile emptied a plane that still had a working sub-port (16 QPs moved
+# off and back instead of 8). Silent verdicts on such a plane wait this long after the change;
+# a plane with no live port left is out of use at once all the same.
+SETTLE_S = 0.3
 
 
 @dataclass
@@ -76,7 +83,7 @@ class Prober:
                  ports: Callable[[], dict[int, list[tuple[str, str, str]]]],
                  on_change: Callable[[int, int, bool], None], interval: float = INTERVAL_MS / 1000,
                  dead_after: float = DEAD_MS / 1000, on_round: Callable[[], None] | None = None,
-                 keys: Callable[[], list[bytes]] | None = None):
+                 keys: Callable[[], list[bytes]] | None = None, settle_s: float = SETTLE_S):
         self.me, self.loopback, self.peers, self.port = me, loopback, peers, port
         self.ports, self.on_change = ports, on_change
         self.on_round = on_round or (lambda: None)     # a round done (the agent's Health)
@@ -84,7 +91,9 @@ class Prober:
         # them makes; none: answers are taken unsigned, as from an echo without a key
         self.keys = keys or (lambda: [])
         self.rejected = {"tag": 0, "stale": 0, "unknown": 0, "overflow": 0}
-        self.interval, self.dead_after = interval, dead_after
+        self.interval, self.dead_after, self.settle_s = interval, dead_after, settle_s
+        self._live: dict[int, tuple[str, ...]] = {}       # plane -> its live ports last round
+        self._settling: dict[int, float] = {}            # plane -> until when it re-converges
         self.startup_grace = max(1.0, 10 * dead_after)
         self.state: dict[tuple[int, int], PlaneHealth] = {}
         self.stop = threading.Event()
@@ -95,7 +104,8 @@ class Prober:
         self._own_packed = ipaddress.IPv6Address(loopback).packed     # the tag's last 16 bytes
 
     # ---- frames ---------------------------------------------------------------------------
-    def _send(self, ifname: str, dmac: str, smac: str, dst: str, plane: int, seq: int, t_ns: int):
+    def _send(self, ifname: str, dmac: str, smac: str, dst: str, plane: int, seq: int, t_ns: int) -> bool:
+        """Whether the frame left (a port going down or gone: it did not)."""
         s = self._raw.get(ifname)
         if s is None:
             s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
@@ -103,7 +113,7 @@ class Prober:
                 s.bind((ifname, 0))        # the port's ifindex now: a re-created port gets a new one
             except OSError:
                 s.close()
-                return                     # gone meanwhile: its plane is judged by the answers
+                return False               # gone meanwhile
             self._raw[ifname] = s
         body = struct.pack(FMT, MAGIC, PROBE, plane, self.me, seq, t_ns, NO_TAG)
         head = self._heads.get((ifname, dmac, dst))
@@ -117,12 +127,14 @@ class Prober:
         try:
             s.send(head + body)
         except (BlockingIOError, InterruptedError):
-            pass
+            return False
         except OSError:
             # a port going down, or removed: the socket is bound to an ifindex that may never come
             # back (a port re-created under the same name has another), so bind afresh next time
             self._raw.pop(ifname, None)
             s.close()
+            return False
+        return True
 
     def _port_for(self, ports, plane: int, n: int):
         live = ports.get(plane) or []
@@ -164,16 +176,25 @@ class Prober:
         ports = self.ports()
         self._seq += 1
         t_ns = time.monotonic_ns()
+        for plane in set(ports) | set(self._live):
+            live = tuple(p[0] for p in ports.get(plane, ()))
+            if self._live.get(plane, live) != live:
+                self._settling[plane] = now + self.settle_s
+            self._live[plane] = live
         for peer, addr in self.peers.items():
             for plane in ports:
-                p = self._port_for(ports, plane, self._seq + peer)
-                if p is None:
+                # the round's port for this peer first, then the plane's others: a probe that
+                # could not leave (its port went down just now) is no evidence against the plane
+                for k in range(len(ports[plane])):
+                    ifname, dmac, smac = self._port_for(ports, plane, self._seq + peer + k)
+                    if self._send(ifname, dmac, smac, addr, plane, self._seq, t_ns):
+                        break
+                else:
                     continue
                 st = self.state.setdefault((peer, plane), PlaneHealth(last_answer=now))
                 st.sent += 1
                 st.unanswered += 1
                 st.window.append([self._seq, False])
-                self._send(p[0], p[1], p[2], addr, plane, self._seq, t_ns)
         # down: no answer for dead_after, AND as many probes sent since the last answer as fit
         # in it (a stall of this very loop is not a silent plane), AND the peer answering on
         # another plane meanwhile: a plane failing in its middle goes quiet alone, while a peer
@@ -187,6 +208,7 @@ class Prober:
             answering = now - st.last_answer <= self.dead_after
             if st.up:       # the others are asked only of a plane that has gone quiet (rare)
                 up = plane in ports and (answering or st.unanswered < need
+                                         or now < self._settling.get(plane, 0.0)
                                          or not self._answered_elsewhere(peer, st, now))
             else:   # back only on an answer of its own: others going quiet too (a loaded peer or
                 # host) is no news of this plane, and flipped it up and down every few rounds

@@ -114,12 +114,19 @@ class ScaleupGpuAgent:
 
     def live_ports(self) -> dict[int, list[tuple[str, str, str]]]:
         """{plane number: [(port, switch MAC, own MAC)]} usable now (the probes' view; read from
-        the probe thread while the agent's may forget a MAC)."""
+        the probe thread while the agent's may forget a MAC). A port the carrier watcher has
+        marked down is left out at once: the agent's own netlink follower can lag it by tens of
+        milliseconds on a loaded host, and probes sent into a dead port meanwhile would count
+        against a plane that still works."""
+        try:
+            down = self.dp.ports_down()
+        except Exception:                              # noqa: BLE001 - the agent's view alone
+            down = 0
         out: dict[int, list[tuple[str, str, str]]] = {}
         for plane, ports in self.usable().items():
             for p in ports:
                 mac = self.macs.get(p.ifname)
-                if mac:
+                if mac and not down >> (p.value - 1) & 1:
                     out.setdefault(plane, []).append(
                         (p.ifname, mac, self.own_macs.get(p.ifname, "00:00:00:00:00:00")))
         return out
@@ -166,10 +173,14 @@ class ScaleupGpuAgent:
 
     def weights_from(self, routes, only: str | None = None) -> dict[str, tuple[dict[int, float], bool]]:
         """Per peer loopback (or only that one): weights by path value (Gb/s). A plane's
-        bandwidth is min(this GPU's live sub-ports there, the value learnt), split evenly over
-        its usable sub-ports; a plane its probes find silent carries nothing to that peer."""
+        bandwidth is min(this GPU's usable sub-ports there, the value learnt), split evenly over
+        them; a plane its probes find silent carries nothing to that peer. Usable, not live: a
+        sub-port back with carrier is counted once its switch's MAC is known, or its share went
+        to its twin first (all of the plane on one sub-port) and QPs moved twice."""
         received = self.received(routes)
-        live, usable = self.live_bw(), self.usable()
+        usable = self.usable()
+        live = {plane: len(ports) * self.fabric.sub_mbps(ports[0].plane.name) * 1e6 / 8
+                for plane, ports in usable.items() if ports}
         out = {}
         for addr in [only] if only else self.peer_index:
             peer = self.peer_index[addr]

@@ -1,6 +1,6 @@
 """The probes' verdict (rlbhost.probes.Prober), driven round by round with a clock of the test's
 own: no sockets (frames are not sent), answers handed in as the receive loop would."""
-from rlbhost.probes import DEAD_MS, INTERVAL_MS, Prober
+from rlbhost.probes import DEAD_MS, INTERVAL_MS, SETTLE_S, Prober
 
 INTERVAL, DEAD = INTERVAL_MS / 1000, DEAD_MS / 1000      # the agent's defaults
 PORTS = {plane: [(f"eth-p{plane}-1", "02:00:00:00:00:0%d" % plane, "02:00:00:00:01:01")] for plane in (1, 2, 3, 4)}
@@ -10,7 +10,7 @@ def prober():
     changes = []
     p = Prober(1, "fc00:0:ff::1", {2: "fc00:0:ff::2"}, 4792, lambda: PORTS,
                lambda peer, plane, up: changes.append((peer, plane, up)), INTERVAL, DEAD)
-    p._send = lambda *a: None
+    p._send = lambda *a: True
     return p, changes
 
 
@@ -143,10 +143,10 @@ def test_a_probe_socket_bound_to_a_removed_port_is_bound_again():
     p = Prober(1, "fc00:0:ff::1", {2: "fc00:0:ff::2"}, 4792, lambda: PORTS, lambda *a: None, INTERVAL, DEAD)
     dead = p._raw["eth-p1-1"] = DeadSocket()
     p._heads[("eth-p1-1", "02:00:00:00:00:01", "fc00:0:ff::2")] = b"\0" * 62
-    p._send("eth-p1-1", "02:00:00:00:00:01", "02:00:00:00:01:01", "fc00:0:ff::2", 1, 1, 0)
+    assert not p._send("eth-p1-1", "02:00:00:00:00:01", "02:00:00:00:01:01", "fc00:0:ff::2", 1, 1, 0)
     assert dead.closed and "eth-p1-1" not in p._raw
     # no such port here at all: binding fails quietly and nothing is kept
-    p._send("eth-nope", "02:00:00:00:00:01", "02:00:00:00:01:01", "fc00:0:ff::2", 1, 1, 0)
+    assert not p._send("eth-nope", "02:00:00:00:00:01", "02:00:00:00:01:01", "fc00:0:ff::2", 1, 1, 0)
     assert "eth-nope" not in p._raw
 
 
@@ -169,3 +169,53 @@ def test_probe_key_files_are_read_checked_and_reread_when_they_change(tmp_path):
     path.write_text("not-hex\n")
     with pytest.raises(ProbeKeyError, match="32 hexadecimal digits"):
         KeyFile(path)
+
+
+SUBPORTS = {plane: [(f"eth-p{plane}-{k}", "02:00:00:00:0%d:0%d" % (k, plane), "02:00:00:00:01:01") for k in (1, 2)]
+            for plane in (1, 2, 3, 4)}
+
+
+def subport_prober(live: dict, sent: list):
+    changes = []
+    p = Prober(1, "fc00:0:ff::1", {2: "fc00:0:ff::2"}, 4792, lambda: live,
+               lambda peer, plane, up: changes.append((peer, plane, up)), INTERVAL, DEAD)
+    p._send = lambda ifname, *a: sent.append(ifname) or ifname not in p.dead_ports
+    p.dead_ports = set()
+    return p, changes
+
+
+def test_a_sub_port_lost_under_a_plane_is_no_silent_failure_while_its_switch_catches_up():
+    """The CI failure: g1 loses one of plane 2's two sub-ports; its switch goes on sending the
+    answers into the dead sub-link for 100 ms (its agent loaded), so plane 2 answers nothing;
+    the plane must stay in use (it still has a sub-port), then be judged silently dead only if
+    it stays quiet past the settling time."""
+    live, sent = {k: list(v) for k, v in SUBPORTS.items()}, []
+    p, changes = subport_prober(live, sent)
+    t = rounds(p, 0.0, 10)
+    live[2] = live[2][1:]                          # eth-p2-1 lost: the port leaves at once
+    lost = t
+    t = rounds(p, t, 5, answering=(1, 3, 4))       # 100 ms with nothing back over plane 2
+    while t < lost + SETTLE_S:
+        t = rounds(p, t, 1)
+    assert changes == []
+    # later, plane 2's last sub-port fails silently: judged down as any silent plane is
+    start = t
+    while (2, 2, False) not in changes and t < start + 1.0:
+        t = rounds(p, t, 1, answering=(1, 3, 4))
+    assert (2, 2, False) in changes and t - start <= DEAD + 3 * INTERVAL
+
+
+def test_a_probe_that_cannot_leave_tries_the_planes_other_port_and_never_counts_against_it():
+    """eth-p2-1 went down before the agent noticed: sending on it fails, so the probe leaves by
+    eth-p2-2 (and is answered); with no port of plane 3 able to send, its probes are not counted
+    as unanswered at all."""
+    live, sent = {k: list(v) for k, v in SUBPORTS.items()}, []
+    p, changes = subport_prober(live, sent)
+    t = rounds(p, 0.0, 5)
+    p.dead_ports = {"eth-p2-1", "eth-p3-1", "eth-p3-2"}
+    before = p.state[(2, 3)].sent
+    sent.clear()
+    t = rounds(p, t, 10, answering=(1, 2, 4))
+    assert changes == []
+    assert sent.count("eth-p2-2") == 10            # every round's plane-2 probe, by the live port
+    assert p.state[(2, 3)].sent == before and p.state[(2, 3)].unanswered == 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import socket
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Hashable
@@ -56,7 +57,11 @@ class QpPlacer:
         # path k -> colour (0-based uplink) is the same on every leaf (port_id depends on the pod's size)
         lf0 = fabric.leaves[0]
         self.colour_of_path = {k: fabric.port_id(k, lf0) - 1 for k in self.paths}
-        self.prefix_host = fabric.host_of_prefix()
+        self.host_nets: dict[str, list] = {}        # host -> its /64 per path (path k at k-1)
+        for leaf, port, _, net in fabric.all_prefixes():
+            self.host_nets.setdefault(leaf.hosts[port - 1], []).append(net)
+        # {a host /64's upper 64 bits: host}: looked up per QP peer, so as integers
+        self.prefix_host = {int(net.network_address) >> 64: h for h, nets in self.host_nets.items() for net in nets}
         self.tiers = [Placement(len(fabric.leaves), self.n_colours) for _ in range(TIERS)]
         self.gap_s = gap_s
         self.tier_of: dict[Hashable, int] = {}
@@ -99,8 +104,12 @@ class QpPlacer:
 
     # ---- QPs ----------------------------------------------------------------------------
     def host_of(self, address: str) -> str | None:
-        net = ipaddress.IPv6Network(f"{address}/64", strict=False)
-        return self.prefix_host.get(net)
+        """The host whose /64 holds an address (ValueError: not an IPv6 address)."""
+        try:
+            a = int.from_bytes(socket.inet_pton(socket.AF_INET6, address), "big")
+        except (OSError, TypeError):               # inet_pton is strict; ipaddress says why
+            a = int(ipaddress.IPv6Address(address))
+        return self.prefix_host.get(a >> 64)
 
     def colour_weights(self, weights: dict[int, float]) -> list[float]:
         """A QP's path weights per colour (the best path of each colour when paths > uplinks)."""
