@@ -84,17 +84,19 @@ def host_writes(fabric, host: str, peers: list[str], qps: int, rnd: random.Rando
     return puts, body
 
 
-def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int) -> dict[str, float]:
+def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int) -> dict[str, tuple[float, float]]:
     """One writer process: its hosts' transactions, `threads` at a time (hosts are machines of
     their own: thousands write at once, and etcd batches what arrives together); when each was
-    sent (CLOCK_MONOTONIC is the machine's, so the parent compares it with its own)."""
+    sent and when etcd acknowledged it (CLOCK_MONOTONIC is the machine's, so the parent
+    compares it with its own)."""
     client = Etcd(url, timeout=30.0)
     out = {}
 
     def one(item):
         host, puts = item
-        out[host] = time.monotonic()
+        sent = time.monotonic()
         client.apply(puts, lease=lease)
+        out[host] = (sent, time.monotonic())
     with ThreadPoolExecutor(threads) as ex:
         list(ex.map(one, writes.items()))
     return out
@@ -164,9 +166,11 @@ def share(got: tuple[int, int]) -> str:
     return f"{got[0]} of {got[1]} ({100 * got[0] / max(1, got[1]):.0f} %)"
 
 
-def latencies(watch: PlacementWatch, writes: dict[str, dict], written_at: dict[str, float]) -> list[float]:
-    """Per host: from its write to the last of its QPs' placements appearing."""
-    return sorted(max(watch.seen[k] for k in placement_keys(h, w)) - written_at[h]
+def latencies(watch: PlacementWatch, writes: dict[str, dict], written_at: dict[str, tuple[float, float]],
+              acked: bool = False) -> list[float]:
+    """Per host: from its write (sent, or `acked` by etcd: the coordinator's and the watch's
+    share alone) to the last of its QPs' placements appearing."""
+    return sorted(max(watch.seen[k] for k in placement_keys(h, w)) - written_at[h][acked]
                   for h, w in writes.items() if placement_keys(h, w) <= watch.seen.keys())
 
 
@@ -177,13 +181,13 @@ def figures(lat: list[float]) -> str:
             f"(max {lat[-1] * 1000:.0f})")
 
 
-def write_all(url: str, writes: dict[str, dict], lease: int, workers: int, threads: int) -> dict[str, float]:
+def write_all(url: str, writes: dict[str, dict], lease: int, workers: int, threads: int) -> dict[str, tuple]:
     # the hosts are processes of their own, as they are machines of their own: a writer process
     # per slice, each with its own client (threads of this one would share its GIL with the
     # coordinator and measure Python, not etcd)
     hosts = list(writes)
     slices = [{h: writes[h] for h in hosts[i::workers]} for i in range(workers)]
-    written_at: dict[str, float] = {}
+    written_at: dict[str, tuple] = {}
     with ProcessPoolExecutor(workers) as ex:
         for got in ex.map(write_slice, [url] * workers, slices, [lease] * workers, [threads] * workers):
             written_at.update(got)
@@ -217,6 +221,7 @@ def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: i
         cpu = c["follow_cpu_s"] + c["place_cpu_s"]
         out = {"hosts placed": f"{len(lat)}/{len(writes)}",
                "latency median / p99 (max)": figures(lat),
+               "... from etcd's acknowledgement": figures(latencies(watch, writes, written_at, acked=True)),
                "all placed after s": round(total, 2), "writes took s": round(t_written, 2),
                "host keys written": n_keys, "placement keys written": c["placements_written"],
                "QPs moved from their host's path": share(moved(watch, writes)),
@@ -236,7 +241,8 @@ def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: i
         lat_c = latencies(watch, later, at)
         cpu1 = c["follow_cpu_s"] + c["place_cpu_s"]
         more = {f"a collective of {len(later)} hosts x {len(next(iter(later.values())))} QPs beside them":
-                f"{figures(lat_c)}; all after {t_c:.2f} s, coordinator CPU {cpu1 - cpu0:.2f} s, "
+                f"{figures(lat_c)} ({figures(latencies(watch, later, at, acked=True))} from etcd's "
+                f"acknowledgement); all after {t_c:.2f} s, coordinator CPU {cpu1 - cpu0:.2f} s, "
                 f"moved from their host's path {share(moved(watch, later))}"}
         # one host at a time, the fabric full
         lat_1 = []
@@ -245,7 +251,7 @@ def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: i
             sent = time.monotonic()
             client.apply(puts, lease=lease)
             watch.wait(placement_keys(h, puts), 30)
-            lat_1 += latencies(watch, {h: puts}, {h: sent})
+            lat_1 += latencies(watch, {h: puts}, {h: (sent, sent)})
         lat_1.sort()
         more[f"one host's {len(next(iter(later.values())))} new QPs, {singles} hosts in turn"] = figures(lat_1)
         watch.stop.set()
