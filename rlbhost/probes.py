@@ -136,9 +136,11 @@ class Prober:
             return False
         return True
 
-    def _port_for(self, ports, plane: int, n: int):
-        live = ports.get(plane) or []
-        return live[n % len(live)] if live else None
+    @staticmethod
+    def _port_for(ports, plane: int, n: int):
+        """The plane's n-th live port, round the list (the plane has one: its caller loops over them)."""
+        live = ports[plane]
+        return live[n % len(live)]
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self):

@@ -76,6 +76,7 @@ class ScaleupGpuAgent:
         self.carrier_rt_priority = carrier_rt_priority
         self._watch: subprocess.Popen | None = None
         self._watch_started = 0.0
+        self._ports_down_failed = False
 
     # ---- ports ----------------------------------------------------------------------------
     def _read_carrier(self):
@@ -120,7 +121,10 @@ class ScaleupGpuAgent:
         against a plane that still works."""
         try:
             down = self.dp.ports_down()
-        except Exception:                              # noqa: BLE001 - the agent's view alone
+        except Exception as e:                         # noqa: BLE001 - the agent's view alone
+            if not self._ports_down_failed:            # once: this runs every probe round
+                log.warning("carrier watcher's mask unreadable (%s): probes follow the agent's carrier view", e)
+                self._ports_down_failed = True
             down = 0
         out: dict[int, list[tuple[str, str, str]]] = {}
         for plane, ports in self.usable().items():
@@ -136,8 +140,12 @@ class ScaleupGpuAgent:
         out = {p.index: 0.0 for p in self.fabric.planes}
         for p in self.ports:
             if self.carrier.get(p.ifname):
-                out[p.plane.index] += self.fabric.sub_mbps(p.plane.name) * 1e6 / 8
+                out[p.plane.index] += self._port_bw(p)
         return out
+
+    def _port_bw(self, p) -> float:
+        """One sub-port's bytes/s."""
+        return self.fabric.sub_mbps(p.plane.name) * 1e6 / 8
 
     # ---- bird -----------------------------------------------------------------------------
     def sync_pathbw(self):
@@ -179,8 +187,7 @@ class ScaleupGpuAgent:
         to its twin first (all of the plane on one sub-port) and QPs moved twice."""
         received = self.received(routes)
         usable = self.usable()
-        live = {plane: len(ports) * self.fabric.sub_mbps(ports[0].plane.name) * 1e6 / 8
-                for plane, ports in usable.items() if ports}
+        live = {plane: sum(self._port_bw(p) for p in ports) for plane, ports in usable.items()}
         out = {}
         for addr in [only] if only else self.peer_index:
             peer = self.peer_index[addr]

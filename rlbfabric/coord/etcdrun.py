@@ -10,8 +10,8 @@ same state, read from etcd as it changes.
   `retry_s`, so a dead leader is replaced within its lease's TTL plus one retry. A graceful stop
   revokes the lease: replaced at once.
 - Placements: after each batch of changes the leader solves once and writes only what differs
-  from the placement keys (a host's placements in one key: keys.placement_parts) (which it also follows, its predecessors' included), in
-  transactions that succeed only while it still holds the leader key: a deposed leader that
+  from the placement keys (a host's placements in one key, keys.placement_parts; it follows
+  them too, its predecessors' included), in transactions that succeed only while it still holds the leader key: a deposed leader that
   has not noticed yet cannot overwrite its successor. A new leader starts from where the hosts
   put their QPs, so nothing placed moves unless the balance needs it."""
 from __future__ import annotations

@@ -266,8 +266,7 @@ class Coordinator:
         got = self._peers.get(v) if isinstance(v, str) else None
         if got is None:
             a = _addr(v, name)
-            text = str(a)
-            got = (a, self.placer.host_of(text), text)
+            got = (a, self.placer.host_at(a), str(a))
             if len(self._peers) >= PEER_CACHE:        # foreign addresses must not grow it for good
                 self._peers.clear()
             self._peers[v] = got
@@ -288,7 +287,7 @@ class Coordinator:
         peers = body.get("peers", [])
         if not isinstance(peers, list):
             raise BadRequest("peers must be a list of addresses")
-        return {h for h in (self.placer.host_of(str(_addr(p, "peers[]"))) for p in peers[:4096]) if h}
+        return {h for h in (self.placer.host_at(_addr(p, "peers[]")) for p in peers[:4096]) if h}
 
     def _links_for(self, host: str, peers: set[str]) -> dict:
         """What a host needs to place a new QP the coordinator's way: its leaf's uplinks and the

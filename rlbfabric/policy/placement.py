@@ -326,10 +326,10 @@ class Placement:
         the link it takes (a half-speed link twice), so where the targets of both ends cannot all
         be met the excess lands on the fastest links; a QP under the target counts one."""
         lo, hi, cap = self.lo[side][v][c], self.hi[side][v][c], self.cap[side][v][c]
-        over = load - hi if load > hi else 0
+        over = max(0, load - hi)
         if over and cap > 0:
             over *= self.top[side][v] / cap
-        return over + (lo - load if lo > load else 0)
+        return over + max(0, lo - load)
 
     def _dv(self, side: int, v: int, gain: int, shed: int) -> float:
         """Change of v's (weighed) violation when one of its QPs turns from shed to gain: _wv's

@@ -109,7 +109,11 @@ class QpPlacer:
             a = int.from_bytes(socket.inet_pton(socket.AF_INET6, address), "big")
         except (OSError, TypeError):               # inet_pton is strict; ipaddress says why
             a = int(ipaddress.IPv6Address(address))
-        return self.prefix_host.get(a >> 64)
+        return self.host_at(a)
+
+    def host_at(self, address: int | ipaddress.IPv6Address) -> str | None:
+        """The same for an address already read (not parsed again)."""
+        return self.prefix_host.get(int(address) >> 64)
 
     def colour_weights(self, weights: dict[int, float]) -> list[float]:
         """A QP's path weights per colour (the best path of each colour when paths > uplinks)."""
