@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
@@ -84,11 +85,14 @@ def host_writes(fabric, host: str, peers: list[str], qps: int, rnd: random.Rando
     return puts, body
 
 
-def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int) -> dict[str, tuple[float, float]]:
+def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int,
+                cpus: set[int] | None = None) -> dict[str, tuple[float, float]]:
     """One writer process: its hosts' transactions, `threads` at a time (hosts are machines of
     their own: thousands write at once, and etcd batches what arrives together); when each was
     sent and when etcd acknowledged it (CLOCK_MONOTONIC is the machine's, so the parent
     compares it with its own)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     client = Etcd(url, timeout=30.0)
     out = {}
 
@@ -143,7 +147,8 @@ def settled(coord: EtcdCoordination):
             idle = not coord.dirty
         if idle and not coord.wake.is_set() and coord.placing.acquire(blocking=False):
             coord.placing.release()
-            return
+            if coord.flushed(60):
+                return
 
 
 def placement_keys(host: str, puts: dict) -> set[tuple[str, str]]:
@@ -181,7 +186,8 @@ def figures(lat: list[float]) -> str:
             f"(max {lat[-1] * 1000:.0f})")
 
 
-def write_all(url: str, writes: dict[str, dict], lease: int, workers: int, threads: int) -> dict[str, tuple]:
+def write_all(url: str, writes: dict[str, dict], lease: int, workers: int, threads: int,
+              cpus: set[int] | None = None) -> dict[str, tuple]:
     # the hosts are processes of their own, as they are machines of their own: a writer process
     # per slice, each with its own client (threads of this one would share its GIL with the
     # coordinator and measure Python, not etcd)
@@ -189,17 +195,29 @@ def write_all(url: str, writes: dict[str, dict], lease: int, workers: int, threa
     slices = [{h: writes[h] for h in hosts[i::workers]} for i in range(workers)]
     written_at: dict[str, tuple] = {}
     with ProcessPoolExecutor(workers) as ex:
-        for got in ex.map(write_slice, [url] * workers, slices, [lease] * workers, [threads] * workers):
+        for got in ex.map(write_slice, [url] * workers, slices, [lease] * workers, [threads] * workers,
+                          [cpus] * workers):
             written_at.update(got)
     return written_at
 
 
 def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: int, threads: int,
-             singles: int, rule: LocalRule) -> tuple[dict, dict]:
+             singles: int, rule: LocalRule, pin: bool = False) -> tuple[dict, dict]:
     """The burst (every host at once), then in the loaded fabric a collective of `later`'s hosts
-    adding QPs at once, then `singles` hosts adding QPs one after another."""
+    adding QPs at once, then `singles` hosts adding QPs one after another. `pin`: the coordinator
+    (this process) alone on the last CPU, etcd and the writers on the others, as when each runs
+    on machines of its own (on 2 cores: etcd and the hosts' writers share one)."""
     work = Path(tempfile.mkdtemp(prefix="rlb-etcdbench-"))
+    cpus = others = None
+    if pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            raise SystemExit("--pin needs 2 CPUs or more")
+        others = set(cpus[:-1])
+        os.sched_setaffinity(0, others)              # etcd inherits the others
     server = EtcdServer(work, client_port=free_port(), peer_port=free_port()).start()
+    if pin:
+        os.sched_setaffinity(0, {cpus[-1]})          # the coordinator's threads, and the watch
     try:
         client = Etcd(server.url, timeout=30.0)
         coord = EtcdCoordination(Coordinator(fabric, host_timeout_s=1e9), client, "bench", lease_ttl_s=10)
@@ -210,7 +228,7 @@ def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: i
         watch = PlacementWatch(client)
         time.sleep(0.3)
         t0 = time.monotonic()
-        written_at = write_all(server.url, writes, lease, workers, threads)
+        written_at = write_all(server.url, writes, lease, workers, threads, others)
         t_written = time.monotonic() - t0
         watch.wait(set().union(*(placement_keys(h, w) for h, w in writes.items())), 600)
         total = time.monotonic() - t0
@@ -234,7 +252,7 @@ def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: i
                "steady state: coordinator cores": 0}
         # a collective starts beside the placed ones
         cpu0, t0 = cpu, time.monotonic()
-        at = write_all(server.url, later, lease, workers, threads)
+        at = write_all(server.url, later, lease, workers, threads, others)
         watch.wait(set().union(*(placement_keys(h, w) for h, w in later.items())), 600)
         t_c = time.monotonic() - t0
         settled(coord)
@@ -317,6 +335,8 @@ def main():
     ap.add_argument("--start", choices=("local", "one"), default="local",
                     help="the path a host puts a new QP on before its placement comes: its local rule's "
                     "(as rlbhost does), or path 1 for all (the coordinator moves most: its worst case)")
+    ap.add_argument("--pin", action="store_true", help="the coordinator alone on the last CPU, etcd and "
+                    "the hosts' writers on the others (its share measured apart from theirs)")
     a = ap.parse_args()
     fabric = model_fabric(a.leaves, a.hosts, a.spines)
     rnd = random.Random(1)
@@ -335,7 +355,7 @@ def main():
           f"{a.qps} fabric QPs each at once ({len(writes) * a.qps} QPs), each first on {first}")
     http = run_http(fabric, bodies, a.workers)
     later = dict(_more_qps(fabric, h, writes[h], rnd, rule) for h in list(writes)[:a.collective])
-    etcd, more = run_etcd(fabric, writes, later, a.workers, a.threads, a.singles, rule)
+    etcd, more = run_etcd(fabric, writes, later, a.workers, a.threads, a.singles, rule, a.pin)
     names = list(dict.fromkeys([*etcd, *http]))
     print(f"{'every host at once':<44}{'etcd (rlbcoord --etcd)':>30}{'HTTP (rlbcoord)':>30}")
     for n in names:

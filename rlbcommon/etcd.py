@@ -20,6 +20,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -103,6 +104,7 @@ class Etcd:
         self._lock = threading.Lock()
         self._good = 0                         # the endpoint that answered last
         self._local = threading.local()        # this thread's connections, by endpoint
+        self._pool: ThreadPoolExecutor | None = None   # apply_parallel's senders
 
     # ---- transport ----------------------------------------------------------------------
     # Requests go over one kept-alive connection per thread and endpoint (a TCP handshake and a
@@ -241,6 +243,28 @@ class Etcd:
                 return 0
             rev = int(r["header"]["revision"])
         return rev
+
+    def apply_parallel(self, puts: dict[str, bytes | str], deletes: list[str] | tuple = (),
+                       compare: list[dict] | None = None, width: int = 4) -> list[tuple[dict, list, int]]:
+        """apply() for writes whose order does not matter (each key once): their transactions
+        sent `width` at a time, so a write of many keys to a busy etcd waits about one round
+        trip, not one per MAX_TXN_OPS. Returns each transaction's (puts, deletes, revision or 0
+        when `compare` failed). An error of any is raised once all have ended."""
+        items: list[tuple[str, bytes | str | None]] = [*puts.items(), *((k, None) for k in deletes)]
+        chunks = [items[i:i + MAX_TXN_OPS] for i in range(0, len(items), MAX_TXN_OPS)]
+
+        def one(chunk):
+            p = {k: v for k, v in chunk if v is not None}
+            d = [k for k, v in chunk if v is None]
+            return p, d, self.apply(p, d, compare=compare)
+        if len(chunks) <= 1:
+            return [one(c) for c in chunks]
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(width, thread_name_prefix="etcd-apply")
+        futures = [self._pool.submit(one, c) for c in chunks]
+        wait(futures)
+        return [f.result() for f in futures]
 
     # ---- leases -------------------------------------------------------------------------
     def lease_grant(self, ttl_s: int) -> int:

@@ -11,9 +11,15 @@ same state, read from etcd as it changes.
   revokes the lease: replaced at once.
 - Placements: after each batch of changes the leader solves once and writes only what differs
   from the placement keys (a host's placements in one key, keys.placement_parts; it follows
-  them too, its predecessors' included), in transactions that succeed only while it still holds the leader key: a deposed leader that
-  has not noticed yet cannot overwrite its successor. A new leader starts from where the hosts
-  put their QPs, so nothing placed moves unless the balance needs it."""
+  them too, its predecessors' included), in transactions that succeed only while it still
+  holds the leader key: a deposed leader that has not noticed yet cannot overwrite its
+  successor. A new leader starts from where the hosts put their QPs, so nothing placed moves
+  unless the balance needs it.
+- Writing does not hold up placing: the placer leaves each batch's writes in an outbox (a key's
+  newest value replaces one not yet sent) and solves the next batch while a writer thread sends
+  them, several transactions at once. During a collective etcd is busy with the hosts' own
+  writes, and a write of a few hundred hosts waited there one round trip per 128 keys, in
+  turn, while the next hosts' QPs waited for the placer."""
 from __future__ import annotations
 
 import json
@@ -41,6 +47,9 @@ class EtcdCoordination:
         self.lock = threading.Lock()                   # the mirror, between follower and leader
         self.placing = threading.Lock()
         self.wake = threading.Event()                  # the mirror changed: place
+        self.writing = threading.Condition()           # the outbox, between placer and writer
+        self.outbox: dict[str, str | None] = {}         # key -> value to write (None: delete)
+        self.sending = False                           # the writer holds a batch of the outbox
         self.vacant = threading.Event()                # the leader key was deleted
         self.reports: dict[str, dict] = {}             # host -> {"report": dict | None, "qps": {QpId: dict}}
         self.placed: dict[str, dict] = {}              # host -> {part: its value's text}, as in etcd
@@ -49,6 +58,7 @@ class EtcdCoordination:
         self.dirty_qps: dict[str, set] = {}            # ... and which of their QP keys
         self.uplinks: dict[str, dict] = {}
         self.links: dict[str, str] = {}                # leaf -> its link loads, as in etcd
+        self._link_text: dict[str, tuple] = {}         # leaf -> (its loads, as text): dumped once
         self.through = 0                               # the revision the mirror has read up to
         self.lease = 0
         self.leader_rev = 0                            # our leader key's create revision
@@ -216,36 +226,93 @@ class EtcdCoordination:
             changed, self._compare_all = set(self.coord.hosts) | set(self.placed), False
         want = self.coord.all_placements(changed)
         parts = {host: keys.placement_parts(want.get(host, {})) for host in changed}
-        links = {leaf: json.dumps(v, sort_keys=True) for leaf, v in self.coord.link_table().items()}
-        puts, deletes = {}, []
-        with self.lock:
+        links = {}
+        for leaf, v in self.coord.link_table().items():
+            had = self._link_text.get(leaf)          # most leaves' loads did not change: no text
+            if had is None or had[0] != v:
+                self._link_text[leaf] = had = (v, json.dumps(v, sort_keys=True))
+            links[leaf] = had[1]
+        out: dict[str, str | None] = {}
+        with self.writing:
+            pending = dict(self.outbox)
+        with self.lock:                                # against etcd's, or what is on its way
             for host, new in parts.items():
                 have = self.placed.get(host, {})
-                puts.update({keys.placement_key(host, k): v for k, v in new.items() if have.get(k) != v})
-                deletes += [keys.placement_key(host, k) for k in have if k not in new]
-            puts.update({keys.links_prefix() + leaf: json.dumps({"loads": json.loads(v), "through": through})
-                         for leaf, v in links.items() if self.links.get(leaf) != v})
-        if puts or deletes:
-            self._fenced(puts, deletes)
+                for k, v in new.items():
+                    key = keys.placement_key(host, k)
+                    if pending.get(key, have.get(k)) != v:
+                        out[key] = v
+                for k in have:
+                    key = keys.placement_key(host, k)
+                    if k not in new and pending.get(key, "") is not None:
+                        out[key] = None
+            for leaf, v in links.items():
+                key = keys.links_prefix() + leaf
+                if self.links.get(leaf) != v or key in pending:
+                    out[key] = json.dumps({"loads": json.loads(v), "through": through})
+        if out:
+            with self.writing:
+                self.outbox.update(out)
+                self.writing.notify_all()
+
+    def write(self):
+        """The writer: whatever the outbox holds, as one set of fenced transactions sent at once;
+        then the next. A failed write leaves the mirror as it was, so the next batch compares
+        every host again and writes what is missing."""
+        while not self.stop.is_set():
+            with self.writing:
+                if not self.outbox and not self.writing.wait(0.5):
+                    continue
+                batch, self.outbox, self.sending = self.outbox, {}, True
+            try:
+                if self.leading.is_set():
+                    self._fenced({k: v for k, v in batch.items() if v is not None},
+                                 [k for k, v in batch.items() if v is None])
+                self.health.ok("etcd-writer")
+            except (EtcdUnavailable, EtcdError) as e:
+                log.warning("%s: placements not written (%s); again at the next change", self.name, e)
+                with self.lock:
+                    self.dirty.add("")
+                    self._compare_all = True           # what was not written is compared again
+                self.stop.wait(0.2)
+                self.wake.set()
+            except Exception as e:                     # noqa: BLE001 - logged, counted, again
+                self.health.failed("etcd-writer", e, log, ())
+                with self.lock:
+                    self.dirty.add("")
+                    self._compare_all = True
+                self.stop.wait(0.5)
+                self.wake.set()
+            finally:
+                with self.writing:
+                    self.sending = False
+                    self.writing.notify_all()
+
+    def flushed(self, timeout: float) -> bool:
+        """Wait until everything placed so far has been sent (tests, benches, a graceful stop)."""
+        with self.writing:
+            return self.writing.wait_for(lambda: not self.outbox and not self.sending, timeout)
 
     def _fenced(self, puts: dict[str, str], deletes: list[str]):
-        if not self.etcd.apply(puts, deletes, compare=[created(keys.leader_key(), self.leader_rev)]):
+        sent = self.etcd.apply_parallel(puts, deletes, compare=[created(keys.leader_key(), self.leader_rev)])
+        done = [(p, d) for p, d, rev in sent if rev]
+        if len(done) < len(sent):
             self.counters["fenced"] += 1
             self.leading.clear()
             log.warning("%s: no longer the leader (placements not written)", self.name)
-            return
         with self.lock:                                # as the watch will bring them back
-            for k, v in puts.items():
-                if k.startswith(keys.links_prefix()):
-                    self.links[k[len(keys.links_prefix()):]] = json.dumps(json.loads(v)["loads"], sort_keys=True)
-                    continue
-                _, host, rest = keys.split(k)
-                self.placed.setdefault(host, {})[rest] = v
-            for k in deletes:
-                _, host, rest = keys.split(k)
-                self.placed.get(host, {}).pop(rest, None)
-        self.counters["placements_written"] += sum(1 for k in puts if not k.startswith(keys.links_prefix()))
-        self.counters["placements_deleted"] += len(deletes)
+            for p, d in done:
+                for k, v in p.items():
+                    if k.startswith(keys.links_prefix()):
+                        self.links[k[len(keys.links_prefix()):]] = json.dumps(json.loads(v)["loads"], sort_keys=True)
+                        continue
+                    _, host, rest = keys.split(k)
+                    self.placed.setdefault(host, {})[rest] = v
+                for k in d:
+                    _, host, rest = keys.split(k)
+                    self.placed.get(host, {}).pop(rest, None)
+                self.counters["placements_written"] += sum(1 for k in p if not k.startswith(keys.links_prefix()))
+                self.counters["placements_deleted"] += len(d)
 
     # ---- leadership ------------------------------------------------------------------------
     def campaign(self):
@@ -335,7 +402,7 @@ class EtcdCoordination:
     def start(self) -> list[threading.Thread]:
         self.threads = []
         for name, target in (("etcd-follower", self.follow), ("etcd-leadership", self.campaign),
-                             ("etcd-placer", self.place)):
+                             ("etcd-placer", self.place), ("etcd-writer", self.write)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self.threads.append(t)

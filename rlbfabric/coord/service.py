@@ -179,8 +179,9 @@ class Coordinator:
         the QPs it reported and may move (not those placed through verbs)."""
         with self.lock:
             out = {}
-            for host, e in self.hosts.items():
-                if hosts is not None and host not in hosts:
+            for host in (self.hosts if hosts is None else hosts):   # a batch's hosts, not all
+                e = self.hosts.get(host)
+                if e is None:
                     continue
                 placed = self.placer.placements(host)
                 out[host] = {(k[1], k[2], k[3]): p for k, p in placed.items()
