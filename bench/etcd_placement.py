@@ -1,7 +1,7 @@
 """The coordinator with etcd in the loop, at fabric scale (issue 31): a real etcd member (Debian's),
 one coordinator following it (EtcdCoordination, in this process), and simulated host agents that
-write a collective's QPs the way rlbhost --etcd does (one transaction per host: its report and one
-key per QP, under its lease; each QP first on the path the host's local rule gives it, as the
+write a collective's QPs the way rlbhost --etcd does (one transaction per host: its report and
+its QPs' keys, under its lease; each QP first on the path the host's local rule gives it, as the
 data plane does before any placement comes). Measured: from a host's write to its placements being readable in
 etcd (median, p99), etcd transactions and keys written per second, the coordinator's CPU; next to
 today's HTTP coordinator on the same workload (each host posting its full report).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -23,6 +24,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -63,8 +65,37 @@ class LocalRule:
         return i + 1
 
 
+class HostKeys:
+    """What rlbhost --etcd keeps of its QPs in etcd: the QPs, and the keys they are written in
+    (`parts`: a few keys a host, as it does; `per-qp`: one key each, as hosts did before)."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.qps: dict[str, dict] = {}            # host -> {QpId: value}
+        self.parts: dict[str, int] = {}
+        self.text: dict[str, dict[str, str]] = {}  # host -> {key: value} as last written
+
+    def write(self, host: str, new: dict) -> dict[str, str]:
+        """The keys a host writes once `new` QPs join its own: only those that changed."""
+        qps = self.qps.setdefault(host, {})
+        qps.update(new)
+        if self.mode == "per-qp":
+            return {keys.qp_key(host, q): json.dumps(v, sort_keys=True) for q, v in new.items()}
+        n = self.parts[host] = keys.host_part_count(len(qps), self.parts.get(host, 1))
+        want = {keys.qp_part_key(host, k): v for k, v in keys.qp_parts(qps, n).items()}
+        had = self.text.get(host, {})
+        self.text[host] = want
+        return {k: v for k, v in want.items() if had.get(k) != v}
+
+
+@dataclass
+class HostWrite:
+    puts: dict[str, str]                       # one transaction of the host's
+    new: dict[str, int]                        # its new QPs, by name: the path its rule gave each
+
+
 def host_writes(fabric, host: str, peers: list[str], qps: int, rnd: random.Random,
-                rule: LocalRule) -> tuple[dict, dict]:
+                rule: LocalRule, hk: HostKeys) -> tuple[HostWrite, dict]:
     """The keys rlbhost --etcd writes for `qps` QPs of `host` towards peers (each on the path its
     host's rule gave it), and the same as one HTTP report."""
     leaf, port = fabric.leaf_of_host(host)
@@ -72,27 +103,25 @@ def host_writes(fabric, host: str, peers: list[str], qps: int, rnd: random.Rando
     addr = {k + 1: str(n.network_address + 1) for k, n in enumerate(nets)}
     report = {"paths": {str(k): a for k, a in addr.items()},
               "weights": [{"prefix": "::/0", "weights": {str(k): 1 for k in addr}}], "peers": []}
-    puts = {keys.report_key(host): json.dumps(report, sort_keys=True)}
     body = dict(report, qps=[])
+    new = {}
     for i in range(qps):
         p = peers[i % len(peers)]
         pl, pp = fabric.leaf_of_host(p)
         peer = str(fabric.host_prefixes(pl, pp)[0].network_address + 1)
         q = (peer, 49152 + rnd.randrange(16384), rnd.getrandbits(24))
-        path = rule.path(host)
-        puts[keys.qp_key(host, q)] = json.dumps({"active": True, "path": path}, sort_keys=True)
-        body["qps"].append({"peer": q[0], "sport": q[1], "qp": q[2], "path": path, "bytes": 0, "active": True})
-    return puts, body
+        new[q] = {"active": True, "path": rule.path(host)}
+        body["qps"].append({"peer": q[0], "sport": q[1], "qp": q[2], "path": new[q]["path"], "bytes": 0,
+                            "active": True})
+    puts = {keys.report_key(host): json.dumps(report, sort_keys=True), **hk.write(host, new)}
+    return HostWrite(puts, {keys.qp_name(q): v["path"] for q, v in new.items()}), body
 
 
-def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int,
-                cpus: set[int] | None = None) -> dict[str, tuple[float, float]]:
+def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int) -> dict[str, tuple[float, float]]:
     """One writer process: its hosts' transactions, `threads` at a time (hosts are machines of
     their own: thousands write at once, and etcd batches what arrives together); when each was
     sent and when etcd acknowledged it (CLOCK_MONOTONIC is the machine's, so the parent
     compares it with its own)."""
-    if cpus:
-        os.sched_setaffinity(0, cpus)
     client = Etcd(url, timeout=30.0)
     out = {}
 
@@ -136,6 +165,74 @@ class PlacementWatch:
             return self.cond.wait_for(lambda: wanted <= self.seen.keys(), timeout)
 
 
+class HostsWatch:
+    """PlacementWatch in a process of its own, as hosts' watches run on hosts: its decoding does
+    not share the coordinator's interpreter. wait() brings back what it saw of the QPs asked."""
+
+    def __init__(self, url: str, cpus: set[int] | None):
+        self.seen: dict[tuple[str, str], float] = {}
+        self.path: dict[tuple[str, str], int] = {}
+        self.conn, child = multiprocessing.Pipe()
+        self.proc = multiprocessing.get_context("fork").Process(target=_watch_main, args=(url, child, cpus),
+                                                                 daemon=True)
+        self.proc.start()
+        self.conn.recv()                               # watching from here on
+
+    def wait(self, wanted: set[tuple[str, str]], timeout: float) -> bool:
+        self.conn.send((wanted, timeout))
+        ok, seen, path = self.conn.recv()
+        self.seen.update(seen)
+        self.path.update(path)
+        return ok
+
+    def close(self):
+        self.conn.send(None)
+        self.proc.join(5)
+
+
+def _watch_main(url: str, conn, cpus: set[int] | None):
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    w = PlacementWatch(Etcd(url, timeout=30.0))
+    conn.send("ready")
+    while (msg := conn.recv()) is not None:
+        wanted, timeout = msg
+        ok = w.wait(wanted, timeout)
+        with w.cond:
+            conn.send((ok, {k: w.seen[k] for k in wanted if k in w.seen},
+                       {k: w.path[k] for k in wanted if k in w.path}))
+    w.stop.set()
+
+
+class Writers:
+    """The hosts' writers: processes of their own, as hosts are machines of their own (threads of
+    this process would share the coordinator's interpreter and measure Python, not etcd),
+    started before anything is measured."""
+
+    def __init__(self, url: str, workers: int, threads: int, cpus: set[int] | None):
+        self.url, self.workers, self.threads = url, workers, threads
+        self.ex = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                      initializer=_pin, initargs=(cpus,))
+        list(self.ex.map(time.sleep, [0.05] * workers * 2))      # every process up
+
+    def write(self, writes: dict[str, HostWrite], lease: int) -> dict[str, tuple]:
+        hosts = list(writes)
+        slices = [{h: writes[h].puts for h in hosts[i::self.workers]} for i in range(self.workers)]
+        written_at: dict[str, tuple] = {}
+        for got in self.ex.map(write_slice, [self.url] * self.workers, slices, [lease] * self.workers,
+                               [self.threads] * self.workers):
+            written_at.update(got)
+        return written_at
+
+    def close(self):
+        self.ex.shutdown()
+
+
+def _pin(cpus: set[int] | None):
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 def settled(coord: EtcdCoordination):
     """Wait until the placer has finished its batch and counted it (its last writes can reach
     the watch before the writing call returns)."""
@@ -151,19 +248,18 @@ def settled(coord: EtcdCoordination):
                 return
 
 
-def placement_keys(host: str, puts: dict) -> set[tuple[str, str]]:
-    """The QPs a host's write names, as PlacementWatch notes them."""
-    return {(host, k[len(keys.qps_prefix(host)):]) for k in puts if "/qps/" in k}
+def placement_keys(host: str, w: HostWrite) -> set[tuple[str, str]]:
+    """The QPs a host's write brings, as PlacementWatch notes them."""
+    return {(host, name) for name in w.new}
 
 
-def moved(watch: PlacementWatch, writes: dict[str, dict]) -> tuple[int, int]:
+def moved(watch: HostsWatch, writes: dict[str, HostWrite]) -> tuple[int, int]:
     """(QPs the placement put on another path than their host's rule, QPs written)."""
     n = out = 0
-    for h, puts in writes.items():
-        for k, v in puts.items():
-            if "/qps/" in k:
-                n += 1
-                out += watch.path.get((h, k[len(keys.qps_prefix(h)):])) != json.loads(v)["path"]
+    for h, w in writes.items():
+        for name, path in w.new.items():
+            n += 1
+            out += watch.path.get((h, name)) != path
     return out, n
 
 
@@ -171,7 +267,7 @@ def share(got: tuple[int, int]) -> str:
     return f"{got[0]} of {got[1]} ({100 * got[0] / max(1, got[1]):.0f} %)"
 
 
-def latencies(watch: PlacementWatch, writes: dict[str, dict], written_at: dict[str, tuple[float, float]],
+def latencies(watch: HostsWatch, writes: dict[str, HostWrite], written_at: dict[str, tuple[float, float]],
               acked: bool = False) -> list[float]:
     """Per host: from its write (sent, or `acked` by etcd: the coordinator's and the watch's
     share alone) to the last of its QPs' placements appearing."""
@@ -186,23 +282,8 @@ def figures(lat: list[float]) -> str:
             f"(max {lat[-1] * 1000:.0f})")
 
 
-def write_all(url: str, writes: dict[str, dict], lease: int, workers: int, threads: int,
-              cpus: set[int] | None = None) -> dict[str, tuple]:
-    # the hosts are processes of their own, as they are machines of their own: a writer process
-    # per slice, each with its own client (threads of this one would share its GIL with the
-    # coordinator and measure Python, not etcd)
-    hosts = list(writes)
-    slices = [{h: writes[h] for h in hosts[i::workers]} for i in range(workers)]
-    written_at: dict[str, tuple] = {}
-    with ProcessPoolExecutor(workers) as ex:
-        for got in ex.map(write_slice, [url] * workers, slices, [lease] * workers, [threads] * workers,
-                          [cpus] * workers):
-            written_at.update(got)
-    return written_at
-
-
-def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: int, threads: int,
-             singles: int, rule: LocalRule, pin: bool = False) -> tuple[dict, dict]:
+def run_etcd(fabric, writes: dict[str, HostWrite], later: dict[str, HostWrite], workers: int, threads: int,
+             singles: int, rule: LocalRule, hk: HostKeys, pin: bool = False) -> tuple[dict, dict]:
     """The burst (every host at once), then in the loaded fabric a collective of `later`'s hosts
     adding QPs at once, then `singles` hosts adding QPs one after another. `pin`: the coordinator
     (this process) alone on the last CPU, etcd and the writers on the others, as when each runs
@@ -217,25 +298,28 @@ def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: i
         os.sched_setaffinity(0, others)              # etcd inherits the others
     server = EtcdServer(work, client_port=free_port(), peer_port=free_port()).start()
     if pin:
-        os.sched_setaffinity(0, {cpus[-1]})          # the coordinator's threads, and the watch
+        os.sched_setaffinity(0, {cpus[-1]})          # the coordinator's threads
+    hosts = watch = None
     try:
         client = Etcd(server.url, timeout=30.0)
+        # the hosts' processes first: forked before the coordinator's threads exist
+        hosts = Writers(server.url, workers, threads, others)
+        watch = HostsWatch(server.url, others)
         coord = EtcdCoordination(Coordinator(fabric, host_timeout_s=1e9), client, "bench", lease_ttl_s=10)
         coord.start()
         while not coord.leading.is_set():
             time.sleep(0.01)
         lease = client.lease_grant(600)
-        watch = PlacementWatch(client)
         time.sleep(0.3)
         t0 = time.monotonic()
-        written_at = write_all(server.url, writes, lease, workers, threads, others)
+        written_at = hosts.write(writes, lease)
         t_written = time.monotonic() - t0
         watch.wait(set().union(*(placement_keys(h, w) for h, w in writes.items())), 600)
         total = time.monotonic() - t0
         settled(coord)
         lat = latencies(watch, writes, written_at)
         c = coord.counters
-        n_keys = sum(len(w) for w in writes.values())
+        n_keys = sum(len(w.puts) for w in writes.values())
         cpu = c["follow_cpu_s"] + c["place_cpu_s"]
         out = {"hosts placed": f"{len(lat)}/{len(writes)}",
                "latency median / p99 (max)": figures(lat),
@@ -252,44 +336,46 @@ def run_etcd(fabric, writes: dict[str, dict], later: dict[str, dict], workers: i
                "steady state: coordinator cores": 0}
         # a collective starts beside the placed ones
         cpu0, t0 = cpu, time.monotonic()
-        at = write_all(server.url, later, lease, workers, threads, others)
+        at = hosts.write(later, lease)
         watch.wait(set().union(*(placement_keys(h, w) for h, w in later.items())), 600)
         t_c = time.monotonic() - t0
         settled(coord)
         lat_c = latencies(watch, later, at)
         cpu1 = c["follow_cpu_s"] + c["place_cpu_s"]
-        more = {f"a collective of {len(later)} hosts x {len(next(iter(later.values())))} QPs beside them":
+        more = {f"a collective of {len(later)} hosts x {len(next(iter(later.values())).new)} QPs beside them":
                 f"{figures(lat_c)} ({figures(latencies(watch, later, at, acked=True))} from etcd's "
                 f"acknowledgement); all after {t_c:.2f} s, coordinator CPU {cpu1 - cpu0:.2f} s, "
                 f"moved from their host's path {share(moved(watch, later))}"}
         # one host at a time, the fabric full
         lat_1 = []
         for h in list(later)[:singles]:
-            _, puts = _more_qps(fabric, h, later[h], random.Random(h), rule)
+            _, w = _more_qps(h, later[h], random.Random(h), rule, hk)
             sent = time.monotonic()
-            client.apply(puts, lease=lease)
-            watch.wait(placement_keys(h, puts), 30)
-            lat_1 += latencies(watch, {h: puts}, {h: (sent, sent)})
+            client.apply(w.puts, lease=lease)
+            watch.wait(placement_keys(h, w), 30)
+            lat_1 += latencies(watch, {h: w}, {h: (sent, sent)})
         lat_1.sort()
-        more[f"one host's {len(next(iter(later.values())))} new QPs, {singles} hosts in turn"] = figures(lat_1)
-        watch.stop.set()
+        more[f"one host's {len(next(iter(later.values())).new)} new QPs, {singles} hosts in turn"] = figures(lat_1)
         coord.stop.set()
         return out, more
     finally:
+        if watch is not None:
+            watch.close()
+        if hosts is not None:
+            hosts.close()
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _more_qps(fabric, host: str, like: dict, rnd: random.Random, rule: LocalRule) -> tuple[str, dict]:
+def _more_qps(host: str, like: HostWrite, rnd: random.Random, rule: LocalRule,
+              hk: HostKeys) -> tuple[str, HostWrite]:
     """New QPs of `host` towards the peers of `like` (fresh source ports and QP numbers), each
     on the path its host's rule gives it."""
-    puts = {}
-    for k in like:
-        if "/qps/" in k:
-            peer, _, _ = keys.parse_qp_name(k[len(keys.qps_prefix(host)):])
-            q = (peer, 49152 + rnd.randrange(16384), rnd.getrandbits(24))
-            puts[keys.qp_key(host, q)] = json.dumps({"active": True, "path": rule.path(host)}, sort_keys=True)
-    return host, puts
+    new = {}
+    for name in like.new:
+        peer, _, _ = keys.parse_qp_name(name)
+        new[(peer, 49152 + rnd.randrange(16384), rnd.getrandbits(24))] = {"active": True, "path": rule.path(host)}
+    return host, HostWrite(hk.write(host, new), {keys.qp_name(q): v["path"] for q, v in new.items()})
 
 
 def run_http(fabric, bodies: dict[str, dict], workers: int) -> dict:
@@ -332,6 +418,9 @@ def main():
     ap.add_argument("--collective", type=int, default=512, help="hosts of the collective that starts "
                     "once the first QPs are placed")
     ap.add_argument("--singles", type=int, default=30, help="hosts that then add QPs one after another")
+    ap.add_argument("--qp-keys", choices=("parts", "per-qp"), default="parts",
+                    help="how hosts write their QPs: a few keys a host (as rlbhost does), or one key "
+                    "per QP (as it did before; the coordinator still reads them)")
     ap.add_argument("--start", choices=("local", "one"), default="local",
                     help="the path a host puts a new QP on before its placement comes: its local rule's "
                     "(as rlbhost does), or path 1 for all (the coordinator moves most: its worst case)")
@@ -341,6 +430,7 @@ def main():
     fabric = model_fabric(a.leaves, a.hosts, a.spines)
     rnd = random.Random(1)
     rule = LocalRule(fabric, a.start)
+    hk = HostKeys(a.qp_keys)
     conns = workloads.connections("permutation", fabric.hosts, rnd)
     peer_of = {}
     for s, d in conns:
@@ -349,13 +439,13 @@ def main():
     for h in fabric.hosts:
         peers = [p for p in peer_of.get(h, []) if fabric.leaf_of_host(p)[0] is not fabric.leaf_of_host(h)[0]]
         if peers:
-            writes[h], bodies[h] = host_writes(fabric, h, peers, a.qps, rnd, rule)
+            writes[h], bodies[h] = host_writes(fabric, h, peers, a.qps, rnd, rule, hk)
     first = "the path its host's rule gives it" if a.start == "local" else "path 1"
     print(f"{a.leaves} leaves x {a.hosts} hosts x {a.spines} spines: {len(writes)} hosts start "
           f"{a.qps} fabric QPs each at once ({len(writes) * a.qps} QPs), each first on {first}")
     http = run_http(fabric, bodies, a.workers)
-    later = dict(_more_qps(fabric, h, writes[h], rnd, rule) for h in list(writes)[:a.collective])
-    etcd, more = run_etcd(fabric, writes, later, a.workers, a.threads, a.singles, rule, a.pin)
+    later = dict(_more_qps(h, writes[h], rnd, rule, hk) for h in list(writes)[:a.collective])
+    etcd, more = run_etcd(fabric, writes, later, a.workers, a.threads, a.singles, rule, hk, a.pin)
     names = list(dict.fromkeys([*etcd, *http]))
     print(f"{'every host at once':<44}{'etcd (rlbcoord --etcd)':>30}{'HTTP (rlbcoord)':>30}")
     for n in names:

@@ -3,10 +3,11 @@ view of this host's QPs as the HTTP client (coordclient.py), written as changes 
 reports, and placements watched instead of asked for.
 
 - Under the host's own lease (its etcd user may write nothing else): one report key (paths,
-  weights, the verbs library's peers) rewritten when it changes, and one key per QP, written when
-  the QP appears or changes path or activity and deleted when it is forgotten. Bytes are not
-  state: a busy QP costs no writes. A QP gone idle carries the wall-clock time of its last
-  packet, so the coordinator ages it without a write per round.
+  weights, the verbs library's peers) rewritten when it changes, and its QPs in a few keys
+  (keys.qp_parts: 64 QPs a key or fewer on average), a key rewritten when one of its QPs
+  appears, changes path or activity or is forgotten. Bytes are not state: a busy QP costs no
+  writes. A QP gone idle carries the wall-clock time of its last packet, so the coordinator
+  ages it without a write per round.
 - Placements: one watch on placements/<host>/ (one key holds them all, more past 1024 QPs),
   applied to the data plane as they change.
 - etcd unreachable (or the lease lost): the placements are kept for fallback_s, then dropped
@@ -47,6 +48,7 @@ class EtcdCoordinatorClient(CoordinatorClient):
         self.written: dict[str, str] = {}          # key -> value as last written under this lease
         self.placed: dict[keys.QpId, int] = {}     # path values, as the watch last said
         self._parts: dict[str, dict] = {}          # placement key -> its QPs' path values
+        self.qp_parts = 1                          # how many keys this host's QPs are written in
         self.wall_offset = time.time() - time.monotonic()
         self.counters.update({"writes": 0, "deletes": 0, "leases": 0, "watch_events": 0, "refusals": 0})
         self._watching = False
@@ -59,6 +61,7 @@ class EtcdCoordinatorClient(CoordinatorClient):
         report = {"paths": body["paths"], "weights": body["weights"], "peers": body["peers"]}
         out = {keys.report_key(self.node): json.dumps(report, sort_keys=True)}
         now = time.monotonic()
+        qps: dict[keys.QpId, dict] = {}
         for k, v in self.memory.items():
             # idle is news only after IDLE_WRITE_S: a collective's QPs pause between iterations
             # longer than the conntrack expiry, and two writes per QP per iteration would be
@@ -67,11 +70,12 @@ class EtcdCoordinatorClient(CoordinatorClient):
             val = {"path": v["path"], "active": not idle}
             if idle:                     # when it last carried traffic, on the wall clock
                 val["since"] = round(v["seen"] + self.wall_offset, 2)
-            out[keys.qp_key(self.node, k)] = json.dumps(val, sort_keys=True)
+            qps[k] = val
         for q in body["qps"]:
             if q.get("fixed"):           # placed through verbs: never moved, counted on its links
-                out[keys.qp_key(self.node, (q["peer"], 0, q["qp"]))] = json.dumps(
-                    {"path": q["path"], "active": True, "fixed": True}, sort_keys=True)
+                qps[(q["peer"], 0, q["qp"])] = {"path": q["path"], "active": True, "fixed": True}
+        self.qp_parts = keys.host_part_count(len(qps), self.qp_parts)
+        out.update({keys.qp_part_key(self.node, part): v for part, v in keys.qp_parts(qps, self.qp_parts).items()})
         return out
 
     def report_once(self) -> int:

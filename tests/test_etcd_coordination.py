@@ -106,9 +106,15 @@ def write_host(client: Etcd, host: str, qps: list[tuple[str, int, int, int]], le
     """A host's report and QPs (peer host, sport, qp, path it is on), as rlbhost --etcd writes them."""
     puts = {keys.report_key(host): json.dumps({"paths": paths(host), "weights": [
         {"prefix": "::/0", "weights": {"1": 1, "2": 1, "3": 1, "4": 1}}]})}
-    for peer, sport, qp, path in qps:
-        puts[keys.qp_key(host, (addr(peer, 1), sport, qp))] = json.dumps({"path": path, "active": True})
+    puts.update(qp_parts(host, {(addr(peer, 1), sport, qp): {"path": path, "active": True}
+                                for peer, sport, qp, path in qps}))
     client.apply(puts, lease=lease)
+
+
+def qp_parts(host: str, qps: dict) -> dict[str, str]:
+    """A host's QP keys and values, as rlbhost --etcd writes them."""
+    n = keys.host_part_count(len(qps))
+    return {keys.qp_part_key(host, k): v for k, v in keys.qp_parts(qps, n).items()}
 
 
 def placements(etcd, host: str) -> dict:
@@ -188,14 +194,16 @@ def test_the_host_client_writes_changes_only_and_applies_watched_placements(etcd
     dp = FakeHostDataplane("h1", live)
     client = EtcdCoordinatorClient(dp, "h1", user(etcd, keys.host_user("h1")), fallback_s=0.0)
     try:
-        assert client.report_once() == 5                         # the report and 4 QPs
+        assert client.report_once() == 2                         # the report, and one key for 4 QPs
+        kvs, _ = user(etcd, keys.host_user("h1")).get_prefix(keys.qps_prefix("h1"))
+        assert [len(keys.read_qps(kv.key[len(keys.qps_prefix("h1")):], kv.value)) for kv in kvs] == [4]
         wait(lambda: sorted(dp.placed.values()) == [0, 1, 2, 3], 3, "placements in the data plane")
         moved = 0
         for q in live:                                           # the host moves them (idle, then new)
             new = dp.placed[(q["peer"], q["sport"], q["qp"])]
             moved += new != q["path"]
             q["path"] = new
-        assert moved == 3 and client.report_once() == 3         # one write per QP that moved
+        assert moved == 3 and client.report_once() == 1         # their key, once
         assert client.report_once() == 0                         # nothing changed: nothing written
         dp._qps = live[1:]                                       # one idle: swept from conntrack
         dp.swept = {}
@@ -303,10 +311,11 @@ def test_a_host_etcd_refuses_asks_again_only_after_a_second(etcd):
         client.stop.set()
 
 
-def test_a_qp_key_that_changes_is_all_the_leader_reads_of_its_host(etcd, monkeypatch):
-    """The follower feeds single QP keys to the model: of h1's 32 QPs one goes idle and one is
-    deleted, and the leader reads that one QP (not h1's 32), its placement of the deleted one
-    goes in one write of h1's placement key, and the rest stay where they were."""
+def test_a_qp_that_changes_is_all_the_leader_reads_of_its_host(etcd, monkeypatch):
+    """The follower feeds single QPs to the model: h1's 32 QPs are one key; h1 rewrites it with
+    one QP idle and one gone, and the leader reads that one QP (not h1's 32), its placement of
+    the gone one goes in one write of h1's placement key, and the rest stay where they were. An
+    older host's key for one QP is read alike."""
     admin = user(etcd, etcdauth.ROOT_USER)
     admin.delete_prefix(keys.ROOT)
     coord = EtcdCoordination(Coordinator(FABRIC, host_timeout_s=1e9), user(etcd, keys.COORDINATOR_USER),
@@ -320,21 +329,28 @@ def test_a_qp_key_that_changes_is_all_the_leader_reads_of_its_host(etcd, monkeyp
         wait(lambda: len(placements(etcd, "h1")) == 32, 5, "h1's 32 placements")
         before = placements(etcd, "h1")
         assert len({rev for _, rev in before.values()}) == 1          # one key holds h1's 32
+        assert len(admin.get_prefix(keys.qps_prefix("h1"))[0]) == 1  # and one key h1's QPs
         written = dict(coord.counters)
         read = []
         real = coord.coord._qp
         monkeypatch.setattr(coord.coord, "_qp", lambda *a: read.append(a[2]) or real(*a))
         h3 = addr("h3", 1)
-        h1.apply({keys.qp_key("h1", (h3, 50000, 0)): json.dumps({"path": 1, "active": False, "since": time.time()})},
-                 [keys.qp_key("h1", (h3, 50001, 1))], lease=lease)
+        qps = {(h3, 50000 + i, i): {"path": 1, "active": True} for i in range(32)}
+        qps[(h3, 50000, 0)] = {"path": 1, "active": False, "since": time.time()}
         gone = (h3, 50001, 1)
-        wait(lambda: gone not in placements(etcd, "h1"), 5, "the deleted QP's placement to go")
+        del qps[gone]
+        h1.apply(qp_parts("h1", qps), lease=lease)
+        wait(lambda: gone not in placements(etcd, "h1"), 5, "the gone QP's placement to go")
         time.sleep(0.3)
         after = placements(etcd, "h1")
         assert len(read) == 1 and len(coord.coord.hosts["h1"]["keys"]) == 31, read
         assert {q: p for q, (p, _) in after.items()} == {q: p for q, (p, _) in before.items() if q != gone}
         assert coord.counters["placements_written"] - written["placements_written"] == 1
         assert coord.counters["placements_deleted"] == written["placements_deleted"]
+        new = (h3, 50099, 99)                                       # as an older rlbhost writes it
+        h1.put(keys.qp_key("h1", new), json.dumps({"path": 2, "active": True}), lease=lease)
+        wait(lambda: new in placements(etcd, "h1"), 5, "the older key's QP placed")
+        assert len(read) == 2 and len(coord.coord.hosts["h1"]["keys"]) == 32, read
     finally:
         coord.stop.set()
         coord.join(3.0)

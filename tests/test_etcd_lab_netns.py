@@ -59,7 +59,7 @@ def test_a_forged_report_and_a_forged_link_report_are_refused_by_etcd(lab):
     """h2's credentials cannot write h1's QPs; l2's cannot say l1's uplinks are down."""
     with netns.inside(lab.ns("mon")):
         h2, l2 = as_user(lab, keys.host_user("h2")), as_user(lab, keys.switch_user("l2"))
-        for call in (lambda: h2.put(keys.qp_key("h1", ("fc00::1", 1, 1)), json.dumps({"path": 1, "active": True})),
+        for call in (lambda: h2.put(keys.qp_part_key("h1", "part0"), json.dumps({"fc00::1_1_1": {"path": 1, "active": True}})),
                      lambda: h2.delete_prefix(keys.host_prefix("h1")),
                      lambda: l2.put(keys.uplinks_key("l1"), json.dumps({"eth-s1": False})),
                      lambda: h2.put(keys.placement_key("h2", "part0"), '{"fc00::1_1_1":1}')):
@@ -134,7 +134,8 @@ def test_a_host_agent_killed_its_lease_ends_its_qps_leave_and_come_back_with_it(
     def h1_keys():
         with netns.inside(lab.ns("mon")):
             placed = admin.get_prefix(keys.placements_prefix("h1"))[0]
-            return (len(admin.get_prefix(keys.qps_prefix("h1"))[0]),
+            qps = admin.get_prefix(keys.qps_prefix("h1"))[0]
+            return (sum(len(keys.read_qps(kv.key[len(keys.qps_prefix("h1")):], kv.value)) for kv in qps),
                     sum(len(keys.read_placements(kv.key[len(keys.placements_prefix("h1")):], kv.value))
                         for kv in placed))
 

@@ -99,17 +99,12 @@ class EtcdCoordination:
                 return
         try:
             if tree == "hosts":
-                h = self.reports.setdefault(node, {"report": None, "qps": {}})
+                h = self.reports.setdefault(node, {"report": None, "qps": {}, "keys": {}})
                 if rest == "report":
                     h["report"] = _object(value) if value is not None else None
                     self.dirty_report.add(node)
                 elif rest.startswith("qps/"):
-                    q = keys.parse_qp_name(rest[4:])
-                    if value is None:
-                        h["qps"].pop(q, None)
-                    else:
-                        h["qps"][q] = _object(value)
-                    self.dirty_qps.setdefault(node, set()).add(q)
+                    self._qps(node, h, rest[4:], value)
                 if h["report"] is None and not h["qps"]:
                     del self.reports[node]
                 self.dirty.add(node)
@@ -132,6 +127,29 @@ class EtcdCoordination:
         except (ValueError, TypeError) as e:           # a key no agent of ours writes like this
             self.counters["refused"] += 1
             log.warning("etcd key %s: cannot read it (%s); ignored", key, e)
+
+    def _qps(self, node: str, h: dict, name: str, value: bytes | None):
+        """One of a host's QP keys (a part, or an older host's key for one QP): only the QPs
+        whose value changed are marked to be read. A QP the host moved to another part is found
+        in it, whichever of the two keys comes first."""
+        new = keys.read_qps(name, value) if value is not None else {}
+        old = h["keys"].pop(name, {})
+        if new:
+            h["keys"][name] = new
+        dirty = self.dirty_qps.setdefault(node, set())
+        for q in old.keys() | new.keys():
+            if old.get(q) == new.get(q):
+                continue
+            v = new.get(q)
+            if v is None:
+                v = next((part[q] for part in h["keys"].values() if q in part), None)
+            if v == h["qps"].get(q):
+                continue
+            if v is None:
+                del h["qps"][q]
+            else:
+                h["qps"][q] = v
+            dirty.add(q)
 
     def follow(self):
         """Keep the mirror current (every coordinator, leading or not); the leader places after

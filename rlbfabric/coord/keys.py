@@ -48,10 +48,10 @@ def leader_key() -> str:
 
 
 # ---- what lives under each prefix ------------------------------------------------------
-# A host writes its report (paths, weights, verbs peers: changes rarely) and one key per QP it
-# knows (written when it appears or changes path or activity, deleted when it is forgotten: the
-# bytes it carries are not state), all under its lease; the coordinator writes one key per
-# placement. A QP is named by (peer address, UDP source port, QP number) as in the data plane.
+# A host writes its report (paths, weights, verbs peers: changes rarely) and its QPs (written
+# when one appears or changes path or activity, dropped when it is forgotten: the bytes it
+# carries are not state), all under its lease; the coordinator writes a host's placements. A QP
+# is named by (peer address, UDP source port, QP number) as in the data plane.
 QpId = tuple[str, int, int]
 
 
@@ -74,7 +74,59 @@ def parse_qp_name(name: str) -> QpId:
 
 
 def qp_key(host: str, q: QpId) -> str:
+    """An older host's key for one QP (one key per QP), still read: read_qps."""
     return qps_prefix(host) + qp_name(q)
+
+
+# A host's QPs are a few keys, not one per QP: qps/partN = {QP name: {"path", "active", ...}},
+# each QP in the part its name hashes to, HOST_PART_QPS or fewer a part on average. A job
+# starting on every GPU of 4k hosts (128 QPs each) is then 4k transactions of 2 keys, not 512k
+# keys: etcd's cost is per key and per transaction (512 hosts writing their report and 8 QPs
+# cost this machine's etcd 0.31 s of CPU as 2 keys a host, 0.46 s as 9: docs/results.md), and
+# the coordinator's watch brings one event per host. A change rewrites the one part its QP is in (a few kB). Parts are a power of
+# two that doubles when the QPs outgrow them and halves below a quarter, so a host near a
+# boundary does not rewrite everything at each QP.
+HOST_PART_QPS = 64
+
+
+def host_part_count(n_qps: int, have: int = 1) -> int:
+    """How many parts `n_qps` QPs take, for a host that has `have` now."""
+    n = 1 << max(0, have - 1).bit_length()           # a power of two
+    while n * HOST_PART_QPS < n_qps:
+        n *= 2
+    while n > 1 and n_qps <= n * HOST_PART_QPS // 4:
+        n //= 2
+    return n
+
+
+def qp_parts(qps: dict[QpId, dict], n: int) -> dict[str, str]:
+    """A host's QPs in `n` parts: the keys' names below qps_prefix and their values (canonical
+    text: equal QPs give equal values, so a writer compares text)."""
+    parts: dict[str, dict[str, dict]] = {}
+    for q, v in qps.items():
+        name = qp_name(q)
+        parts.setdefault(f"part{zlib.crc32(name.encode()) % n}", {})[name] = v
+    return {k: json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in parts.items()}
+
+
+def qp_part_key(host: str, part: str) -> str:
+    return qps_prefix(host) + part
+
+
+def read_qps(name: str, value: bytes) -> dict[QpId, dict]:
+    """One key below qps_prefix: a part ({QP name: QP}) or an older host's key for one QP (named
+    for it, holding the QP). ValueError for anything else."""
+    v = json.loads(value)
+    if not isinstance(v, dict):
+        raise ValueError(f"not a JSON object: {value[:60]!r}")
+    if not name.startswith("part"):
+        return {parse_qp_name(name): v}
+    out = {}
+    for n, q in v.items():
+        if not isinstance(q, dict):
+            raise ValueError(f"{n}: {q!r} is not a QP")
+        out[parse_qp_name(n)] = q
+    return out
 
 
 # The coordinator writes a host's placements as one JSON object {QP name: path value} per key: a
