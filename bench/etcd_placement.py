@@ -117,11 +117,12 @@ def host_writes(fabric, host: str, peers: list[str], qps: int, rnd: random.Rando
     return HostWrite(puts, {keys.qp_name(q): v["path"] for q, v in new.items()}), body
 
 
-def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int) -> dict[str, tuple[float, float]]:
+def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int) -> tuple[dict, float]:
     """One writer process: its hosts' transactions, `threads` at a time (hosts are machines of
     their own: thousands write at once, and etcd batches what arrives together); when each was
     sent and when etcd acknowledged it (CLOCK_MONOTONIC is the machine's, so the parent
-    compares it with its own)."""
+    compares it with its own), and the CPU seconds this process spent on them."""
+    cpu = time.process_time()
     client = Etcd(url, timeout=30.0)
     out = {}
 
@@ -132,7 +133,7 @@ def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int) -> 
         out[host] = (sent, time.monotonic())
     with ThreadPoolExecutor(threads) as ex:
         list(ex.map(one, writes.items()))
-    return out
+    return out, time.process_time() - cpu
 
 
 class PlacementWatch:
@@ -211,6 +212,7 @@ class Writers:
 
     def __init__(self, url: str, workers: int, threads: int, cpus: set[int] | None):
         self.url, self.workers, self.threads = url, workers, threads
+        self.cpu_s = 0.0                               # CPU seconds spent writing, all processes
         self.ex = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                       initializer=_pin, initargs=(cpus,))
         list(self.ex.map(time.sleep, [0.05] * workers * 2))      # every process up
@@ -219,9 +221,10 @@ class Writers:
         hosts = list(writes)
         slices = [{h: writes[h].puts for h in hosts[i::self.workers]} for i in range(self.workers)]
         written_at: dict[str, tuple] = {}
-        for got in self.ex.map(write_slice, [self.url] * self.workers, slices, [lease] * self.workers,
-                               [self.threads] * self.workers):
+        for got, cpu in self.ex.map(write_slice, [self.url] * self.workers, slices, [lease] * self.workers,
+                                    [self.threads] * self.workers):
             written_at.update(got)
+            self.cpu_s += cpu
         return written_at
 
     def close(self):
@@ -231,6 +234,18 @@ class Writers:
 def _pin(cpus: set[int] | None):
     if cpus:
         os.sched_setaffinity(0, cpus)
+
+
+def cpu_now(server: EtcdServer, hosts: Writers) -> tuple[float, float, float]:
+    """CPU seconds so far of this process (the coordinator: its follower, placer and writer; the
+    watch and the writers run elsewhere), of etcd, and of the hosts' writers."""
+    with open(f"/proc/{server.proc.pid}/stat") as f:
+        utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]
+    return time.process_time(), (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK"), hosts.cpu_s
+
+
+def cpu_spent(a: tuple, b: tuple) -> str:
+    return ", ".join(f"{y - x:.2f}" for x, y in zip(a, b))
 
 
 def settled(coord: EtcdCoordination):
@@ -282,10 +297,10 @@ def figures(lat: list[float]) -> str:
             f"(max {lat[-1] * 1000:.0f})")
 
 
-def run_etcd(fabric, writes: dict[str, HostWrite], later: dict[str, HostWrite], workers: int, threads: int,
+def run_etcd(fabric, writes: dict[str, HostWrite], collectives: list[dict[str, HostWrite]], workers: int, threads: int,
              singles: int, rule: LocalRule, hk: HostKeys, pin: bool = False) -> tuple[dict, dict]:
-    """The burst (every host at once), then in the loaded fabric a collective of `later`'s hosts
-    adding QPs at once, then `singles` hosts adding QPs one after another. `pin`: the coordinator
+    """The burst (every host at once), then in the loaded fabric each collective's hosts adding
+    QPs at once (one collective after another), then `singles` hosts adding QPs one after another. `pin`: the coordinator
     (this process) alone on the last CPU, etcd and the writers on the others, as when each runs
     on machines of its own (on 2 cores: etcd and the hosts' writers share one)."""
     work = Path(tempfile.mkdtemp(prefix="rlb-etcdbench-"))
@@ -311,7 +326,7 @@ def run_etcd(fabric, writes: dict[str, HostWrite], later: dict[str, HostWrite], 
             time.sleep(0.01)
         lease = client.lease_grant(600)
         time.sleep(0.3)
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), cpu_now(server, hosts)
         written_at = hosts.write(writes, lease)
         t_written = time.monotonic() - t0
         watch.wait(set().union(*(placement_keys(h, w) for h, w in writes.items())), 600)
@@ -320,7 +335,7 @@ def run_etcd(fabric, writes: dict[str, HostWrite], later: dict[str, HostWrite], 
         lat = latencies(watch, writes, written_at)
         c = coord.counters
         n_keys = sum(len(w.puts) for w in writes.values())
-        cpu = c["follow_cpu_s"] + c["place_cpu_s"]
+        cpu = cpu_now(server, hosts)
         out = {"hosts placed": f"{len(lat)}/{len(writes)}",
                "latency median / p99 (max)": figures(lat),
                "... from etcd's acknowledgement": figures(latencies(watch, writes, written_at, acked=True)),
@@ -331,23 +346,26 @@ def run_etcd(fabric, writes: dict[str, HostWrite], later: dict[str, HostWrite], 
                "transactions in": len(writes), "coordinator batches": c["batches"],
                "solves": coord.coord.counters["solves"],
                "solve s": round(coord.coord.counters["solve_seconds"], 2),
-               "coordinator CPU s (follow + place)": round(cpu, 2),
+               "CPU s: coordinator, etcd, hosts' writers": cpu_spent(cpu0, cpu),
                # nothing changes, nothing is written: lease keepalives go to etcd alone
                "steady state: coordinator cores": 0}
-        # a collective starts beside the placed ones
-        cpu0, t0 = cpu, time.monotonic()
-        at = hosts.write(later, lease)
-        watch.wait(set().union(*(placement_keys(h, w) for h, w in later.items())), 600)
-        t_c = time.monotonic() - t0
-        settled(coord)
-        lat_c = latencies(watch, later, at)
-        cpu1 = c["follow_cpu_s"] + c["place_cpu_s"]
-        more = {f"a collective of {len(later)} hosts x {len(next(iter(later.values())).new)} QPs beside them":
+        # collectives start beside the placed ones, one after another
+        more = {}
+        for later in collectives:
+            cpu0, t0 = cpu_now(server, hosts), time.monotonic()
+            at = hosts.write(later, lease)
+            watch.wait(set().union(*(placement_keys(h, w) for h, w in later.items())), 600)
+            t_c = time.monotonic() - t0
+            settled(coord)
+            lat_c = latencies(watch, later, at)
+            cpu1 = cpu_now(server, hosts)
+            more[f"a collective of {len(later)} hosts x {len(next(iter(later.values())).new)} QPs beside them"] = (
                 f"{figures(lat_c)} ({figures(latencies(watch, later, at, acked=True))} from etcd's "
-                f"acknowledgement); all after {t_c:.2f} s, coordinator CPU {cpu1 - cpu0:.2f} s, "
-                f"moved from their host's path {share(moved(watch, later))}"}
+                f"acknowledgement); all after {t_c:.2f} s, CPU s: coordinator, etcd, writers {cpu_spent(cpu0, cpu1)}; "
+                f"moved from their host's path {share(moved(watch, later))}")
         # one host at a time, the fabric full
         lat_1 = []
+        later = collectives[-1]
         for h in list(later)[:singles]:
             _, w = _more_qps(h, later[h], random.Random(h), rule, hk)
             sent = time.monotonic()
@@ -400,11 +418,21 @@ def run_http(fabric, bodies: dict[str, dict], workers: int) -> dict:
             "latency median / p99 (max)": figures(lat),
             "all placed after s": round(total, 2), "solves": coord.counters["solves"],
             "solve s": round(coord.counters["solve_seconds"], 2),
-            "coordinator CPU s (follow + place)": round(cpu, 2),
+            "CPU s: coordinator, etcd, hosts' writers": f"{cpu:.2f}, -, -",
             # every host reports every QP every 250 ms whether or not anything changed
             "steady state: coordinator cores": round(cpu * 4, 2),
             "reports/s to keep it current (every 250 ms)": len(bodies) * 4,
             "QP records/s": sum(len(b["qps"]) for b in bodies.values()) * 4}
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: host counts separated by commas, e.g. 64,512") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each collective has 1 host or more")
+    return sizes
 
 
 def main():
@@ -415,7 +443,7 @@ def main():
     ap.add_argument("--qps", type=int, default=8, help="fabric QPs per host (a permutation's peers)")
     ap.add_argument("--workers", type=int, default=8, help="writer processes for etcd (threads for HTTP)")
     ap.add_argument("--threads", type=int, default=16, help="hosts writing at once in each etcd writer process")
-    ap.add_argument("--collective", type=int, default=512, help="hosts of the collective that starts "
+    ap.add_argument("--collective", type=_sizes, default=[512], help="hosts of the collective that starts "
                     "once the first QPs are placed")
     ap.add_argument("--singles", type=int, default=30, help="hosts that then add QPs one after another")
     ap.add_argument("--qp-keys", choices=("parts", "per-qp"), default="parts",
@@ -444,8 +472,12 @@ def main():
     print(f"{a.leaves} leaves x {a.hosts} hosts x {a.spines} spines: {len(writes)} hosts start "
           f"{a.qps} fabric QPs each at once ({len(writes) * a.qps} QPs), each first on {first}")
     http = run_http(fabric, bodies, a.workers)
-    later = dict(_more_qps(h, writes[h], rnd, rule, hk) for h in list(writes)[:a.collective])
-    etcd, more = run_etcd(fabric, writes, later, a.workers, a.threads, a.singles, rule, hk, a.pin)
+    collectives, at, order = [], 0, list(writes)
+    for n in a.collective:                     # each collective's hosts, apart from the others'
+        names = [order[(at + i) % len(order)] for i in range(n)]
+        collectives.append(dict(_more_qps(h, writes[h], rnd, rule, hk) for h in names))
+        at += n
+    etcd, more = run_etcd(fabric, writes, collectives, a.workers, a.threads, a.singles, rule, hk, a.pin)
     names = list(dict.fromkeys([*etcd, *http]))
     print(f"{'every host at once':<44}{'etcd (rlbcoord --etcd)':>30}{'HTTP (rlbcoord)':>30}")
     for n in names:

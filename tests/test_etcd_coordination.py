@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -355,3 +356,92 @@ def test_a_qp_that_changes_is_all_the_leader_reads_of_its_host(etcd, monkeypatch
         coord.stop.set()
         coord.join(3.0)
         admin.delete_prefix(keys.ROOT)
+
+
+@pytest.fixture
+def inproc(etcd):
+    """A coordinator in this process, leading, with nothing of an earlier test's in etcd."""
+    admin = user(etcd, etcdauth.ROOT_USER)
+    admin.delete_prefix(keys.ROOT)
+    coord = EtcdCoordination(Coordinator(FABRIC, host_timeout_s=1e9), user(etcd, keys.COORDINATOR_USER),
+                             "inproc", lease_ttl_s=1)
+    coord.start()
+    try:
+        wait(coord.leading.is_set, 10, "the in-process coordinator to lead")
+        assert coord.flushed(5)
+        yield coord
+    finally:
+        coord.stop.set()
+        coord.join(3.0)
+        admin.delete_prefix(keys.ROOT)
+
+
+def test_placing_goes_on_while_etcd_holds_a_write_and_the_newest_placement_lands_last(etcd, inproc, monkeypatch):
+    """A write etcd is slow to take does not hold up placing: while it waits, the placer places
+    the next hosts; their placements wait in the outbox, a newer one replacing one not yet sent;
+    then they go, in order, and etcd ends with the model's placements, each key written once
+    per value that was sent."""
+    coord = inproc
+    gate, held = threading.Event(), threading.Event()
+    real = coord.etcd.apply_parallel
+
+    def slow(*a, **kw):
+        held.set()
+        assert gate.wait(10)
+        return real(*a, **kw)
+    monkeypatch.setattr(coord.etcd, "apply_parallel", slow)
+    h1, h2 = user(etcd, keys.host_user("h1")), user(etcd, keys.host_user("h2"))
+    l1, l2 = h1.lease_grant(10), h2.lease_grant(10)
+    written = coord.counters["placements_written"]
+    try:
+        write_host(h1, "h1", [("h3", 50000 + i, i, 1) for i in range(8)], l1)
+        wait(held.is_set, 5, "the writer to hold h1's placements")
+        batches = coord.counters["batches"]
+        write_host(h2, "h2", [("h4", 40000 + i, i, 1) for i in range(8)], l2)
+        wait(lambda: coord.counters["batches"] > batches, 5, "h2 placed while h1's write waits")
+        batches = coord.counters["batches"]
+        write_host(h2, "h2", [("h4", 40000 + i, i, 1) for i in range(6)], l2)    # 2 of h2's end
+        write_host(h1, "h1", [("h3", 50000 + i, i, 1) for i in range(4)], l1)    # 4 of h1's end
+        wait(lambda: coord.counters["batches"] > batches and len(json.loads(
+            coord.outbox.get(keys.placement_key("h2", "part0"), "{}"))) == 6
+            and len(json.loads(coord.outbox.get(keys.placement_key("h1", "part0"), "{}"))) == 4, 5,
+            "the newest placements of both in the outbox")
+        assert not placements(etcd, "h1") and not placements(etcd, "h2")      # nothing sent yet
+    finally:
+        gate.set()
+    assert coord.flushed(5)
+    model = coord.coord.all_placements()
+    for host, n in (("h1", 4), ("h2", 6)):
+        got = {q: p for q, (p, _) in placements(etcd, host).items()}
+        assert len(got) == n and got == model[host], (host, got, model[host])
+    # h1's first placements, then h1's and h2's newest: h2's first never went
+    assert coord.counters["placements_written"] - written == 3
+
+
+def test_link_loads_go_at_most_every_quarter_second_and_the_last_ones_arrive(etcd, inproc):
+    """Every host watches the leaves' link loads: placements changing in every batch must not
+    rewrite them every batch. 12 hosts' writes 20 ms apart make a dozen batches; the loads of
+    each leaf are written at most once per LINKS_EVERY_S of it, and the last ones, held back,
+    still arrive: etcd ends with the model's loads."""
+    from rlbfabric.coord.etcdrun import LINKS_EVERY_S
+    coord = inproc
+    before, batches = coord.counters["links_written"], coord.counters["batches"]
+    h1 = user(etcd, keys.host_user("h1"))
+    lease = h1.lease_grant(10)
+    t0 = time.monotonic()
+    for n in range(1, 13):
+        write_host(h1, "h1", [("h3", 50000 + i, i, 1) for i in range(n)], lease)
+        time.sleep(0.02)
+    wait(lambda: len(placements(etcd, "h1")) == 12, 5, "h1's 12 placements")
+    assert coord.flushed(5)
+    time.sleep(LINKS_EVERY_S + 0.1)                  # the held-back loads are due
+    assert coord.flushed(5)
+    took = time.monotonic() - t0
+    rounds = int(took / LINKS_EVERY_S) + 1
+    leaves = len(FABRIC.leaves)
+    assert coord.counters["batches"] - batches >= 6
+    assert 0 < coord.counters["links_written"] - before <= rounds * leaves, (coord.counters, took)
+    kvs, _ = user(etcd, etcdauth.ROOT_USER).get_prefix(keys.links_prefix())
+    got = {kv.key[len(keys.links_prefix()):]: json.loads(kv.value)["loads"] for kv in kvs}
+    assert got == json.loads(json.dumps(coord.coord.link_table()))
+    assert got["l1"]["up"]["load"] == [3, 3, 3, 3] and got["l2"]["down"]["load"] == [3, 3, 3, 3]

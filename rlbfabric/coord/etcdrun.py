@@ -34,6 +34,11 @@ from . import keys
 from .service import Coordinator
 
 log = logging.getLogger(__name__)
+# Link loads (links/<leaf>) are written at most this often: every host watches them all, so a
+# write reaches thousands of watchers; during a collective's start placements change in every
+# batch, and a placement a verbs library makes on loads a quarter second old is placed again
+# by the coordinator anyway.
+LINKS_EVERY_S = 0.25
 
 
 class EtcdCoordination:
@@ -59,12 +64,15 @@ class EtcdCoordination:
         self.uplinks: dict[str, dict] = {}
         self.links: dict[str, str] = {}                # leaf -> its link loads, as in etcd
         self._link_text: dict[str, tuple] = {}         # leaf -> (its loads, as text): dumped once
+        self._links_at = 0.0                           # when link loads were last written
+        self._links_due = False                        # ... and some are held back since
+        self._placed_through = 0                       # the revision the last placement read up to
         self.through = 0                               # the revision the mirror has read up to
         self.lease = 0
         self.leader_rev = 0                            # our leader key's create revision
         self.leader: str | None = None
         self.synced = threading.Event()                # the mirror has been read once
-        self.counters = {"batches": 0, "placements_written": 0, "placements_deleted": 0,
+        self.counters = {"batches": 0, "placements_written": 0, "placements_deleted": 0, "links_written": 0,
                          "takeovers": 0, "refused": 0, "fenced": 0, "etcd_refusals": 0,
                          # CPU seconds of the follower (reading changes) and the placer (solving,
                          # writing): the coordinator's cost, apart from its HTTP status server
@@ -236,20 +244,15 @@ class EtcdCoordination:
 
     def write_placements(self, through: int = 0):
         """The model's placements against etcd's: only the differences, fenced by leadership.
-        A leaf's link loads are written when they changed, saying which revision of the hosts'
-        writes they include (`through`): a host's verbs library counts its own QPs written
-        after that as pending."""
+        A leaf's link loads are written when they changed, at most every LINKS_EVERY_S, saying
+        which revision of the hosts' writes they include (`through`): a host's verbs library
+        counts its own QPs written after that as pending."""
         changed = self.coord.take_changed()
         if self._compare_all:                          # a new leader: everything against etcd
             changed, self._compare_all = set(self.coord.hosts) | set(self.placed), False
+            self._links_at = 0.0
         want = self.coord.all_placements(changed)
         parts = {host: keys.placement_parts(want.get(host, {})) for host in changed}
-        links = {}
-        for leaf, v in self.coord.link_table().items():
-            had = self._link_text.get(leaf)          # most leaves' loads did not change: no text
-            if had is None or had[0] != v:
-                self._link_text[leaf] = had = (v, json.dumps(v, sort_keys=True))
-            links[leaf] = had[1]
         out: dict[str, str | None] = {}
         with self.writing:
             pending = dict(self.outbox)
@@ -264,14 +267,48 @@ class EtcdCoordination:
                     key = keys.placement_key(host, k)
                     if k not in new and pending.get(key, "") is not None:
                         out[key] = None
-            for leaf, v in links.items():
-                key = keys.links_prefix() + leaf
-                if self.links.get(leaf) != v or key in pending:
-                    out[key] = json.dumps({"loads": json.loads(v), "through": through})
+        self._placed_through = through
+        if time.monotonic() - self._links_at >= LINKS_EVERY_S:
+            out.update(self._link_writes(pending))
+        else:
+            self._links_due = True
         if out:
             with self.writing:
                 self.outbox.update(out)
                 self.writing.notify_all()
+
+    def _link_writes(self, pending: dict) -> dict[str, str]:
+        """The leaves' link loads that differ from etcd's (or from what is on its way). Every
+        host watches them all, so each write reaches thousands: they go at most every
+        LINKS_EVERY_S, however often placements change."""
+        self._links_at, self._links_due = time.monotonic(), False
+        out = {}
+        for leaf, v in self.coord.link_table().items():
+            had = self._link_text.get(leaf)          # most leaves' loads did not change: no text
+            if had is None or had[0] != v:
+                self._link_text[leaf] = had = (v, json.dumps(v, sort_keys=True))
+            key = keys.links_prefix() + leaf
+            with self.lock:
+                differs = self.links.get(leaf) != had[1]
+            if differs or key in pending:
+                out[key] = json.dumps({"loads": v, "through": self._placed_through}, sort_keys=True)
+        return out
+
+    def _links_if_due(self):
+        """The link loads held back by LINKS_EVERY_S, once it has passed."""
+        if not self._links_due or time.monotonic() - self._links_at < LINKS_EVERY_S:
+            return
+        with self.placing:
+            if not self.leading.is_set():
+                self._links_due = False                # a new leader writes them all anyway
+                return
+            with self.writing:
+                pending = dict(self.outbox)
+            out = self._link_writes(pending)
+            if out:
+                with self.writing:
+                    self.outbox.update(out)
+                    self.writing.notify_all()
 
     def write(self):
         """The writer: whatever the outbox holds, as one set of fenced transactions sent at once;
@@ -329,7 +366,9 @@ class EtcdCoordination:
                 for k in d:
                     _, host, rest = keys.split(k)
                     self.placed.get(host, {}).pop(rest, None)
-                self.counters["placements_written"] += sum(1 for k in p if not k.startswith(keys.links_prefix()))
+                n_links = sum(1 for k in p if k.startswith(keys.links_prefix()))
+                self.counters["links_written"] += n_links
+                self.counters["placements_written"] += len(p) - n_links
                 self.counters["placements_deleted"] += len(d)
 
     # ---- leadership ------------------------------------------------------------------------
@@ -396,12 +435,14 @@ class EtcdCoordination:
         solve and one set of writes. While a batch is placed the next accumulates, so a
         collective's thousands of host writes cost a handful of solves, not one each."""
         while not self.stop.is_set():
-            if not self.wake.wait(0.5):
-                continue
-            self.wake.clear()
+            wait = 0.5 if not self._links_due else max(0.0, self._links_at + LINKS_EVERY_S - time.monotonic())
+            woken = self.wake.wait(wait)
             t = time.thread_time()
             try:
-                self._place_if_leading()
+                if woken:
+                    self.wake.clear()
+                    self._place_if_leading()
+                self._links_if_due()
                 self.health.ok("etcd-placer")
             except (EtcdUnavailable, EtcdError) as e:
                 log.warning("%s: placements not written (%s); again at the next change", self.name, e)

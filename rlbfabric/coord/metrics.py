@@ -88,6 +88,8 @@ class EtcdCollector:
                 ("placements_written", "rlb_coord_etcd_placements_written",
                  "placement keys written (a host's placements: one key per 1024 QPs)"),
                 ("placements_deleted", "rlb_coord_etcd_placements_deleted", "placement keys deleted"),
+                ("links_written", "rlb_coord_etcd_link_loads_written", "leaves' link-load keys written "
+                 "(every host watches them: at most every 0.25 s)"),
                 ("takeovers", "rlb_coord_etcd_takeovers", "times this coordinator became the leader"),
                 ("fenced", "rlb_coord_etcd_fenced", "placement writes refused because another leads"),
                 ("refused", "rlb_coord_etcd_unreadable_keys", "keys under the fabric's tree that no "
@@ -95,7 +97,8 @@ class EtcdCollector:
                 ("etcd_refusals", "rlb_coord_etcd_refusals", "reads etcd refused (authentication, "
                  "permission)"),
                 ("follow_cpu_s", "rlb_coord_etcd_follow_cpu_seconds", "CPU spent following the tree"),
-                ("place_cpu_s", "rlb_coord_etcd_place_cpu_seconds", "CPU spent placing and writing"))
+                ("place_cpu_s", "rlb_coord_etcd_place_cpu_seconds", "CPU spent placing (solving, and "
+                 "comparing with what etcd holds)"))
 
     def __init__(self, status):
         self.status = status
