@@ -36,10 +36,22 @@ class BadRequest(Exception):
     """A report that cannot be read (HTTP 400)."""
 
 
-def _int(v, name: str, lo: int, hi: int) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-        raise BadRequest(f"{name} must be a whole number {lo}-{hi}, not {v!r}")
+def _int(v, name, field: str, lo: int, hi: int) -> int:
+    """`name`.`field` as a whole number lo-hi, or BadRequest (the name is spelt out only then:
+    a collective's reports read tens of thousands of fields)."""
+    if type(v) is not int or not lo <= v <= hi:
+        raise BadRequest(f"{_label(name)}{field} must be a whole number {lo}-{hi}, not {v!r}")
     return v
+
+
+def _label(name) -> str:
+    """A QP's name in a refusal, built only then: text as given, an index into a report's list
+    (qps[i]) or (peer, sport, qp)."""
+    if isinstance(name, str):
+        return name
+    if isinstance(name, int):
+        return f"qps[{name}]"
+    return "QP {} {} {}".format(*name)
 
 
 def _addr(v, name: str) -> ipaddress.IPv6Address:
@@ -146,9 +158,9 @@ class Coordinator:
         seen, gone = {}, set()
         for (peer, sport, qpn), q in qps.items():
             if q is None:
-                gone.add((host, self._peer(peer, "peer")[2], sport, qpn))
+                gone.add((host, self._peer(peer, (peer, sport, qpn))[2], sport, qpn))
                 continue
-            got = self._qp(host, q, f"QP {peer} {sport} {qpn}", context, received)
+            got = self._qp(host, q, (peer, sport, qpn), context, received)
             if got is not None:
                 seen[got[0]] = got[1]
         return seen, gone
@@ -215,35 +227,35 @@ class Coordinator:
         received = self.clock()
         context = (valid, tables, {})
         for i, q in enumerate(qps):
-            got = self._qp(host, q, f"qps[{i}]", context, received)
+            got = self._qp(host, q, i, context, received)
             if got is not None:
                 seen[got[0]] = got[1]
         self._context[host] = context
         return seen
 
-    def _qp(self, host: str, q, name: str, context: tuple, received: float):
+    def _qp(self, host: str, q, name, context: tuple, received: float):
         """(QP key, QpInfo) of one QP of a report, None for a peer outside the fabric, or
         BadRequest. `context`: the host's valid paths, weight tables and the weights already
         looked up per peer (a collective names the same peers in QP after QP)."""
         if not isinstance(q, dict):
-            raise BadRequest(f"{name} must be an object")
+            raise BadRequest(f"{_label(name)} must be an object")
         valid, tables, by_peer = context
-        peer, dst, text = self._peer(q.get("peer"), f"{name}.peer")
-        sport = _int(q.get("sport"), f"{name}.sport", 0, 65535)
-        qpn = _int(q.get("qp"), f"{name}.qp", 0, (1 << 24) - 1)
+        peer, dst, text = self._peer(q.get("peer"), name)
+        sport = _int(q.get("sport"), name, ".sport", 0, 65535)
+        qpn = _int(q.get("qp"), name, ".qp", 0, (1 << 24) - 1)
         path = q.get("path")
         if path is not None:
-            path = _int(path, f"{name}.path", 1, self.fabric.paths)
-        nbytes = _int(q.get("bytes", 0), f"{name}.bytes", 0, 1 << 63)
+            path = _int(path, name, ".path", 1, self.fabric.paths)
+        nbytes = _int(q.get("bytes", 0), name, ".bytes", 0, 1 << 63)
         fixed = q.get("fixed", False)
         if not isinstance(fixed, bool) or (fixed and path is None):
-            raise BadRequest(f"{name}.fixed must be true or false, and a fixed QP needs its path")
+            raise BadRequest(f"{_label(name)}.fixed must be true or false, and a fixed QP needs its path")
         active = q.get("active", True)
         if not isinstance(active, bool):
-            raise BadRequest(f"{name}.active must be true or false")
+            raise BadRequest(f"{_label(name)}.active must be true or false")
         idle_ms = q.get("idle_ms", 0)
         if isinstance(idle_ms, bool) or not isinstance(idle_ms, (int, float)) or not 0 <= idle_ms <= 1e9:
-            raise BadRequest(f"{name}.idle_ms must be a number of milliseconds, not {idle_ms!r}")
+            raise BadRequest(f"{_label(name)}.idle_ms must be a number of milliseconds, not {idle_ms!r}")
         if dst is None:
             return None                        # a peer outside the fabric: nothing to place
         if fixed:                              # placed through verbs: its path cannot change
@@ -260,13 +272,13 @@ class Coordinator:
         last = None if active or fixed else received - idle_ms / 1000
         return (host, text, sport, qpn), QpInfo(host, dst, path, weights, nbytes, fixed, last)
 
-    def _peer(self, v, name: str) -> tuple[ipaddress.IPv6Address, str | None, str]:
+    def _peer(self, v, name) -> tuple[ipaddress.IPv6Address, str | None, str]:
         """A QP's peer address, the host it belongs to (None: outside the fabric) and the
         address's canonical text (the QP's key), remembered by the text given: every report
         names the same few thousand addresses again."""
         got = self._peers.get(v) if isinstance(v, str) else None
         if got is None:
-            a = _addr(v, name)
+            a = _addr(v, f"{_label(name)}.peer")
             got = (a, self.placer.host_at(a), str(a))
             if len(self._peers) >= PEER_CACHE:        # foreign addresses must not grow it for good
                 self._peers.clear()

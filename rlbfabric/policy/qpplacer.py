@@ -43,6 +43,7 @@ TIERS = 3                 # generations placed apart: the newest, the one before
 GENERATION_GAP_S = 0.1    # idle QPs whose last packets are this much apart belong to different ones
 BUCKET_S = 0.02           # last-packet times are grouped at this resolution (work per solve)
 _UNFILED = object()       # a QP in no bucket yet (None is a bucket: the QPs active now)
+SHAPES = 8192             # weights tables whose allowed paths and colour weights are kept
 
 
 class QpPlacer:
@@ -73,6 +74,7 @@ class QpPlacer:
         self.by_host: dict[str, set] = {}            # sending host -> its fabric-crossing QPs
         self.link_up: dict[tuple[int, int], bool] = {}
         self.last_changed: set = set()               # keys whose colour the last solve changed
+        self._shapes: dict[int, tuple] = {}          # id(weights) -> (weights, allowed, per colour)
         for lf in fabric.leaves:
             self._apply_caps(self.leaf_index[lf.name])
 
@@ -115,14 +117,28 @@ class QpPlacer:
         """The same for an address already read (not parsed again)."""
         return self.prefix_host.get(int(address) >> 64)
 
-    def colour_weights(self, weights: dict[int, float]) -> list[float]:
+    def colour_weights(self, weights: dict[int, float]) -> tuple[float, ...]:
         """A QP's path weights per colour (the best path of each colour when paths > uplinks)."""
+        return self._shape(weights)[1]
+
+    def _shape(self, weights: dict[int, float]) -> tuple[frozenset, tuple[float, ...]]:
+        """(the paths allowed, the weights per colour) of a weights table. A host's QPs towards
+        one peer share one table (the coordinator looks it up once per peer), so both are
+        worked out once per table, found again by its identity (the entry holds the table, so
+        the identity cannot pass to another while it is there)."""
+        got = self._shapes.get(id(weights))
+        if got is not None and got[0] is weights:
+            return got[1], got[2]
         out = [0.0] * self.n_colours
         for k, w in weights.items():
             c = self.colour_of_path.get(k)
             if c is not None:
                 out[c] = max(out[c], w)
-        return out
+        got = (weights, frozenset(k for k, w in weights.items() if w > 0), tuple(out))
+        if len(self._shapes) >= SHAPES:             # bounded: tables come and go with reports
+            self._shapes.clear()
+        self._shapes[id(weights)] = got
+        return got[1], got[2]
 
     def add(self, key: Hashable, qp: QpInfo):
         if key in self.qps or key in self.local:
@@ -133,12 +149,13 @@ class QpPlacer:
             return
         self.qps[key] = qp
         self.by_host.setdefault(qp.src, set()).add(key)
-        colour = self.colour_of_path.get(qp.path) if qp.path in qp.allowed else None
+        allowed, per_colour = self._shape(qp.weights)
+        colour = self.colour_of_path.get(qp.path) if qp.path in allowed else None
         bucket = self._bucket(qp)
         tier = self.bucket_tier.get(bucket, 0)
         self._file(key, bucket)
         self.tier_of[key] = tier
-        self.tiers[tier].add(key, a, b, colour=colour, weights=self.colour_weights(qp.weights))
+        self.tiers[tier].add(key, a, b, colour=colour, weights=per_colour)
 
     def remove(self, key: Hashable) -> bool:
         if self.local.pop(key, None) is not None:
@@ -250,10 +267,11 @@ class QpPlacer:
         c = self.colour(key)
         if c is None:
             return None
-        if qp.path in qp.allowed and self.colour_of_path.get(qp.path) == c:
+        allowed = self._shape(qp.weights)[0]
+        if qp.path in allowed and self.colour_of_path.get(qp.path) == c:
             return qp.path          # where it is already: nothing to change
         # several paths share a colour when paths > uplinks: the lowest allowed one
-        return min(k for k in qp.allowed if self.colour_of_path.get(k) == c)
+        return min(k for k in allowed if self.colour_of_path.get(k) == c)
 
     def placements(self, host: str) -> dict[Hashable, int]:
         out = {}
