@@ -28,6 +28,7 @@ import threading
 import time
 
 from rlbcommon.etcd import Etcd, EtcdCompacted, EtcdError, EtcdUnavailable, created
+from rlbcommon.heap import Heap
 from rlbcommon.health import Health
 
 from . import keys
@@ -43,8 +44,9 @@ LINKS_EVERY_S = 0.25
 
 class EtcdCoordination:
     def __init__(self, coord: Coordinator, etcd: Etcd, name: str, lease_ttl_s: int = 2,
-                 retry_s: float = 0.1, health: Health | None = None):
+                 retry_s: float = 0.1, health: Health | None = None, heap: Heap | None = None):
         self.coord, self.etcd, self.name = coord, etcd, name
+        self.heap = heap or Heap()                     # the model out of the collector's sight
         self.lease_ttl_s, self.retry_s = lease_ttl_s, retry_s
         self.health = health or Health()
         self.stop = threading.Event()
@@ -165,6 +167,7 @@ class EtcdCoordination:
         while not self.stop.is_set():
             try:
                 rev = self._load()
+                self.heap.settle()
                 self.through = rev
                 self.synced.set()
                 if self._down_logged or self._refused_logged:
@@ -178,6 +181,7 @@ class EtcdCoordination:
                             self._put(e.kv.key, None if e.kind == "delete" else e.kv.value)
                         self.through = rev - 1           # the store's changes read so far
                     self.wake.set()      # the placer takes whatever has come by then: one solve
+                    self.heap.settle()
                     self.counters["follow_cpu_s"] += time.thread_time() - t
                     self.health.ok("etcd-follower")
             except EtcdUnavailable as e:
@@ -442,6 +446,11 @@ class EtcdCoordination:
                 if woken:
                     self.wake.clear()
                     self._place_if_leading()
+                    self.heap.settle()
+                else:
+                    with self.lock:
+                        idle = not self.dirty
+                    self.heap.collect_if_due(idle and not self.wake.is_set())
                 self._links_if_due()
                 self.health.ok("etcd-placer")
             except (EtcdUnavailable, EtcdError) as e:
