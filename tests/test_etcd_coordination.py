@@ -226,6 +226,43 @@ def test_the_host_client_writes_changes_only_and_applies_watched_placements(etcd
         client.stop.set()
 
 
+def test_a_host_with_many_qps_writes_them_in_parts_that_split_and_merge(etcd):
+    """200 QPs are 4 keys (64 a key or fewer on average); a QP that moves rewrites one of them;
+    down to 20 QPs they are one key again and the others are deleted. etcd holds exactly the
+    host's QPs throughout."""
+    from rlbhost.etcdclient import EtcdCoordinatorClient
+    admin = user(etcd, etcdauth.ROOT_USER)
+    admin.delete_prefix(keys.ROOT)
+    live = [{"peer": addr("h3", 1 + i % 4), "sport": 50000 + i, "qp": i, "path": 0, "idle_ms": 0,
+             "active": True, "bytes": 10} for i in range(200)]           # all on path 1 (index 0)
+    dp = FakeHostDataplane("h1", live)
+    client = EtcdCoordinatorClient(dp, "h1", user(etcd, keys.host_user("h1")), memory_s=0.3)
+
+    def in_etcd() -> tuple[int, dict]:
+        kvs, _ = admin.get_prefix(keys.qps_prefix("h1"))
+        qps = {}
+        for kv in kvs:
+            got = keys.read_qps(kv.key[len(keys.qps_prefix("h1")):], kv.value)
+            assert not qps.keys() & got.keys()
+            qps.update(got)
+        return len(kvs), {q: v["path"] for q, v in qps.items()}
+    try:
+        assert client.report_once() == 5                         # the report and 4 parts
+        n, qps = in_etcd()
+        assert n == 4 and qps == {(q["peer"], q["sport"], q["qp"]): 1 for q in live}
+        live[7]["path"] = 1                                      # to path 2
+        assert client.report_once() == 1                         # one part rewritten
+        assert in_etcd()[1][(live[7]["peer"], live[7]["sport"], 7)] == 2
+        dp._qps = live[:20]
+        time.sleep(0.4)                                          # the others forgotten
+        client.report_once()
+        n, qps = in_etcd()
+        assert n == 1 and qps == {(q["peer"], q["sport"], q["qp"]): q["path"] + 1 for q in live[:20]}
+    finally:
+        client.stop.set()
+        admin.delete_prefix(keys.ROOT)
+
+
 def test_the_coordinators_link_loads_reach_the_verbs_librarys_view_through_etcd(etcd, coords):
     """A verbs QP decided on h1 (path 2, fixed) is written as h1's; the leader writes l1's and
     l2's link loads, which h1's view (what new verbs QPs are placed by) receives by its watch."""
