@@ -242,6 +242,8 @@ class QpPlacer:
         moved = 0
         self.last_changed: set = set()
         for k, t in enumerate(self.tiers):
+            if k and not len(t):
+                continue          # no QP of this generation: its room is worked out once it has one
             if k:
                 base = self.loads(tiers=k)         # the newer generations, as just placed
                 for side in (UP, DOWN):
