@@ -349,52 +349,6 @@ def test_a_host_etcd_refuses_asks_again_only_after_a_second(etcd):
         client.stop.set()
 
 
-def test_a_qp_that_changes_is_all_the_leader_reads_of_its_host(etcd, monkeypatch):
-    """The follower feeds single QPs to the model: h1's 32 QPs are one key; h1 rewrites it with
-    one QP idle and one gone, and the leader reads that one QP (not h1's 32), its placement of
-    the gone one goes in one write of h1's placement key, and the rest stay where they were. An
-    older host's key for one QP is read alike."""
-    admin = user(etcd, etcdauth.ROOT_USER)
-    admin.delete_prefix(keys.ROOT)
-    coord = EtcdCoordination(Coordinator(FABRIC, host_timeout_s=1e9), user(etcd, keys.COORDINATOR_USER),
-                             "inproc", lease_ttl_s=1)
-    coord.start()
-    try:
-        wait(coord.leading.is_set, 10, "the in-process coordinator to lead")
-        h1 = user(etcd, keys.host_user("h1"))
-        lease = h1.lease_grant(10)
-        write_host(h1, "h1", [("h3", 50000 + i, i, 1) for i in range(32)], lease)
-        wait(lambda: len(placements(etcd, "h1")) == 32, 5, "h1's 32 placements")
-        before = placements(etcd, "h1")
-        assert len({rev for _, rev in before.values()}) == 1          # one key holds h1's 32
-        assert len(admin.get_prefix(keys.qps_prefix("h1"))[0]) == 1  # and one key h1's QPs
-        written = dict(coord.counters)
-        read = []
-        real = coord.coord._qp
-        monkeypatch.setattr(coord.coord, "_qp", lambda *a: read.append(a[2]) or real(*a))
-        h3 = addr("h3", 1)
-        qps = {(h3, 50000 + i, i): {"path": 1, "active": True} for i in range(32)}
-        qps[(h3, 50000, 0)] = {"path": 1, "active": False, "since": time.time()}
-        gone = (h3, 50001, 1)
-        del qps[gone]
-        h1.apply(qp_parts("h1", qps), lease=lease)
-        wait(lambda: gone not in placements(etcd, "h1"), 5, "the gone QP's placement to go")
-        time.sleep(0.3)
-        after = placements(etcd, "h1")
-        assert len(read) == 1 and len(coord.coord.hosts["h1"]["keys"]) == 31, read
-        assert {q: p for q, (p, _) in after.items()} == {q: p for q, (p, _) in before.items() if q != gone}
-        assert coord.counters["placements_written"] - written["placements_written"] == 1
-        assert coord.counters["placements_deleted"] == written["placements_deleted"]
-        new = (h3, 50099, 99)                                       # as an older rlbhost writes it
-        h1.put(keys.qp_key("h1", new), json.dumps({"path": 2, "active": True}), lease=lease)
-        wait(lambda: new in placements(etcd, "h1"), 5, "the older key's QP placed")
-        assert len(read) == 2 and len(coord.coord.hosts["h1"]["keys"]) == 32, read
-    finally:
-        coord.stop.set()
-        coord.join(3.0)
-        admin.delete_prefix(keys.ROOT)
-
-
 @pytest.fixture
 def inproc(etcd):
     """A coordinator in this process, leading, with nothing of an earlier test's in etcd."""
@@ -411,6 +365,43 @@ def inproc(etcd):
         coord.stop.set()
         coord.join(3.0)
         admin.delete_prefix(keys.ROOT)
+
+
+def test_a_qp_that_changes_is_all_the_leader_reads_of_its_host(etcd, inproc, monkeypatch):
+    """The follower feeds single QPs to the model: h1's 32 QPs are one key; h1 rewrites it with
+    one QP idle and one gone, and the leader reads that one QP (not h1's 32), its placement of
+    the gone one goes in one write of h1's placement key, and the rest stay where they were. An
+    older host's key for one QP is read alike."""
+    coord, admin = inproc, user(etcd, etcdauth.ROOT_USER)
+    h1 = user(etcd, keys.host_user("h1"))
+    lease = h1.lease_grant(10)
+    write_host(h1, "h1", [("h3", 50000 + i, i, 1) for i in range(32)], lease)
+    wait(lambda: len(placements(etcd, "h1")) == 32, 5, "h1's 32 placements")
+    before = placements(etcd, "h1")
+    assert len({rev for _, rev in before.values()}) == 1          # one key holds h1's 32
+    assert len(admin.get_prefix(keys.qps_prefix("h1"))[0]) == 1  # and one key h1's QPs
+    written = dict(coord.counters)
+    read = []
+    real = coord.coord._qp
+    monkeypatch.setattr(coord.coord, "_qp", lambda *a: read.append(a[2]) or real(*a))
+    h3 = addr("h3", 1)
+    qps = {(h3, 50000 + i, i): {"path": 1, "active": True} for i in range(32)}
+    qps[(h3, 50000, 0)] = {"path": 1, "active": False, "since": time.time()}
+    gone = (h3, 50001, 1)
+    del qps[gone]
+    h1.apply(qp_parts("h1", qps), lease=lease)
+    wait(lambda: gone not in placements(etcd, "h1"), 5, "the gone QP's placement to go")
+    time.sleep(0.3)
+    after = placements(etcd, "h1")
+    assert len(read) == 1 and len(coord.coord.hosts["h1"]["keys"]) == 31, read
+    assert {q: p for q, (p, _) in after.items()} == {q: p for q, (p, _) in before.items() if q != gone}
+    assert coord.counters["placements_written"] - written["placements_written"] == 1
+    assert coord.counters["placements_deleted"] == written["placements_deleted"]
+    new = (h3, 50099, 99)                                       # as an older rlbhost writes it
+    h1.put(keys.qp_key("h1", new), json.dumps({"path": 2, "active": True}), lease=lease)
+    wait(lambda: new in placements(etcd, "h1"), 5, "the older key's QP placed")
+    assert len(read) == 2 and len(coord.coord.hosts["h1"]["keys"]) == 32, read
+
 
 
 def test_placing_goes_on_while_etcd_holds_a_write_and_the_newest_placement_lands_last(etcd, inproc, monkeypatch):

@@ -330,22 +330,22 @@ class EtcdCoordination:
                 self.health.ok("etcd-writer")
             except (EtcdUnavailable, EtcdError) as e:
                 log.warning("%s: placements not written (%s); again at the next change", self.name, e)
-                with self.lock:
-                    self.dirty.add("")
-                    self._compare_all = True           # what was not written is compared again
-                self.stop.wait(0.2)
-                self.wake.set()
+                self._again(0.2)
             except Exception as e:                     # noqa: BLE001 - logged, counted, again
                 self.health.failed("etcd-writer", e, log, ())
-                with self.lock:
-                    self.dirty.add("")
-                    self._compare_all = True
-                self.stop.wait(0.5)
-                self.wake.set()
+                self._again(0.5)
             finally:
                 with self.writing:
                     self.sending = False
                     self.writing.notify_all()
+
+    def _again(self, pause_s: float):
+        """After a failed write: what was not written is compared again at the next batch."""
+        with self.lock:
+            self.dirty.add("")
+            self._compare_all = True
+        self.stop.wait(pause_s)
+        self.wake.set()
 
     def flushed(self, timeout: float) -> bool:
         """Wait until everything placed so far has been sent (tests, benches, a graceful stop)."""
@@ -455,11 +455,7 @@ class EtcdCoordination:
                 self.health.ok("etcd-placer")
             except (EtcdUnavailable, EtcdError) as e:
                 log.warning("%s: placements not written (%s); again at the next change", self.name, e)
-                with self.lock:
-                    self.dirty.add("")
-                    self._compare_all = True           # what was not written is compared again
-                self.stop.wait(0.2)
-                self.wake.set()
+                self._again(0.2)
             except Exception as e:                     # noqa: BLE001 - logged, counted, again
                 self.health.failed("etcd-placer", e, log, ())
                 self.stop.wait(0.5)

@@ -102,8 +102,13 @@ def host_part_count(n_qps: int, have: int = 1) -> int:
 def qp_parts(qps: dict[QpId, dict], n: int) -> dict[str, str]:
     """A host's QPs in `n` parts: the keys' names below qps_prefix and their values (canonical
     text: equal QPs give equal values, so a writer compares text)."""
-    parts: dict[str, dict[str, dict]] = {}
-    for q, v in qps.items():
+    return _parts(qps, n)
+
+
+def _parts(values: dict[QpId, object], n: int) -> dict[str, str]:
+    """QPs' values in n keys, each QP in the one its name hashes to: {"partK": canonical text}."""
+    parts: dict[str, dict] = {}
+    for q, v in values.items():
         name = qp_name(q)
         parts.setdefault(f"part{zlib.crc32(name.encode()) % n}", {})[name] = v
     return {k: json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in parts.items()}
@@ -140,12 +145,7 @@ PART_QPS = 1024
 def placement_parts(placed: dict[QpId, int]) -> dict[str, str]:
     """A host's placements as its placement keys' names and values (none: no key at all). The
     text is canonical: equal placements give equal values, so a writer compares text."""
-    n = -(-len(placed) // PART_QPS)
-    parts: dict[str, dict[str, int]] = {}
-    for q, path in placed.items():
-        name = qp_name(q)
-        parts.setdefault(f"part{zlib.crc32(name.encode()) % n}", {})[name] = path
-    return {k: json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in parts.items()}
+    return _parts(placed, -(-len(placed) // PART_QPS))
 
 
 def placement_key(host: str, part: str) -> str:
