@@ -473,3 +473,37 @@ def test_link_loads_go_at_most_every_quarter_second_and_the_last_ones_arrive(etc
     got = {kv.key[len(keys.links_prefix()):]: json.loads(kv.value)["loads"] for kv in kvs}
     assert got == json.loads(json.dumps(coord.coord.link_table()))
     assert got["l1"]["up"]["load"] == [3, 3, 3, 3] and got["l2"]["down"]["load"] == [3, 3, 3, 3]
+
+
+def test_what_an_earlier_term_of_leadership_left_unsent_is_never_written_in_a_later_one(etcd):
+    """A coordinator that lost the leader key and won it again (a new term: a new create
+    revision) drops what its earlier term left in the outbox, and a batch of the earlier term
+    that reaches etcd late is refused by the fence without deposing the new term."""
+    admin = user(etcd, etcdauth.ROOT_USER)
+    admin.delete_prefix(keys.ROOT)
+    me = user(etcd, keys.COORDINATOR_USER)
+    coord = EtcdCoordination(Coordinator(FABRIC, host_timeout_s=1e9), me, "terms", lease_ttl_s=5)
+    lease = me.lease_grant(5)
+
+    def term() -> int:
+        assert me.create(keys.leader_key(), "terms", lease)
+        return me.get(keys.leader_key()).create_revision
+    try:
+        coord.leader_rev = first = term()
+        coord.leading.set()
+        stale, fresh = keys.placement_key("h1", "part0"), keys.placement_key("h2", "part0")
+        coord._enqueue({stale: '{"fd00::1_1_1":1}'})
+        admin.delete(keys.leader_key())                       # lost, and won again
+        coord.leader_rev = term()
+        assert coord._pending() == {}
+        coord._enqueue({fresh: '{"fd00::2_2_2":2}'})
+        assert coord.outbox == {fresh: '{"fd00::2_2_2":2}'}
+        threading.Thread(target=coord.write, daemon=True).start()
+        assert coord.flushed(5)
+        assert admin.get(fresh) is not None and admin.get(stale) is None
+        coord._fenced({stale: '{"fd00::1_1_1":1}'}, [], first)    # the earlier term's, late
+        assert admin.get(stale) is None and coord.leading.is_set() and coord.counters["fenced"] == 1
+    finally:
+        coord.stop.set()
+        me.lease_revoke(lease)
+        admin.delete_prefix(keys.ROOT)

@@ -19,7 +19,8 @@ same state, read from etcd as it changes.
   newest value replaces one not yet sent) and solves the next batch while a writer thread sends
   them, several transactions at once. During a collective etcd is busy with the hosts' own
   writes, and a write of a few hundred hosts waited there one round trip per 128 keys, in
-  turn, while the next hosts' QPs waited for the placer."""
+  turn, while the next hosts' QPs waited for the placer. Each write is fenced by the term
+  (leader key revision) it was placed under; what a lost term left unsent is dropped."""
 from __future__ import annotations
 
 import json
@@ -56,6 +57,7 @@ class EtcdCoordination:
         self.wake = threading.Event()                  # the mirror changed: place
         self.writing = threading.Condition()           # the outbox, between placer and writer
         self.outbox: dict[str, str | None] = {}         # key -> value to write (None: delete)
+        self.outbox_term = 0                           # the leader key's revision it was placed under
         self.sending = False                           # the writer holds a batch of the outbox
         self.vacant = threading.Event()                # the leader key was deleted
         self.reports: dict[str, dict] = {}             # host -> {"report": dict | None, "qps": {QpId: dict}}
@@ -258,8 +260,7 @@ class EtcdCoordination:
         want = self.coord.all_placements(changed)
         parts = {host: keys.placement_parts(want.get(host, {})) for host in changed}
         out: dict[str, str | None] = {}
-        with self.writing:
-            pending = dict(self.outbox)
+        pending = self._pending()
         with self.lock:                                # against etcd's, or what is on its way
             for host, new in parts.items():
                 have = self.placed.get(host, {})
@@ -276,10 +277,23 @@ class EtcdCoordination:
             out.update(self._link_writes(pending))
         else:
             self._links_due = True
-        if out:
-            with self.writing:
-                self.outbox.update(out)
-                self.writing.notify_all()
+        self._enqueue(out)
+
+    def _pending(self) -> dict[str, str | None]:
+        """What waits in the outbox, placed while leading as now (an earlier term's is void)."""
+        with self.writing:
+            return dict(self.outbox) if self.outbox_term == self.leader_rev else {}
+
+    def _enqueue(self, out: dict[str, str | None]):
+        """Writes for the writer; a newer value of a key replaces one not sent yet. What an
+        earlier term of leadership left is dropped: the new term compares everything afresh."""
+        if not out:
+            return
+        with self.writing:
+            if self.outbox_term != self.leader_rev:
+                self.outbox, self.outbox_term = {}, self.leader_rev
+            self.outbox.update(out)
+            self.writing.notify_all()
 
     def _link_writes(self, pending: dict) -> dict[str, str]:
         """The leaves' link loads that differ from etcd's (or from what is on its way). Every
@@ -306,13 +320,7 @@ class EtcdCoordination:
             if not self.leading.is_set():
                 self._links_due = False                # a new leader writes them all anyway
                 return
-            with self.writing:
-                pending = dict(self.outbox)
-            out = self._link_writes(pending)
-            if out:
-                with self.writing:
-                    self.outbox.update(out)
-                    self.writing.notify_all()
+            self._enqueue(self._link_writes(self._pending()))
 
     def write(self):
         """The writer: whatever the outbox holds, as one set of fenced transactions sent at once;
@@ -322,11 +330,11 @@ class EtcdCoordination:
             with self.writing:
                 if not self.outbox and not self.writing.wait(0.5):
                     continue
-                batch, self.outbox, self.sending = self.outbox, {}, True
+                batch, term, self.outbox, self.sending = self.outbox, self.outbox_term, {}, True
             try:
                 if self.leading.is_set():
                     self._fenced({k: v for k, v in batch.items() if v is not None},
-                                 [k for k, v in batch.items() if v is None])
+                                 [k for k, v in batch.items() if v is None], term)
                 self.health.ok("etcd-writer")
             except (EtcdUnavailable, EtcdError) as e:
                 log.warning("%s: placements not written (%s); again at the next change", self.name, e)
@@ -352,13 +360,15 @@ class EtcdCoordination:
         with self.writing:
             return self.writing.wait_for(lambda: not self.outbox and not self.sending, timeout)
 
-    def _fenced(self, puts: dict[str, str], deletes: list[str]):
-        sent = self.etcd.apply_parallel(puts, deletes, compare=[created(keys.leader_key(), self.leader_rev)])
+    def _fenced(self, puts: dict[str, str], deletes: list[str], term: int):
+        """Writes that apply only while the leader key of `term` (its create revision) is ours."""
+        sent = self.etcd.apply_parallel(puts, deletes, compare=[created(keys.leader_key(), term)])
         done = [(p, d) for p, d, rev in sent if rev]
         if len(done) < len(sent):
             self.counters["fenced"] += 1
-            self.leading.clear()
-            log.warning("%s: no longer the leader (placements not written)", self.name)
+            if term == self.leader_rev:                # not an earlier term's leftovers
+                self.leading.clear()
+                log.warning("%s: no longer the leader (placements not written)", self.name)
         with self.lock:                                # as the watch will bring them back
             for p, d in done:
                 for k, v in p.items():
