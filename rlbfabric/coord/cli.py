@@ -16,6 +16,7 @@ from typing import Optional
 import typer
 
 from rlbcommon import cli as common, coordapi
+from rlbcommon.heap import Heap
 from rlbfabric.fabric import FabricError, load
 
 from . import COORDINATORS, etcdauth, hregistry, keys, service  # noqa: F401 - the kinds' coordinators register themselves
@@ -89,10 +90,16 @@ def run(
         log.info("%s: following %s as %s; placements go there, reports come from there", name, etcd,
                  etcd_user if etcd_password_file else "nobody (no authentication)")
 
+    heap = Heap()
+
     def expire():
         while not stop.wait(1.0):
             try:
                 coord.expire()
+                # reports come all the time over HTTP: the model out of the collector's sight
+                # each second, its full collection once an hour (rlbcommon/heap.py)
+                heap.settle()
+                heap.collect_if_due(idle=True)
             except Exception:
                 log.exception("expiring silent hosts")
 
