@@ -1,12 +1,15 @@
 """The coordinator with etcd in the loop, at fabric scale (issue 31): a real etcd member (Debian's),
-one coordinator following it (EtcdCoordination, in this process), and simulated host agents that
-write a collective's QPs the way rlbhost --etcd does (one transaction per host: its report and
-its QPs' keys, under its lease; each QP first on the path the host's local rule gives it, as the
-data plane does before any placement comes). Measured: from a host's write to its placements being readable in
-etcd (median, p99), etcd transactions and keys written per second, the coordinator's CPU; next to
-today's HTTP coordinator on the same workload (each host posting its full report).
+one coordinator following it (EtcdCoordination, in this process), and simulated hosts in
+processes of their own that write QPs the way rlbhost --etcd does (one transaction per host: its
+report and its QPs' keys, under its lease; each QP first on the path the host's local rule
+gives it, as the data plane does before any placement comes) and watch their placements.
+Measured: from a host's write to its placements being read (median, p99), for every host at
+once, then for collectives of the given sizes in the full fabric, then for single hosts; keys
+written; the CPU of the coordinator, of etcd and of the hosts' writers; next to today's HTTP
+coordinator on the same workload (each host posting its full report).
 
-    .venv/bin/python bench/etcd_placement.py [--leaves 32 --hosts 32 --spines 8 --qps 8]
+    .venv/bin/python bench/etcd_placement.py [--leaves 128 --hosts 32 --spines 8 --qps 8
+                                              --collective 16,64,128,256,512]
 
 No etcd authentication here (a user per simulated host would cost a bcrypt hash each to create);
 the lab and the tests run with it."""
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -293,16 +297,17 @@ def latencies(watch: HostsWatch, writes: dict[str, HostWrite], written_at: dict[
 def figures(lat: list[float]) -> str:
     if not lat:
         return "none placed"
-    return (f"{statistics.median(lat) * 1000:.0f} / {lat[int(0.99 * (len(lat) - 1))] * 1000:.0f} ms "
-            f"(max {lat[-1] * 1000:.0f})")
+    p99 = lat[math.ceil(0.99 * len(lat)) - 1]          # nearest rank: never below the median
+    return f"{statistics.median(lat) * 1000:.0f} / {p99 * 1000:.0f} ms (max {lat[-1] * 1000:.0f})"
 
 
-def run_etcd(fabric, writes: dict[str, HostWrite], collectives: list[dict[str, HostWrite]], workers: int, threads: int,
-             singles: int, rule: LocalRule, hk: HostKeys, pin: bool = False) -> tuple[dict, dict]:
+def run_etcd(fabric, writes: dict[str, HostWrite], collectives: list[dict[str, HostWrite]], workers: int,
+             threads: int, singles: int, rule: LocalRule, hk: HostKeys, pin: bool = False) -> tuple[dict, dict]:
     """The burst (every host at once), then in the loaded fabric each collective's hosts adding
-    QPs at once (one collective after another), then `singles` hosts adding QPs one after another. `pin`: the coordinator
-    (this process) alone on the last CPU, etcd and the writers on the others, as when each runs
-    on machines of its own (on 2 cores: etcd and the hosts' writers share one)."""
+    QPs at once (one collective after another), then `singles` hosts adding QPs one after
+    another. `pin`: the coordinator (this process) alone on the last CPU, etcd and the writers
+    on the others, as when each runs on machines of its own (on 2 cores etcd and the hosts'
+    writers then share one, which starves etcd: meant for machines with more)."""
     work = Path(tempfile.mkdtemp(prefix="rlb-etcdbench-"))
     cpus = others = None
     if pin:
@@ -453,7 +458,8 @@ def main():
                     help="the path a host puts a new QP on before its placement comes: its local rule's "
                     "(as rlbhost does), or path 1 for all (the coordinator moves most: its worst case)")
     ap.add_argument("--pin", action="store_true", help="the coordinator alone on the last CPU, etcd and "
-                    "the hosts' writers on the others (its share measured apart from theirs)")
+                    "the hosts' writers on the others (its share measured apart from theirs; on 2 CPUs "
+                    "etcd starves)")
     a = ap.parse_args()
     fabric = model_fabric(a.leaves, a.hosts, a.spines)
     rnd = random.Random(1)

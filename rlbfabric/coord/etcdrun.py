@@ -1,8 +1,8 @@
 """The coordinator on etcd (issue 31): any number run, one leads, the others stand by with the
 same state, read from etcd as it changes.
 
-- State: hosts write their report and one key per QP under their lease, leaves their uplinks
-  (keys.py). Every coordinator follows the whole tree with one watch and keeps a mirror, so a
+- State: hosts write their report and their QPs (a few keys a host) under their lease,
+  leaves their uplinks (keys.py). Every coordinator follows the whole tree with one watch and keeps a mirror, so a
   standby that takes over has nothing to fetch; a host whose lease ended has no keys left, and
   its QPs leave the model (liveness is the lease, not a timer here).
 - Leadership: the leader key is created under the coordinator's own lease (etcd's election
@@ -78,8 +78,9 @@ class EtcdCoordination:
         self.synced = threading.Event()                # the mirror has been read once
         self.counters = {"batches": 0, "placements_written": 0, "placements_deleted": 0, "links_written": 0,
                          "takeovers": 0, "refused": 0, "fenced": 0, "etcd_refusals": 0,
-                         # CPU seconds of the follower (reading changes) and the placer (solving,
-                         # writing): the coordinator's cost, apart from its HTTP status server
+                         # CPU seconds of the follower (applying changes to the mirror) and the
+                         # placer (solving, comparing with etcd's): most of the coordinator's
+                         # cost (decoding the watch and sending the writes are not counted)
                          "follow_cpu_s": 0.0, "place_cpu_s": 0.0}
         self._down_logged = False
         self._refused_logged = ""
