@@ -464,10 +464,8 @@ class EtcdCoordination:
                     self.heap.collect_if_due(idle and not self.wake.is_set())
                 self._links_if_due()
                 self.health.ok("etcd-placer")
-            except (EtcdUnavailable, EtcdError) as e:
-                log.warning("%s: placements not written (%s); again at the next change", self.name, e)
-                self._again(0.2)
             except Exception as e:                     # noqa: BLE001 - logged, counted, again
+                # (no etcd error reaches here: the placer only fills the outbox, the writer sends)
                 self.health.failed("etcd-placer", e, log, ())
                 self.stop.wait(0.5)
                 self.wake.set()

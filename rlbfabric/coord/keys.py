@@ -80,12 +80,13 @@ def qp_key(host: str, q: QpId) -> str:
 
 # A host's QPs are a few keys, not one per QP: qps/partN = {QP name: {"path", "active", ...}},
 # each QP in the part its name hashes to, HOST_PART_QPS or fewer a part on average. A job
-# starting on every GPU of 4k hosts (128 QPs each) is then 4k transactions of 2 keys, not 512k
-# keys: etcd's cost is per key and per transaction (512 hosts writing their report and 8 QPs
-# cost this machine's etcd 0.31 s of CPU as 2 keys a host, 0.46 s as 9: docs/results.md), and
-# the coordinator's watch brings one event per host. A change rewrites the one part its QP is in (a few kB). Parts are a power of
-# two that doubles when the QPs outgrow them and halves below a quarter, so a host near a
-# boundary does not rewrite everything at each QP.
+# starting on every GPU of 4k hosts (128 QPs each) is then 4k transactions of 3 keys (the
+# report and 2 parts), not 512k keys: etcd's cost is per key and per transaction (512 hosts
+# writing their report and 8 QPs cost this machine's etcd 0.31 s of CPU as 2 keys a host, 0.46 s
+# as 9: docs/results.md), and the coordinator's watch brings one event per part. A change
+# rewrites the one part its QP is in (a few kB). Parts are a power of two that doubles when the
+# QPs outgrow them and halves below a quarter, so a host near a boundary does not rewrite
+# everything at each QP.
 HOST_PART_QPS = 64
 
 

@@ -16,7 +16,6 @@ import ipaddress
 import math
 import socket
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Hashable
 
 from ..clos import ClosFabric
@@ -32,11 +31,6 @@ class QpInfo:
     bytes: int = 0
     fixed: bool = False           # placed through verbs: it stays on its path (weights allow only it)
     last: float | None = None     # when it last carried traffic (the coordinator's clock); None: now
-
-    @cached_property
-    def allowed(self) -> frozenset[int]:
-        # read on every placement; a QP's weights never change in place (new weights: a new QpInfo)
-        return frozenset(k for k, w in self.weights.items() if w > 0)
 
 
 TIERS = 3                 # generations placed apart: the newest, the one before, all older ones
@@ -117,15 +111,12 @@ class QpPlacer:
         """The same for an address already read (not parsed again)."""
         return self.prefix_host.get(int(address) >> 64)
 
-    def colour_weights(self, weights: dict[int, float]) -> tuple[float, ...]:
-        """A QP's path weights per colour (the best path of each colour when paths > uplinks)."""
-        return self._shape(weights)[1]
-
     def _shape(self, weights: dict[int, float]) -> tuple[frozenset, tuple[float, ...]]:
-        """(the paths allowed, the weights per colour) of a weights table. A host's QPs towards
-        one peer share one table (the coordinator looks it up once per peer), so both are
-        worked out once per table, found again by its identity (the entry holds the table, so
-        the identity cannot pass to another while it is there)."""
+        """(the paths allowed, the weights per colour: the best path of each colour when paths >
+        uplinks) of a weights table. A host's QPs towards one peer share one table (the
+        coordinator looks it up once per peer) and nobody changes a table in place (new weights:
+        a new QpInfo), so both are worked out once per table, found again by its identity (the
+        entry holds the table, so the identity cannot pass to another while it is there)."""
         got = self._shapes.get(id(weights))
         if got is not None and got[0] is weights:
             return got[1], got[2]
@@ -192,7 +183,7 @@ class QpPlacer:
         colour = self.tiers[old].colour(key)
         self.tiers[old].remove(key)
         self.tiers[tier].add(key, self.leaf_of_host[qp.src], self.leaf_of_host[qp.dst], colour=colour,
-                             weights=self.colour_weights(qp.weights))
+                             weights=self._shape(qp.weights)[1])
         self.tier_of[key] = tier
 
     def _regroup(self, now: float | None):
