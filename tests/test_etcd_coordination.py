@@ -19,7 +19,7 @@ import pytest
 
 from rlbcommon import coordapi
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
-from rlbfabric.coord import etcdauth, keys
+from rlbfabric.coord import etcdauth, etcdrun, keys
 from rlbfabric.coord.etcdrun import EtcdCoordination
 from rlbfabric.coord.service import Coordinator
 from rlbfabric.fabric import load
@@ -473,6 +473,30 @@ def test_link_loads_go_at_most_every_quarter_second_and_the_last_ones_arrive(etc
     got = {kv.key[len(keys.links_prefix()):]: json.loads(kv.value)["loads"] for kv in kvs}
     assert got == json.loads(json.dumps(coord.coord.link_table()))
     assert got["l1"]["up"]["load"] == [3, 3, 3, 3] and got["l2"]["down"]["load"] == [3, 3, 3, 3]
+
+
+def test_changes_that_keep_coming_are_placed_together_and_a_lone_one_at_once(etcd, inproc, monkeypatch):
+    """A change after a quiet spell is placed at once; changes that follow it within
+    PLACE_EVERY_S wait for the rest of it and go in one solve and one write, however many
+    transactions they came in. Here the period is stretched to 0.6 s so that the three hosts'
+    separate writes surely fall in it."""
+    monkeypatch.setattr(etcdrun, "PLACE_EVERY_S", 0.6)
+    coord = inproc
+    time.sleep(0.7)                                  # quiet: the fixture's own solve is long past
+    hs = {h: user(etcd, keys.host_user(h)) for h in ("h1", "h2", "h3")}
+    leases = {h: c.lease_grant(10) for h, c in hs.items()}
+    batches = coord.counters["batches"]
+    t0 = time.monotonic()
+    write_host(hs["h1"], "h1", [("h4", 50000 + i, i, 1) for i in range(4)], leases["h1"])
+    first = wait(lambda: len(placements(etcd, "h1")) == 4, 5, "h1 placed")
+    assert coord.counters["batches"] == batches + 1
+    write_host(hs["h2"], "h2", [("h4", 40000 + i, i, 1) for i in range(4)], leases["h2"])
+    write_host(hs["h3"], "h3", [("h1", 30000 + i, i, 1) for i in range(4)], leases["h3"])
+    wait(lambda: len(placements(etcd, "h2")) == 4 and len(placements(etcd, "h3")) == 4, 5, "h2 and h3 placed")
+    took = time.monotonic() - t0
+    assert first < 0.5, first                        # not held back: nothing came before it
+    assert took >= 0.6, took                         # the two that followed waited for the period
+    assert coord.counters["batches"] == batches + 2, coord.counters   # ... and went in one solve
 
 
 def test_what_an_earlier_term_of_leadership_left_unsent_is_never_written_in_a_later_one(etcd):

@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 # batch, and a placement a verbs library makes on loads a quarter second old is placed again
 # by the coordinator anyway.
 LINKS_EVERY_S = 0.25
+# Solves are at least this far apart while changes keep coming (a change after a quiet spell is
+# placed at once): during a collective's start a change arrives every fraction of a millisecond,
+# and a solve per host cost a batch's fixed work (compare, write, one transaction) each time.
+# Kubernetes' endpoints controller batches its updates the same way (--endpoint-updates-batch-period).
+PLACE_EVERY_S = 0.002
 
 
 class EtcdCoordination:
@@ -70,6 +75,7 @@ class EtcdCoordination:
         self._link_text: dict[str, tuple] = {}         # leaf -> (its loads, as text): dumped once
         self._links_at = 0.0                           # when link loads were last written
         self._links_due = False                        # ... and some are held back since
+        self._placed_at = 0.0                          # when the last solve ended
         self._placed_through = 0                       # the revision the last placement read up to
         self.through = 0                               # the revision the mirror has read up to
         self.lease = 0
@@ -212,16 +218,17 @@ class EtcdCoordination:
             return None
         return {**h["report"], "qps": [_qp_body(q, v, now_wall) for q, v in h["qps"].items()]}
 
-    def _place_if_leading(self):
+    def _place_if_leading(self) -> bool:
         if not self.leading.is_set():
-            return
+            return False
         with self.placing:                             # follower and campaign: one at a time
-            self._place()
+            return self._place()
 
-    def _place(self):
+    def _place(self) -> bool:
+        """One solve of what changed since the last; False if nothing had."""
         with self.lock:
             if not self.dirty:
-                return
+                return False
             now = time.time()
             batch, changes = {}, {}
             for h in self.dirty - {""}:
@@ -248,6 +255,7 @@ class EtcdCoordination:
             log.warning("report of %s refused: %s", host, why)
         self.counters["batches"] += 1
         self.write_placements(through)
+        return True
 
     def write_placements(self, through: int = 0):
         """The model's placements against etcd's: only the differences, fenced by leadership.
@@ -455,8 +463,10 @@ class EtcdCoordination:
             t = time.thread_time()
             try:
                 if woken:
+                    self.stop.wait(self._placed_at + PLACE_EVERY_S - time.monotonic())
                     self.wake.clear()
-                    self._place_if_leading()
+                    if self._place_if_leading():
+                        self._placed_at = time.monotonic()
                     self.heap.settle()
                 else:
                     with self.lock:
