@@ -37,6 +37,7 @@ from rlbcommon.etcd import Etcd  # noqa: E402
 from rlbfabric import workloads  # noqa: E402
 from rlbfabric.policy import localrule  # noqa: E402
 from rlbfabric.coord import keys  # noqa: E402
+from rlbfabric.coord import etcdrun  # noqa: E402
 from rlbfabric.coord.etcdrun import EtcdCoordination  # noqa: E402
 from rlbfabric.coord.service import Coordinator  # noqa: E402
 from rlblab.etcdserver import EtcdServer  # noqa: E402
@@ -460,7 +461,12 @@ def main():
     ap.add_argument("--pin", action="store_true", help="the coordinator alone on the last CPU, etcd and "
                     "the hosts' writers on the others (its share measured apart from theirs; on 2 CPUs "
                     "etcd starves)")
+    ap.add_argument("--place-every-ms", type=float, default=None,
+                    help="the coordinator's PLACE_EVERY_S, in ms (default: the code's; 0: a solve "
+                    "whenever anything changed, as before batching)")
     a = ap.parse_args()
+    if a.place_every_ms is not None:
+        etcdrun.PLACE_EVERY_S = a.place_every_ms / 1000
     fabric = model_fabric(a.leaves, a.hosts, a.spines)
     rnd = random.Random(1)
     rule = LocalRule(fabric, a.start)
