@@ -86,7 +86,9 @@ def prometheus(
     mgmt: Optional[List[str]] = typer.Option(None, help="NODE=ADDRESS: a node's management address "
                                              "(repeat; added to --mgmt-file's)."),
     mgmt_file: Optional[Path] = typer.Option(None, help="An inventory: one 'node address' a line, # comments."),
-    coordinator: Optional[str] = typer.Option(None, help="The coordinator's management address (scraped on 9473)."),
+    coordinator: Optional[List[str]] = typer.Option(None, help="A coordinator's management address, "
+                                                    "ADDRESS or ADDRESS:PORT (default port 9473); repeat for each "
+                                                    "coordinator on etcd: the leader and its standbys."),
     rules: Optional[Path] = typer.Option(None, help="Alerting rules to load, as Prometheus will find them "
                                          "(e.g. /etc/prometheus/rlb-alerts.yml, from prometheus/rlb-alerts.yml)."),
     interval: str = typer.Option("2s", help="Scrape and rule evaluation interval (a Prometheus duration)."),
@@ -100,7 +102,8 @@ def prometheus(
     Examples:\n
       rlbfabric prometheus --fabric /etc/rlb/fabric.toml --mgmt-file /etc/rlb/mgmt.txt \\\n
           --coordinator 10.0.0.2 --rules /etc/prometheus/rlb-alerts.yml -o /etc/prometheus/prometheus.yml\n
-      rlbfabric prometheus --fabric lab/fabric-2x2.toml --mgmt s1=10.0.0.1 --mgmt s2=10.0.0.2 ...
+      rlbfabric prometheus --fabric lab/fabric-2x2.toml --mgmt s1=10.0.0.1 --mgmt s2=10.0.0.2 ...\n
+          --coordinator 10.0.0.2 --coordinator 10.0.0.3      (coordinators on etcd: every one)
     """
     if not re.fullmatch(r"[0-9]+(ms|s|m|h)", interval):
         raise typer.BadParameter(f"{interval!r}: a duration such as 2s, 500ms or 1m", param_hint="--interval")

@@ -17,23 +17,28 @@ from .errors import FabricError
 HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
-def scrape_config(targets: dict[str, tuple[str, str]], interval: str = "2s", rule_files: list[str] = ()) -> str:
-    """targets: {node: (IPv6 or IPv4 address, role)}; role 'host' is scraped on 9472, switches on
-    9471, 'coordinator' on 9473; rule_files: alerting rules to load (rlbmonitor/alerts.py).
+def scrape_config(targets: dict[str, tuple], interval: str = "2s", rule_files: list[str] = ()) -> str:
+    """targets: {node: (IPv6 or IPv4 address, role[, port])}; role 'host' is scraped on 9472,
+    switches on 9471, 'coordinator' on 9473 unless a port is given (several coordinators on one
+    machine); rule_files: alerting rules to load (rlbmonitor/alerts.py).
     Returned as YAML (JSON is valid YAML, and needs no YAML library)."""
     P = METRICS_PORT
     jobs = []
     for job, port, roles in (("rlbswitch", P["switch"], ("leaf", "spine", "superspine")),
                              ("rlbhost", P["host"], ("host",)), ("rlbcoord", P["coordinator"], ("coordinator",))):
-        static = [{"targets": [f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"],
-                   "labels": {"instance_node": node, "role": role}}
-                  for node, (addr, role) in sorted(targets.items()) if role in roles]
+        static = [{"targets": [_target(t[0], t[2] if len(t) > 2 else port)],
+                   "labels": {"instance_node": node, "role": t[1]}}
+                  for node, t in sorted(targets.items()) if t[1] in roles]
         if static:
             jobs.append({"job_name": job, "scrape_interval": interval, "static_configs": static})
     conf = {"global": {"scrape_interval": interval, "evaluation_interval": interval}, "scrape_configs": jobs}
     if rule_files:
         conf["rule_files"] = list(rule_files)
     return json.dumps(conf, indent=2)
+
+
+def _target(addr: str, port: int) -> str:
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
 
 
 def agent_role(fabric, node: str) -> str | None:
@@ -53,11 +58,13 @@ def check_address(node: str, addr: str) -> str:
     raise FabricError(f"{node}: {addr!r} is neither an IP address nor a host name")
 
 
-def fabric_scrape_config(fabric, addrs: dict[str, str], coordinator: str | None = None,
+def fabric_scrape_config(fabric, addrs: dict[str, str], coordinator: str | list[str] | None = None,
                          interval: str = "2s", rule_files: list[str] = ()) -> str:
     """The scrape configuration of every agent of a fabric from {node: management address}.
     Every node that runs an agent needs an address, and every address must name such a node:
-    a fabric scraped in part would look healthy where it is not watched."""
+    a fabric scraped in part would look healthy where it is not watched. `coordinator`: its
+    address, or several coordinators' (on etcd: the leader and its standbys), each ADDRESS or
+    ADDRESS:PORT ([IPv6]:PORT); one is labelled `coordinator`, several `coordinator-1`, ..."""
     nodes = [n.name for n in fabric.switches] + list(fabric.hosts)
     unknown = sorted(set(addrs) - set(nodes))
     if unknown:
@@ -67,9 +74,27 @@ def fabric_scrape_config(fabric, addrs: dict[str, str], coordinator: str | None 
     if missing:
         raise FabricError(f"no management address for {', '.join(missing)}")
     targets = {n: (check_address(n, addrs[n]), r) for n, r in roles.items()}
-    if coordinator:
-        targets["coordinator"] = (check_address("coordinator", coordinator), "coordinator")
+    coords = [coordinator] if isinstance(coordinator, str) else list(coordinator or [])
+    for i, c in enumerate(coords, start=1):
+        name = "coordinator" if len(coords) == 1 else f"coordinator-{i}"
+        addr, port = _address_port(name, c)
+        targets[name] = (addr, "coordinator", port or METRICS_PORT["coordinator"])
     return scrape_config(targets, interval, rule_files)
+
+
+def _address_port(node: str, text: str) -> tuple[str, int | None]:
+    """ADDRESS, ADDRESS:PORT or [IPv6]:PORT (a bare IPv6 address has no port)."""
+    host, port = text, None
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise FabricError(f"{node}: {text!r}: expected [IPv6] or [IPv6]:PORT")
+        port = rest[1:] or None
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+        raise FabricError(f"{node}: {text!r}: the port must be 1-65535")
+    return check_address(node, host), int(port) if port is not None else None
 
 
 def read_addresses(text: str, where: str) -> dict[str, str]:

@@ -295,8 +295,9 @@ class FabricLab:
         targets = {n.name: (self.mgmt_addr(n.name), n.role) for n in self.switches}
         if self.hosts_agent:
             targets.update({h: (self.mgmt_addr(h), "host") for h in self.hosts})
-        if self.coordinator and not self.etcd:
-            targets["coordinator"] = (f"{self.MGMT}1", "coordinator")
+        if self.coordinator:                    # with etcd, each: the leader and the standby
+            targets.update({key: (f"{self.MGMT}1", "coordinator", int(url.rsplit(":", 1)[1]))
+                            for key, url in self.coordinator_urls().items()})
         conf = self.work / "prometheus.yml"
         conf.write_text(scrape_config(targets, rule_files=[str(write_rules(self.work))]))
         shutil.rmtree(self.work / "prometheus", ignore_errors=True)   # an earlier lab's series would linger

@@ -143,7 +143,8 @@ def control_dashboard() -> dict:
 
 
 def coordinator_dashboard() -> dict:
-    """The fabric coordinator of a leaf-spine fabric: placements, balance, who reaches it."""
+    """The fabric coordinator of a leaf-spine fabric: placements, balance, who reaches it; on
+    etcd, which coordinator leads and what it writes there."""
     panels = [
         _panel(1, "QPs placed per leaf uplink", 'rlb_coord_link_qps{side="up"}', "{{leaf}} uplink {{colour}}",
                "short", 0, 0),
@@ -156,6 +157,20 @@ def coordinator_dashboard() -> dict:
                "placement", "s", 12, 8),
         _panel(5, "Worst leaf max/mean of the QPs active now (newest generation), placed and best",
                "rlb_coord_balance_newest", "{{side}} {{of}}", "short", 0, 16),
+        # on etcd (rlbcoord --etcd): who leads, and what it asks of etcd
+        _panel(6, "Coordinators on etcd: leading (1) or standing by (0)", "rlb_coord_etcd_leading",
+               "{{instance_node}}", "short", 12, 16, kind="stat"),
+        _panel(7, "Hosts with keys in etcd (leases alive)", "rlb_coord_etcd_hosts", "{{instance_node}}",
+               "short", 0, 24),
+        _panel(8, "Solves of etcd's changes (/s)", "rate(rlb_coord_etcd_batches_total[$__rate_interval])",
+               "{{instance_node}}", "short", 12, 24),
+        _panel(9, "Keys written to etcd (/s): placements and link loads",
+               "rate(rlb_coord_etcd_placements_written_total[$__rate_interval]) "
+               "+ rate(rlb_coord_etcd_link_loads_written_total[$__rate_interval])", "{{instance_node}}",
+               "short", 0, 32),
+        _panel(10, "Writes fenced off (another leads) and reads etcd refused (/s)",
+               "rate(rlb_coord_etcd_fenced_total[$__rate_interval]) "
+               "+ rate(rlb_coord_etcd_refusals_total[$__rate_interval])", "{{instance_node}}", "short", 12, 32),
     ]
     return _dashboard("rlb-coordinator", "RLB: fabric coordinator", ["rlb", "rdma"], _variables("host"), panels)
 

@@ -30,7 +30,8 @@ def promql(lab, expr: str) -> list:
 
 @pytest.fixture(scope="module")
 def lab():
-    with fabric_lab(FABRIC, "rlbmt", monitor=True) as lab:
+    # as `rlblab up --monitor` runs it: the coordinators on etcd, one leading, both scraped
+    with fabric_lab(FABRIC, "rlbmt", monitor=True, etcd=True) as lab:
         lab.start_prometheus()
         yield lab
 
@@ -50,6 +51,13 @@ def test_prometheus_scrapes_every_agent(lab):
         time.sleep(0.5)
     assert sorted(r["metric"]["instance_node"] for r in up) == ["h1", "h2", "l1", "l2", "s1", "s2"]
     assert all(r["value"][1] == "1" for r in up)
+    deadline = time.time() + 20
+    while time.time() < deadline:                      # the coordinators: one leads, one stands by
+        leading = {r["metric"]["instance_node"]: r["value"][1] for r in promql(lab, "rlb_coord_etcd_leading")}
+        if sorted(leading.values()) == ["0", "1"]:
+            break
+        time.sleep(0.5)
+    assert sorted(leading) == ["coordinator-c1", "coordinator-c2"] and sorted(leading.values()) == ["0", "1"], leading
 
 
 def test_scrapes_leave_no_open_files_behind(lab):
@@ -164,6 +172,31 @@ def test_alerts_fire_on_real_faults(lab):
         assert [(r["metric"]["node"], r["metric"]["path"]) for r in got] == [("rlbmt-h1", "2")], got
     finally:
         lab.cli("h1", "weights", "set", *[f"{p}={w}" for p, w in default.items()])
+
+
+def test_no_coordinator_leading_is_alerted_and_clears_when_one_leads_again(lab):
+    """etcd stopped: neither coordinator can hold the leader key, RlbNoCoordinatorLeads is raised
+    (pending: its `for` has started); etcd back, one leads again and the alert is gone."""
+    def active():
+        return promql(lab, 'ALERTS{alertname="RlbNoCoordinatorLeads"}')
+
+    def wait(cond, timeout, what):
+        deadline = time.time() + timeout
+        while not cond():
+            assert time.time() < deadline, f"waited {timeout} s for {what}"
+            time.sleep(0.5)
+    assert not active()
+    lab.kill_agent("etcd")
+    try:
+        wait(lambda: bool(active()), 30, "the alert")
+        assert [float(r["value"][1]) for r in promql(lab, "rlb_coord_etcd_leading")] == [0.0, 0.0]
+    finally:
+        with netns.inside(lab.ns("mon")):
+            lab.etcd_server.start()
+            lab.agents["etcd"] = lab.etcd_server.proc
+    wait(lambda: sorted(r["value"][1] for r in promql(lab, "rlb_coord_etcd_leading")) == ["0", "1"], 30,
+         "one coordinator to lead again")
+    wait(lambda: not active(), 30, "the alert to clear")
 
 
 def test_a_passive_spine_port_is_up_when_its_dynamic_session_is():

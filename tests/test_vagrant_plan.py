@@ -115,11 +115,23 @@ def test_rlbfabric_prometheus_scrapes_every_agent_of_the_fabric_and_refuses_gaps
                    "h1": ("rlbhost", ["h1.mgmt.example:9472"], "host"), "h2": ("rlbhost", ["10.0.0.22:9472"], "host"),
                    "coordinator": ("rlbcoord", ["10.0.0.2:9473"], "coordinator")}
     assert conf["rule_files"] == ["/etc/prometheus/rlb-alerts.yml"] and conf["global"]["scrape_interval"] == "5s"
+    # coordinators on etcd: every one scraped (the leader, the standbys), each on its port
+    res = rlbfabric("--mgmt-file", str(inv), "--mgmt", "h2=10.0.0.22", "--coordinator", "10.0.0.2",
+                    "--coordinator", "[fd00::3]:9474", "--coordinator", "c3.mgmt.example:9475")
+    assert res.returncode == 0, res.stderr
+    coords = {c["labels"]["instance_node"]: c["targets"] for j in json.loads(res.stdout)["scrape_configs"]
+              if j["job_name"] == "rlbcoord" for c in j["static_configs"]}
+    assert coords == {"coordinator-1": ["10.0.0.2:9473"], "coordinator-2": ["[fd00::3]:9474"],
+                      "coordinator-3": ["c3.mgmt.example:9475"]}
     for args, error in ((["--mgmt-file", str(inv)], "no management address for h2"),
                         (["--mgmt-file", str(inv), "--mgmt", "h2=10.0.0.22", "--mgmt", "h9=10.0.0.9"], "not in the fabric: h9"),
                         (["--mgmt-file", str(inv), "--mgmt", "h2=10.0..22"], "h2: '10.0..22' is neither"),
                         (["--mgmt-file", str(inv), "--mgmt", "h2"], "expected NODE=ADDRESS"),
-                        (["--mgmt-file", str(inv), "--mgmt", "h2=10.0.0.22", "--interval", "2 s"], "a duration")):
+                        (["--mgmt-file", str(inv), "--mgmt", "h2=10.0.0.22", "--interval", "2 s"], "a duration"),
+                        (["--mgmt-file", str(inv), "--mgmt", "h2=10.0.0.22", "--coordinator", "10.0.0.2:70000"],
+                         "the port must be 1-65535"),
+                        (["--mgmt-file", str(inv), "--mgmt", "h2=10.0.0.22", "--coordinator", "[fd00::3"],
+                         "expected [IPv6] or [IPv6]:PORT")):
         res = rlbfabric(*args)
         assert res.returncode == 2 and error in res.stderr, (args, res.stderr)
     inv.write_text("s1 10.0.0.1 extra\n")

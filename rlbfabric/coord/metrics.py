@@ -6,6 +6,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from rlbcommon.metrics import counter, gauge
 
+from .etcdrun import LINKS_EVERY_S, PLACE_EVERY_S
 from .hregistry import HRegistry
 from .service import Coordinator
 
@@ -84,12 +85,13 @@ class EtcdCollector:
     """A coordinator on etcd (etcdrun.EtcdCoordination.status): whether it leads, and the work
     and refusals of following the tree and writing placements."""
 
-    COUNTERS = (("batches", "rlb_coord_etcd_batches", "batches of changes placed (one solve each)"),
+    COUNTERS = (("batches", "rlb_coord_etcd_batches", "batches of changes placed (one solve each, at least "
+                 f"{PLACE_EVERY_S * 1000:g} ms apart while changes keep coming)"),
                 ("placements_written", "rlb_coord_etcd_placements_written",
                  "placement keys written (a host's placements: one key per 1024 QPs)"),
                 ("placements_deleted", "rlb_coord_etcd_placements_deleted", "placement keys deleted"),
                 ("links_written", "rlb_coord_etcd_link_loads_written", "leaves' link-load keys written "
-                 "(every host watches them: at most every 0.25 s)"),
+                 f"(every host watches them: at most every {LINKS_EVERY_S:g} s)"),
                 ("takeovers", "rlb_coord_etcd_takeovers", "times this coordinator became the leader"),
                 ("fenced", "rlb_coord_etcd_fenced", "placement writes refused because another leads"),
                 ("refused", "rlb_coord_etcd_unreadable_keys", "keys under the fabric's tree that no "

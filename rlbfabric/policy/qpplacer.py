@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import socket
 from dataclasses import dataclass
 from typing import Hashable
+
+from rlbcommon.ipv6 import ipv6_int
 
 from ..clos import ClosFabric
 from .placement import DOWN, UP, Placement
@@ -101,11 +102,7 @@ class QpPlacer:
     # ---- QPs ----------------------------------------------------------------------------
     def host_of(self, address: str) -> str | None:
         """The host whose /64 holds an address (ValueError: not an IPv6 address)."""
-        try:
-            a = int.from_bytes(socket.inet_pton(socket.AF_INET6, address), "big")
-        except (OSError, TypeError):               # inet_pton is strict; ipaddress says why
-            a = int(ipaddress.IPv6Address(address))
-        return self.host_at(a)
+        return self.host_at(ipv6_int(address))
 
     def host_at(self, address: int | ipaddress.IPv6Address) -> str | None:
         """The same for an address already read (not parsed again)."""
