@@ -78,7 +78,7 @@ def fabric_scrape_config(fabric, addrs: dict[str, str], coordinator: str | list[
     for i, c in enumerate(coords, start=1):
         name = "coordinator" if len(coords) == 1 else f"coordinator-{i}"
         addr, port = _address_port(name, c)
-        targets[name] = (addr, "coordinator", port or METRICS_PORT["coordinator"])
+        targets[name] = (addr, "coordinator", port) if port else (addr, "coordinator")
     return scrape_config(targets, interval, rule_files)
 
 

@@ -59,7 +59,7 @@ def _addr(v, name: str) -> ipaddress.IPv6Address:
     """An IPv6 address as text, or BadRequest."""
     try:
         return ipaddress.IPv6Address(ipv6_int(v))
-    except (ValueError, TypeError):
+    except ValueError:                         # ipv6_int turns anything not text into one too
         raise BadRequest(f"{name}: {v!r} is not an IPv6 address") from None
 
 
