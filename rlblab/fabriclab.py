@@ -311,6 +311,13 @@ class FabricLab:
             p.kill()
             p.wait()
 
+    def stop_agent(self, key: str, timeout: float = 10.0):
+        """Stopped as `systemctl stop` does: SIGTERM, and the agent exits on its own."""
+        p = self.agents.pop(key, None)
+        if p and p.poll() is None:
+            p.terminate()
+            p.wait(timeout)
+
     def down(self):
         for key in list(self.agents):
             self.kill_agent(key)

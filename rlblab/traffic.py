@@ -96,6 +96,20 @@ class QpSender:
                     time.sleep(ahead)
         return sent
 
+    def send_until(self, stop: threading.Event, rate_pps: float, payload_len: int = 256) -> int:
+        """Every QP in turn, PSN after PSN, at rate_pps in all until `stop` is set; returns
+        packets sent (always a whole round: each QP got the same PSNs)."""
+        sent, start, psn = 0, time.perf_counter(), 0
+        while not stop.is_set():
+            for s, qp in zip(self.socks, self.qps):
+                s.sendto(self._bth(qp, psn) + bytes(payload_len), (self.dst, self.port))
+                sent += 1
+            psn += 1
+            ahead = sent / rate_pps - (time.perf_counter() - start)
+            if ahead > 0:
+                stop.wait(ahead)
+        return sent
+
     def close(self):
         for s in self.socks:
             s.close()
@@ -141,6 +155,7 @@ class QpReceiver(SocketReader):
             sock.bind(("::", port))
         self.seen: list[tuple[str, str, int]] = []   # (source, destination, BTH dest QP)
         self.arrivals: list[tuple[float, int]] = []  # (monotonic time, BTH dest QP)
+        self.psns: dict[int, list[int]] = {}         # BTH dest QP -> its PSNs in arrival order
         super().__init__(sock)
 
     def take(self):
@@ -150,6 +165,7 @@ class QpReceiver(SocketReader):
         qp = int.from_bytes(data[5:8], "big")
         self.seen.append((addr[0], dst, qp))
         self.arrivals.append((time.monotonic(), qp))
+        self.psns.setdefault(qp, []).append(int.from_bytes(data[9:12], "big"))
 
 
 class Capture(SocketReader):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -15,8 +16,10 @@ from rlbcommon import netns
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
 from rlbfabric import workloads
 from rlbfabric.coord import etcdauth, keys
+from rlbcommon import packets as P
 from rlbhost.dataplane import HostDataplane
 from rlblab.matrix import FORGET_S, run_matrix
+from rlblab.traffic import Capture, QpReceiver, QpSender
 
 from .conftest import fabric_lab, h1_to_h3_during
 
@@ -32,6 +35,11 @@ def lab():
 
 def as_user(lab, user: str) -> Etcd:
     return Etcd(lab.etcd_url, user, etcdauth.read_password(etcdauth.password_file(lab.etcd_creds, user)))
+
+
+def in_model(lab, host: str) -> int:
+    """How many of the host's QPs the leading coordinator's model holds."""
+    return lab.coordinator_status()["hosts"].get(host, {}).get("qps", 0)
 
 
 def placements(lab, host: str) -> dict:
@@ -140,7 +148,7 @@ def test_a_host_agent_killed_its_lease_ends_its_qps_leave_and_come_back_with_it(
                         for kv in placed))
 
     def h1_in_model():
-        return lab.coordinator_status()["hosts"].get("h1", {}).get("qps", 0)
+        return in_model(lab, "h1")
 
     def restart_h1():
         lab.wait_for(lambda: h1_keys() == (4, 4) and h1_in_model() == 4, 5, "h1's 4 QPs placed")
@@ -158,3 +166,49 @@ def test_a_host_agent_killed_its_lease_ends_its_qps_leave_and_come_back_with_it(
           f"again: back and placed after {seen['back_after']:.1f} s; {received}/{sent} packets")
     assert sent == 16000 and received == 16000
     assert seen["gone_after"] <= 3.0 + 1.5                        # the lease's TTL, and etcd's check
+
+
+def test_a_host_and_its_leaf_upgraded_under_traffic_move_no_qp_and_lose_nothing(lab):
+    """The upgrade of docs/operations.md, as the VM lab does it with Soft-RoCE: h1's and l1's
+    agents stopped as systemd stops them (SIGTERM) under 8 QPs from h1's own stack to h3, down
+    past h1's lease (its QPs leave the leader's model), then started again (new programs replace
+    the old ones on the same pinned maps). On h1's wire each QP keeps the one path it had; at h3
+    every packet of every QP arrives, in PSN order; h1's QPs are in the model again."""
+    paths = {addr: value for value, addr in lab.host_addresses("h1").items()}
+    sender = QpSender(lab.ns("h1"), lab.host_addresses("h1")[1], lab.host_addresses("h3")[1], 8,
+                      base_sport=55000, seed=7)
+    rx, cap = QpReceiver(lab.ns("h3")), Capture(lab.ns("h1"), "eth0")
+    stop, out, seen = threading.Event(), {}, {}
+    stream = threading.Thread(target=lambda: out.setdefault("sent", sender.send_until(stop, 2000, 128)))
+    stream.start()
+    try:
+        lab.wait_for(lambda: in_model(lab, "h1") >= 8, 10, "h1's 8 QPs in the leader's model")
+        for agent in ("h1", "l1"):
+            lab.stop_agent(agent)
+        t0 = time.monotonic()
+        lab.wait_for(lambda: in_model(lab, "h1") == 0, 8, "h1's QPs to leave the model with its lease")
+        seen["gone_after"] = time.monotonic() - t0
+        lab.start_agent("l1")
+        lab.start_host_agent("h1")
+        lab.wait_for(lambda: in_model(lab, "h1") >= 8, 10, "h1's QPs back in the model")
+        seen["down_s"] = time.monotonic() - t0
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        stream.join()
+        time.sleep(0.3)
+        frames = cap.close()
+        rx.close()
+        sender.close()
+    on_wire: dict[int, set[int]] = {}
+    for f in frames:
+        p = P.parse(f)
+        if p.dport == P.ROCE_PORT and p.src in paths:
+            on_wire.setdefault(p.qp, set()).add(paths[p.src])
+    rounds = out["sent"] // 8
+    print(f"\nh1 and l1 stopped: h1's QPs left the model after {seen['gone_after']:.1f} s, back after "
+          f"{seen['down_s']:.1f} s; {len(rx.seen)}/{out['sent']} packets; paths on the wire "
+          f"{sorted(sorted(v) for v in on_wire.values())}")
+    assert sorted(on_wire) == sorted(sender.qps) and all(len(v) == 1 for v in on_wire.values()), on_wire
+    assert rounds >= 1000 and {qp: rx.psns.get(qp) == list(range(rounds)) for qp in sender.qps} == \
+        {qp: True for qp in sender.qps}
