@@ -174,6 +174,39 @@ def dataplane(vlab, vm: str) -> dict:
             "map_inode": vlab.sh(vm, f"stat -c %i /sys/fs/bpf/rlb/default/{marker}").stdout.strip(), "kept": kept}
 
 
+HOSTS = ("h1", "h2")
+# what an RC QP shows after lost or reordered packets (rxe's sequence errors and retries) and
+# where the VM's stack dropped them (UDP buffers, IPv6 discards)
+LOSS = re.compile(r"err|seq|dup|retry|Discard|Drop|Rcvbuf|Sndbuf|InErrors|NoPorts", re.I)
+
+
+def loss_counters(vlab, vm: str) -> dict[str, int]:
+    """A host's rxe0 counters (rdma statistic) and its stack's (nstat) that count losses."""
+    words = vlab.sh(vm, "rdma statistic show link rxe0/1; nstat -az", check=False).stdout.split()
+    return {name: int(value) for name, value in zip(words, words[1:]) if value.isdigit() and LOSS.search(name)}
+
+
+def print_swap_record(vlab, since: str, before: dict):
+    """The loss counters' changes on both hosts, h1's data-plane events (a QP the sweep moved is
+    'ev_released') and both agents' logs since `since` (epoch seconds): printed, never raised."""
+    try:
+        after = on_hosts(lambda vm: loss_counters(vlab, vm))
+        for vm in HOSTS:
+            delta = {k: v - before[vm].get(k, 0) for k, v in after[vm].items() if v != before[vm].get(k, 0)}
+            print(f"{vm}: loss counters changed {delta}")
+        print(f"h1 reasons: {vlab.json('h1', f'{BIN}/rlbhost status --json')['reasons']}")
+        for vm, (_, unit, _) in AGENT.items():
+            log = vlab.sh(vm, f"journalctl -u {unit} --since @{since} -o short-monotonic | tail -60", check=False)
+            print(f"--- {vm} {unit}\n{log.stdout}")
+    except Exception as e:   # noqa: BLE001 - a record, not a check
+        print(f"swap record incomplete: {e}")
+
+
+def on_hosts(fn) -> dict:
+    with ThreadPoolExecutor(len(HOSTS)) as pool:
+        return dict(zip(HOSTS, pool.map(fn, HOSTS)))
+
+
 def on_both(fn) -> dict:
     """fn(vm) on the leaf and the host at once (each read is slow under TCG)."""
     with ThreadPoolExecutor(len(AGENT)) as pool:
@@ -210,8 +243,12 @@ def test_upgrade_and_roll_back_under_traffic(vlab, tmp_path):
                 seen["into_transfer_s"] = round(time.time() - started)
                 seen["after"] = on_both(lambda vm: dataplane(vlab, vm))
 
-            out, _ = write_bw(vlab, tmp_path, 4, f"-D {TRANSFER_S}", during=swap)
-            print(f"{version}: {seen}")
+            since, losses = vlab.sh("h1", "date +%s").stdout.strip(), on_hosts(lambda vm: loss_counters(vlab, vm))
+            try:
+                out, _ = write_bw(vlab, tmp_path, 4, f"-D {TRANSFER_S}", during=swap)
+            finally:       # what a failed transfer needs to be told apart: lost packets or a moved QP
+                print(f"{version}: {seen}")
+                print_swap_record(vlab, since, losses)
             assert seen["client_running"], \
                 f"the transfer ended during the {seen['swap_s']} s swap ({seen['into_transfer_s']} s after it began)"
             assert re.search(rf"^\s*{SIZE}\s+\d+", out, re.M)           # the transfer completed
