@@ -6,7 +6,12 @@ the coordinator (starting from where the local rule put them, as in a live fabri
 coordinator's decision time: a full placement of 2048 hosts x 8 QPs from nothing, and incremental
 ones (one QP appears, one QP ends).
 
-    .venv/bin/python bench/placement_sim.py [--leaves 64 --hosts 32 --spines 8 --trials 3]"""
+With --etcd, the same modelled fabric with a real etcd in the loop instead (bench/etcd_placement.py:
+the coordinator following etcd, simulated hosts writing their QPs and watching their placements,
+next to the HTTP coordinator); every option after --etcd is that bench's.
+
+    .venv/bin/python bench/placement_sim.py [--leaves 64 --hosts 32 --spines 8 --trials 3]
+    .venv/bin/python bench/placement_sim.py --etcd --leaves 128 --hosts 32 --collective 64,512"""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +27,8 @@ from rlbfabric import balance, workloads
 from rlbfabric.policy import localrule  # noqa: E402
 from rlbfabric.fabric import parse  # noqa: E402
 from rlbfabric.policy.qpplacer import QpInfo, QpPlacer  # noqa: E402
+
+import etcd_placement  # noqa: E402  (this directory: the bench with etcd in the loop)
 
 
 def model_fabric(leaves: int, hosts: int, spines: int):
@@ -134,7 +141,12 @@ def report_cost(fabric, rnd, qps_per_host: int, rounds: int = 3) -> float:
 
 
 def main() -> int:
+    if "--etcd" in sys.argv[1:]:
+        etcd_placement.main([a for a in sys.argv[1:] if a != "--etcd"])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--etcd", action="store_true", help="with a real etcd in the loop (bench/etcd_placement.py; "
+                    "its options follow, see --etcd --help)")
     ap.add_argument("--leaves", type=int, default=64)
     ap.add_argument("--hosts", type=int, default=32, help="hosts per leaf")
     ap.add_argument("--spines", type=int, default=8)

@@ -531,3 +531,19 @@ def test_what_an_earlier_term_of_leadership_left_unsent_is_never_written_in_a_la
         coord.stop.set()
         me.lease_revoke(lease)
         admin.delete_prefix(keys.ROOT)
+
+
+def test_the_placement_bench_runs_with_etcd_in_the_loop():
+    """`bench/placement_sim.py --etcd` (the issue's bench, grown to etcd: a real member, simulated
+    hosts) at a small size: every host's QPs placed through etcd and over HTTP, none moved from
+    the path its host's rule gave it, each host's keys written once."""
+    bench = Path(__file__).resolve().parent.parent / "bench" / "placement_sim.py"
+    out = subprocess.run([sys.executable, str(bench), "--etcd", "--leaves", "4", "--hosts", "4", "--spines", "2",
+                          "--collective", "4", "--singles", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {line[:44].strip(): line[44:].split() for line in out.stdout.splitlines()}
+    hosts = int(out.stdout.split(" hosts start ")[0].split()[-1])
+    assert rows["hosts placed"] == [f"{hosts}/{hosts}"] * 2 and hosts > 8
+    assert rows["QPs moved from their host's path"][:3] == ["0", "of", str(hosts * 8)]
+    assert rows["host keys written"] == [str(2 * hosts)]            # its report and one part of QPs
+    assert "moved from their host's path 0 of 32 (0 %)" in out.stdout   # the collective of 4 hosts
