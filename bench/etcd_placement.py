@@ -441,7 +441,7 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def main(argv: list[str] | None = None):
+def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--leaves", type=int, default=32)
     ap.add_argument("--hosts", type=int, default=32, help="hosts per leaf")
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--place-every-ms", type=float, default=None,
                     help="the coordinator's PLACE_EVERY_S, in ms (default: the code's; 0: a solve "
                     "whenever anything changed, as before batching)")
-    a = ap.parse_args(argv)
+    a = ap.parse_args()
     if a.place_every_ms is not None:
         etcdrun.PLACE_EVERY_S = a.place_every_ms / 1000
     fabric = model_fabric(a.leaves, a.hosts, a.spines)

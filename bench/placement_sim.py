@@ -15,6 +15,7 @@ next to the HTTP coordinator); every option after --etcd is that bench's.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -28,7 +29,7 @@ from rlbfabric.policy import localrule  # noqa: E402
 from rlbfabric.fabric import parse  # noqa: E402
 from rlbfabric.policy.qpplacer import QpInfo, QpPlacer  # noqa: E402
 
-import etcd_placement  # noqa: E402  (this directory: the bench with etcd in the loop)
+ETCD_BENCH = Path(__file__).resolve().parent / "etcd_placement.py"   # it imports model_fabric from here
 
 
 def model_fabric(leaves: int, hosts: int, spines: int):
@@ -141,9 +142,8 @@ def report_cost(fabric, rnd, qps_per_host: int, rounds: int = 3) -> float:
 
 
 def main() -> int:
-    if "--etcd" in sys.argv[1:]:
-        etcd_placement.main([a for a in sys.argv[1:] if a != "--etcd"])
-        return 0
+    if "--etcd" in sys.argv[1:]:       # that bench in this process's place, with its options
+        os.execv(sys.executable, [sys.executable, str(ETCD_BENCH), *(a for a in sys.argv[1:] if a != "--etcd")])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--etcd", action="store_true", help="with a real etcd in the loop (bench/etcd_placement.py; "
                     "its options follow, see --etcd --help)")
