@@ -61,9 +61,7 @@ def send(sock: socket.socket, flows: list[Flow], packets_per_flow: int, dmac: st
                     raise
             sent += 1
         if rate_pps and sent % max(burst, 1) == 0:
-            ahead = sent / rate_pps - (time.perf_counter() - start)
-            if ahead > 0:
-                time.sleep(ahead)
+            _pace(sent, rate_pps, start, time.sleep)
     return sent
 
 
@@ -87,32 +85,37 @@ class QpSender:
     def send(self, packets_per_qp: int, payload_len: int = 256, rate_pps: float | None = None) -> int:
         sent, start = 0, time.perf_counter()
         for psn in range(packets_per_qp):
-            for s, qp in zip(self.socks, self.qps):
-                s.sendto(self._bth(qp, psn) + bytes(payload_len), (self.dst, self.port))
-                sent += 1
+            sent += self._round(psn, payload_len)
             if rate_pps:
-                ahead = sent / rate_pps - (time.perf_counter() - start)
-                if ahead > 0:
-                    time.sleep(ahead)
+                _pace(sent, rate_pps, start, time.sleep)
         return sent
 
     def send_until(self, stop: threading.Event, rate_pps: float, payload_len: int = 256) -> int:
         """Every QP in turn, PSN after PSN, at rate_pps in all until `stop` is set; returns
-        packets sent (always a whole round: each QP got the same PSNs)."""
+        packets sent (always whole rounds: each QP got the same PSNs)."""
         sent, start, psn = 0, time.perf_counter(), 0
         while not stop.is_set():
-            for s, qp in zip(self.socks, self.qps):
-                s.sendto(self._bth(qp, psn) + bytes(payload_len), (self.dst, self.port))
-                sent += 1
+            sent += self._round(psn, payload_len)
             psn += 1
-            ahead = sent / rate_pps - (time.perf_counter() - start)
-            if ahead > 0:
-                stop.wait(ahead)
+            _pace(sent, rate_pps, start, stop.wait)
         return sent
+
+    def _round(self, psn: int, payload_len: int) -> int:
+        """One packet of each QP, with this PSN."""
+        for s, qp in zip(self.socks, self.qps):
+            s.sendto(self._bth(qp, psn) + bytes(payload_len), (self.dst, self.port))
+        return len(self.socks)
 
     def close(self):
         for s in self.socks:
             s.close()
+
+
+def _pace(sent: int, rate_pps: float, start: float, wait):
+    """Wait (with `wait`) until `sent` packets are due at rate_pps since `start`."""
+    ahead = sent / rate_pps - (time.perf_counter() - start)
+    if ahead > 0:
+        wait(ahead)
 
 
 class SocketReader:
