@@ -42,6 +42,17 @@ def in_model(lab, host: str) -> int:
     return lab.coordinator_status()["hosts"].get(host, {}).get("qps", 0)
 
 
+def in_etcd(lab, host: str) -> tuple[dict, dict]:
+    """The host's QPs and the placements written for them, as etcd holds them ({QpId: ...})."""
+    admin = as_user(lab, etcdauth.ROOT_USER)
+    with netns.inside(lab.ns("mon")):
+        trees = [(prefix, admin.get_prefix(prefix)[0])
+                 for prefix in (keys.qps_prefix(host), keys.placements_prefix(host))]
+    (qp_at, qps), (placed_at, placed) = trees
+    return ({q: v for kv in qps for q, v in keys.read_qps(kv.key[len(qp_at):], kv.value).items()},
+            {q: v for kv in placed for q, v in keys.read_placements(kv.key[len(placed_at):], kv.value).items()})
+
+
 def placements(lab, host: str) -> dict:
     with netns.inside(lab.ns(host)):
         dp = HostDataplane(lab.ns(host))
@@ -137,15 +148,10 @@ def test_a_host_agent_killed_its_lease_ends_its_qps_leave_and_come_back_with_it(
     packet lost); its lease (3 s) ends, so its keys go, its QPs leave the leader's model and their
     placements are deleted; started again, it writes them under a new lease and they are placed."""
     seen = {}
-    admin = as_user(lab, etcdauth.ROOT_USER)
 
     def h1_keys():
-        with netns.inside(lab.ns("mon")):
-            placed = admin.get_prefix(keys.placements_prefix("h1"))[0]
-            qps = admin.get_prefix(keys.qps_prefix("h1"))[0]
-            return (sum(len(keys.read_qps(kv.key[len(keys.qps_prefix("h1")):], kv.value)) for kv in qps),
-                    sum(len(keys.read_placements(kv.key[len(keys.placements_prefix("h1")):], kv.value))
-                        for kv in placed))
+        qps, placed = in_etcd(lab, "h1")
+        return len(qps), len(placed)
 
     def h1_in_model():
         return in_model(lab, "h1")
@@ -173,7 +179,8 @@ def test_a_host_and_its_leaf_upgraded_under_traffic_move_no_qp_and_lose_nothing(
     agents stopped as systemd stops them (SIGTERM) under 8 QPs from h1's own stack to h3, down
     past h1's lease (its QPs leave the leader's model), then started again (new programs replace
     the old ones on the same pinned maps). On h1's wire each QP keeps the one path it had; at h3
-    every packet of every QP arrives, in PSN order; h1's QPs are in the model again."""
+    every packet of every QP arrives, in PSN order; h1's QPs are in the model again, placed
+    where they are."""
     paths = {addr: value for value, addr in lab.host_addresses("h1").items()}
     sender = QpSender(lab.ns("h1"), lab.host_addresses("h1")[1], lab.host_addresses("h3")[1], 8,
                       base_sport=55000, seed=7)
@@ -186,12 +193,15 @@ def test_a_host_and_its_leaf_upgraded_under_traffic_move_no_qp_and_lose_nothing(
         for agent in ("h1", "l1"):
             lab.stop_agent(agent)
         t0 = time.monotonic()
-        lab.wait_for(lambda: in_model(lab, "h1") == 0, 8, "h1's QPs to leave the model with its lease")
+        lab.wait_for(lambda: in_model(lab, "h1") == 0 and in_etcd(lab, "h1") == ({}, {}), 8,
+                     "h1's QPs to leave the model and etcd with its lease")
         seen["gone_after"] = time.monotonic() - t0
         lab.start_agent("l1")
         lab.start_host_agent("h1")
-        lab.wait_for(lambda: in_model(lab, "h1") >= 8, 10, "h1's QPs back in the model")
+        lab.wait_for(lambda: in_model(lab, "h1") >= 8 and len(in_etcd(lab, "h1")[1]) >= 8, 10,
+                     "h1's QPs back in the model and placed")
         seen["down_s"] = time.monotonic() - t0
+        seen["placed"] = {qp: path for (_, _, qp), path in in_etcd(lab, "h1")[1].items()}
         time.sleep(0.5)
     finally:
         stop.set()
@@ -210,5 +220,6 @@ def test_a_host_and_its_leaf_upgraded_under_traffic_move_no_qp_and_lose_nothing(
           f"{seen['down_s']:.1f} s; {len(rx.seen)}/{out['sent']} packets; paths on the wire "
           f"{sorted(sorted(v) for v in on_wire.values())}")
     assert sorted(on_wire) == sorted(sender.qps) and all(len(v) == 1 for v in on_wire.values()), on_wire
+    assert seen["placed"] == {qp: min(v) for qp, v in on_wire.items()}     # placed again where they are
     assert rounds >= 1000 and {qp: rx.psns.get(qp) == list(range(rounds)) for qp in sender.qps} == \
         {qp: True for qp in sender.qps}
