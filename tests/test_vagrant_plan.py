@@ -259,6 +259,8 @@ def test_deployment_units_of_every_role():
     assert sorted(leaf) == ["rlb-bird", "rlb-net", "rlb-switch"]
     assert f"rlbswitch run {' '.join(fab.switch_ports(fab.node('l1')))} --fabric {fab_file} --node l1" in leaf["rlb-switch"]
     assert f"--coordinator {url}" in leaf["rlb-switch"] and "--metrics-addr 10.0.0.11" in leaf["rlb-switch"]
+    # bird ahead of the agent's compile (an upgrade under TCG flapped BFD and every session)
+    assert "\nNice=-10\n" in leaf["rlb-bird"] and "Nice=" not in leaf["rlb-switch"]
     spine = deploy.units(fab, fab_file, "s11", "10.0.0.12", url)
     assert "--coordinator" not in spine["rlb-switch"] and "eth-ss1" in spine["rlb-switch"]
     host = deploy.units(fab, fab_file, "h1", "10.0.0.21", url)
