@@ -190,7 +190,7 @@ def print_swap_record(vlab, since: str, before: dict):
     """The loss counters' changes on both hosts, h1's data-plane events (a QP the sweep moved is
     'ev_released') and both agents' logs since `since` (epoch seconds): printed, never raised."""
     try:
-        after = on_hosts(lambda vm: loss_counters(vlab, vm))
+        after = on_both(lambda vm: loss_counters(vlab, vm), HOSTS)
         for vm in HOSTS:
             delta = {k: v - before[vm].get(k, 0) for k, v in after[vm].items() if v != before[vm].get(k, 0)}
             print(f"{vm}: loss counters changed {delta}")
@@ -202,15 +202,10 @@ def print_swap_record(vlab, since: str, before: dict):
         print(f"swap record incomplete: {e}")
 
 
-def on_hosts(fn) -> dict:
-    with ThreadPoolExecutor(len(HOSTS)) as pool:
-        return dict(zip(HOSTS, pool.map(fn, HOSTS)))
-
-
-def on_both(fn) -> dict:
-    """fn(vm) on the leaf and the host at once (each read is slow under TCG)."""
-    with ThreadPoolExecutor(len(AGENT)) as pool:
-        return dict(zip(AGENT, pool.map(fn, AGENT)))
+def on_both(fn, vms: tuple[str, ...] = tuple(AGENT)) -> dict:
+    """fn(vm) on both VMs at once, the leaf and the host unless named (each read is slow under TCG)."""
+    with ThreadPoolExecutor(len(vms)) as pool:
+        return dict(zip(vms, pool.map(fn, vms)))
 
 
 def test_upgrade_and_roll_back_under_traffic(vlab, tmp_path):
@@ -243,7 +238,7 @@ def test_upgrade_and_roll_back_under_traffic(vlab, tmp_path):
                 seen["into_transfer_s"] = round(time.time() - started)
                 seen["after"] = on_both(lambda vm: dataplane(vlab, vm))
 
-            since, losses = vlab.sh("h1", "date +%s").stdout.strip(), on_hosts(lambda vm: loss_counters(vlab, vm))
+            since, losses = vlab.sh("h1", "date +%s").stdout.strip(), on_both(lambda vm: loss_counters(vlab, vm), HOSTS)
             try:
                 out, _ = write_bw(vlab, tmp_path, 4, f"-D {TRANSFER_S}", during=swap)
             finally:       # what a failed transfer needs to be told apart: lost packets or a moved QP
