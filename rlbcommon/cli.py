@@ -57,6 +57,14 @@ VERSION_OPTION = typer.Option(False, "--version", is_eager=True, callback=_print
                               help="Print the installed version and exit.")
 
 
+# every agent's TLS towards the fabric's etcd (rlbfabric etcd-tls issues both files)
+ETCD_CA_OPTION = typer.Option(None, "--etcd-ca", help="With https:// --etcd URLs: the CA that signed "
+                              "etcd's certificate (PEM; default: the system's CAs).")
+ETCD_CERT_OPTION = typer.Option(None, "--etcd-cert", help="With https:// --etcd URLs: this machine's "
+                                "client certificate and its key in one PEM file (mode 600), for an etcd "
+                                "that asks for one (--client-cert-auth).")
+
+
 def program_app(doc: str) -> typer.Typer:
     """A program's Typer app with what every program has: help when run bare, no traceback
     pages (run() reports errors), --version. The agents' add their own options (agent_app)."""

@@ -7,6 +7,11 @@ gRPC but is unmaintained and pins old grpcio/protobuf. What is used here is a fe
 keys and values are base64 on the wire, a watch is one HTTP response streaming one JSON object
 per line. Several endpoints (the members of a cluster) are tried in turn.
 
+TLS (https:// endpoints): the members' certificates are checked against the fabric's CA
+(tls_context), and a client certificate is shown when etcd asks for one (--client-cert-auth).
+Identity stays the password: etcd's gateway does not map a certificate's Common Name to a user
+(etcd PR 10366), and refuses client certificates that carry one.
+
 Errors: EtcdUnavailable when no endpoint answers (the caller keeps its last state and retries),
 EtcdError for a refusal (etcd's gRPC code and message: permission denied, lease not found...)."""
 from __future__ import annotations
@@ -16,12 +21,14 @@ import http.client
 import json
 import logging
 import socket
+import ssl
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 log = logging.getLogger(__name__)
@@ -30,6 +37,8 @@ log = logging.getLogger(__name__)
 NOT_FOUND, PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED = 5, 7, 9, 16
 INVALID_TOKEN = "etcdserver: invalid auth token"
 MAX_TXN_OPS = 128                # etcd's --max-txn-ops default
+TLS_HINT = (" (TLS: is --etcd-ca the CA that signed etcd's certificate, for the address in the URL? "
+            "Does etcd ask for a client certificate (--etcd-cert)?)")
 
 
 class EtcdError(Exception):
@@ -93,12 +102,35 @@ class Event:
     kv: KeyValue
 
 
+def tls_context(ca: Path | None = None, cert: Path | None = None) -> ssl.SSLContext:
+    """How a client checks etcd's members: against `ca` (None: the system's CAs), names or
+    addresses as in the URL; `cert`: a PEM file with this client's certificate and its key,
+    for an etcd that asks for one. ValueError names the file that cannot be used."""
+    try:
+        ctx = ssl.create_default_context(cafile=str(ca) if ca else None)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"etcd CA file {ca}: {getattr(e, 'strerror', None) or e}") from None
+    if cert is not None:
+        try:
+            ctx.load_cert_chain(str(cert))
+        except (OSError, ssl.SSLError) as e:
+            raise ValueError(f"etcd client certificate {cert}: {getattr(e, 'strerror', None) or e} "
+                             "(one PEM file: the certificate, then its private key)") from None
+    return ctx
+
+
 class Etcd:
     def __init__(self, endpoints: list[str] | str, user: str | None = None, password: str | None = None,
-                 timeout: float = 2.0):
+                 timeout: float = 2.0, tls: ssl.SSLContext | None = None):
         self.endpoints = [e.rstrip("/") for e in ([endpoints] if isinstance(endpoints, str) else endpoints)]
         if not self.endpoints:
             raise ValueError("etcd: no endpoint")
+        plain = [e for e in self.endpoints if not e.startswith("https://")]
+        if tls is not None and plain:              # a CA given for a member spoken to in clear
+            raise ValueError(f"etcd: {', '.join(plain)} is not https://, yet TLS was asked for")
+        if tls is None and len(plain) < len(self.endpoints):
+            tls = tls_context()
+        self.tls = tls
         self.user, self.password, self.timeout = user, password, timeout
         self._token: str | None = None
         self._lock = threading.Lock()
@@ -119,7 +151,7 @@ class Etcd:
             conn = conns.get(endpoint)
             reused = conn is not None
             if conn is None:
-                conn = conns[endpoint] = _connection(endpoint, timeout)
+                conn = conns[endpoint] = _connection(endpoint, timeout, self.tls)
             conn.timeout = timeout
             if conn.sock is not None:
                 conn.sock.settimeout(timeout)
@@ -135,7 +167,8 @@ class Etcd:
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
                 del conns[endpoint]
-                raise OSError(str(e) or type(e).__name__) from None
+                hint = TLS_HINT if isinstance(e, ssl.SSLError) else ""
+                raise OSError((str(e) or type(e).__name__) + hint) from None
 
     def _stream(self, endpoint: str, path: str, data: bytes, timeout: float, token: str | None):
         req = urllib.request.Request(f"{endpoint}/v3/{path}", data=data, method="POST",
@@ -143,7 +176,7 @@ class Etcd:
         if token:
             req.add_header("Authorization", token)
         try:
-            return urllib.request.urlopen(req, timeout=timeout)
+            return urllib.request.urlopen(req, timeout=timeout, context=self.tls)
         except urllib.error.HTTPError as e:
             raise _refusal(e.code, e.read()) from None
 
@@ -343,10 +376,11 @@ def created(key: str, revision: int) -> dict:
     return {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": str(revision)}
 
 
-def _connection(endpoint: str, timeout: float) -> http.client.HTTPConnection:
+def _connection(endpoint: str, timeout: float, tls: ssl.SSLContext | None) -> http.client.HTTPConnection:
     u = urllib.parse.urlsplit(endpoint)
-    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-    return cls(u.hostname, u.port, timeout=timeout)
+    if u.scheme == "https":
+        return http.client.HTTPSConnection(u.hostname, u.port, timeout=timeout, context=tls)
+    return http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
 
 
 def _refusal(status: int, raw: bytes) -> EtcdError:

@@ -2,8 +2,8 @@
 
 `units` renders the systemd units an operator installs on a switch, a GPU host or the coordinator;
 `net` is the boot-time link setup those units run; `prometheus` the scrape configuration of every
-agent of the fabric; `etcd-users` the etcd identities of every machine (docs/operations.md walks
-through them)."""
+agent of the fabric; `etcd-tls` the etcd certificates and `etcd-users` the etcd identities of
+every machine (docs/operations.md walks through them)."""
 from __future__ import annotations
 
 import re
@@ -13,12 +13,12 @@ from typing import List, Optional
 import typer
 
 from rlbcommon import cli as common
-from rlbcommon.etcd import EtcdError
+from rlbcommon.etcd import EtcdError, tls_context
 from rlbfabric.scrape import fabric_scrape_config, read_addresses
 
-from .coord import etcdauth
+from .coord import etcdauth, etcdtls
 
-from .deploy import ETCD_PASSWORD_FILE, Coordination, Site, XdpMode, coordinator_unit, net as net_setup, \
+from .deploy import ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_PASSWORD_FILE, Coordination, Site, XdpMode, coordinator_unit, net as net_setup, \
     units as node_units
 from .fabric import FabricError, load
 
@@ -38,6 +38,10 @@ def units(
                                        "their own users, coordinators follow it and one leads."),
     etcd_password_file: Path = typer.Option(ETCD_PASSWORD_FILE, help="With --etcd: where each machine "
                                             "keeps its etcd user's password (rlbfabric etcd-users)."),
+    etcd_ca_file: Path = typer.Option(ETCD_CA_FILE, help="With https:// --etcd URLs: where each machine keeps "
+                                      "the CA of etcd's certificate (rlbfabric etcd-tls: ca.pem)."),
+    etcd_cert_file: Path = typer.Option(ETCD_CERT_FILE, help="With https:// --etcd URLs: where each machine "
+                                        "keeps its client certificate and key (rlbfabric etcd-tls: <user>.pem)."),
     bin_dir: Path = typer.Option(Site.bin, "--bin", help="Where rlbswitch, rlbhost, rlbcoord and rlbfabric are."),
     xdp: XdpMode = typer.Option(XdpMode.native, help="native, or generic for NICs without native XDP."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Directory to write to (default: print them)."),
@@ -49,14 +53,15 @@ def units(
           --coordinator http://10.0.0.2:9473 -o /etc/systemd/system\n
       rlbfabric units --fabric /etc/rlb/fabric.toml --node coordinator --mgmt-ip 10.0.0.2\n
       rlbfabric units --fabric /etc/rlb/fabric.toml --node h1 --mgmt-ip 10.0.0.21 \\\n
-          --etcd http://10.0.0.2:2379,http://10.0.0.3:2379
+          --etcd https://10.0.0.2:2379,https://10.0.0.3:2379
     """
     if coordinator and etcd:
         raise typer.BadParameter("--coordinator or --etcd, not both: the coordinator runs on one or the other")
     fab = load(fabric)
     site = Site(bin=bin_dir, xdp=xdp.value)
     fabric_file = fabric.resolve()
-    coord = Coordination(url=coordinator, etcd=etcd, password_file=etcd_password_file)
+    coord = Coordination(url=coordinator, etcd=etcd, password_file=etcd_password_file, ca_file=etcd_ca_file,
+                         cert_file=etcd_cert_file)
     rendered = (coordinator_unit(fabric_file, mgmt_ip, site, coord) if node == "coordinator"
                 else node_units(fab, fabric_file, node, mgmt_ip, coord, site))
     for name, text in rendered.items():
@@ -128,6 +133,10 @@ def etcd_users(
     etcd: List[str] = typer.Option(..., help="An etcd member's client URL (repeat for each)."),
     out: Path = typer.Option(Path("/etc/rlb/etcd"), "-o", "--out", help="Directory for the password "
                              "files (0700; one <user>.password each, 0600; root's is etcd's administrator)."),
+    etcd_ca: Optional[Path] = typer.Option(None, help="With https:// URLs: the CA of etcd's certificate "
+                                           "(rlbfabric etcd-tls: ca.pem)."),
+    etcd_cert: Optional[Path] = typer.Option(None, help="With https:// URLs: root's client certificate and "
+                                             "key, if etcd asks for one (rlbfabric etcd-tls: root.pem)."),
 ):
     """Give every host, every switch and the coordinator its own etcd user, then turn etcd's
     authentication on.
@@ -137,14 +146,48 @@ def etcd_users(
     machine's name is refused by etcd itself. Run again when the fabric grows: existing users
     and their passwords are kept. Copy each machine's password file to it (docs/operations.md).
 
-    Example: rlbfabric etcd-users --fabric /etc/rlb/fabric.toml --etcd http://10.0.0.2:2379 -o /root/rlb-etcd
+    Example: rlbfabric etcd-users --fabric /etc/rlb/fabric.toml --etcd https://10.0.0.2:2379 -o /root/rlb-etcd \\\n
+          --etcd-ca /root/rlb-etcd/ca.pem --etcd-cert /root/rlb-etcd/root.pem
     """
+    plain = [u for u in etcd if not u.startswith("https://")]
+    if (etcd_ca or etcd_cert) and plain:
+        raise typer.BadParameter(f"{', '.join(plain)}: --etcd-ca and --etcd-cert are for https:// URLs",
+                                 param_hint="--etcd")
     try:
-        issued = etcdauth.issue(load(fabric), etcd, out)
+        tls = tls_context(etcd_ca, etcd_cert) if etcd_ca or etcd_cert else None
+        issued = etcdauth.issue(load(fabric), etcd, out, tls=tls)
     except (EtcdError, ValueError) as e:       # etcd refused, or a password file is unreadable
         raise RuntimeError(f"etcd: {e}") from None
     typer.echo(f"{len(issued.users_added)} users added, {len(issued.users_kept)} kept; passwords in {out}; "
                f"authentication {'turned on' if issued.auth_enabled else 'was on already'}")
+
+
+@app.command("etcd-tls")
+def etcd_tls(
+    fabric: Path = typer.Option(..., help=FABRIC_HELP),
+    server: List[str] = typer.Option(..., help="An etcd member's address or DNS name, as the agents' "
+                                     "--etcd URLs write it (repeat for each member)."),
+    out: Path = typer.Option(Path("/etc/rlb/etcd"), "-o", "--out", help="Directory for the CA, etcd's "
+                             "certificate and one <user>.pem per machine (0700; keys 0600)."),
+):
+    """Issue the fabric's etcd certificates, for a site without a PKI of its own: a CA, a server
+    certificate for the etcd members, a client certificate for every host, every switch, the
+    coordinators and root.
+
+    With them etcd speaks only TLS and lets in only machines holding a certificate of this CA;
+    the passwords (etcd-users) stay the identity, now out of sight of the management network.
+    Run again when the fabric grows or a member's address changes: what exists is kept. Give
+    etcd server.pem, server.key and ca.pem (--cert-file, --key-file, --trusted-ca-file,
+    --client-cert-auth); copy ca.pem and each machine's <user>.pem to it (docs/operations.md).
+
+    Example: rlbfabric etcd-tls --fabric /etc/rlb/fabric.toml --server 10.0.0.2 --server 10.0.0.3 -o /root/rlb-etcd
+    """
+    try:
+        written = etcdtls.issue(load(fabric), out, server)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--server") from None
+    typer.echo(f"{len(written)} files issued in {out} (CA {etcdtls.ca_file(out)}); "
+               f"etcd: {' '.join(map(str, etcdtls.server_files(out)))}")
 
 
 def main():

@@ -55,16 +55,22 @@ class Site:
 
 # where every machine keeps its own etcd user's password (rlbfabric etcd-users issues them)
 ETCD_PASSWORD_FILE = Path("/etc/rlb/etcd.password")
+# with https:// etcd URLs: the CA of etcd's certificate and the machine's own (rlbfabric etcd-tls)
+ETCD_CA_FILE = Path("/etc/rlb/etcd-ca.pem")
+ETCD_CERT_FILE = Path("/etc/rlb/etcd.pem")
 
 
 @dataclass(frozen=True)
 class Coordination:
     """How the agents reach the coordinator: its HTTP URL, or the fabric's etcd (comma-separated
     client URLs; each machine authenticates as its own user with the password in
-    password_file). Neither: hosts decide by the local rule alone."""
+    password_file; with https:// URLs over TLS, with ca_file and cert_file). Neither: hosts
+    decide by the local rule alone."""
     url: str | None = None
     etcd: str | None = None
     password_file: Path = ETCD_PASSWORD_FILE
+    ca_file: Path = ETCD_CA_FILE
+    cert_file: Path = ETCD_CERT_FILE
 
     def __post_init__(self):
         if self.url and self.etcd:
@@ -73,8 +79,12 @@ class Coordination:
     def agent_args(self) -> str:
         """What rlbhost attach and a leaf's rlbswitch run are given."""
         if self.etcd:
-            return f" --etcd {self.etcd} --etcd-password-file {self.password_file}"
+            return self.etcd_args()
         return f" --coordinator {self.url}" if self.url else ""
+
+    def etcd_args(self) -> str:
+        tls = f" --etcd-ca {self.ca_file} --etcd-cert {self.cert_file}" if "https://" in self.etcd else ""
+        return f" --etcd {self.etcd} --etcd-password-file {self.password_file}{tls}"
 
 
 def deployable(fabric: Fabric):
@@ -234,8 +244,7 @@ def coordinator_unit(fabric_file: Path, listen: str, site: Site = Site(),
     one leads). `after`: units of the same machine it waits for (the lab's etcd)."""
     etcd = ""
     if coordination.etcd:
-        etcd = f" --etcd {coordination.etcd} --etcd-password-file {coordination.password_file}" + \
-            (f" --name {name}" if name else "")
+        etcd = coordination.etcd_args() + (f" --name {name}" if name else "")
     return {"rlb-coord": f"""[Unit]
 {NO_START_LIMIT}
 Description=RLB fabric coordinator (QP placements for the whole fabric{", on etcd" if etcd else ""})

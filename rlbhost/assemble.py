@@ -46,6 +46,8 @@ class Options:
     verbs: bool = True
     verbs_group: str | None = None
     once: bool = False                  # attach and return: no agent runs
+    etcd_ca: Path | None = None         # with an https:// --etcd: the CA of its certificate
+    etcd_cert: Path | None = None       # ... and this host's (certificate and key, one file)
 
 
 @dataclass

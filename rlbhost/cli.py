@@ -66,6 +66,8 @@ def run(
         "there as they change, under its own user, and its placements watched."),
     etcd_password_file: Optional[Path] = typer.Option(None, help="With --etcd: the password of this "
         "host's etcd user rlb-host-<node> (`rlbfabric etcd-users` issues it; none: no authentication)."),
+    etcd_ca: Optional[Path] = common.ETCD_CA_OPTION,
+    etcd_cert: Optional[Path] = common.ETCD_CERT_OPTION,
     report_ms: int = typer.Option(250, min=50, help="How often to report to the coordinator (with "
         "--etcd: how often to look for changes to write)."),
     qp_memory_s: float = typer.Option(3.0, min=0.1, help="QPs idle up to this long are still "
@@ -113,7 +115,8 @@ def run(
         raise typer.BadParameter("--coordinator or --etcd, not both: the coordinator runs on one or the other")
     opts = Options(interface, node or socket.gethostname(), path_field, base_path, expiry_ms, roce_port or [],
                    coordinator, etcd, etcd_password_file, report_ms, qp_memory_s, run_dir, probe_ms,
-                   probe_dead_ms, probe_key, carrier_rt_priority, tc, verbs, verbs_group, once)
+                   probe_dead_ms, probe_key, carrier_rt_priority, tc, verbs, verbs_group, once,
+                   etcd_ca=etcd_ca, etcd_cert=etcd_cert)
     health = Health(health_file(dp.instance))
     built = assembler(fab)(dp, fab, opts, health)
     typer.echo(built.summary)

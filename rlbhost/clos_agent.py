@@ -101,10 +101,13 @@ def assemble(dp: HostDataplane, fabric: ClosFabric | None, opts: Options, health
         check_place(fabric, node)
     if (opts.coordinator or opts.etcd) and not fabric:
         raise HostError("--coordinator and --etcd need --fabric (and --node unless the host name is the fabric's)")
+    if (opts.etcd_ca or opts.etcd_cert) and not opts.etcd:
+        raise HostError("--etcd-ca and --etcd-cert go with --etcd")
     etcd = None
     if opts.etcd:
         try:
-            etcd = etcdauth.client(opts.etcd, keys.host_user(node), opts.etcd_password_file)
+            etcd = etcdauth.client(opts.etcd, keys.host_user(node), opts.etcd_password_file,
+                                   opts.etcd_ca, opts.etcd_cert)
         except ValueError as e:
             raise HostError(str(e)) from None
     dp.ifindex(opts.interface)   # before anything is loaded

@@ -1,5 +1,7 @@
 """A single etcd member for labs and tests (Debian's etcd-server), in a network namespace or
-here: its data in a directory of the lab's, its log beside it, ready once it answers a read."""
+here: its data in a directory of the lab's, its log beside it, ready once it answers a read.
+With `tls` (a directory of rlbfabric etcd-tls's certificates): https only, and only clients
+with a certificate of that CA (--client-cert-auth), as an operator's cluster runs."""
 from __future__ import annotations
 
 import shutil
@@ -7,21 +9,23 @@ import subprocess
 import time
 from pathlib import Path
 
-from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable
+from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable, tls_context
+from rlbfabric.coord import etcdauth, etcdtls
 
 ETCD = "etcd"
 
 
 class EtcdServer:
     def __init__(self, work: Path, host: str = "127.0.0.1", client_port: int = 2379, peer_port: int = 2380,
-                 netns: str | None = None, name: str = "rlb", fast: bool = False):
+                 netns: str | None = None, name: str = "rlb", fast: bool = False, tls: Path | None = None):
         """fast: heartbeats every 50 ms and elections after 500 (etcd's defaults: 100 and 1000),
         so a lease can be as short as 1 s (etcd's floor is 1.5 election timeouts): a lab's
         coordinators then replace a dead leader within a second. One member on one machine
         can afford it; a real cluster's members keep the defaults."""
-        self.work, self.netns, self.name, self.fast = work, netns, name, fast
+        self.work, self.netns, self.name, self.fast, self.tls = work, netns, name, fast, tls
         h = f"[{host}]" if ":" in host else host
-        self.url, self.peer_url = f"http://{h}:{client_port}", f"http://{h}:{peer_port}"
+        self.url = f"{'https' if tls else 'http'}://{h}:{client_port}"
+        self.peer_url = f"http://{h}:{peer_port}"       # one member: its peer port has no peers
         self.data = work / f"etcd-{name}.data"
         self.log = work / f"etcd-{name}.log"
         self.proc: subprocess.Popen | None = None
@@ -37,6 +41,10 @@ class EtcdServer:
                "--quota-backend-bytes", str(512 << 20), "--auto-compaction-retention", "5m"]
         if self.fast:
             cmd += ["--heartbeat-interval", "50", "--election-timeout", "500"]
+        if self.tls:
+            cert, key = etcdtls.server_files(self.tls)
+            cmd += ["--cert-file", str(cert), "--key-file", str(key),
+                    "--trusted-ca-file", str(etcdtls.ca_file(self.tls)), "--client-cert-auth"]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
         self.work.mkdir(parents=True, exist_ok=True)
@@ -45,8 +53,14 @@ class EtcdServer:
         self.wait_ready(timeout)
         return self
 
+    def client_tls(self, user: str = etcdauth.ROOT_USER):
+        """How `user` speaks to this member (None: in clear)."""
+        if not self.tls:
+            return None
+        return tls_context(etcdtls.ca_file(self.tls), etcdtls.client_file(self.tls, user))
+
     def wait_ready(self, timeout: float = 20.0):
-        client = Etcd(self.url, timeout=1.0)
+        client = Etcd(self.url, timeout=1.0, tls=self.client_tls())
         deadline = time.monotonic() + timeout
         while True:
             if self.proc is not None and self.proc.poll() is not None:

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from rlbcommon import coordapi, netns
 from rlbcommon.coordapi import url_for
+from rlbcommon.etcd import Etcd
 from rlbcommon.netns import run
 from rlbfabric.bird.conf import initial_includes, render
-from rlbfabric.coord import etcdauth, keys
+from rlbfabric.coord import etcdauth, etcdtls, keys
 from rlbfabric.deploy import AGENT_CAPS, COORDINATOR_CAPS, confined
 from rlbfabric.fabric import Fabric, load
 from rlbfabric.scrape import scrape_config
@@ -52,7 +53,9 @@ class FabricLab:
         reporting to it, leaves telling it their uplinks; without it hosts use the local rule.
         etcd (with the coordinator): an etcd member in <lab>-mon, every host, leaf and the
         coordinators an etcd user of their own (rlbfabric etcd-users), two coordinators of which
-        one leads; hosts and leaves write there instead of reporting over HTTP."""
+        one leads; hosts and leaves write there instead of reporting over HTTP. As a site runs
+        it: TLS only, each machine with a client certificate of the lab's CA (rlbfabric
+        etcd-tls), its password its identity."""
         if mode not in ("rlb", "baseline"):
             raise ValueError(f"mode {mode!r}: rlb or baseline")
         self.fabric_file = Path(fabric_file).resolve()
@@ -95,11 +98,25 @@ class FabricLab:
 
     @property
     def etcd_url(self) -> str:
-        return f"http://[{self.MGMT}1]:{self.ETCD_PORT}"
+        return f"https://[{self.MGMT}1]:{self.ETCD_PORT}"
 
     @property
     def etcd_creds(self) -> Path:
+        """Passwords, and the CA and certificates (etcdtls.py): what a site copies to each machine."""
         return self.work / "etcd-creds"
+
+    def etcd_args(self, user: str) -> list[str]:
+        """What an agent running as etcd `user` is given."""
+        return ["--etcd", self.etcd_url,
+                "--etcd-password-file", str(etcdauth.password_file(self.etcd_creds, user)),
+                "--etcd-ca", str(etcdtls.ca_file(self.etcd_creds)),
+                "--etcd-cert", str(etcdtls.client_file(self.etcd_creds, user))]
+
+    def etcd_client(self, user: str, timeout: float = 2.0) -> Etcd:
+        """An etcd client as `user`, as its agent connects."""
+        return etcdauth.client(self.etcd_url, user, etcdauth.password_file(self.etcd_creds, user),
+                               etcdtls.ca_file(self.etcd_creds), etcdtls.client_file(self.etcd_creds, user),
+                               timeout=timeout)
 
     def namespaces(self) -> list[str]:
         return [self.ns(n.name) for n in self.switches] + [self.ns(h) for h in self.hosts] + [self.ns("mon")]
@@ -214,8 +231,7 @@ class FabricLab:
         if self.monitor:
             cmd += ["--metrics-addr", self.mgmt_addr(node)]
         if self.etcd and self.fabric.node(node).role == "leaf":
-            cmd += ["--etcd", self.etcd_url, "--etcd-password-file",
-                    str(etcdauth.password_file(self.etcd_creds, keys.switch_user(node)))]
+            cmd += self.etcd_args(keys.switch_user(node))
         elif self.coordinator and self.fabric.node(node).role == "leaf":
             cmd += ["--coordinator", self.coordinator_url]
         self._spawn(node, cmd, "following links")
@@ -226,23 +242,24 @@ class FabricLab:
         if self.monitor:
             cmd += ["--metrics-addr", self.mgmt_addr(host)]
         if self.etcd:
-            cmd += ["--etcd", self.etcd_url, "--etcd-password-file",
-                    str(etcdauth.password_file(self.etcd_creds, keys.host_user(host))), "--report-ms", "100"]
+            cmd += [*self.etcd_args(keys.host_user(host)), "--report-ms", "100"]
         elif self.coordinator:
             cmd += ["--coordinator", self.coordinator_url]
         self._spawn(host, cmd, "following addresses")
 
     def start_etcd(self):
         """One etcd member in <lab>-mon on the management network (a fresh store: an earlier
-        lab's users and keys would linger), then a user per host, leaf and coordinator."""
-        server = EtcdServer(self.work, f"{self.MGMT}1", self.ETCD_PORT, self.ETCD_PORT + 1,
-                            netns=self.ns("mon"), fast=True)
-        shutil.rmtree(server.data, ignore_errors=True)
+        lab's users and keys would linger), its CA and certificates first, then a user per host,
+        leaf and coordinator."""
         shutil.rmtree(self.etcd_creds, ignore_errors=True)
+        etcdtls.issue(self.fabric, self.etcd_creds, [f"{self.MGMT}1"])
+        server = EtcdServer(self.work, f"{self.MGMT}1", self.ETCD_PORT, self.ETCD_PORT + 1,
+                            netns=self.ns("mon"), fast=True, tls=self.etcd_creds)
+        shutil.rmtree(server.data, ignore_errors=True)
         with netns.inside(self.ns("mon")):
             server.start()
             self.agents["etcd"] = server.proc
-            etcdauth.issue(self.fabric, [self.etcd_url], self.etcd_creds)
+            etcdauth.issue(self.fabric, [self.etcd_url], self.etcd_creds, tls=server.client_tls())
         self.etcd_server = server
 
     def start_coordinator(self, which: str | None = None):
@@ -256,8 +273,7 @@ class FabricLab:
             args = [sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(self.fabric_file),
                     "--listen", f"{self.MGMT}1", "--port", url.rsplit(":", 1)[1]]
             if self.etcd:
-                args += ["--etcd", self.etcd_url, "--name", name, "--lease-ttl-s", "1", "--etcd-password-file",
-                         str(etcdauth.password_file(self.etcd_creds, keys.COORDINATOR_USER))]
+                args += [*self.etcd_args(keys.COORDINATOR_USER), "--name", name, "--lease-ttl-s", "1"]
             self._spawn(key, ["ip", "netns", "exec", self.ns("mon"), *confined(args, COORDINATOR_CAPS)],
                         "listening on")
 

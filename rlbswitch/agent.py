@@ -51,6 +51,8 @@ class SwitchOptions:
     node_label: str = ""
     etcd: str | None = None               # the coordinator through the fabric's etcd instead
     etcd_password_file: Path | None = None
+    etcd_ca: Path | None = None
+    etcd_cert: Path | None = None
 
     def check(self, once: bool):
         """Refuse what the options cannot do together, before anything is attached."""
@@ -60,6 +62,8 @@ class SwitchOptions:
                                  "--control-only need the agent")
         if self.coordinator and self.etcd:
             raise DataplaneError("--coordinator or --etcd, not both: the coordinator runs on one or the other")
+        if (self.etcd_ca or self.etcd_cert) and not self.etcd:
+            raise DataplaneError("--etcd-ca and --etcd-cert go with --etcd")
         if once and not self.interfaces:
             raise DataplaneError("--once: name the ports to attach")
         if (self.fabric_file is None) != (self.node is None):
@@ -108,7 +112,8 @@ class SwitchAgent:
         if o.coordinator or o.etcd:
             try:
                 publish = (HttpUplinks(o.coordinator, o.node) if o.coordinator else
-                           EtcdUplinks(etcdauth.client(o.etcd, keys.switch_user(o.node), o.etcd_password_file), o.node))
+                           EtcdUplinks(etcdauth.client(o.etcd, keys.switch_user(o.node), o.etcd_password_file,
+                                                       o.etcd_ca, o.etcd_cert), o.node))
                 LinkReporter(self.sync.fabric, o.node, publish, self.runtime).start()
             except ValueError as e:
                 raise DataplaneError(str(e)) from None

@@ -61,6 +61,8 @@ def run(
         "coordinators read them."),
     etcd_password_file: Optional[Path] = typer.Option(None, help="With --etcd: the password of this "
         "switch's etcd user rlb-switch-<node> (`rlbfabric etcd-users` issues it)."),
+    etcd_ca: Optional[Path] = common.ETCD_CA_OPTION,
+    etcd_cert: Optional[Path] = common.ETCD_CERT_OPTION,
 ):
     """Run the switch agent in the foreground: `attach` with the ports optional (adopted).
 
@@ -75,7 +77,7 @@ def run(
     opts = SwitchOptions([] if control_only else list(interfaces or []), generic, speed_mbps,
                          fabric_file, None, node, bird_socket, run_dir, control_only, resync_s,
                          coordinator, 0 if control_only else metrics_port, metrics_addr, ctx.node_label,
-                         etcd, etcd_password_file)
+                         etcd, etcd_password_file, etcd_ca, etcd_cert)
     opts.check(once)
     opts.fabric = load(fabric_file) if fabric_file else None
     dp = ctx.dataplane()

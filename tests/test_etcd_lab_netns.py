@@ -34,7 +34,7 @@ def lab():
 
 
 def as_user(lab, user: str) -> Etcd:
-    return Etcd(lab.etcd_url, user, etcdauth.read_password(etcdauth.password_file(lab.etcd_creds, user)))
+    return lab.etcd_client(user)
 
 
 def in_model(lab, host: str) -> int:

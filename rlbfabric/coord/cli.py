@@ -53,6 +53,8 @@ def run(
     etcd_user: str = typer.Option(keys.COORDINATOR_USER, help="With --etcd: the etcd user (rlbfabric etcd-users)."),
     etcd_password_file: Optional[Path] = typer.Option(None, help="With --etcd: its password "
                                                       "(a file only root reads; none: no authentication)."),
+    etcd_ca: Optional[Path] = common.ETCD_CA_OPTION,
+    etcd_cert: Optional[Path] = common.ETCD_CERT_OPTION,
     name: str = typer.Option(socket.gethostname(), help="With --etcd: this coordinator's name in the "
                              "election (unique among them)."),
     lease_ttl_s: int = typer.Option(2, min=1, max=60, help="With --etcd: the leader's lease; a dead "
@@ -69,12 +71,14 @@ def run(
     except FabricError as e:
         raise CoordError(f"{fabric}: {e}") from None
     runner = None
+    if (etcd_ca or etcd_cert) and etcd is None:
+        raise CoordError("--etcd-ca and --etcd-cert go with --etcd")
     if etcd is not None:
         if not isinstance(coord, Coordinator):
             raise CoordError(f"{fabric}: --etcd runs the leaf-spine coordinator only (a {fab.kind} fabric's "
                              "service runs without it)")
         try:
-            client = etcdauth.client(etcd, etcd_user, etcd_password_file)
+            client = etcdauth.client(etcd, etcd_user, etcd_password_file, etcd_ca, etcd_cert)
         except ValueError as e:
             raise CoordError(str(e)) from None
         runner = EtcdCoordination(coord, client, name, lease_ttl_s=lease_ttl_s)

@@ -7,12 +7,15 @@ The root user (etcd's own administrator, which authentication needs) gets a pass
 an operator keeps it off the machines."""
 from __future__ import annotations
 
+import ipaddress
 import logging
 import secrets
+import ssl
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlbcommon.etcd import FAILED_PRECONDITION, Etcd, EtcdError, EtcdUnavailable
+from rlbcommon.etcd import FAILED_PRECONDITION, Etcd, EtcdError, EtcdUnavailable, tls_context
 from rlbcommon.paths import write_private
 
 from ..base import Fabric
@@ -37,16 +40,36 @@ def read_password(path: Path) -> str:
     return text
 
 
-def client(urls: str, user: str, password_file: Path | None) -> Etcd:
-    """An agent's etcd client from its options: comma-separated client URLs, its user and the
-    file with its password (None: no authentication, a lab's etcd without it). ValueError
-    names what is wrong."""
+def client(urls: str, user: str, password_file: Path | None, ca: Path | None = None,
+           cert: Path | None = None, timeout: float = 2.0) -> Etcd:
+    """An agent's etcd client from its options: comma-separated client URLs, its user, the file
+    with its password (None: no authentication, a lab's etcd without it), the CA of etcd's
+    certificate and its own certificate (https:// URLs; etcdtls.py). ValueError names what is
+    wrong."""
     endpoints = [u.strip() for u in urls.split(",") if u.strip()]
     if not endpoints or not all(u.startswith(("http://", "https://")) for u in endpoints):
-        raise ValueError(f"--etcd {urls!r}: client URLs, comma-separated (http://[fd00:99::1]:2379)")
+        raise ValueError(f"--etcd {urls!r}: client URLs, comma-separated (https://[fd00:99::1]:2379)")
+    tls = None
+    if ca is not None or cert is not None:
+        plain = [u for u in endpoints if not u.startswith("https://")]
+        if plain:
+            raise ValueError(f"--etcd-ca/--etcd-cert are for https:// URLs; {', '.join(plain)} is spoken to in clear")
+        tls = tls_context(ca, cert)
     if password_file is None:
-        return Etcd(endpoints)
-    return Etcd(endpoints, user, read_password(password_file))
+        return Etcd(endpoints, tls=tls, timeout=timeout)
+    clear = [u for u in endpoints if u.startswith("http://") and not _loopback(u)]
+    if clear:
+        log.warning("etcd at %s is spoken to in clear: %s's password and token cross the network "
+                    "readable (https:// with --etcd-ca: docs/operations.md)", ", ".join(clear), user)
+    return Etcd(endpoints, user, read_password(password_file), timeout=timeout, tls=tls)
+
+
+def _loopback(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _password(directory: Path, user: str) -> tuple[str, bool]:
@@ -70,20 +93,21 @@ class Issued:
     auth_enabled: bool = False
 
 
-def issue(fabric: Fabric, endpoints: list[str], directory: Path, timeout: float = 5.0) -> Issued:
+def issue(fabric: Fabric, endpoints: list[str], directory: Path, timeout: float = 5.0,
+          tls: ssl.SSLContext | None = None) -> Issued:
     """Create what is missing. Works on an etcd with authentication off (the first run) or on
-    (later runs: as root, from root's password file)."""
+    (later runs: as root, from root's password file). `tls`: how root reaches an https etcd."""
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o700)
     root_pw, _ = _password(directory, ROOT_USER)
-    admin = Etcd(endpoints, timeout=timeout)
+    admin = Etcd(endpoints, timeout=timeout, tls=tls)
     try:
         admin.get("/")                         # authentication off: anyone may read
         was_on = False
     except EtcdUnavailable:
         raise
     except EtcdError:
-        admin, was_on = Etcd(endpoints, ROOT_USER, root_pw, timeout=timeout), True
+        admin, was_on = Etcd(endpoints, ROOT_USER, root_pw, timeout=timeout, tls=tls), True
     out = Issued()
     _add_user(admin, ROOT_USER, root_pw)
     try:
