@@ -386,8 +386,8 @@ def _connection(endpoint: str, timeout: float, tls: ssl.SSLContext | None) -> ht
 def _refusal(status: int, raw: bytes) -> EtcdError:
     try:
         body = json.loads(raw or b"{}")
-    except ValueError:
-        body = {}
+    except ValueError:                         # the gateway's own refusals are plain text
+        body = {"message": f"HTTP {status}: {raw[:300].decode(errors='replace').strip()}"}
     if not isinstance(body, dict):
         body = {}
     return EtcdError(int(body.get("code", 2)), body.get("message") or body.get("error") or f"HTTP {status}")

@@ -95,7 +95,7 @@ def up(
         typer.echo(f"Prometheus: ip netns exec {lab.ns('mon')} curl -s 127.0.0.1:9090/api/v1/targets "
                    f"(config {lab.work / 'prometheus.yml'}; dashboards in grafana/)")
     if getattr(lab, "etcd", False):
-        typer.echo(f"etcd: {lab.etcd_url} in {lab.ns('mon')} (users' passwords in {lab.etcd_creds}); "
+        typer.echo(f"etcd: {lab.etcd_url} in {lab.ns('mon')} (TLS; users' passwords, CA and certificates in {lab.etcd_creds}); "
                    f"coordinators {', '.join(lab.coordinator_urls().values())}, one leads")
     elif lab.coordinator:
         typer.echo(f"coordinator: {lab.coordinator_url} in {lab.ns('mon')} (rlblab coordinator)")

@@ -14,6 +14,8 @@ from rlbfabric.coord import etcdauth, keys
 from rlblab.etcdserver import EtcdServer
 from rlblab.vm.node import write_etcd_passwords
 from rlblab.vm.plan import node, plan
+from rlbfabric.deploy import ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_PASSWORD_FILE, Coordination, coordinator_unit, \
+    units as node_units
 from rlbfabric.scrape import scrape_config
 from rlbfabric.fabric import FabricError, load
 
@@ -183,7 +185,6 @@ def test_units_wire_every_agent_to_the_coordinator_on_etcd_on_the_monitor():
     configured), every machine's etcd user issued there, the coordinator on it; hosts and leaves
     write to it as their own users; spines never talk to it."""
     from rlblab.vm.node import ETCD_DEFAULTS, ETCD_DROPIN, ETCD_USERS, etcd_config, scrape_targets, units
-    from rlbfabric.deploy import ETCD_PASSWORD_FILE
     fab_file = LAB / "fabric-2x2.toml"
     fab = load(fab_file)
     vms = plan(fab)
@@ -592,3 +593,18 @@ def test_every_long_running_unit_is_bounded_to_the_capabilities_it_uses():
              "raise SystemExit(ctypes.CDLL(None, use_errno=True).setns(fd, 0))"]
     assert subprocess.run(deploy.confined(probe, deploy.AGENT_CAPS)).returncode == 0
     assert subprocess.run(deploy.confined(probe, ())).returncode != 0
+
+
+def test_units_for_an_etcd_over_tls_give_every_agent_the_ca_and_its_certificate():
+    fab_file = LAB / "fabric.toml"
+    fab = load(fab_file)
+    tls = Coordination(etcd="https://10.0.0.2:2379,https://10.0.0.3:2379")
+    want = (f"--etcd https://10.0.0.2:2379,https://10.0.0.3:2379 --etcd-password-file {ETCD_PASSWORD_FILE} "
+            f"--etcd-ca {ETCD_CA_FILE} --etcd-cert {ETCD_CERT_FILE}")
+    assert want in node_units(fab, fab_file, "h1", "10.1.0.3", tls)["rlb-host"]
+    assert want in node_units(fab, fab_file, "l1", "10.1.0.4", tls)["rlb-switch"]
+    assert f"{want} --name c1" in coordinator_unit(fab_file, "10.1.0.2", coordination=tls, name="c1")["rlb-coord"]
+    clear = node_units(fab, fab_file, "h1", "10.1.0.3", Coordination(etcd="http://10.0.0.2:2379"))["rlb-host"]
+    assert "--etcd http://10.0.0.2:2379 --etcd-password-file" in clear and "--etcd-ca" not in clear
+    custom = Coordination(etcd="https://e:2379", ca_file=Path("/srv/ca.pem"), cert_file=Path("/srv/me.pem"))
+    assert custom.agent_args().endswith(" --etcd-ca /srv/ca.pem --etcd-cert /srv/me.pem")
