@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RLB_VENV:-.venv}
 APT_PKGS=(python3-bpfcc python3-venv linux-headers-amd64 bird2 ethtool iproute2 libbpf1 kmod
-          gcc libc6-dev libibverbs-dev)   # the last three: the verbs library (librlbverbs.so)
+          gcc libc6-dev libibverbs-dev    # these three: the verbs library (librlbverbs.so)
+          openssl)                        # rlbfabric etcd-tls: the etcd certificates
 # without recommends: Prometheus for the dashboard tests (no exporters), etcd for the coordinator's
 # shared state (the labs start their own members)
 APT_LEAN=(prometheus etcd-server)
