@@ -9,7 +9,7 @@ written; the CPU of the coordinator, of etcd and of the hosts' writers; next to 
 coordinator on the same workload (each host posting its full report).
 
     .venv/bin/python bench/etcd_placement.py [--leaves 128 --hosts 32 --spines 8 --qps 8
-                                              --collective 16,64,128,256,512]
+                                              --collective 16,64,128,256,512] [--tls]
 
 No etcd authentication here (a user per simulated host would cost a bcrypt hash each to create);
 the lab and the tests run with it."""
@@ -33,16 +33,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rlbcommon.etcd import Etcd  # noqa: E402
+from rlbcommon.etcd import Etcd, tls_context  # noqa: E402
 from rlbfabric import workloads  # noqa: E402
 from rlbfabric.policy import localrule  # noqa: E402
 from rlbfabric.coord import keys  # noqa: E402
-from rlbfabric.coord import etcdrun  # noqa: E402
+from rlbfabric.coord import etcdrun, etcdtls  # noqa: E402
 from rlbfabric.coord.etcdrun import EtcdCoordination  # noqa: E402
 from rlbfabric.coord.service import Coordinator  # noqa: E402
 from rlblab.etcdserver import EtcdServer  # noqa: E402
 
 from placement_sim import model_fabric  # noqa: E402
+
+
+# --tls: the directory of etcdtls's certificates, every client showing root's (as the agents
+# show their own; set before the hosts' processes are forked)
+TLS_DIR: Path | None = None
+
+
+def client_of(url: str) -> Etcd:
+    tls = tls_context(etcdtls.ca_file(TLS_DIR), etcdtls.client_file(TLS_DIR, "root")) if TLS_DIR else None
+    return Etcd(url, timeout=30.0, tls=tls)
 
 
 def free_port() -> int:
@@ -128,7 +138,7 @@ def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int) -> 
     sent and when etcd acknowledged it (CLOCK_MONOTONIC is the machine's, so the parent
     compares it with its own), and the CPU seconds this process spent on them."""
     cpu = time.process_time()
-    client = Etcd(url, timeout=30.0)
+    client = client_of(url)
     out = {}
 
     def one(item):
@@ -199,7 +209,7 @@ class HostsWatch:
 def _watch_main(url: str, conn, cpus: set[int] | None):
     if cpus:
         os.sched_setaffinity(0, cpus)
-    w = PlacementWatch(Etcd(url, timeout=30.0))
+    w = PlacementWatch(client_of(url))
     conn.send("ready")
     while (msg := conn.recv()) is not None:
         wanted, timeout = msg
@@ -303,7 +313,8 @@ def figures(lat: list[float]) -> str:
 
 
 def run_etcd(fabric, writes: dict[str, HostWrite], collectives: list[dict[str, HostWrite]], workers: int,
-             threads: int, singles: int, rule: LocalRule, hk: HostKeys, pin: bool = False) -> tuple[dict, dict]:
+             threads: int, singles: int, rule: LocalRule, hk: HostKeys, pin: bool = False,
+             tls: bool = False) -> tuple[dict, dict]:
     """The burst (every host at once), then in the loaded fabric each collective's hosts adding
     QPs at once (one collective after another), then `singles` hosts adding QPs one after
     another. `pin`: the coordinator (this process) alone on the last CPU, etcd and the writers
@@ -317,12 +328,16 @@ def run_etcd(fabric, writes: dict[str, HostWrite], collectives: list[dict[str, H
             raise SystemExit("--pin needs 2 CPUs or more")
         others = set(cpus[:-1])
         os.sched_setaffinity(0, others)              # etcd inherits the others
-    server = EtcdServer(work, client_port=free_port(), peer_port=free_port()).start()
+    global TLS_DIR
+    if tls:
+        TLS_DIR = work / "pki"
+        etcdtls.issue(None, TLS_DIR, ["127.0.0.1"])
+    server = EtcdServer(work, client_port=free_port(), peer_port=free_port(), tls=TLS_DIR).start()
     if pin:
         os.sched_setaffinity(0, {cpus[-1]})          # the coordinator's threads
     hosts = watch = None
     try:
-        client = Etcd(server.url, timeout=30.0)
+        client = client_of(server.url)
         # the hosts' processes first: forked before the coordinator's threads exist
         hosts = Writers(server.url, workers, threads, others)
         watch = HostsWatch(server.url, others)
@@ -464,6 +479,8 @@ def main():
     ap.add_argument("--place-every-ms", type=float, default=None,
                     help="the coordinator's PLACE_EVERY_S, in ms (default: the code's; 0: a solve "
                     "whenever anything changed, as before batching)")
+    ap.add_argument("--tls", action="store_true", help="etcd over TLS with client certificates "
+                    "(--client-cert-auth), as a site runs it: what TLS costs etcd, the coordinator and the hosts")
     a = ap.parse_args()
     if a.place_every_ms is not None:
         etcdrun.PLACE_EVERY_S = a.place_every_ms / 1000
@@ -482,14 +499,15 @@ def main():
             writes[h], bodies[h] = host_writes(fabric, h, peers, a.qps, rnd, rule, hk)
     first = "the path its host's rule gives it" if a.start == "local" else "path 1"
     print(f"{a.leaves} leaves x {a.hosts} hosts x {a.spines} spines: {len(writes)} hosts start "
-          f"{a.qps} fabric QPs each at once ({len(writes) * a.qps} QPs), each first on {first}")
+          f"{a.qps} fabric QPs each at once ({len(writes) * a.qps} QPs), each first on {first}"
+          f"{'; etcd over TLS with client certificates' if a.tls else ''}")
     http = run_http(fabric, bodies, a.workers)
     collectives, at, order = [], 0, list(writes)
     for n in a.collective:                     # each collective's hosts, apart from the others'
         names = [order[(at + i) % len(order)] for i in range(n)]
         collectives.append(dict(_more_qps(h, writes[h], rnd, rule, hk) for h in names))
         at += n
-    etcd, more = run_etcd(fabric, writes, collectives, a.workers, a.threads, a.singles, rule, hk, a.pin)
+    etcd, more = run_etcd(fabric, writes, collectives, a.workers, a.threads, a.singles, rule, hk, a.pin, a.tls)
     names = list(dict.fromkeys([*etcd, *http]))
     print(f"{'every host at once':<44}{'etcd (rlbcoord --etcd)':>30}{'HTTP (rlbcoord)':>30}")
     for n in names:
