@@ -20,12 +20,11 @@ import base64
 import http.client
 import json
 import logging
+import random
 import socket
 import ssl
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,14 @@ log = logging.getLogger(__name__)
 NOT_FOUND, PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED = 5, 7, 9, 16
 INVALID_TOKEN = "etcdserver: invalid auth token"
 MAX_TXN_OPS = 128                # etcd's --max-txn-ops default
+# A watch stays open while nothing comes: re-opening one costs etcd a request (and a TLS
+# handshake), about 1 ms of its CPU; at 5 s, 4k hosts' two watches each cost it a core or two
+# doing nothing. A dead member is noticed by TCP keepalive instead (about 25 s), a member cut
+# off from its cluster by etcd itself (require-leader ends the stream), and the stream is
+# still opened afresh after WATCH_IDLE_S of silence (jittered: hosts do not come back at once).
+WATCH_IDLE_S = 300.0
+KEEPALIVE_S = (10, 5, 3)         # idle before probing, between probes, probes unanswered
+REQUIRE_LEADER = {"Grpc-Metadata-Hasleader": "true"}     # clientv3's WithRequireLeader, via the gateway
 TLS_HINT = (" (TLS: is --etcd-ca the CA that signed etcd's certificate, for the address in the URL? "
             "Does etcd ask for a client certificate (--etcd-cert)?)")
 
@@ -170,15 +177,24 @@ class Etcd:
                 hint = TLS_HINT if isinstance(e, ssl.SSLError) else ""
                 raise OSError((str(e) or type(e).__name__) + hint) from None
 
-    def _stream(self, endpoint: str, path: str, data: bytes, timeout: float, token: str | None):
-        req = urllib.request.Request(f"{endpoint}/v3/{path}", data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        if token:
-            req.add_header("Authorization", token)
+    def _stream(self, endpoint: str, path: str, data: bytes, timeout: float, token: str | None) -> "_Stream":
+        """A streaming request on a connection of its own, with TCP keepalive."""
+        conn = _connection(endpoint, timeout, self.tls)
+        headers = {"Content-Type": "application/json", **REQUIRE_LEADER, **({"Authorization": token} if token else {})}
         try:
-            return urllib.request.urlopen(req, timeout=timeout, context=self.tls)
-        except urllib.error.HTTPError as e:
-            raise _refusal(e.code, e.read()) from None
+            conn.connect()
+            _keepalive(conn.sock)
+            conn.request("POST", f"/v3/{path}", body=data, headers=headers)
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            hint = TLS_HINT if isinstance(e, ssl.SSLError) else ""
+            raise OSError((str(e) or type(e).__name__) + hint) from None
+        if resp.status >= 400:
+            raw = resp.read()
+            conn.close()
+            raise _refusal(resp.status, raw)
+        return _Stream(conn, resp)
 
     def _request(self, path: str, body: dict, timeout: float | None = None, stream: bool = False,
                  auth: bool = True):
@@ -212,7 +228,7 @@ class Etcd:
                 last = e
             except EtcdError:
                 raise
-            except (urllib.error.URLError, OSError) as e:
+            except OSError as e:
                 last = e
         raise EtcdUnavailable(f"etcd at {', '.join(self.endpoints)}: {getattr(last, 'reason', last)}")
 
@@ -317,17 +333,20 @@ class Etcd:
 
     # ---- watches ------------------------------------------------------------------------
     def watch_prefix(self, prefix: str, start_revision: int, stop: threading.Event,
-                     idle_s: float = 5.0) -> Iterator[tuple[list[Event], int]]:
+                     idle_s: float = WATCH_IDLE_S) -> Iterator[tuple[list[Event], int]]:
         """Batches of events under prefix from start_revision on, each with the revision it
-        brings the reader to, until `stop` is set. A quiet stream is re-opened every idle_s
-        from where it was (nothing is missed: etcd replays from the revision); EtcdUnavailable
-        is raised when etcd cannot be reached, EtcdCompacted when the revision was compacted
-        away (read the prefix again), EtcdError when etcd refuses (authentication, permission)."""
+        brings the reader to, until `stop` is set (at once: the stream is shut). A stream quiet
+        for idle_s (+-20 %) is re-opened from where it was (nothing is missed: etcd replays
+        from the revision); EtcdUnavailable is raised when etcd cannot be reached (or the
+        member has no leader), EtcdCompacted when the revision was compacted away (read the
+        prefix again), EtcdError when etcd refuses (authentication, permission)."""
         rev = start_revision
         while not stop.is_set():
             body = {"create_request": {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix)),
                                        "start_revision": str(rev)}}
-            resp = self._request("watch", body, timeout=idle_s, stream=True)
+            resp = self._request("watch", body, stream=True)        # connected within the usual timeout
+            resp.conn.sock.settimeout(idle_s * random.uniform(0.8, 1.2))
+            resp.shut_on(stop)
             try:
                 for line in resp:
                     if stop.is_set():
@@ -346,6 +365,8 @@ class Etcd:
             except (socket.timeout, TimeoutError):
                 continue                       # quiet: open again from rev
             except (OSError, ValueError) as e:
+                if stop.is_set():
+                    return
                 raise EtcdUnavailable(f"watch {prefix}: {e}") from None
             finally:
                 resp.close()
@@ -374,6 +395,42 @@ class Etcd:
 def created(key: str, revision: int) -> dict:
     """A transaction's condition: `key` exists as created at `revision` (a leader's fence)."""
     return {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": str(revision)}
+
+
+class _Stream:
+    """A streaming response and its connection: lines as they come; shut (from another
+    thread) when `stop` is set, so a reader blocked on a quiet stream returns at once."""
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse):
+        self.conn, self.resp = conn, resp
+        self.done = threading.Event()
+
+    def __iter__(self):
+        return iter(self.resp)
+
+    def shut_on(self, stop: threading.Event):
+        def wait():
+            while not self.done.is_set():
+                if stop.wait(0.5):
+                    try:
+                        self.conn.sock.shutdown(socket.SHUT_RDWR)
+                    except (OSError, AttributeError):
+                        pass
+                    return
+        threading.Thread(target=wait, name="etcd-watch-stop", daemon=True).start()
+
+    def close(self):
+        self.done.set()
+        self.resp.close()
+        self.conn.close()
+
+
+def _keepalive(sock: socket.socket):
+    idle, interval, count = KEEPALIVE_S
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
 
 
 def _connection(endpoint: str, timeout: float, tls: ssl.SSLContext | None) -> http.client.HTTPConnection:
