@@ -48,6 +48,7 @@ class Options:
     once: bool = False                  # attach and return: no agent runs
     etcd_ca: Path | None = None         # with an https:// --etcd: the CA of its certificate
     etcd_cert: Path | None = None       # ... and this host's (certificate and key, one file)
+    etcd_lease_s: int = 3               # its keys' lease: how long a dead host's QPs stay placed
 
 
 @dataclass

@@ -68,6 +68,10 @@ def run(
         "host's etcd user rlb-host-<node> (`rlbfabric etcd-users` issues it; none: no authentication)."),
     etcd_ca: Optional[Path] = common.ETCD_CA_OPTION,
     etcd_cert: Optional[Path] = common.ETCD_CERT_OPTION,
+    etcd_lease_s: int = typer.Option(3, min=2, max=60, help="With --etcd: the lease of this host's keys. "
+        "A dead host's QPs leave the placement when it ends; it is kept alive every third of it, and "
+        "each keepalive costs the etcd leader about half a millisecond of CPU (4k hosts at 3 s: "
+        "one to two cores; docs/operations.md)."),
     report_ms: int = typer.Option(250, min=50, help="How often to report to the coordinator (with "
         "--etcd: how often to look for changes to write)."),
     qp_memory_s: float = typer.Option(3.0, min=0.1, help="QPs idle up to this long are still "
@@ -116,7 +120,7 @@ def run(
     opts = Options(interface, node or socket.gethostname(), path_field, base_path, expiry_ms, roce_port or [],
                    coordinator, etcd, etcd_password_file, report_ms, qp_memory_s, run_dir, probe_ms,
                    probe_dead_ms, probe_key, carrier_rt_priority, tc, verbs, verbs_group, once,
-                   etcd_ca=etcd_ca, etcd_cert=etcd_cert)
+                   etcd_ca=etcd_ca, etcd_cert=etcd_cert, etcd_lease_s=etcd_lease_s)
     health = Health(health_file(dp.instance))
     built = assembler(fab)(dp, fab, opts, health)
     typer.echo(built.summary)

@@ -130,8 +130,8 @@ def assemble(dp: HostDataplane, fabric: ClosFabric | None, opts: Options, health
         client = CoordinatorClient(dp, node, opts.coordinator, opts.report_ms / 1000, opts.qp_memory_s,
                                    health=health, view=view)
     elif etcd is not None:
-        client = EtcdCoordinatorClient(dp, node, etcd, opts.report_ms / 1000, opts.qp_memory_s, health=health,
-                                       view=view)
+        client = EtcdCoordinatorClient(dp, node, etcd, opts.report_ms / 1000, opts.qp_memory_s,
+                                       lease_ttl_s=opts.etcd_lease_s, health=health, view=view)
     service = verbs_service(dp, opts, health, view) if opts.verbs else None
 
     def close():
