@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,8 @@ from rlbcommon.etcd import Etcd, prefix_end
 from rlblab.etcdserver import EtcdServer
 
 from .test_etcd_identity import free_port
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +91,14 @@ def test_a_watch_stream_probes_a_silent_peer(server):
         assert next(iter(stream))                 # the stream answers: its creation
     finally:
         stream.close()
+
+
+def test_the_request_cost_bench_compares_clear_and_tls():
+    out = subprocess.run([sys.executable, str(BENCH / "etcd_costs.py"), "--n", "30", "--watches", "5"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = {line[:36].strip(): line[36:].split() for line in out.stdout.splitlines()[1:]}
+    assert list(rows) == ["lease keepalive", "read", "watch opened"]
+    for cells in rows.values():              # etcd / client in clear, etcd / client over TLS, ratio
+        assert cells[1] == "/" and cells[4] == "/" and cells[6].endswith("x")
+        assert float(cells[0]) > 0 and float(cells[3]) > 0
