@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
-from rlbfabric.coord import etcdauth, keys
+from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError, EtcdUnavailable, tls_context
+from rlbfabric.coord import etcdauth, etcdtls, keys
 from rlblab.etcdserver import EtcdServer
-from rlblab.vm.node import write_etcd_passwords
+from rlblab.vm.node import install_etcd_certs, write_etcd_passwords
 from rlblab.vm.plan import node, plan
 from rlbfabric.deploy import ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_PASSWORD_FILE, Coordination, coordinator_unit, \
     units as node_units
@@ -189,15 +189,17 @@ def test_units_wire_every_agent_to_the_coordinator_on_etcd_on_the_monitor():
     fab = load(fab_file)
     vms = plan(fab)
     mon = node(vms, "mon")
-    etcd = f"http://{mon.mgmt_ip}:2379"
+    etcd = f"https://{mon.mgmt_ip}:2379"
     u = units(fab, vms, mon, fab_file)
     assert sorted(u) == ["rlb-coord", "rlb-etcd-users", "rlb-prometheus"]
     assert (f"rlbcoord run --fabric {fab_file} --listen {mon.mgmt_ip} --etcd {etcd} "
-            f"--etcd-password-file {ETCD_USERS}/rlb-coordinator.password --name mon") in u["rlb-coord"]
+            f"--etcd-password-file {ETCD_USERS}/rlb-coordinator.password --etcd-ca {ETCD_CA_FILE} "
+            f"--etcd-cert {ETCD_CERT_FILE} --name mon") in u["rlb-coord"]
     assert "After=network-online.target rlb-etcd-users.service" in u["rlb-coord"]
-    assert f"rlbfabric etcd-users --fabric {fab_file} --etcd http://127.0.0.1:2379 -o {ETCD_USERS}" in u["rlb-etcd-users"]
+    assert (f"rlbfabric etcd-users --fabric {fab_file} --etcd https://127.0.0.1:2379 -o {ETCD_USERS} "
+            f"--etcd-ca {ETCD_CA_FILE} --etcd-cert {ETCD_USERS}/root.pem") in u["rlb-etcd-users"]
     assert "Requires=etcd.service" in u["rlb-etcd-users"] and "Type=oneshot" in u["rlb-etcd-users"]
-    agent = f"--etcd {etcd} --etcd-password-file {ETCD_PASSWORD_FILE}"
+    agent = f"--etcd {etcd} --etcd-password-file {ETCD_PASSWORD_FILE} --etcd-ca {ETCD_CA_FILE} --etcd-cert {ETCD_CERT_FILE}"
     host = units(fab, vms, node(vms, "h1"), fab_file)["rlb-host"]
     assert f"rlbhost attach eth-l1 --fabric {fab_file} --node h1 {agent}" in host
     leaf = units(fab, vms, node(vms, "l1"), fab_file)["rlb-switch"]
@@ -205,7 +207,8 @@ def test_units_wire_every_agent_to_the_coordinator_on_etcd_on_the_monitor():
     assert leaf.count(agent) == 1 and "--etcd" not in spine and "--coordinator" not in leaf + host
     conf = etcd_config(vms)
     env = dict(line.split("=", 1) for line in conf[ETCD_DEFAULTS].splitlines())
-    assert env["ETCD_LISTEN_CLIENT_URLS"] == f"{etcd},http://127.0.0.1:2379" and env["ETCD_NAME"] == "mon"
+    assert env["ETCD_LISTEN_CLIENT_URLS"] == f"{etcd},https://127.0.0.1:2379" and env["ETCD_NAME"] == "mon"
+    assert env["ETCD_CLIENT_CERT_AUTH"] == "true" and env["ETCD_CERT_FILE"].endswith("/server.pem")
     assert env["ETCD_ADVERTISE_CLIENT_URLS"] == etcd and env["ETCD_INITIAL_CLUSTER"] == "mon=http://127.0.0.1:2380"
     assert "Restart=always" in conf[ETCD_DROPIN] and "StartLimitIntervalSec=0" in conf[ETCD_DROPIN]
     jobs = {j["job_name"]: j for j in json.loads(scrape_targets(fab, vms, mon))["scrape_configs"]}
@@ -214,8 +217,10 @@ def test_units_wire_every_agent_to_the_coordinator_on_etcd_on_the_monitor():
 
 def test_the_lab_etcd_passwords_let_each_machine_in_as_itself_only(tmp_path):
     """Each VM derives its own etcd password from the fabric file, the monitor every user's
-    before `rlbfabric etcd-users` runs (which keeps them): against a real etcd issued that way,
-    h1's own file lets it write its keys and not h2's; files are root's alone."""
+    before `rlbfabric etcd-users` runs (which keeps them), and installs its certificate from the
+    lab's (rlbfabric etcd-tls, synced): against a real etcd set up that way (TLS only, client
+    certificates asked for), h1's own files let it write its keys and not h2's; files are root's
+    alone; spines get nothing."""
     fab_file = tmp_path / "fabric.toml"
     fab_file.write_text((LAB / "fabric-2x2.toml").read_text())
     fab = load(fab_file)
@@ -232,20 +237,43 @@ def test_the_lab_etcd_passwords_let_each_machine_in_as_itself_only(tmp_path):
     h1_pw = etcdauth.read_password(tmp_path / "h1.password")
     assert h1_pw == etcdauth.read_password(etcdauth.password_file(users, keys.host_user("h1")))
     assert h1_pw != etcdauth.read_password(etcdauth.password_file(users, keys.host_user("h2")))
-    server = EtcdServer(tmp_path / "etcd", client_port=free_port(), peer_port=free_port()).start()
+    pki = tmp_path / "pki"
+    etcdtls.issue(fab, pki, ["127.0.0.1"])
+    etc = {vm: tmp_path / f"etc-{vm}" for vm in ("mon", "h1", "l1", "s1")}
+    for vm, d in etc.items():
+        install_etcd_certs(node(vms, vm), pki, d, d / "etcd-server", users if vm == "mon" else tmp_path / "no")
+    assert not etc["s1"].exists() and not (tmp_path / "no").exists()
+    for d in (etc["mon"], etc["h1"], etc["l1"]):
+        assert (d / "etcd.pem").stat().st_mode & 0o777 == 0o600
+        assert (d / "etcd-ca.pem").read_text() == etcdtls.ca_file(pki).read_text()
+    assert (etc["h1"] / "etcd.pem").read_text() == etcdtls.client_file(pki, keys.host_user("h1")).read_text()
+    assert (etc["mon"] / "etcd.pem").read_text() == etcdtls.client_file(pki, keys.COORDINATOR_USER).read_text()
+    assert (etc["mon"] / "etcd-server" / "server.key").stat().st_mode & 0o777 == 0o600
+    for name, issued in (("server.pem", etcdtls.server_files(pki)[0]), ("server.key", etcdtls.server_files(pki)[1]),
+                         ("ca.pem", etcdtls.ca_file(pki))):
+        assert (etc["mon"] / "etcd-server" / name).read_text() == issued.read_text()
+    server = EtcdServer(tmp_path / "etcd", client_port=free_port(), peer_port=free_port(), tls=pki).start()
     try:
-        issued = etcdauth.issue(fab, [server.url], users)
+        root_tls = tls_context(etc["mon"] / "etcd-ca.pem", etcdtls.client_file(users, etcdauth.ROOT_USER))
+        issued = etcdauth.issue(fab, [server.url], users, tls=root_tls)
         assert issued.auth_enabled and set(issued.users_added) == {i.user for i in keys.identities(fab)}
         assert etcdauth.read_password(etcdauth.password_file(users, keys.host_user("h1"))) == h1_pw   # kept
-        h1 = etcdauth.client(server.url, keys.host_user("h1"), tmp_path / "h1.password")
+
+        def agent(vm: str, user: str, password: Path) -> Etcd:
+            return etcdauth.client(server.url, user, password, etc[vm] / "etcd-ca.pem", etc[vm] / "etcd.pem")
+        h1 = agent("h1", keys.host_user("h1"), tmp_path / "h1.password")
         h1.put(keys.report_key("h1"), "{}")
         with pytest.raises(EtcdError) as e:
             h1.put(keys.report_key("h2"), "{}")
         assert e.value.code == PERMISSION_DENIED
-        l1 = etcdauth.client(server.url, keys.switch_user("l1"), tmp_path / "l1.password")
+        l1 = agent("l1", keys.switch_user("l1"), tmp_path / "l1.password")
         l1.put(keys.uplinks_key("l1"), "{}")
         with pytest.raises(EtcdError):
-            Etcd(server.url, keys.host_user("h2"), h1_pw).get(keys.report_key("h2"))   # h1's password is not h2's
+            Etcd(server.url, keys.host_user("h2"), h1_pw, tls=tls_context(etc["h1"] / "etcd-ca.pem", etc["h1"] / "etcd.pem")
+                 ).get(keys.report_key("h2"))   # h1's password is not h2's
+        with pytest.raises(EtcdUnavailable):          # without a certificate of the lab's CA: not let in
+            etcdauth.client(server.url, keys.host_user("h1"), tmp_path / "h1.password",
+                            etc["h1"] / "etcd-ca.pem").get(keys.report_key("h1"))
     finally:
         server.stop()
 

@@ -31,7 +31,7 @@ from rlbcommon import cli as common
 from rlbcommon.netns import run
 from rlbcommon.paths import write_private
 from rlbfabric import deploy
-from rlbfabric.coord import etcdauth, keys
+from rlbfabric.coord import etcdauth, etcdtls, keys
 from rlbfabric.fabric import FabricError, load
 from rlbfabric.scrape import fabric_scrape_config
 from rlbmonitor.alerts import write as write_rules
@@ -46,6 +46,11 @@ ETC = Path("/etc/rlb")
 VERBS_LIB = Path("/usr/local/lib/rlb")
 ETCD_PORT = 2379
 ETCD_USERS = ETC / "etcd-users"          # on the monitor: every user's password, root's included
+# the lab's etcd certificates (rlbfabric etcd-tls), issued on the machine that runs vagrant
+# (the Vagrantfile) and synced with the source, the CA's key left behind: each VM takes its own
+# as an operator would copy it to each machine
+LAB_PKI = Path("/opt/rlb/src/vagrant/.lab-pki")
+ETCD_SERVER_TLS = Path("/etc/etcd/rlb-tls")    # etcd's certificate and key, readable by its user
 ETCD_DEFAULTS = Path("/etc/default/etcd")
 ETCD_DROPIN = UNITS / "etcd.service.d" / "rlb.conf"
 LINK_DIR = Path("/etc/systemd/network")   # .link files: NIC names that survive a reboot
@@ -86,7 +91,13 @@ def net(fabric_file: Path, name: str):
 
 
 def etcd_url(vms: list[VmNode]) -> str:
-    return f"http://{node(vms, MONITOR).mgmt_ip}:{ETCD_PORT}"
+    return f"https://{node(vms, MONITOR).mgmt_ip}:{ETCD_PORT}"
+
+
+def etcd_servers(vms: list[VmNode]) -> list[str]:
+    """The addresses etcd's certificate names: the monitor's management address, and loopback
+    (the etcd users' unit on the monitor)."""
+    return [node(vms, MONITOR).mgmt_ip, "127.0.0.1"]
 
 
 def coordination(fab, vms: list[VmNode]) -> deploy.Coordination:
@@ -99,8 +110,11 @@ def etcd_config(vms: list[VmNode]) -> dict[Path, str]:
     restarted however often it fails, like the agents' units."""
     mon = node(vms, MONITOR)
     env = {"ETCD_NAME": MONITOR, "ETCD_DATA_DIR": "/var/lib/etcd/rlb",
-           "ETCD_LISTEN_CLIENT_URLS": f"http://{mon.mgmt_ip}:{ETCD_PORT},http://127.0.0.1:{ETCD_PORT}",
+           "ETCD_LISTEN_CLIENT_URLS": f"https://{mon.mgmt_ip}:{ETCD_PORT},https://127.0.0.1:{ETCD_PORT}",
            "ETCD_ADVERTISE_CLIENT_URLS": etcd_url(vms),
+           # TLS only, and only machines with a certificate of the lab's CA (docs/operations.md)
+           "ETCD_CERT_FILE": str(ETCD_SERVER_TLS / "server.pem"), "ETCD_KEY_FILE": str(ETCD_SERVER_TLS / "server.key"),
+           "ETCD_TRUSTED_CA_FILE": str(ETCD_SERVER_TLS / "ca.pem"), "ETCD_CLIENT_CERT_AUTH": "true",
            "ETCD_LISTEN_PEER_URLS": "http://127.0.0.1:2380",
            "ETCD_INITIAL_ADVERTISE_PEER_URLS": "http://127.0.0.1:2380",
            "ETCD_INITIAL_CLUSTER": f"{MONITOR}=http://127.0.0.1:2380",
@@ -129,7 +143,7 @@ After=etcd.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart={VENV}/rlbfabric etcd-users --fabric {fabric_file} --etcd http://127.0.0.1:{ETCD_PORT} -o {ETCD_USERS}
+ExecStart={VENV}/rlbfabric etcd-users --fabric {fabric_file} --etcd https://127.0.0.1:{ETCD_PORT} -o {ETCD_USERS} --etcd-ca {deploy.ETCD_CA_FILE} --etcd-cert {etcdtls.client_file(ETCD_USERS, etcdauth.ROOT_USER)}
 Restart=on-failure
 RestartSec=2
 [Install]
@@ -177,6 +191,7 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
         write_lab_key(fabric_file)
     if fab.coordinated:
         write_etcd_passwords(fab, vm, fabric_file)
+        install_etcd_certs(vm)
     if vm.role == "monitor" and fab.coordinated:
         for path, text in etcd_config(vms).items():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -230,6 +245,33 @@ def write_etcd_passwords(fab, vm: VmNode, fabric_file: Path, own: Path = deploy.
         users.mkdir(mode=0o700, parents=True, exist_ok=True)
         for user in [etcdauth.ROOT_USER, *(i.user for i in keys.identities(fab))]:
             write_private(etcdauth.password_file(users, user), lab_secret(fabric_file, f"etcd {user}") + "\n")
+
+
+def install_etcd_certs(vm: VmNode, pki: Path = LAB_PKI, etc: Path = ETC, server_dir: Path = ETCD_SERVER_TLS,
+                      users: Path = ETCD_USERS):
+    """The lab's etcd certificates where the units look for them (deploy.ETCD_CA_FILE, ETCD_CERT_FILE):
+    the CA on every machine that speaks to etcd, its own certificate (the coordinators' on the
+    monitor); on the monitor also etcd's (for its user) and root's (the etcd users' unit)."""
+    mine = {"leaf": keys.switch_user, "host": keys.host_user}.get(vm.role)
+    user = mine(vm.name) if mine else keys.COORDINATOR_USER if vm.role == "monitor" else None
+    if user is None:
+        return                                   # spines never speak to etcd
+    if not etcdtls.ca_file(pki).exists():
+        raise RuntimeError(f"{pki}: no etcd certificates (the Vagrantfile issues them with rlbfabric etcd-tls)")
+    etc.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(etcdtls.ca_file(pki), etc / deploy.ETCD_CA_FILE.name)
+    write_private(etc / deploy.ETCD_CERT_FILE.name, etcdtls.client_file(pki, user).read_text())
+    if vm.role == "monitor":
+        users.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_private(etcdtls.client_file(users, etcdauth.ROOT_USER),
+                      etcdtls.client_file(pki, etcdauth.ROOT_USER).read_text())
+        server_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        cert, key = etcdtls.server_files(pki)
+        shutil.copyfile(cert, server_dir / "server.pem")
+        shutil.copyfile(etcdtls.ca_file(pki), server_dir / "ca.pem")
+        write_private(server_dir / "server.key", key.read_text())
+        if shutil.which("etcd"):                 # Debian's etcd.service runs as the etcd user
+            sh("chown", "-R", "etcd:", str(server_dir))
 
 
 def scrape_targets(fab, vms: list[VmNode], vm: VmNode, coordinator: bool = True, rule_files=()) -> str:
