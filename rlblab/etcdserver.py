@@ -50,7 +50,11 @@ class EtcdServer:
         self.work.mkdir(parents=True, exist_ok=True)
         with open(self.log, "a") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:                  # never ready: no member left behind by the caller
+            self.stop()
+            raise
         return self
 
     def client_tls(self, user: str = etcdauth.ROOT_USER):

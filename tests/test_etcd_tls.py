@@ -260,3 +260,18 @@ def test_the_operators_commands(tmp_path):
     coord = cli("rlbfabric.coord.cli", "run", "--fabric", str(LAB / "fabric.toml"), "--etcd", "http://[::1]:1",
                 "--etcd-ca", str(out / "ca.pem"))
     assert coord.returncode != 0 and "http://[::1]:1 is spoken to in clear" in coord.stderr
+
+
+def test_a_member_its_starter_cannot_reach_is_stopped_not_left_running(pki, tmp_path):
+    """start() that fails (here: no root certificate to check readiness with) stops the etcd it
+    started: nothing is left running for a test or a lab to trip over."""
+    d = tmp_path / "server-only"
+    d.mkdir()
+    for f in (*etcdtls.server_files(pki), etcdtls.ca_file(pki)):
+        (d / f.name).write_bytes(f.read_bytes())
+    server = EtcdServer(tmp_path / "etcd", client_port=free_port(), peer_port=free_port(), tls=d)
+    with pytest.raises(ValueError, match="root.pem"):
+        server.start()
+    assert server.proc is None
+    running = subprocess.run(["pgrep", "-f", str(server.data)], capture_output=True, text=True).stdout
+    assert running == ""
