@@ -138,7 +138,7 @@ def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int) -> 
     sent and when etcd acknowledged it (CLOCK_MONOTONIC is the machine's, so the parent
     compares it with its own), and the CPU seconds this process spent on them."""
     cpu = time.process_time()
-    client = client_of(url)
+    client, ex = _writer(url, threads)
     out = {}
 
     def one(item):
@@ -146,9 +146,19 @@ def write_slice(url: str, writes: dict[str, dict], lease: int, threads: int) -> 
         sent = time.monotonic()
         client.apply(puts, lease=lease)
         out[host] = (sent, time.monotonic())
-    with ThreadPoolExecutor(threads) as ex:
-        list(ex.map(one, writes.items()))
+    list(ex.map(one, writes.items()))
     return out, time.process_time() - cpu
+
+
+_WRITER: dict = {}
+
+
+def _writer(url: str, threads: int) -> tuple[Etcd, ThreadPoolExecutor]:
+    """This writer process's client and threads, kept from one write to the next: hosts keep
+    their connections (over TLS a new one is a handshake a running host does not pay)."""
+    if (url, threads) not in _WRITER:
+        _WRITER[(url, threads)] = (client_of(url), ThreadPoolExecutor(threads))
+    return _WRITER[(url, threads)]
 
 
 class PlacementWatch:
