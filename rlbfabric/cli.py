@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 
 from rlbcommon import cli as common
-from rlbcommon.etcd import EtcdError, tls_context
+from rlbcommon.etcd import EtcdError
 from rlbfabric.scrape import fabric_scrape_config, read_addresses
 
 from .coord import etcdauth, etcdtls
@@ -149,12 +149,11 @@ def etcd_users(
     Example: rlbfabric etcd-users --fabric /etc/rlb/fabric.toml --etcd https://10.0.0.2:2379 -o /root/rlb-etcd \\\n
           --etcd-ca /root/rlb-etcd/ca.pem --etcd-cert /root/rlb-etcd/root.pem
     """
-    plain = [u for u in etcd if not u.startswith("https://")]
-    if (etcd_ca or etcd_cert) and plain:
-        raise typer.BadParameter(f"{', '.join(plain)}: --etcd-ca and --etcd-cert are for https:// URLs",
-                                 param_hint="--etcd")
     try:
-        tls = tls_context(etcd_ca, etcd_cert) if etcd_ca or etcd_cert else None
+        tls = etcdauth.tls_options(etcd, etcd_ca, etcd_cert)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--etcd") from None
+    try:
         issued = etcdauth.issue(load(fabric), etcd, out, tls=tls)
     except (EtcdError, ValueError) as e:       # etcd refused, or a password file is unreadable
         raise RuntimeError(f"etcd: {e}") from None

@@ -49,12 +49,7 @@ def client(urls: str, user: str, password_file: Path | None, ca: Path | None = N
     endpoints = [u.strip() for u in urls.split(",") if u.strip()]
     if not endpoints or not all(u.startswith(("http://", "https://")) for u in endpoints):
         raise ValueError(f"--etcd {urls!r}: client URLs, comma-separated (https://[fd00:99::1]:2379)")
-    tls = None
-    if ca is not None or cert is not None:
-        plain = [u for u in endpoints if not u.startswith("https://")]
-        if plain:
-            raise ValueError(f"--etcd-ca/--etcd-cert are for https:// URLs; {', '.join(plain)} is spoken to in clear")
-        tls = tls_context(ca, cert)
+    tls = tls_options(endpoints, ca, cert)
     if password_file is None:
         return Etcd(endpoints, tls=tls, timeout=timeout)
     clear = [u for u in endpoints if u.startswith("http://") and not _loopback(u)]
@@ -62,6 +57,17 @@ def client(urls: str, user: str, password_file: Path | None, ca: Path | None = N
         log.warning("etcd at %s is spoken to in clear: %s's password and token cross the network "
                     "readable (https:// with --etcd-ca: docs/operations.md)", ", ".join(clear), user)
     return Etcd(endpoints, user, read_password(password_file), timeout=timeout, tls=tls)
+
+
+def tls_options(endpoints: list[str], ca: Path | None, cert: Path | None) -> ssl.SSLContext | None:
+    """The TLS an operator's --etcd-ca and --etcd-cert ask for (None: neither given); ValueError
+    when a URL is not https:// or a file cannot be used."""
+    if ca is None and cert is None:
+        return None
+    plain = [u for u in endpoints if not u.startswith("https://")]
+    if plain:
+        raise ValueError(f"--etcd-ca and --etcd-cert are for https:// URLs; {', '.join(plain)} is spoken to in clear")
+    return tls_context(ca, cert)
 
 
 def _loopback(url: str) -> bool:
