@@ -174,8 +174,7 @@ class Etcd:
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
                 del conns[endpoint]
-                hint = TLS_HINT if isinstance(e, ssl.SSLError) else ""
-                raise OSError((str(e) or type(e).__name__) + hint) from None
+                raise _transport_error(e) from None
 
     def _stream(self, endpoint: str, path: str, data: bytes, timeout: float, token: str | None) -> "_Stream":
         """A streaming request on a connection of its own, with TCP keepalive."""
@@ -188,8 +187,7 @@ class Etcd:
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as e:
             conn.close()
-            hint = TLS_HINT if isinstance(e, ssl.SSLError) else ""
-            raise OSError((str(e) or type(e).__name__) + hint) from None
+            raise _transport_error(e) from None
         if resp.status >= 400:
             raw = resp.read()
             conn.close()
@@ -423,6 +421,12 @@ class _Stream:
         self.done.set()
         self.resp.close()
         self.conn.close()
+
+
+def _transport_error(e: Exception) -> OSError:
+    """A connection's failure as the caller sees it: its text, with the TLS options to check
+    when it was the handshake or a certificate."""
+    return OSError((str(e) or type(e).__name__) + (TLS_HINT if isinstance(e, ssl.SSLError) else ""))
 
 
 def _keepalive(sock: socket.socket):
