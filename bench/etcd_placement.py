@@ -40,6 +40,7 @@ from rlbfabric.coord import keys  # noqa: E402
 from rlbfabric.coord import etcdrun, etcdtls  # noqa: E402
 from rlbfabric.coord.etcdrun import EtcdCoordination  # noqa: E402
 from rlbfabric.coord.service import Coordinator  # noqa: E402
+from rlbfabric.coord.shards import Shard  # noqa: E402
 from rlblab.etcdserver import EtcdServer  # noqa: E402
 
 from placement_sim import model_fabric  # noqa: E402
@@ -261,16 +262,107 @@ def _pin(cpus: set[int] | None):
         os.sched_setaffinity(0, cpus)
 
 
-def cpu_now(server: EtcdServer, hosts: Writers) -> tuple[float, float, float]:
-    """CPU seconds so far of this process (the coordinator: its follower, placer and writer; the
-    watch and the writers run elsewhere), of etcd, and of the hosts' writers."""
-    with open(f"/proc/{server.proc.pid}/stat") as f:
+def proc_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
         utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]
-    return time.process_time(), (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK"), hosts.cpu_s
+    return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_now(server: EtcdServer, hosts: Writers, coords: "InProcess | Shards") -> tuple:
+    """CPU seconds so far of the coordinators (their follower, placer and writer; the watch and
+    the writers run elsewhere), of etcd, of the hosts' writers, and of the busiest shard's
+    coordinator (with --shards)."""
+    mine = coords.cpu()
+    return sum(mine), proc_cpu(server.proc.pid), hosts.cpu_s, max(mine)
 
 
 def cpu_spent(a: tuple, b: tuple) -> str:
-    return ", ".join(f"{y - x:.2f}" for x, y in zip(a, b))
+    out = ", ".join(f"{y - x:.2f}" for x, y in zip(a[:3], b[:3]))
+    return out + (f" (the busiest shard {b[3] - a[3]:.2f})" if len(a) > 3 and SHARDS > 1 else "")
+
+
+SHARDS = 1
+
+
+class InProcess:
+    """The coordinator in this process (one, placing the whole fabric)."""
+
+    def __init__(self, fabric, url: str):
+        self.coord = EtcdCoordination(Coordinator(fabric, host_timeout_s=1e9), client_of(url), "bench", lease_ttl_s=10)
+        self.coord.start()
+        while not self.coord.leading.is_set():
+            time.sleep(0.01)
+
+    def cpu(self) -> list[float]:
+        return [time.process_time()]
+
+    def settled(self):
+        settled(self.coord)
+
+    def counters(self) -> dict:
+        return {**self.coord.counters, "solves": self.coord.coord.counters["solves"],
+                "solve s": self.coord.coord.counters["solve_seconds"]}
+
+    def close(self):
+        self.coord.stop.set()
+
+
+class Shards:
+    """--shards N: N coordinators, each the leader of its shard of the leaves (rlbcoord run
+    --shard K/N), each in a process of its own as on machines of their own."""
+
+    def __init__(self, fabric, url: str, n: int):
+        ctx = multiprocessing.get_context("fork")
+        self.conns, self.procs = [], []
+        for k in range(1, n + 1):
+            conn, child = ctx.Pipe()
+            p = ctx.Process(target=_shard_main, args=(fabric, url, Shard(k, n), child), daemon=True)
+            p.start()
+            self.conns.append(conn)
+            self.procs.append(p)
+        for c in self.conns:
+            c.recv()                                   # leading
+
+    def _ask(self, what: str) -> list:
+        for c in self.conns:
+            c.send(what)
+        return [c.recv() for c in self.conns]
+
+    def cpu(self) -> list[float]:
+        return [proc_cpu(p.pid) for p in self.procs]
+
+    def settled(self):
+        self._ask("settled")
+
+    def counters(self) -> dict:
+        out: dict = {}
+        for c in self._ask("counters"):
+            for k, v in c.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def close(self):
+        for c in self.conns:
+            c.send(None)
+        for p in self.procs:
+            p.join(5)
+
+
+def _shard_main(fabric, url: str, shard: Shard, conn):
+    coord = EtcdCoordination(Coordinator(fabric, host_timeout_s=1e9), client_of(url), f"bench-{shard.index}",
+                             lease_ttl_s=10, shard=shard)
+    coord.start()
+    while not coord.leading.is_set():
+        time.sleep(0.01)
+    conn.send("leading")
+    while (msg := conn.recv()) is not None:
+        if msg == "settled":
+            settled(coord)
+            conn.send(True)
+        else:
+            conn.send({**coord.counters, "solves": coord.coord.counters["solves"],
+                       "solve s": coord.coord.counters["solve_seconds"]})
+    coord.stop.set()
 
 
 def settled(coord: EtcdCoordination):
@@ -345,28 +437,27 @@ def run_etcd(fabric, writes: dict[str, HostWrite], collectives: list[dict[str, H
     server = EtcdServer(work, client_port=free_port(), peer_port=free_port(), tls=TLS_DIR).start()
     if pin:
         os.sched_setaffinity(0, {cpus[-1]})          # the coordinator's threads
-    hosts = watch = None
+    hosts = watch = coords = None
     try:
         client = client_of(server.url)
         # the hosts' processes first: forked before the coordinator's threads exist
+        # processes before threads: the shards' coordinators, the hosts' writers, their watch
+        coords = Shards(fabric, server.url, SHARDS) if SHARDS > 1 else None
         hosts = Writers(server.url, workers, threads, others)
         watch = HostsWatch(server.url, others)
-        coord = EtcdCoordination(Coordinator(fabric, host_timeout_s=1e9), client, "bench", lease_ttl_s=10)
-        coord.start()
-        while not coord.leading.is_set():
-            time.sleep(0.01)
+        coords = coords or InProcess(fabric, server.url)
         lease = client.lease_grant(600)
         time.sleep(0.3)
-        t0, cpu0 = time.monotonic(), cpu_now(server, hosts)
+        t0, cpu0 = time.monotonic(), cpu_now(server, hosts, coords)
         written_at = hosts.write(writes, lease)
         t_written = time.monotonic() - t0
         watch.wait(set().union(*(placement_keys(h, w) for h, w in writes.items())), 600)
         total = time.monotonic() - t0
-        settled(coord)
+        coords.settled()
         lat = latencies(watch, writes, written_at)
-        c = coord.counters
+        c = coords.counters()
         n_keys = sum(len(w.puts) for w in writes.values())
-        cpu = cpu_now(server, hosts)
+        cpu = cpu_now(server, hosts, coords)
         out = {"hosts placed": f"{len(lat)}/{len(writes)}",
                "latency median / p99 (max)": figures(lat),
                "... from etcd's acknowledgement": figures(latencies(watch, writes, written_at, acked=True)),
@@ -375,21 +466,21 @@ def run_etcd(fabric, writes: dict[str, HostWrite], collectives: list[dict[str, H
                "QPs moved from their host's path": share(moved(watch, writes)),
                "etcd keys/s (in + out)": round((n_keys + c["placements_written"]) / total),
                "transactions in": len(writes), "coordinator batches": c["batches"],
-               "solves": coord.coord.counters["solves"],
-               "solve s": round(coord.coord.counters["solve_seconds"], 2),
+               "solves": c["solves"],
+               "solve s": round(c["solve s"], 2),
                "CPU s: coordinator, etcd, hosts' writers": cpu_spent(cpu0, cpu),
                # nothing changes, nothing is written: lease keepalives go to etcd alone
                "steady state: coordinator cores": 0}
         # collectives start beside the placed ones, one after another
         more = {}
         for later in collectives:
-            cpu0, t0 = cpu_now(server, hosts), time.monotonic()
+            cpu0, t0 = cpu_now(server, hosts, coords), time.monotonic()
             at = hosts.write(later, lease)
             watch.wait(set().union(*(placement_keys(h, w) for h, w in later.items())), 600)
             t_c = time.monotonic() - t0
-            settled(coord)
+            coords.settled()
             lat_c = latencies(watch, later, at)
-            cpu1 = cpu_now(server, hosts)
+            cpu1 = cpu_now(server, hosts, coords)
             more[f"a collective of {len(later)} hosts x {len(next(iter(later.values())).new)} QPs beside them"] = (
                 f"{figures(lat_c)} ({figures(latencies(watch, later, at, acked=True))} from etcd's "
                 f"acknowledgement); all after {t_c:.2f} s, CPU s: coordinator, etcd, writers {cpu_spent(cpu0, cpu1)}; "
@@ -405,9 +496,10 @@ def run_etcd(fabric, writes: dict[str, HostWrite], collectives: list[dict[str, H
             lat_1 += latencies(watch, {h: w}, {h: (sent, sent)})
         lat_1.sort()
         more[f"one host's {len(next(iter(later.values())).new)} new QPs, {singles} hosts in turn"] = figures(lat_1)
-        coord.stop.set()
         return out, more
     finally:
+        if coords is not None:
+            coords.close()
         if watch is not None:
             watch.close()
         if hosts is not None:
@@ -491,7 +583,11 @@ def main():
                     "whenever anything changed, as before batching)")
     ap.add_argument("--tls", action="store_true", help="etcd over TLS with client certificates "
                     "(--client-cert-auth), as a site runs it: what TLS costs etcd, the coordinator and the hosts")
+    ap.add_argument("--shards", type=int, default=1, help="coordinators placing a run of the leaves each "
+                    "(rlbcoord run --shard K/N), each in a process of its own")
     a = ap.parse_args()
+    global SHARDS
+    SHARDS = a.shards
     if a.place_every_ms is not None:
         etcdrun.PLACE_EVERY_S = a.place_every_ms / 1000
     fabric = model_fabric(a.leaves, a.hosts, a.spines)

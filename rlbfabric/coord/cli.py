@@ -23,6 +23,7 @@ from . import COORDINATORS, etcdauth, hregistry, keys, service  # noqa: F401 - t
 from .etcdrun import EtcdCoordination
 from .metrics import exposition
 from .service import Coordinator, make_server
+from .shards import Shard
 
 log = logging.getLogger("rlbcoord")
 app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_enable=False)
@@ -59,6 +60,10 @@ def run(
                              "election (unique among them)."),
     lease_ttl_s: int = typer.Option(2, min=1, max=60, help="With --etcd: the leader's lease; a dead "
                                     "leader is replaced within it (etcd raises it to its own minimum)."),
+    shard: str = typer.Option("1/1", help="With --etcd: place the QPs of one run of the fabric's leaves, "
+                              "K/N (the K-th of N; every coordinator of the fabric with the same N, "
+                              "at least one per shard, two for a standby): one process places at most "
+                              "what one core solves in time (docs/operations.md)."),
 ):
     """Run the coordinator in the foreground: the command of the rlb-coord unit.
 
@@ -73,15 +78,22 @@ def run(
     runner = None
     if (etcd_ca or etcd_cert) and etcd is None:
         raise CoordError("--etcd-ca and --etcd-cert go with --etcd")
+    if shard != "1/1" and etcd is None:
+        raise CoordError("--shard goes with --etcd (over HTTP one coordinator places everything)")
     if etcd is not None:
         if not isinstance(coord, Coordinator):
             raise CoordError(f"{fabric}: --etcd runs the leaf-spine coordinator only (a {fab.kind} fabric's "
                              "service runs without it)")
         try:
+            part = Shard.parse(shard)
+            part.leaves(fab)                   # more shards than leaves: refused here
+        except ValueError as e:
+            raise CoordError(f"--shard: {e}") from None
+        try:
             client = etcdauth.client(etcd, etcd_user, etcd_password_file, etcd_ca, etcd_cert)
         except ValueError as e:
             raise CoordError(str(e)) from None
-        runner = EtcdCoordination(coord, client, name, lease_ttl_s=lease_ttl_s)
+        runner = EtcdCoordination(coord, client, name, lease_ttl_s=lease_ttl_s, shard=part)
     try:
         server = make_server(coord, listen, port, exposition(coord, runner.status if runner else None),
                              reports=runner is None,

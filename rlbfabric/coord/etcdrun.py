@@ -32,8 +32,9 @@ from rlbcommon.etcd import Etcd, EtcdCompacted, EtcdError, EtcdUnavailable, crea
 from rlbcommon.heap import Heap
 from rlbcommon.health import Health
 
-from . import keys
+from . import keys, shards
 from .service import Coordinator
+from .shards import WHOLE, Shard
 
 log = logging.getLogger(__name__)
 # Link loads (links/<leaf>) are written at most this often: every host watches them all, so a
@@ -46,12 +47,31 @@ LINKS_EVERY_S = 0.25
 # and a solve per host cost a batch's fixed work (compare, write, one transaction) each time.
 # Kubernetes' endpoints controller batches its updates the same way (--endpoint-updates-batch-period).
 PLACE_EVERY_S = 0.002
+# A shard's loads (shards.py) are published at most this often while they keep changing: every
+# other shard's leader reads them and places again above them, so more often buys nothing but
+# solves during a collective's start; a change after a quiet spell goes at once.
+SHARE_EVERY_S = 0.02
 
 
 class EtcdCoordination:
     def __init__(self, coord: Coordinator, etcd: Etcd, name: str, lease_ttl_s: int = 2,
-                 retry_s: float = 0.1, health: Health | None = None, heap: Heap | None = None):
+                 retry_s: float = 0.1, health: Health | None = None, heap: Heap | None = None,
+                 shard: Shard = WHOLE):
         self.coord, self.etcd, self.name = coord, etcd, name
+        # a shard places its leaves' hosts only (shards.py): the others' keys are not read
+        self.shard = shard
+        self.leader_key = keys.leader_key(shard.index, shard.of)
+        self.mine: set[str] | None = None if shard.whole else shard.hosts(coord.fabric)
+        self.my_leaves: set[str] | None = None if shard.whole else set(shard.leaves(coord.fabric))
+        self.leaf_names = [lf.name for lf in coord.fabric.leaves]
+        self.leaf_index = {n: i for i, n in enumerate(self.leaf_names)}
+        self.leaders: dict[tuple[int, int], str] = {}  # (shard, of) -> the name leading it
+        self.others: dict[int, list] = {}              # shard -> its loads per generation
+        self._outside_due = False                      # others' loads changed since the last solve
+        self._shared_at = 0.0                          # when our loads were last published
+        self._shared_due = False                       # ... and a change is held back since
+        self._shared = ""                              # what we last published (or queued)
+        self._foreign_logged = ""
         self.heap = heap or Heap()                     # the model out of the collector's sight
         self.lease_ttl_s, self.retry_s = lease_ttl_s, retry_s
         self.health = health or Health()
@@ -97,6 +117,7 @@ class EtcdCoordination:
         kvs, rev = self.etcd.get_prefix(keys.ROOT)
         with self.lock:
             self.reports, self.placed, self.uplinks, self.links = {}, {}, {}, {}
+            self.leaders, self.others, self._outside_due = {}, {}, True
             self.dirty = set(self.coord.hosts)         # hosts the model has and etcd may not
             self.dirty_report, self.dirty_qps = set(self.coord.hosts), {}   # read whole
             for kv in kvs:
@@ -107,15 +128,16 @@ class EtcdCoordination:
         """One key's new value (None: deleted) into the mirror (under the lock)."""
         if key.startswith(keys.links_prefix()):
             tree, node, rest = "links", key[len(keys.links_prefix()):], ""
+        elif key.startswith(keys.coordinator_prefix()):
+            self._coordinator_key(key, value)
+            return
         else:
             try:
                 tree, node, rest = keys.split(key)
             except ValueError:
-                if key == keys.leader_key():
-                    self.leader = value.decode() if value is not None else None
-                    if value is None:
-                        self.vacant.set()            # the standbys try at once, not at their next retry
                 return
+        if self.mine is not None and tree in ("hosts", "placements") and node not in self.mine:
+            return                                     # another shard's host
         try:
             if tree == "hosts":
                 h = self.reports.setdefault(node, {"report": None, "qps": {}, "keys": {}})
@@ -146,6 +168,40 @@ class EtcdCoordination:
         except (ValueError, TypeError) as e:           # a key no agent of ours writes like this
             self.counters["refused"] += 1
             log.warning("etcd key %s: cannot read it (%s); ignored", key, e)
+
+    def _coordinator_key(self, key: str, value: bytes | None):
+        """The coordinators' own keys (under the lock): elections, shards' loads."""
+        election = keys.parse_leader_key(key)
+        if election is not None:
+            if value is None:
+                self.leaders.pop(election, None)
+            else:
+                self.leaders[election] = value.decode(errors="replace")
+            if election == (self.shard.index, self.shard.of):
+                self.leader = self.leaders.get(election)
+                if value is None:
+                    self.vacant.set()                # the standbys try at once, not at their next retry
+            return
+        shard = keys.parse_shard_loads_key(key)
+        if shard is None or shard == self.shard.index:
+            return
+        if value is None:
+            had = self.others.pop(shard, None) is not None
+        else:
+            try:
+                of, tiers = shards.decode(value, self.leaf_index, len(self.coord.placer.tiers),
+                                          self.coord.placer.n_colours)
+            except (ValueError, TypeError) as e:
+                self.counters["refused"] += 1
+                log.warning("etcd key %s: cannot read it (%s); ignored", key, e)
+                return
+            if of != self.shard.of:                    # a coordinator of another count: see _try_lead
+                return
+            had = True
+            self.others[shard] = tiers
+        if had and not self.shard.whole:
+            self._outside_due = True
+            self.dirty.add("")                         # place ours again above theirs
 
     def _qps(self, node: str, h: dict, name: str, value: bytes | None):
         """One of a host's QP keys (a part, or an older host's key for one QP): only the QPs
@@ -241,10 +297,19 @@ class EtcdCoordination:
                     changes[h] = {q: _qp_body(q, qps[q], now) if q in qps else None
                                   for q in self.dirty_qps.get(h, ())}
             uplinks = dict(self.uplinks) if "" in self.dirty else {}
+            outside = None
+            if self._outside_due and not self.shard.whole:
+                p = self.coord.placer
+                n_leaves = len(self.leaf_names)
+                outside = (shards.before(self.shard.index, self.others, len(p.tiers), n_leaves, p.n_colours),
+                           shards.newest(self.others, self.shard.index, n_leaves, p.n_colours))
+            self._outside_due = False
             self.dirty.clear()
             self.dirty_report.clear()
             self.dirty_qps.clear()
             through = self.through
+        if outside is not None:
+            self.coord.set_outside(*outside)
         for switch, state in uplinks.items():
             try:
                 self.coord.links(switch, {"ports": state})
@@ -286,7 +351,21 @@ class EtcdCoordination:
             out.update(self._link_writes(pending))
         else:
             self._links_due = True
+        if not self.shard.whole:
+            if time.monotonic() - self._shared_at >= SHARE_EVERY_S:
+                out.update(self._share())
+            else:
+                self._shared_due = True
         self._enqueue(out)
+
+    def _share(self) -> dict[str, str]:
+        """Our loads for the other shards, when they changed (shards.py)."""
+        self._shared_at, self._shared_due = time.monotonic(), False
+        text = shards.encode(self.coord.shard_loads(), self.shard.of, self.leaf_names)
+        if text == self._shared:
+            return {}
+        self._shared = text
+        return {keys.shard_loads_key(self.shard.index): text}
 
     def _pending(self) -> dict[str, str | None]:
         """What waits in the outbox, placed while leading as now (an earlier term's is void)."""
@@ -311,6 +390,8 @@ class EtcdCoordination:
         self._links_at, self._links_due = time.monotonic(), False
         out = {}
         for leaf, v in self.coord.link_table().items():
+            if self.my_leaves is not None and leaf not in self.my_leaves:
+                continue                               # another shard's leaf: its leader writes it
             had = self._link_text.get(leaf)          # most leaves' loads did not change: no text
             if had is None or had[0] != v:
                 self._link_text[leaf] = had = (v, json.dumps(v, sort_keys=True))
@@ -322,14 +403,19 @@ class EtcdCoordination:
         return out
 
     def _links_if_due(self):
-        """The link loads held back by LINKS_EVERY_S, once it has passed."""
-        if not self._links_due or time.monotonic() - self._links_at < LINKS_EVERY_S:
+        """The link loads held back by LINKS_EVERY_S (and a shard's loads by SHARE_EVERY_S),
+        once it has passed."""
+        now = time.monotonic()
+        links = self._links_due and now - self._links_at >= LINKS_EVERY_S
+        share = self._shared_due and now - self._shared_at >= SHARE_EVERY_S
+        if not links and not share:
             return
         with self.placing:
             if not self.leading.is_set():
-                self._links_due = False                # a new leader writes them all anyway
+                self._links_due = self._shared_due = False   # a new leader writes them all anyway
                 return
-            self._enqueue(self._link_writes(self._pending()))
+            self._enqueue({**(self._link_writes(self._pending()) if links else {}),
+                           **(self._share() if share else {})})
 
     def write(self):
         """The writer: whatever the outbox holds, as one set of fenced transactions sent at once;
@@ -342,8 +428,12 @@ class EtcdCoordination:
                 batch, term, self.outbox, self.sending = self.outbox, self.outbox_term, {}, True
             try:
                 if self.leading.is_set():
+                    shared = batch.pop(keys.shard_loads_key(self.shard.index), None)
                     self._fenced({k: v for k, v in batch.items() if v is not None},
                                  [k for k, v in batch.items() if v is None], term)
+                    if shared is not None:             # under our lease: it ends with our term
+                        self.etcd.apply({keys.shard_loads_key(self.shard.index): shared}, lease=self.lease,
+                                        compare=[created(self.leader_key, term)])
                 self.health.ok("etcd-writer")
             except (EtcdUnavailable, EtcdError) as e:
                 log.warning("%s: placements not written (%s); again at the next change", self.name, e)
@@ -361,6 +451,7 @@ class EtcdCoordination:
         with self.lock:
             self.dirty.add("")
             self._compare_all = True
+            self._shared = ""                          # our shard's loads too
         self.stop.wait(pause_s)
         self.wake.set()
 
@@ -371,7 +462,7 @@ class EtcdCoordination:
 
     def _fenced(self, puts: dict[str, str], deletes: list[str], term: int):
         """Writes that apply only while the leader key of `term` (its create revision) is ours."""
-        sent = self.etcd.apply_parallel(puts, deletes, compare=[created(keys.leader_key(), term)])
+        sent = self.etcd.apply_parallel(puts, deletes, compare=[created(self.leader_key, term)])
         done = [(p, d) for p, d, rev in sent if rev]
         if len(done) < len(sent):
             self.counters["fenced"] += 1
@@ -432,13 +523,24 @@ class EtcdCoordination:
     def _try_lead(self):
         if not self.synced.is_set():
             return
-        cur = self.etcd.get(keys.leader_key())
+        with self.lock:
+            foreign = sorted(f"{k}/{of} ({name})" for (k, of), name in self.leaders.items() if of != self.shard.of)
+        if foreign:                                    # never two placements of one host
+            why = ", ".join(foreign)
+            if why != self._foreign_logged:
+                log.error("%s (shard %s) stands by: coordinators of another shard count lead: %s. "
+                          "Every coordinator of a fabric runs with the same --shard count",
+                          self.name, self.shard, why)
+                self._foreign_logged = why
+            return
+        self._foreign_logged = ""
+        cur = self.etcd.get(self.leader_key)
         if cur is not None:
             return
         if not self.lease or self.etcd.lease_keepalive(self.lease) <= 0:
             self.lease = self.etcd.lease_grant(self.lease_ttl_s)
-        if self.etcd.create(keys.leader_key(), self.name, self.lease):
-            kv = self.etcd.get(keys.leader_key())
+        if self.etcd.create(self.leader_key, self.name, self.lease):
+            kv = self.etcd.get(self.leader_key)
             if kv is None or kv.lease != self.lease:
                 return
             self.leader_rev = kv.create_revision
@@ -448,8 +550,11 @@ class EtcdCoordination:
                 self.dirty.update(self.coord.hosts)
                 self.dirty.add("")
                 self._compare_all = True
+                self._outside_due, self._shared = True, ""   # our loads published afresh
             self.counters["takeovers"] += 1
-            log.info("%s leads the coordination (lease %x, TTL %d s)", self.name, self.lease, self.lease_ttl_s)
+            log.info("%s leads the coordination%s (lease %x, TTL %d s)", self.name,
+                     "" if self.shard.whole else f" of shard {self.shard} ({len(self.mine)} hosts)",
+                     self.lease, self.lease_ttl_s)
             self.leading.set()
             self.wake.set()
 
@@ -497,7 +602,7 @@ class EtcdCoordination:
 
     def status(self) -> dict:
         return {"name": self.name, "leading": self.leading.is_set(), "leader": self.leader,
-                "hosts_in_etcd": len(self.reports), "counters": dict(self.counters)}
+                "shard": str(self.shard), "hosts_in_etcd": len(self.reports), "counters": dict(self.counters)}
 
 
 def _qp_body(q: keys.QpId, v: dict, now_wall: float) -> dict:

@@ -43,8 +43,36 @@ def coordinator_prefix() -> str:
     return f"{ROOT}coordinator/"
 
 
-def leader_key() -> str:
-    return coordinator_prefix() + "leader"
+def leader_key(shard: int = 1, of: int = 1) -> str:
+    """The election's key: one for the whole fabric, or one per shard of placement
+    (shards.py) named with how many there are, so coordinators started with different counts
+    do not share a key and each can see the others'."""
+    return coordinator_prefix() + ("leader" if of == 1 else f"leader/{shard}-of-{of}")
+
+
+def parse_leader_key(key: str) -> tuple[int, int] | None:
+    """(shard, of) of an election key (1, 1: the whole fabric's); None for any other key."""
+    if key == leader_key():
+        return 1, 1
+    rest = key.removeprefix(coordinator_prefix() + "leader/")
+    if rest == key:
+        return None
+    try:
+        shard, of = (int(x) for x in rest.split("-of-"))
+    except ValueError:
+        return None
+    return shard, of
+
+
+def shard_loads_key(shard: int) -> str:
+    """A shard's leader publishes its QPs' loads per link here (under its lease): the room the
+    other shards place theirs in (etcdrun.py)."""
+    return coordinator_prefix() + f"shards/{shard}"
+
+
+def parse_shard_loads_key(key: str) -> int | None:
+    rest = key.removeprefix(coordinator_prefix() + "shards/")
+    return int(rest) if rest != key and rest.isdigit() else None
 
 
 # ---- what lives under each prefix ------------------------------------------------------

@@ -289,7 +289,7 @@ class Coordinator:
         """Every leaf's uplinks and downlinks: QPs placed (of the newest generation, which a new
         QP joins) and capacity per colour (0: dead), as _links_for gives one host."""
         with self.lock:
-            loads = self.placer.loads(tiers=1)
+            loads = self.placer.fabric_loads()     # other shards' QPs too (shards.py)
             cap = self.placer.cap
             return {lf.name: {"up": {"load": loads[UP][i], "cap": cap[UP][i]},
                               "down": {"load": loads[DOWN][i], "cap": cap[DOWN][i]}}
@@ -305,7 +305,7 @@ class Coordinator:
     def _links_for(self, host: str, peers: set[str]) -> dict:
         """What a host needs to place a new QP the coordinator's way: its leaf's uplinks and the
         downlinks into its peers' leaves, in QPs placed and capacity per colour (0: dead)."""
-        loads = self.placer.loads(tiers=1)     # a new QP joins the active ones
+        loads = self.placer.fabric_loads()     # a new QP joins the active ones
         cap = self.placer.cap
         mine = self.placer.leaf_of_host[host]
         leaves = {self.placer.leaf_of_host[h] for h in peers} - {mine}
@@ -389,6 +389,16 @@ class Coordinator:
         with self.lock:
             out, self.changed_hosts = self.changed_hosts, set()
         return out
+
+    def set_outside(self, before: list | None, newest: list | None):
+        """Other shards' loads (shards.py): the next solve places ours in the room they leave."""
+        with self.lock:
+            self.placer.set_outside(before, newest)
+
+    def shard_loads(self) -> list:
+        """Our QPs' loads per generation, for the other shards."""
+        with self.lock:
+            return self.placer.tier_loads()
 
     def _solve(self):
         t = time.perf_counter()

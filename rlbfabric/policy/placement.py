@@ -69,6 +69,14 @@ class _Qp:
     colour: int | None
 
 
+def add_loads(into: list[list[list[int]]], loads: list[list[list[int]]]):
+    """Loads per [side][leaf][colour] (Placement.loads()) added into `into`."""
+    for s0, s1 in zip(into, loads):
+        for r0, r1 in zip(s0, s1):
+            for c, x in enumerate(r1):
+                r0[c] += x
+
+
 def _viol(load: int, lo: int, hi: int) -> int:
     return max(0, load - hi) + max(0, lo - load)
 

@@ -20,7 +20,7 @@ from typing import Hashable
 from rlbcommon.ipv6 import ipv6_int
 
 from ..clos import ClosFabric
-from .placement import DOWN, UP, Placement
+from .placement import DOWN, UP, Placement, add_loads
 
 
 @dataclass
@@ -70,6 +70,10 @@ class QpPlacer:
         self.link_up: dict[tuple[int, int], bool] = {}
         self.last_changed: set = set()               # keys whose colour the last solve changed
         self._shapes: dict[int, tuple] = {}          # id(weights) -> (weights, allowed, per colour)
+        # QPs placed by others (coord/shards.py), per generation: what each of ours is placed
+        # above besides our own newer ones; and their newest, for the loads hosts are given
+        self.outside: list | None = None
+        self.outside_newest: list | None = None
         for lf in fabric.leaves:
             self._apply_caps(self.leaf_index[lf.name])
 
@@ -232,8 +236,10 @@ class QpPlacer:
         for k, t in enumerate(self.tiers):
             if k and not len(t):
                 continue          # no QP of this generation: its room is worked out once it has one
-            if k:
+            if k or self.outside is not None:
                 base = self.loads(tiers=k)         # the newer generations, as just placed
+                if self.outside is not None:       # ... and what others placed before us
+                    add_loads(base, self.outside[k])
                 for side in (UP, DOWN):
                     for v in range(len(self.fabric.leaves)):
                         t.set_base(v, side, base[side][v])
@@ -273,13 +279,34 @@ class QpPlacer:
 
     # ---- reading ------------------------------------------------------------------------
     def loads(self, tiers: int = TIERS) -> list[list[list[int]]]:
-        """QPs placed per [side][leaf][colour], of the newest `tiers` generations."""
+        """QPs placed per [side][leaf][colour], of the newest `tiers` generations (0: none)."""
         out = self.tiers[0].loads()
+        if not tiers:
+            return [[[0] * len(r) for r in side] for side in out]
         for t in self.tiers[1:tiers]:
-            for s0, s1 in zip(out, t.loads()):
-                for r0, r1 in zip(s0, s1):
-                    for c, x in enumerate(r1):
-                        r0[c] += x
+            add_loads(out, t.loads())
+        return out
+
+    def tier_loads(self) -> list[list[list[list[int]]]]:
+        """Each generation's loads apart, the newest first (what a shard publishes)."""
+        return [t.loads() for t in self.tiers]
+
+    def set_outside(self, before: list | None, newest: list | None):
+        """Others' QPs (coord/shards.py): per generation, the loads ours are placed above; and
+        their newest generation. None: nobody else places in this fabric."""
+        self.outside, self.outside_newest = before, newest
+        if before is None:                 # the room is ours again
+            for k, t in enumerate(self.tiers):
+                if not k:
+                    for side in (UP, DOWN):
+                        for v in range(len(self.fabric.leaves)):
+                            t.set_base(v, side, [0] * self.n_colours)
+
+    def fabric_loads(self) -> list[list[list[int]]]:
+        """The newest generation's loads, others' included: what a new QP joins."""
+        out = self.loads(tiers=1)
+        if self.outside_newest is not None:
+            add_loads(out, self.outside_newest)
         return out
 
     @property
