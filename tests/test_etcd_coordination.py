@@ -53,13 +53,13 @@ def user(etcd, name: str) -> Etcd:
 class Coord:
     """One `rlbcoord run --etcd` process."""
 
-    def __init__(self, etcd, name: str, work: Path):
+    def __init__(self, etcd, name: str, work: Path, fabric_file: Path = FABRIC_FILE, args: tuple = ()):
         self.port = free_port()
         self.log = work / f"coord-{name}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(FABRIC_FILE),
+            [sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(fabric_file),
              "--listen", "::1", "--port", str(self.port), "--etcd", etcd.url, "--name", name,
-             "--lease-ttl-s", "1",
+             "--lease-ttl-s", "1", *args,
              "--etcd-password-file", str(etcdauth.password_file(etcd.creds, keys.COORDINATOR_USER))],
             stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         self.url = coordapi.url_for("::1", self.port)

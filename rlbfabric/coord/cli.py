@@ -60,7 +60,7 @@ def run(
                              "election (unique among them)."),
     lease_ttl_s: int = typer.Option(2, min=1, max=60, help="With --etcd: the leader's lease; a dead "
                                     "leader is replaced within it (etcd raises it to its own minimum)."),
-    shard: str = typer.Option("1/1", help="With --etcd: place the QPs of one run of the fabric's leaves, "
+    shard: str = typer.Option("1/1", help="With --etcd: place the QPs of one share of the fabric's leaves (every N-th), "
                               "K/N (the K-th of N; every coordinator of the fabric with the same N, "
                               "at least one per shard, two for a standby): one process places at most "
                               "what one core solves in time (docs/operations.md)."),

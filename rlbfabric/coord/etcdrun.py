@@ -48,9 +48,11 @@ LINKS_EVERY_S = 0.25
 # Kubernetes' endpoints controller batches its updates the same way (--endpoint-updates-batch-period).
 PLACE_EVERY_S = 0.002
 # A shard's loads (shards.py) are published at most this often while they keep changing: every
-# other shard's leader reads them and places again above them, so more often buys nothing but
-# solves during a collective's start; a change after a quiet spell goes at once.
-SHARE_EVERY_S = 0.02
+# other shard's leader reads them (2-3 ms for 128 leaves, with encoding them) and places again
+# above them, so more often costs every shard solves during a collective's start (at 20 ms:
+# a sixth of a shard's CPU) and does not make the first placements sooner, which each shard
+# makes on what it knows; a change after a quiet spell goes at once.
+SHARE_EVERY_S = 0.1
 
 
 class EtcdCoordination:

@@ -14,9 +14,11 @@ and so on, so after a change the shards settle in at most N rounds of publishing
 shards chase each other's moves. Within the rounding of one QP per link and shard, the split
 placement is the one the single coordinator reaches with the shards' QPs as generations.
 
-Shards are contiguous runs of the fabric file's leaves (a pod's leaves together), the same on
-every coordinator given the same N; election keys carry N, so coordinators started with
-different counts see each other and refuse to lead (etcdrun.py) rather than place twice."""
+Leaves are dealt to shards in turn (leaf i of the fabric file to shard i mod N), the same on
+every coordinator given the same N. Not in runs: a job's hosts sit on neighbouring leaves, so
+its collective would fall on one shard and be placed by one core; dealt in turn, it is spread
+over all of them. Election keys carry N, so coordinators started with different counts see each
+other and refuse to lead (etcdrun.py) rather than place twice."""
 from __future__ import annotations
 
 import json
@@ -53,7 +55,7 @@ class Shard:
         return f"{self.index}/{self.of}"
 
     def leaves(self, fabric: ClosFabric) -> list[str]:
-        """This shard's leaves: its run of the fabric file's leaves."""
+        """This shard's leaves: every N-th of the fabric file's, from its own number on."""
         if self.of > len(fabric.leaves):
             raise ValueError(f"{self.of} shards for {len(fabric.leaves)} leaves: at most one a leaf")
         return [lf.name for i, lf in enumerate(fabric.leaves) if shard_of(i, len(fabric.leaves), self.of) == self.index]
@@ -68,7 +70,7 @@ WHOLE = Shard(1, 1)
 
 def shard_of(leaf_index: int, n_leaves: int, of: int) -> int:
     """The shard (from 1) of the fabric file's leaf number `leaf_index` (from 0)."""
-    return leaf_index * of // n_leaves + 1
+    return leaf_index % of + 1
 
 
 # ---- what shards tell each other -------------------------------------------------------------
