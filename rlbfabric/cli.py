@@ -17,6 +17,7 @@ from rlbcommon.etcd import EtcdError
 from rlbfabric.scrape import fabric_scrape_config, read_addresses
 
 from .coord import etcdauth, etcdtls
+from .coord.shards import Shard
 
 from .deploy import ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_PASSWORD_FILE, Coordination, Site, XdpMode, coordinator_unit, net as net_setup, \
     units as node_units
@@ -45,6 +46,9 @@ def units(
     bin_dir: Path = typer.Option(Site.bin, "--bin", help="Where rlbswitch, rlbhost, rlbcoord and rlbfabric are."),
     xdp: XdpMode = typer.Option(XdpMode.native, help="native, or generic for NICs without native XDP."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Directory to write to (default: print them)."),
+    shard: str = typer.Option("1/1", help="With --node coordinator and --etcd: the shard of placement this "
+                              "coordinator takes, K/N (rlbcoord run --shard; the same N on every "
+                              "coordinator, two per shard for a standby)."),
 ):
     """Render the systemd units of one machine of the fabric.
 
@@ -62,7 +66,14 @@ def units(
     fabric_file = fabric.resolve()
     coord = Coordination(url=coordinator, etcd=etcd, password_file=etcd_password_file, ca_file=etcd_ca_file,
                          cert_file=etcd_cert_file)
-    rendered = (coordinator_unit(fabric_file, mgmt_ip, site, coord) if node == "coordinator"
+    if shard != "1/1":
+        if node != "coordinator" or not etcd:
+            raise typer.BadParameter("--shard is a coordinator's, on etcd: give --node coordinator and --etcd")
+        try:
+            Shard.parse(shard).leaves(fab)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    rendered = (coordinator_unit(fabric_file, mgmt_ip, site, coord, shard=shard) if node == "coordinator"
                 else node_units(fab, fabric_file, node, mgmt_ip, coord, site))
     for name, text in rendered.items():
         if out:

@@ -239,12 +239,16 @@ WantedBy=multi-user.target
 
 def coordinator_unit(fabric_file: Path, listen: str, site: Site = Site(),
                      coordination: Coordination = Coordination(), name: str | None = None,
-                     after: tuple[str, ...] = ()) -> dict[str, str]:
+                     after: tuple[str, ...] = (), shard: str = "1/1") -> dict[str, str]:
     """rlb-coord: over HTTP, or on etcd (any number of machines run it, `name` unique among them:
-    one leads). `after`: units of the same machine it waits for (the lab's etcd)."""
+    one leads; `shard` K/N: one of N shards of placement, coord/shards.py). `after`: units of the
+    same machine it waits for (the lab's etcd)."""
     etcd = ""
+    if shard != "1/1" and not coordination.etcd:
+        raise FabricError("a coordinator's shard goes with etcd: over HTTP one coordinator places everything")
     if coordination.etcd:
-        etcd = coordination.etcd_args() + (f" --name {name}" if name else "")
+        etcd = coordination.etcd_args() + (f" --name {name}" if name else "") + (
+            f" --shard {shard}" if shard != "1/1" else "")
     return {"rlb-coord": f"""[Unit]
 {NO_START_LIMIT}
 Description=RLB fabric coordinator (QP placements for the whole fabric{", on etcd" if etcd else ""})

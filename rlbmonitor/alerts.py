@@ -30,9 +30,10 @@ RULES = [
      "{{ $labels.node }}: the agent cannot read bird's control socket; routes are frozen"),
     ("RlbCoordinatorUnreachable", "rlb_host_coordinator_reachable == 0", "1m", "warning",
      "{{ $labels.node }}: the coordinator is unreachable; the host places QPs by its local rule"),
-    ("RlbNoCoordinatorLeads", "max(rlb_coord_etcd_leading) == 0", "30s", "critical",
-     "coordinators on etcd run but none leads (etcd unreachable, or refusing them): no QP is placed; "
-     "hosts keep their placements, then place new QPs by their local rule"),
+    ("RlbNoCoordinatorLeads", "max by (shard) (rlb_coord_etcd_leading) == 0", "30s", "critical",
+     "coordinators of shard {{ $labels.shard }} on etcd run but none leads (etcd unreachable, refusing "
+     "them, or coordinators of another shard count lead): its hosts' QPs are not placed; they keep "
+     "their placements, then place new QPs by their local rule"),
     ("RlbVerbsDisagreement", "increase(rlb_host_verbs_disagreements_total[5m]) > 0", "0s", "critical",
      "{{ $labels.node }}: the two ends of a verbs QP may have ended on different paths (an answer lost "
      "after the decision): a receiver that checks addresses drops that QP's packets (the agent's log names it)"),

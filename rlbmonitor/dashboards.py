@@ -159,7 +159,7 @@ def coordinator_dashboard() -> dict:
                "rlb_coord_balance_newest", "{{side}} {{of}}", "short", 0, 16),
         # on etcd (rlbcoord --etcd): who leads, and what it asks of etcd
         _panel(6, "Coordinators on etcd: leading (1) or standing by (0)", "rlb_coord_etcd_leading",
-               "{{instance_node}}", "short", 12, 16, kind="stat"),
+               "{{instance_node}} (shard {{shard}})", "short", 12, 16, kind="stat"),
         _panel(7, "Hosts with keys in etcd (leases alive)", "rlb_coord_etcd_hosts", "{{instance_node}}",
                "short", 0, 24),
         _panel(8, "Solves of etcd's changes (/s)", "rate(rlb_coord_etcd_batches_total[$__rate_interval])",

@@ -320,7 +320,8 @@ def etcd_metrics(url: str) -> dict[str, float]:
     """A coordinator's rlb_coord_etcd_* samples from its /metrics."""
     with urllib.request.urlopen(url + "/metrics", timeout=2) as r:
         text = r.read().decode()
-    return {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("rlb_coord_etcd_")}
+    return {ln.split()[0].split("{")[0]: float(ln.split()[1]) for ln in text.splitlines()
+            if ln.startswith("rlb_coord_etcd_")}
 
 
 def _answers(fn) -> bool:

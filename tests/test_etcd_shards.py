@@ -17,7 +17,8 @@ import pytest
 
 from rlbcommon.etcd import Etcd
 from rlbfabric.coord import etcdauth, keys
-from rlbfabric.fabric import load
+from rlbfabric.deploy import Coordination, coordinator_unit
+from rlbfabric.fabric import FabricError, load
 from rlblab.etcdserver import EtcdServer
 
 from .test_etcd_coordination import Coord, qp_parts, wait
@@ -167,3 +168,20 @@ def test_a_shard_that_cannot_be_is_refused_before_anything_starts(args, why):
     r = subprocess.run([sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(FABRIC_FILE),
                         "--port", str(free_port()), *args], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and why in r.stderr, r.stderr
+
+
+def test_units_give_each_coordinator_its_shard_and_refuse_one_without_etcd():
+    on_etcd = Coordination(etcd="http://10.0.0.2:2379")
+    unit = coordinator_unit(FABRIC_FILE, "10.0.0.3", coordination=on_etcd, name="c3", shard="2/2")["rlb-coord"]
+    assert "--etcd http://10.0.0.2:2379" in unit and unit.split("ExecStart=")[1].split("\n")[0].endswith(
+        "--name c3 --shard 2/2")
+    assert "--shard" not in coordinator_unit(FABRIC_FILE, "10.0.0.3", coordination=on_etcd)["rlb-coord"]
+    with pytest.raises(FabricError, match="goes with etcd"):
+        coordinator_unit(FABRIC_FILE, "10.0.0.3", shard="1/2")
+    r = subprocess.run([sys.executable, "-m", "rlbfabric.cli", "units", "--fabric", str(FABRIC_FILE), "--node",
+                        "coordinator", "--mgmt-ip", "10.0.0.3", "--etcd", "http://10.0.0.2:2379", "--shard", "1/2"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "rlbcoord run" in r.stdout and "--shard 1/2" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "rlbfabric.cli", "units", "--fabric", str(FABRIC_FILE), "--node",
+                        "h1", "--mgmt-ip", "10.0.0.21", "--shard", "1/2"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "coordinator" in r.stderr, r.stderr

@@ -107,8 +107,9 @@ class EtcdCollector:
 
     def collect(self):
         s = self.status()
-        leading = gauge("rlb_coord_etcd_leading", "1 while this coordinator leads", [])
-        leading.add_metric([], 1 if s["leading"] else 0)
+        # by shard (rlbcoord run --shard K/N; 1/1: the whole fabric): each shard needs a leader
+        leading = gauge("rlb_coord_etcd_leading", "1 while this coordinator leads its shard", ["shard"])
+        leading.add_metric([s.get("shard", "1/1")], 1 if s["leading"] else 0)
         hosts = gauge("rlb_coord_etcd_hosts", "hosts with keys in etcd (their leases alive)", [])
         hosts.add_metric([], s["hosts_in_etcd"])
         yield from (leading, hosts)
