@@ -26,20 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rlbfabric import balance, workloads
 from rlbfabric.policy import localrule  # noqa: E402
-from rlbfabric.fabric import parse  # noqa: E402
+from rlbfabric.fabric import uniform_clos  # noqa: E402
 from rlbfabric.policy.qpplacer import QpInfo, QpPlacer  # noqa: E402
 
 ETCD_BENCH = Path(__file__).resolve().parent / "etcd_placement.py"   # it imports model_fabric from here
 
 
-def model_fabric(leaves: int, hosts: int, spines: int):
-    h = iter(range(1, leaves * hosts + 1))
-    return parse({
-        "fabric": {"paths": spines},
-        "spine": [{"name": f"s{k}", "asn": 65000} for k in range(1, spines + 1)],
-        "leaf": [{"name": f"l{i}", "asn": 65100 + i, "hosts": [f"h{next(h)}" for _ in range(hosts)]}
-                 for i in range(1, leaves + 1)],
-    }, "model")
+model_fabric = uniform_clos           # (etcd_placement.py imports it from here)
 
 
 def matrices(fabric, rnd: random.Random, qps_per_host: int) -> dict[str, list[tuple[str, str]]]:

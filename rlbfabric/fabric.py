@@ -70,3 +70,15 @@ def parse(data: dict, where: str = "fabric") -> Fabric:
         raise FabricError(f"{where}: kind {kind!r}: {DEFAULT_KIND} (leaf-spine, the default), "
                           f"{', '.join(k for k in sorted(KINDS) if k != DEFAULT_KIND)}")
     return KINDS[kind](data, where)
+
+
+def uniform_clos(leaves: int, hosts: int, spines: int) -> Fabric:
+    """A leaf-spine fabric of equal parts (l1.., h1.., s1..; one path a spine) for models,
+    benches and tests: what a site's file would say with every link alike."""
+    h = iter(range(1, leaves * hosts + 1))
+    return parse({
+        "fabric": {"paths": spines},
+        "spine": [{"name": f"s{k}", "asn": 65000} for k in range(1, spines + 1)],
+        "leaf": [{"name": f"l{i}", "asn": 65100 + i, "hosts": [f"h{next(h)}" for _ in range(hosts)]}
+                 for i in range(1, leaves + 1)],
+    }, "model")

@@ -32,18 +32,24 @@ FABRIC_FILE = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"
 FABRIC = load(FABRIC_FILE)
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
+def etcd_with_users(fabric, tmp_path_factory):
+    """A real etcd member with a user for every machine of `fabric` (their passwords in
+    server.creds) and authentication on, until the generator ends."""
     work = tmp_path_factory.mktemp("etcd")
     # the lab's timing (rlblab): a lease's floor is 1.5 election timeouts
     server = EtcdServer(work, client_port=free_port(), peer_port=free_port(), fast=True).start()
     creds = tmp_path_factory.mktemp("creds")
-    etcdauth.issue(FABRIC, [server.url], creds)
-    server.creds = creds
     try:
+        etcdauth.issue(fabric, [server.url], creds)
+        server.creds = creds
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    yield from etcd_with_users(FABRIC, tmp_path_factory)
 
 
 def user(etcd, name: str) -> Etcd:

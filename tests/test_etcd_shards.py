@@ -19,9 +19,8 @@ from rlbcommon.etcd import Etcd
 from rlbfabric.coord import etcdauth, keys
 from rlbfabric.deploy import Coordination, coordinator_unit
 from rlbfabric.fabric import FabricError, load
-from rlblab.etcdserver import EtcdServer
 
-from .test_etcd_coordination import Coord, qp_parts, wait
+from .test_etcd_coordination import Coord, etcd_with_users, qp_parts, wait
 from .test_etcd_identity import free_port
 
 FABRIC_FILE = Path(__file__).resolve().parent.parent / "lab" / "fabric-4x4.toml"
@@ -34,15 +33,7 @@ INTO_L1 = {"h5": ("h1", 6), "h3": ("h2", 3), "h7": ("h1", 3)}
 
 @pytest.fixture(scope="module")
 def etcd(tmp_path_factory):
-    work = tmp_path_factory.mktemp("etcd")
-    server = EtcdServer(work, client_port=free_port(), peer_port=free_port(), fast=True).start()
-    creds = tmp_path_factory.mktemp("creds")
-    etcdauth.issue(FABRIC, [server.url], creds)
-    server.creds = creds
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from etcd_with_users(FABRIC, tmp_path_factory)
 
 
 def user(etcd, name: str) -> Etcd:

@@ -11,21 +11,11 @@ import pytest
 
 from rlbfabric.coord import shards
 from rlbfabric.coord.shards import Shard
-from rlbfabric.fabric import load, parse
+from rlbfabric.fabric import load, uniform_clos
 from rlbfabric.policy.placement import DOWN, UP, add_loads
 from rlbfabric.policy.qpplacer import TIERS, QpInfo, QpPlacer
 
 from .test_etcd_coordination import FABRIC_FILE
-
-
-def model_fabric(leaves: int, hosts: int, spines: int):
-    h = iter(range(1, leaves * hosts + 1))
-    return parse({
-        "fabric": {"paths": spines},
-        "spine": [{"name": f"s{k}", "asn": 65000} for k in range(1, spines + 1)],
-        "leaf": [{"name": f"l{i}", "asn": 65100 + i, "hosts": [f"h{next(h)}" for _ in range(hosts)]}
-                 for i in range(1, leaves + 1)],
-    }, "model")
 
 
 def excess(loads) -> int:
@@ -88,7 +78,7 @@ def joint(placers) -> list:
 
 @pytest.mark.parametrize("leaves,n,seed", [(8, 3, 1), (16, 4, 2), (32, 8, 3)])
 def test_shards_reach_the_best_placement_and_settle_within_one_round_each(leaves, n, seed):
-    fabric = model_fabric(leaves, 4, 4)
+    fabric = uniform_clos(leaves, 4, 4)
     qps = flows(fabric, random.Random(seed), 6)
     one = QpPlacer(fabric)
     for key, q in qps:
@@ -105,7 +95,7 @@ def test_shards_reach_the_best_placement_and_settle_within_one_round_each(leaves
 
 def test_without_the_others_loads_the_shared_downlinks_are_not_balanced():
     """The control: the same shards, each blind to the others, overload the downlinks they share."""
-    fabric = model_fabric(8, 4, 4)
+    fabric = uniform_clos(8, 4, 4)
     placers = split(fabric, flows(fabric, random.Random(1), 6), 3)
     rounds(fabric, placers, 4, exchange=False)
     loads = joint(placers)
@@ -114,7 +104,7 @@ def test_without_the_others_loads_the_shared_downlinks_are_not_balanced():
 
 
 def test_idle_generations_are_placed_in_the_room_every_shards_newer_ones_leave():
-    fabric = model_fabric(16, 4, 4)
+    fabric = uniform_clos(16, 4, 4)
     placers = split(fabric, flows(fabric, random.Random(4), 8, idle_share=0.5), 4)
     moved = rounds(fabric, placers, 4 * TIERS + 2)
     assert moved[-2:] == [0, 0], moved
@@ -128,7 +118,7 @@ def test_idle_generations_are_placed_in_the_room_every_shards_newer_ones_leave()
 
 
 def test_leaves_are_dealt_to_shards_in_turn_so_a_jobs_neighbouring_leaves_spread_over_all():
-    fabric = model_fabric(10, 2, 4)
+    fabric = uniform_clos(10, 2, 4)
     got = [Shard(k, 3).leaves(fabric) for k in (1, 2, 3)]
     assert got == [["l1", "l4", "l7", "l10"], ["l2", "l5", "l8"], ["l3", "l6", "l9"]]
     assert Shard(2, 3).hosts(fabric) == {"h3", "h4", "h9", "h10", "h15", "h16"}
