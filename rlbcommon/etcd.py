@@ -33,7 +33,7 @@ from typing import Iterator
 log = logging.getLogger(__name__)
 
 # gRPC status codes etcd answers with (google.golang.org/grpc/codes)
-NOT_FOUND, PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED = 5, 7, 9, 16
+NOT_FOUND, PERMISSION_DENIED, FAILED_PRECONDITION, UNAVAILABLE, UNAUTHENTICATED = 5, 7, 9, 14, 16
 INVALID_TOKEN = "etcdserver: invalid auth token"
 MAX_TXN_OPS = 128                # etcd's --max-txn-ops default
 # A watch stays open while nothing comes: re-opening one costs etcd a request (and a TLS
@@ -64,10 +64,10 @@ class EtcdCompacted(EtcdError):
 
 
 class EtcdUnavailable(EtcdError):
-    """No endpoint could be reached."""
+    """No endpoint could be reached, or none had a leader."""
 
     def __init__(self, message: str):
-        super().__init__(14, message)
+        super().__init__(UNAVAILABLE, message)
 
 
 def _b64(x: bytes | str) -> str:
@@ -212,6 +212,7 @@ class Etcd:
                     try:
                         if stream:
                             resp = self._stream(endpoint, path, data, timeout, token)
+                            resp.endpoint = idx
                             self._good = idx
                             return resp
                         status, raw = self._post(endpoint, path, data, timeout, token)
@@ -224,11 +225,19 @@ class Etcd:
                             raise
             except EtcdUnavailable as e:           # authenticating found no endpoint either
                 last = e
-            except EtcdError:
-                raise
+            except EtcdError as e:
+                if e.code != UNAVAILABLE:          # refused: as etcd said
+                    raise
+                last = e                           # a member without a leader: the next one
             except OSError as e:
                 last = e
         raise EtcdUnavailable(f"etcd at {', '.join(self.endpoints)}: {getattr(last, 'reason', last)}")
+
+    def _unavailable(self, idx: int):
+        """The member at endpoint `idx` lost its cluster: the next request starts with the next."""
+        with self._lock:
+            if self._good == idx:
+                self._good = (idx + 1) % len(self.endpoints)
 
     def _auth_token(self) -> str:
         with self._lock:
@@ -351,7 +360,11 @@ class Etcd:
                         return
                     msg = json.loads(line)
                     if "error" in msg:
-                        raise EtcdError(msg["error"].get("grpc_code", 2), msg["error"].get("message", ""))
+                        code, why = msg["error"].get("grpc_code", 2), msg["error"].get("message", "")
+                        if code == UNAVAILABLE:    # its member lost the cluster's leader (require-leader)
+                            self._unavailable(resp.endpoint)
+                            raise EtcdUnavailable(f"watch {prefix} at {self.endpoints[resp.endpoint]}: {why}")
+                        raise EtcdError(code, why)
                     res = msg.get("result", {})
                     if res.get("compact_revision") and int(res["compact_revision"]) > 0:
                         raise EtcdCompacted(f"revision {rev} compacted (now {res['compact_revision']})")
@@ -401,6 +414,7 @@ class _Stream:
 
     def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse):
         self.conn, self.resp = conn, resp
+        self.endpoint = 0                      # which of the client's endpoints it streams from
         self.done = threading.Event()
 
     def __iter__(self):

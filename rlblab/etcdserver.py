@@ -17,26 +17,30 @@ ETCD = "etcd"
 
 class EtcdServer:
     def __init__(self, work: Path, host: str = "127.0.0.1", client_port: int = 2379, peer_port: int = 2380,
-                 netns: str | None = None, name: str = "rlb", fast: bool = False, tls: Path | None = None):
+                 netns: str | None = None, name: str = "rlb", fast: bool = False, tls: Path | None = None,
+                 cluster: dict[str, str] | None = None):
         """fast: heartbeats every 50 ms and elections after 500 (etcd's defaults: 100 and 1000),
         so a lease can be as short as 1 s (etcd's floor is 1.5 election timeouts): a lab's
         coordinators then replace a dead leader within a second. One member on one machine
-        can afford it; a real cluster's members keep the defaults."""
+        can afford it; a real cluster's members keep the defaults. cluster: every member's peer
+        URL by name (this one's included), for one member of several; start them all
+        (start(wait=False)), then wait_ready() each: none answers before a quorum is up."""
         self.work, self.netns, self.name, self.fast, self.tls = work, netns, name, fast, tls
         h = f"[{host}]" if ":" in host else host
         self.url = f"{'https' if tls else 'http'}://{h}:{client_port}"
-        self.peer_url = f"http://{h}:{peer_port}"       # one member: its peer port has no peers
+        self.peer_url = f"http://{h}:{peer_port}"       # alone: its peer port has no peers
+        self.cluster = cluster or {name: self.peer_url}
         self.data = work / f"etcd-{name}.data"
         self.log = work / f"etcd-{name}.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 20.0) -> "EtcdServer":
+    def start(self, timeout: float = 20.0, wait: bool = True) -> "EtcdServer":
         if shutil.which(ETCD) is None:
             raise RuntimeError("etcd is not installed (apt-get install etcd-server; `make setup` does)")
         cmd = [ETCD, "--name", self.name, "--data-dir", str(self.data),
                "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
                "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
-               "--initial-cluster", f"{self.name}={self.peer_url}",
+               "--initial-cluster", ",".join(f"{n}={u}" for n, u in self.cluster.items()),
                # a lab's: small, and quick to notice its own death
                "--quota-backend-bytes", str(512 << 20), "--auto-compaction-retention", "5m"]
         if self.fast:
@@ -50,11 +54,12 @@ class EtcdServer:
         self.work.mkdir(parents=True, exist_ok=True)
         with open(self.log, "a") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            self.wait_ready(timeout)
-        except BaseException:                  # never ready: no member left behind by the caller
-            self.stop()
-            raise
+        if wait:
+            try:
+                self.wait_ready(timeout)
+            except BaseException:              # never ready: no member left behind by the caller
+                self.stop()
+                raise
         return self
 
     def client_tls(self, user: str = etcdauth.ROOT_USER):
