@@ -1,4 +1,5 @@
-"""Prometheus helpers: a registry per agent, served on loopback unless told otherwise."""
+"""Prometheus helpers: a registry per agent (its own collector, and the expiry of the etcd TLS
+files it uses: certs.py), served on loopback unless told otherwise."""
 from __future__ import annotations
 
 import logging
@@ -6,6 +7,8 @@ import logging
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
+
+from .certs import CertCollector
 
 log = logging.getLogger(__name__)
 
@@ -16,6 +19,7 @@ def serve(collector, port: int, addr: str = "127.0.0.1") -> CollectorRegistry:
     """Expose one custom collector (read at scrape time) on http://addr:port/metrics."""
     registry = CollectorRegistry()
     registry.register(collector)
+    registry.register(CertCollector())         # the etcd TLS files it uses, when they expire
     start_http_server(port, addr=addr, registry=registry)
     log.info("metrics on http://%s:%d/metrics", addr if ":" not in addr else f"[{addr}]", port)
     return registry

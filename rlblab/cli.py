@@ -39,7 +39,8 @@ def _lab(name: str):
         raise typer.BadParameter(f"no lab {name!r} is up (rlblab up)")
     s = json.loads(st.read_text())
     return open_lab(s["fabric"], name, mode=s["mode"], shape=s["shape"], monitor=s.get("monitor", False),
-                    coordinator=s.get("coordinator", False), etcd=s.get("etcd", False))
+                    coordinator=s.get("coordinator", False), etcd=s.get("etcd", False),
+                    shards=s.get("shards", 1))
 
 
 @app.command()
@@ -62,6 +63,9 @@ def up(
                               "an etcd user per host, leaf and coordinator, two coordinators (one "
                               "leads); hosts and leaves write their state there. --no-etcd: one "
                               "coordinator taking reports over HTTP."),
+    coord_shards: int = typer.Option(1, min=1, help="With etcd: placement split over this many "
+                                     "shards of the leaves (rlbcoord run --shard K/N), two "
+                                     "coordinators each."),
     name: str = typer.Option("rlb", help="Lab name (namespace prefix)."),
 ):
     """Build the fabric: namespaces, links, bird2 everywhere, agents; wait until converged.
@@ -80,13 +84,18 @@ def up(
         fabric = RUN_DIR / f"lab-{name}.toml"
         fabric.write_text(make_fabric(spines, leaves, hosts, stages, parallel=parallel))
     fabric = (fabric or DEFAULT_FABRIC).resolve()
-    lab = open_lab(fabric, name, mode=mode, shape=shape, monitor=monitor, coordinator=coordinator, etcd=etcd)
+    try:
+        lab = open_lab(fabric, name, mode=mode, shape=shape, monitor=monitor, coordinator=coordinator, etcd=etcd,
+                       shards=coord_shards)
+    except ValueError as e:
+        raise typer.BadParameter(f"--coord-shards {coord_shards}: {e}") from None
     typer.echo(f"==> building {lab.fabric.summary()} from {fabric} ({mode}"
                f"{', coordinator' if lab.coordinator else ''}{' on etcd' if getattr(lab, 'etcd', False) else ''})")
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     _state(name).write_text(json.dumps({"fabric": str(fabric), "mode": mode, "shape": shape,
                                         "monitor": monitor, "coordinator": lab.coordinator,
-                                        "etcd": getattr(lab, "etcd", False)}))
+                                        "etcd": getattr(lab, "etcd", False),
+                                        "shards": getattr(lab, "shards", 1)}))
     lab.up()
     typer.echo("==> waiting for BGP to converge")
     lab.wait_converged(120)
@@ -96,7 +105,8 @@ def up(
                    f"(config {lab.work / 'prometheus.yml'}; dashboards in grafana/)")
     if getattr(lab, "etcd", False):
         typer.echo(f"etcd: {lab.etcd_url} in {lab.ns('mon')} (TLS; users' passwords, CA and certificates in {lab.etcd_creds}); "
-                   f"coordinators {', '.join(lab.coordinator_urls().values())}, one leads")
+                   f"coordinators {', '.join(lab.coordinator_urls().values())}, one leads"
+                   f"{f' each of {lab.shards} shards' if lab.shards > 1 else ''}")
     elif lab.coordinator:
         typer.echo(f"coordinator: {lab.coordinator_url} in {lab.ns('mon')} (rlblab coordinator)")
     typer.echo(f"up: {', '.join(lab.namespaces())}; logs and bird sockets in {lab.work}")
@@ -246,10 +256,16 @@ def coordinator(name: str = typer.Option("rlb", help="Lab name."),
     lab = _lab(name)
     if not lab.coordinator:
         raise typer.BadParameter(f"lab {name} runs without a coordinator")
-    key = lab.leading_coordinator() if getattr(lab, "etcd", False) else None
-    url = lab.coordinator_urls()[key] if key else lab.coordinator_url
-    with netns.inside(lab.ns("mon")):
-        coord_cli.status(url, as_json)
+    if not getattr(lab, "etcd", False):
+        with netns.inside(lab.ns("mon")):
+            coord_cli.status(lab.coordinator_url, as_json)
+        return
+    leaders = lab.leading_coordinators() or [next(iter(lab.coordinator_urls()))]
+    for key in leaders:                # one a shard: each places its leaves' hosts
+        if lab.shards > 1 and not as_json:
+            typer.echo(f"== shard {lab.shard_of(key.split('-', 1)[1])} ({key}): its hosts' QPs")
+        with netns.inside(lab.ns("mon")):
+            coord_cli.status(lab.coordinator_urls()[key], as_json)
 
 
 def _set_link(name: str, leaf: str, spine: str, link: int, state: str):

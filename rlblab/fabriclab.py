@@ -21,6 +21,7 @@ from rlbcommon.etcd import Etcd
 from rlbcommon.netns import run
 from rlbfabric.bird.conf import initial_includes, render
 from rlbfabric.coord import etcdauth, etcdtls, keys
+from rlbfabric.coord.shards import Shard
 from rlbfabric.deploy import AGENT_CAPS, COORDINATOR_CAPS, confined
 from rlbfabric.fabric import Fabric, load
 from rlbfabric.scrape import scrape_config
@@ -35,15 +36,14 @@ from .workdir import lab_dir
 
 class FabricLab:
     KIND = "clos"
-    OPTIONS = ("hosts_agent", "mode", "shape", "monitor", "coordinator", "etcd")    # what open_lab passes on
-    COORDINATORS = ("c1", "c2")      # with etcd: two, one leads
+    OPTIONS = ("hosts_agent", "mode", "shape", "monitor", "coordinator", "etcd", "shards")    # what open_lab passes on
     ETCD_PORT = 2379
     MGMT = "fd00:99::"
     HOST_IF = "eth0"      # where rlbhost is attached on a host
 
     def __init__(self, fabric_file: str | Path, name: str = "rlbf", hosts_agent: bool = True,
                  mode: str = "rlb", shape: bool = False, monitor: bool = False, coordinator: bool = True,
-                 etcd: bool = False):
+                 etcd: bool = False, shards: int = 1):
         """mode "rlb": XDP switches fed by bird, rlbhost on hosts. mode "baseline": the same
         fabric as people run it today: bird merges equal paths into kernel ECMP routes, the
         kernel forwards with fib_multipath_hash_policy=1, no XDP, no rlbhost.
@@ -55,7 +55,9 @@ class FabricLab:
         coordinators an etcd user of their own (rlbfabric etcd-users), two coordinators of which
         one leads; hosts and leaves write there instead of reporting over HTTP. As a site runs
         it: TLS only, each machine with a client certificate of the lab's CA (rlbfabric
-        etcd-tls), its password its identity."""
+        etcd-tls), its password its identity.
+        shards (with etcd): placement split over that many shards of the leaves (rlbcoord run
+        --shard K/N), two coordinators each, one of which leads its shard."""
         if mode not in ("rlb", "baseline"):
             raise ValueError(f"mode {mode!r}: rlb or baseline")
         self.fabric_file = Path(fabric_file).resolve()
@@ -65,6 +67,12 @@ class FabricLab:
         self.hosts_agent = hosts_agent and mode == "rlb"
         self.coordinator = coordinator and self.hosts_agent
         self.etcd = etcd and self.coordinator
+        if shards != 1 and not self.etcd:
+            raise ValueError("shards of placement need the coordinator on etcd")
+        self.shards = shards
+        Shard(1, shards).leaves(self.fabric)         # more shards than leaves: refused here
+        # with etcd: two coordinators a shard, c1 c2 ... dealt to the shards in turn
+        self.coordinators = [f"c{i}" for i in range(1, 2 * shards + 1)]
         self.work = lab_dir(name)
         self.birds: dict[str, Bird] = {}
         self.agents: dict[str, subprocess.Popen] = {}
@@ -94,7 +102,11 @@ class FabricLab:
         if not self.etcd:
             return {"coordinator": self.coordinator_url}
         return {f"coordinator-{c}": url_for(f"{self.MGMT}1", coordapi.DEFAULT_PORT + i)
-                for i, c in enumerate(self.COORDINATORS)}
+                for i, c in enumerate(self.coordinators)}
+
+    def shard_of(self, coordinator: str) -> Shard:
+        """The shard a coordinator (c1, c2, ...) places."""
+        return Shard(self.coordinators.index(coordinator) % self.shards + 1, self.shards)
 
     @property
     def etcd_url(self) -> str:
@@ -264,8 +276,8 @@ class FabricLab:
 
     def start_coordinator(self, which: str | None = None):
         """rlbcoord in <lab>-mon, listening on the management network's first address, with the
-        capabilities its unit gives it (none). With etcd: each of COORDINATORS (or `which`) on a
-        port of its own, following etcd as the coordinators' user."""
+        capabilities its unit gives it (none). With etcd: each of the coordinators (or `which`) on
+        a port of its own, following etcd as the coordinators' user."""
         for key, url in self.coordinator_urls().items():
             name = key.split("-", 1)[-1]
             if which is not None and name != which:
@@ -274,6 +286,8 @@ class FabricLab:
                     "--listen", f"{self.MGMT}1", "--port", url.rsplit(":", 1)[1]]
             if self.etcd:
                 args += [*self.etcd_args(keys.COORDINATOR_USER), "--name", name, "--lease-ttl-s", "1"]
+                if self.shards > 1:
+                    args += ["--shard", str(self.shard_of(name))]
             self._spawn(key, ["ip", "netns", "exec", self.ns("mon"), *confined(args, COORDINATOR_CAPS)],
                         "listening on")
 
@@ -294,14 +308,19 @@ class FabricLab:
             return next((s for s in statuses if s.get("etcd", {}).get("leading")), statuses[0])
 
     def leading_coordinator(self) -> str | None:
-        """With etcd: the key (coordinator-c1, ...) of the one leading now."""
+        """With etcd: the key (coordinator-c1, ...) of the one leading now (of some shard)."""
+        return next(iter(self.leading_coordinators()), None)
+
+    def leading_coordinators(self) -> list[str]:
+        """With etcd: the keys of those leading now, one a shard when all is well."""
+        out = []
         for key in self.coordinator_urls():
             try:
                 if self.coordinator_status(key).get("etcd", {}).get("leading"):
-                    return key
+                    out.append(key)
             except coordapi.CoordinatorError:
                 continue
-        return None
+        return out
 
     def start_prometheus(self, port: int = 9090):
         """A real Prometheus (Debian's) in <lab>-mon scraping every agent every second; its API

@@ -34,6 +34,9 @@ RULES = [
      "coordinators of shard {{ $labels.shard }} on etcd run but none leads (etcd unreachable, refusing "
      "them, or coordinators of another shard count lead): its hosts' QPs are not placed; they keep "
      "their placements, then place new QPs by their local rule"),
+    ("RlbEtcdCertExpiring", "rlb_etcd_cert_expiry_timestamp_seconds - time() < 30 * 86400", "10m", "warning",
+     "{{ $labels.instance_node }}: its etcd {{ $labels.file }} certificate ({{ $labels.path }}) expires within "
+     "30 days: then etcd refuses it and its reports; issue it again (rlbfabric etcd-tls) and restart the agent"),
     ("RlbVerbsDisagreement", "increase(rlb_host_verbs_disagreements_total[5m]) > 0", "0s", "critical",
      "{{ $labels.node }}: the two ends of a verbs QP may have ended on different paths (an answer lost "
      "after the decision): a receiver that checks addresses drops that QP's packets (the agent's log names it)"),

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError, EtcdUnavailable, tls_context
+from rlbcommon.metrics import serve
 from rlbfabric.coord import etcdauth, etcdtls, keys
 from rlbfabric.fabric import load
 from rlblab.etcdserver import EtcdServer
@@ -275,3 +279,34 @@ def test_a_member_its_starter_cannot_reach_is_stopped_not_left_running(pki, tmp_
     assert server.proc is None
     running = subprocess.run(["pgrep", "-f", str(server.data)], capture_output=True, text=True).stdout
     assert running == ""
+
+
+def test_an_agents_metrics_say_when_its_etcd_certificates_expire_and_see_a_renewal(pki, tmp_path):
+    """What RlbEtcdCertExpiring reads: each etcd TLS file an agent uses, on the /metrics every
+    agent serves (rlbcommon.metrics.serve), read again when the file is replaced."""
+    mine = tmp_path / "h1.pem"
+    shutil.copy(etcdtls.client_file(pki, keys.host_user("h1")), mine)
+    etcdauth.client("https://127.0.0.1:2379", keys.host_user("h1"), None, etcdtls.ca_file(pki), mine)
+    port = free_port()
+    serve(Nothing(), port)
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {ln.split('file="')[1].split('"')[0]: float(ln.split()[-1]) for ln in text.splitlines()
+                if ln.startswith("rlb_etcd_cert_expiry_timestamp_seconds{")}
+    now = time.time()
+    got = scrape()
+    assert abs(got["client"] - (now + etcdtls.CERT_DAYS * 86400)) < 2 * 86400, got
+    assert abs(got["ca"] - (now + etcdtls.CA_DAYS * 86400)) < 2 * 86400, got
+    # renewed by an operator (here: a certificate of 10 days, from the same CA)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(tmp_path / "k.pem"), "-out", str(tmp_path / "c.pem"), "-days", "10",
+                    "-subj", "/O=rlb"], check=True, capture_output=True)
+    mine.write_text((tmp_path / "c.pem").read_text() + (tmp_path / "k.pem").read_text())
+    os.utime(mine, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    assert abs(scrape()["client"] - (now + 10 * 86400)) < 2 * 86400
+
+
+class Nothing:
+    def collect(self):
+        return iter(())

@@ -15,6 +15,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlbcommon import certs
 from rlbcommon.etcd import FAILED_PRECONDITION, Etcd, EtcdError, EtcdUnavailable, tls_context
 from rlbcommon.paths import write_private
 
@@ -67,7 +68,10 @@ def tls_options(endpoints: list[str], ca: Path | None, cert: Path | None) -> ssl
     plain = [u for u in endpoints if not u.startswith("https://")]
     if plain:
         raise ValueError(f"--etcd-ca and --etcd-cert are for https:// URLs; {', '.join(plain)} is spoken to in clear")
-    return tls_context(ca, cert)
+    ctx = tls_context(ca, cert)
+    certs.note("ca", ca)                       # their expiry on the agent's /metrics
+    certs.note("client", cert)
+    return ctx
 
 
 def _loopback(url: str) -> bool:

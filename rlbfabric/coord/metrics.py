@@ -4,6 +4,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from rlbcommon.certs import CertCollector
 from rlbcommon.metrics import counter, gauge
 
 from .etcdrun import LINKS_EVERY_S, PLACE_EVERY_S
@@ -125,6 +126,7 @@ def exposition(coord, etcd_status=None):
     on etcd), its leadership and work too."""
     registry = CollectorRegistry()
     registry.register((RegistryCollector if isinstance(coord, HRegistry) else CoordinatorCollector)(coord))
+    registry.register(CertCollector())         # the etcd TLS files it uses, when they expire
     if etcd_status is not None:
         registry.register(EtcdCollector(etcd_status))
     return lambda: generate_latest(registry)
