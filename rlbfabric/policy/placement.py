@@ -154,6 +154,10 @@ class Placement:
         self._norm: dict[tuple, tuple] = {}   # a QP's weights as given -> as grouped (read per QP added)
         self._caps_changed = False
         self._dirty: set[tuple[int, int]] = set()     # vertices whose targets need recomputing
+        # per vertex, what its QPs ask for: [QPs, share per colour, path capacity per colour or
+        # None]; dropped when its QPs or any capacity change, kept when only its base does (the
+        # other shards' loads change it often: coord/shards.py)
+        self._demand: dict[tuple[int, int], list] = {}
         self._touched: set[tuple[int, int]] = set()   # vertices whose loads changed since solve()
         self._unsettled: set[tuple[int, int]] = set() # vertices solve() left outside their targets
 
@@ -208,6 +212,8 @@ class Placement:
             self.at[DOWN][b].append(g)
         g.size += 1
         self._dirty |= {(UP, a), (DOWN, b)}
+        self._demand.pop((UP, a), None)
+        self._demand.pop((DOWN, b), None)
         self.qps[key] = q = _Qp(g, None)
         if colour is not None and 0 <= colour < self.n_colours and self._usable(g, colour):
             self._set(key, q, colour)
@@ -225,6 +231,8 @@ class Placement:
         g = q.group
         g.size -= 1
         self._dirty |= {(UP, g.a), (DOWN, g.b)}
+        self._demand.pop((UP, g.a), None)
+        self._demand.pop((DOWN, g.b), None)
         if g.size == 0:                 # freed: groups come and go with weights and leaf pairs
             del self.groups[(g.a, g.b, g.weights)]
             for side, v in ((UP, g.a), (DOWN, g.b)):
@@ -285,17 +293,24 @@ class Placement:
                 self._weigh(g)
             self._dirty = {(s, v) for s in (UP, DOWN) for v in range(self.n_leaves)}
             self._touched |= self._dirty
+            self._demand = {}
             self._caps_changed = False
         for side, v in self._dirty:
-            share, d = [0.0] * self.n_colours, 0
-            for g in self.at[side][v]:
-                if g.size:
-                    d += g.size
-                    for c, f in enumerate(g.frac):
-                        share[c] += g.size * f
+            demand = self._demand.get((side, v))
+            if demand is None:
+                share, d = [0.0] * self.n_colours, 0
+                for g in self.at[side][v]:
+                    if g.size:
+                        d += g.size
+                        for c, f in enumerate(g.frac):
+                            share[c] += g.size * f
+                demand = self._demand[(side, v)] = [d, share, None]
+            d, share = demand[0], list(demand[1])
             base = self.base[side][v]
             if d and any(base):   # the room left, by the paths' narrowest links as the shares are
-                share = _fill(d, self._path_caps(side, v, d), base) or share
+                if demand[2] is None:
+                    demand[2] = self._path_caps(side, v, d)
+                share = _fill(d, demand[2], base) or share
             self.share[side][v] = share
             self.lo[side][v] = [math.floor(x + EPS) for x in share]
             self.hi[side][v] = _round_up(share, d, self.cap[side][v], base)
