@@ -60,7 +60,7 @@ class EtcdCoordination:
                  retry_s: float = 0.1, health: Health | None = None, heap: Heap | None = None,
                  shard: Shard = WHOLE):
         self.coord, self.etcd, self.name = coord, etcd, name
-        # a shard places its leaves' hosts only (shards.py): the others' keys are not read
+        # a shard places its leaves' hosts only (shards.py): the others' keys are dropped as they come
         self.shard = shard
         self.leader_key = keys.leader_key(shard.index, shard.of)
         self.mine: set[str] | None = None if shard.whole else shard.hosts(coord.fabric)
@@ -74,6 +74,7 @@ class EtcdCoordination:
         self._shared_due = False                       # ... and a change is held back since
         self._shared = ""                              # what we last published (or queued)
         self._foreign_logged = ""
+        self._uplinks_due = False                      # a switch's state changed since the last solve
         self.heap = heap or Heap()                     # the model out of the collector's sight
         self.lease_ttl_s, self.retry_s = lease_ttl_s, retry_s
         self.health = health or Health()
@@ -166,7 +167,8 @@ class EtcdCoordination:
                     self.links[node] = json.dumps(json.loads(value)["loads"], sort_keys=True)
             elif tree == "switches" and rest == "uplinks" and value is not None:
                 self.uplinks[node] = json.loads(value)
-                self.dirty.add("")                     # "": a switch changed, solve
+                self.dirty.add("")                     # "": solve (here: with the switches' state)
+                self._uplinks_due = True
         except (ValueError, TypeError) as e:           # a key no agent of ours writes like this
             self.counters["refused"] += 1
             log.warning("etcd key %s: cannot read it (%s); ignored", key, e)
@@ -298,7 +300,8 @@ class EtcdCoordination:
                     qps = self.reports[h]["qps"]
                     changes[h] = {q: _qp_body(q, qps[q], now) if q in qps else None
                                   for q in self.dirty_qps.get(h, ())}
-            uplinks = dict(self.uplinks) if "" in self.dirty else {}
+            uplinks = dict(self.uplinks) if self._uplinks_due else {}
+            self._uplinks_due = False
             outside = None
             if self._outside_due and not self.shard.whole:
                 p = self.coord.placer
@@ -452,6 +455,7 @@ class EtcdCoordination:
         """After a failed write: what was not written is compared again at the next batch."""
         with self.lock:
             self.dirty.add("")
+            self._uplinks_due = True
             self._compare_all = True
             self._shared = ""                          # our shard's loads too
         self.stop.wait(pause_s)
@@ -551,6 +555,7 @@ class EtcdCoordination:
                 self.dirty_report.update(self.reports)
                 self.dirty.update(self.coord.hosts)
                 self.dirty.add("")
+                self._uplinks_due = True
                 self._compare_all = True
                 self._outside_due, self._shared = True, ""   # our loads published afresh
             self.counters["takeovers"] += 1
