@@ -176,3 +176,24 @@ def test_units_give_each_coordinator_its_shard_and_refuse_one_without_etcd():
     r = subprocess.run([sys.executable, "-m", "rlbfabric.cli", "units", "--fabric", str(FABRIC_FILE), "--node",
                         "h1", "--mgmt-ip", "10.0.0.21", "--shard", "1/2"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "coordinator" in r.stderr, r.stderr
+
+
+def test_a_shards_loads_that_cannot_be_read_are_said_once_and_change_nothing(etcd, shard_coords):
+    write_host(etcd, "h5", {("h1", 50000 + i, i): 1 for i in range(4)})
+    wait(lambda: len(placed(etcd)) == 4, 5, "h5's 4 placements")
+    before = placed(etcd)
+    admin = user(etcd, etcdauth.ROOT_USER)
+    leaders = {status(c)["shard"]: c for c in shard_coords.values() if status(c).get("leading")}
+    bogus = json.dumps({"of": 2, "tiers": [[{"l9": [1, 2, 3, 4]}, {}]]})
+    for _ in range(5):                                 # a shard whose fabric file has a leaf l9
+        admin.put(keys.shard_loads_key(2), bogus)
+        time.sleep(0.1)
+    admin.put(keys.shard_loads_key(3), json.dumps({"of": 2, "tiers": [[{}, {"l1": [9, 9, 9, 9]}]]}))
+    time.sleep(0.5)
+    assert placed(etcd) == before
+    log = leaders["1/2"].log.read_text()
+    assert log.count("cannot read it (leaf 'l9' is not in this fabric file)") == 1, log
+    assert "shards/3" not in log                       # no shard 3 of 2: not even read
+    r = subprocess.run([sys.executable, "-m", "rlbfabric.coord.cli", "status", "--url", leaders["1/2"].url],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.startswith("shard 1/2: the QPs of this shard's hosts"), r.stdout + r.stderr

@@ -153,6 +153,9 @@ def status(url: str = typer.Option(DEFAULT_URL, help=URL_HELP),
             typer.echo(f"  {part:<8} " + "  ".join(f"{k}: {v:.3f}" for k, v in s[part].items()))
         return
     b = s["balance"]
+    shard = (s.get("etcd") or {}).get("shard", "1/1")
+    if shard != "1/1":
+        typer.echo(f"shard {shard}: the QPs of this shard's hosts (the others' leaders place theirs)")
     typer.echo(f"{len(s['hosts'])} hosts, {s['qps']['fabric']} QPs across the fabric, "
                f"{s['qps']['local']} within a leaf; last placement {s['last_solve_ms']} ms")
     typer.echo(f"worst leaf max/mean: uplinks {b['up']:.2f} (best {b['best_up']:.2f}), "

@@ -74,6 +74,7 @@ class EtcdCoordination:
         self._shared_due = False                       # ... and a change is held back since
         self._shared = ""                              # what we last published (or queued)
         self._foreign_logged = ""
+        self._unreadable_logged: dict[str, str] = {}   # a shard's loads key -> why it was not read
         self._uplinks_due = False                      # a switch's state changed since the last solve
         self.heap = heap or Heap()                     # the model out of the collector's sight
         self.lease_ttl_s, self.retry_s = lease_ttl_s, retry_s
@@ -187,18 +188,22 @@ class EtcdCoordination:
                     self.vacant.set()                # the standbys try at once, not at their next retry
             return
         shard = keys.parse_shard_loads_key(key)
-        if shard is None or shard == self.shard.index:
-            return
+        if shard is None or shard == self.shard.index or not 1 <= shard <= self.shard.of:
+            return                                     # ours, or no shard of this count's
         if value is None:
             had = self.others.pop(shard, None) is not None
         else:
             try:
                 of, tiers = shards.decode(value, self.leaf_index, len(self.coord.placer.tiers),
                                           self.coord.placer.n_colours)
-            except (ValueError, TypeError) as e:
+            except (ValueError, TypeError) as e:       # a shard with another fabric file: said once
                 self.counters["refused"] += 1
-                log.warning("etcd key %s: cannot read it (%s); ignored", key, e)
+                if self._unreadable_logged.get(key) != str(e):
+                    log.warning("etcd key %s: cannot read it (%s); ignored (is every coordinator's "
+                                "fabric file the same?)", key, e)
+                    self._unreadable_logged[key] = str(e)
                 return
+            self._unreadable_logged.pop(key, None)
             if of != self.shard.of:                    # a coordinator of another count: see _try_lead
                 return
             had = True
