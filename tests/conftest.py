@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import subprocess
 import uuid
@@ -14,6 +15,8 @@ from rlbcommon.paths import pin_dir
 from rlbcommon import packets as P
 from rlbcommon.testrun import prog_test_run
 from rlbswitch.dataplane import SwitchDataplane
+from rlbfabric import balance, workloads
+from rlbfabric.policy import localrule
 from rlblab import topo
 
 if os.geteuid() != 0:
@@ -169,3 +172,15 @@ def h1_to_h3_during(lab, packets_per_qp: int, rate: int, during, seed: int, lead
     times = sorted(tm for tm, _ in rx.arrivals)
     gap = max((y - x for x, y in zip(times, times[1:])), default=0.0) * 1000
     return out["sent"], len(rx.seen), gap
+
+
+def local_rule_off_the_best(fab, tries: int = 200) -> tuple[int, list]:
+    """(seed, connections) of the first random permutation where the hosts' local rule alone
+    (its model, which the program follows QP by QP) leaves a link at least 0.9 above the best:
+    what a coordinator must fix."""
+    for seed in range(tries):
+        conns = workloads.connections("permutation", fab.hosts, random.Random(seed))
+        local = [(a, b, p) for (a, b), p in zip(conns, localrule.simulate(fab, conns))]
+        if max(balance.figures(*balance.leaf_loads(fab, local))) >= max(balance.best_figures(fab, conns)) + 0.9:
+            return seed, conns
+    pytest.fail("no permutation where the local rule is off the best")

@@ -12,12 +12,11 @@ import pytest
 
 from rlbcommon import netns
 from rlbfabric import balance, workloads
-from rlbfabric.policy import localrule
 from rlbhost.dataplane import HostDataplane
 from rlblab.fabricgen import make_fabric
 from rlblab.matrix import FORGET_S, run_matrix
 
-from .conftest import fabric_lab, h1_to_h3_during
+from .conftest import fabric_lab, h1_to_h3_during, local_rule_off_the_best
 
 pytestmark = pytest.mark.netns
 LAB = Path(__file__).resolve().parent.parent / "lab"
@@ -83,13 +82,7 @@ def test_wide_fabric_coordinator_fixes_what_the_local_rule_cannot(wide):
     """A random permutation where the hosts alone collide on a downlink (found with the local
     rule's model, which the program follows QP by QP): the coordinator brings it to the best."""
     fab = wide.fabric
-    for seed in range(200):
-        conns = workloads.connections("permutation", fab.hosts, random.Random(seed))
-        local = [(a, b, p) for (a, b), p in zip(conns, localrule.simulate(fab, conns))]
-        if max(balance.figures(*balance.leaf_loads(fab, local))) >= max(balance.best_figures(fab, conns)) + 0.9:
-            break
-    else:
-        pytest.fail("no permutation where the local rule is off the best")
+    seed, conns = local_rule_off_the_best(fab)
     r = run_matrix(wide, conns, 1, packets=150, seed=seed, bursts=2)
     time.sleep(FORGET_S)
     best = r.best(fab)

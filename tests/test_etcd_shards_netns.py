@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rlbfabric import balance, workloads
-from rlbfabric.policy import localrule
+from rlbfabric import workloads
 from rlblab.matrix import FORGET_S, run_matrix
 
-from .conftest import fabric_lab
+from .conftest import fabric_lab, local_rule_off_the_best
 
 pytestmark = pytest.mark.netns
 LAB = Path(__file__).resolve().parent.parent / "lab"
@@ -59,13 +58,7 @@ def test_two_shards_fix_what_the_local_rule_cannot(lab):
     """A permutation where the hosts alone collide on a downlink (the local rule's model, as
     test_balance_netns finds it): the shards' leaders bring it to the best."""
     fab = lab.fabric
-    for seed in range(200):
-        conns = workloads.connections("permutation", fab.hosts, random.Random(seed))
-        local = [(a, b, p) for (a, b), p in zip(conns, localrule.simulate(fab, conns))]
-        if max(balance.figures(*balance.leaf_loads(fab, local))) >= max(balance.best_figures(fab, conns)) + 0.9:
-            break
-    else:
-        pytest.fail("no permutation where the local rule is off the best")
+    seed, conns = local_rule_off_the_best(fab)
     r = run_matrix(lab, conns, 1, packets=150, seed=seed, bursts=2)
     time.sleep(FORGET_S)
     best = r.best(fab)
