@@ -70,7 +70,8 @@ class FabricLab:
         if shards != 1 and not self.etcd:
             raise ValueError("shards of placement need the coordinator on etcd")
         self.shards = shards
-        Shard(1, shards).leaves(self.fabric)         # more shards than leaves: refused here
+        if shards > 1:
+            Shard(1, shards).leaves(self.fabric)     # more shards than leaves: refused here
         # with etcd: two coordinators a shard, c1 c2 ... dealt to the shards in turn
         self.coordinators = [f"c{i}" for i in range(1, 2 * shards + 1)]
         self.work = lab_dir(name)
