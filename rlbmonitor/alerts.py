@@ -34,6 +34,9 @@ RULES = [
      "coordinators of shard {{ $labels.shard }} on etcd run but none leads (etcd unreachable, refusing "
      "them, or coordinators of another shard count lead): its hosts' QPs are not placed; they keep "
      "their placements, then place new QPs by their local rule"),
+    ("RlbShardWithoutLeader", "max(rlb_coord_etcd_other_shards_without_leader) > 0", "30s", "critical",
+     "{{ $value }} shard(s) of placement have no leader, as the other shards' coordinators see it: "
+     "their hosts' QPs are not placed (start their coordinators: rlbcoord run --shard K/N)"),
     ("RlbEtcdCertExpiring", "rlb_etcd_cert_expiry_timestamp_seconds - time() < 30 * 86400", "10m", "warning",
      "{{ $labels.instance_node }}: its etcd {{ $labels.file }} certificate ({{ $labels.path }}) expires within "
      "30 days: then etcd refuses it and its reports; issue it again (rlbfabric etcd-tls) and restart the agent"),

@@ -20,7 +20,7 @@ from rlbfabric.coord import etcdauth, keys
 from rlbfabric.deploy import Coordination, coordinator_unit
 from rlbfabric.fabric import FabricError, load
 
-from .test_etcd_coordination import Coord, etcd_with_users, qp_parts, wait
+from .test_etcd_coordination import Coord, etcd_metrics, etcd_with_users, qp_parts, wait
 from .test_etcd_identity import free_port
 
 FABRIC_FILE = Path(__file__).resolve().parent.parent / "lab" / "fabric-4x4.toml"
@@ -197,3 +197,14 @@ def test_a_shards_loads_that_cannot_be_read_are_said_once_and_change_nothing(etc
     r = subprocess.run([sys.executable, "-m", "rlbfabric.coord.cli", "status", "--url", leaders["1/2"].url],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stdout.startswith("shard 1/2: the QPs of this shard's hosts"), r.stdout + r.stderr
+
+
+def test_a_shard_with_no_coordinator_left_is_seen_by_the_others(etcd, shard_coords):
+    """Shard 2's only coordinator dies: nobody of shard 2 is left to say so, so shard 1's
+    coordinators do (RlbShardWithoutLeader reads it)."""
+    one = next(c for c in shard_coords.values() if status(c).get("shard") == "1/2" and status(c).get("leading"))
+    assert status(one)["other_shards_without_leader"] == []
+    shard_coords["a2"].kill()
+    took = wait(lambda: status(one)["other_shards_without_leader"] == [2], 5, "shard 1 to see shard 2 leaderless")
+    assert etcd_metrics(one.url)["rlb_coord_etcd_other_shards_without_leader"] == 1
+    print(f"\nshard 2 seen without a leader {took:.2f} s after its only coordinator died")

@@ -613,8 +613,14 @@ class EtcdCoordination:
             t.join(timeout)
 
     def status(self) -> dict:
+        with self.lock:
+            led = {k for k, of in self.leaders if of == self.shard.of}
+        # the other shards of our count with no leader (as last read): nobody places their hosts,
+        # and no coordinator of theirs may run to say so
+        leaderless = sorted(set(range(1, self.shard.of + 1)) - led - {self.shard.index})
         return {"name": self.name, "leading": self.leading.is_set(), "leader": self.leader,
-                "shard": str(self.shard), "hosts_in_etcd": len(self.reports), "counters": dict(self.counters)}
+                "shard": str(self.shard), "other_shards_without_leader": leaderless,
+                "hosts_in_etcd": len(self.reports), "counters": dict(self.counters)}
 
 
 def _qp_body(q: keys.QpId, v: dict, now_wall: float) -> dict:

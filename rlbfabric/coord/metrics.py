@@ -113,7 +113,10 @@ class EtcdCollector:
         leading.add_metric([s.get("shard", "1/1")], 1 if s["leading"] else 0)
         hosts = gauge("rlb_coord_etcd_hosts", "hosts with keys in etcd (their leases alive)", [])
         hosts.add_metric([], s["hosts_in_etcd"])
-        yield from (leading, hosts)
+        leaderless = gauge("rlb_coord_etcd_other_shards_without_leader", "the other shards of this "
+                           "coordinator's count that no coordinator leads (their hosts' QPs are not placed)", [])
+        leaderless.add_metric([], len(s.get("other_shards_without_leader", ())))
+        yield from (leading, hosts, leaderless)
         for key, name, doc in self.COUNTERS:
             c = counter(name, doc, [])
             c.add_metric([], s["counters"][key])
