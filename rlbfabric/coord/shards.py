@@ -8,10 +8,10 @@ colour: a's uplinks carry only the QPs of a's shard, but the downlinks into b ca
 shard's. So each shard's leader publishes its QPs' loads per link and generation
 (keys.shard_loads_key, under its lease), and every shard places in the room the others leave,
 in one fixed order as the generations are placed (qpplacer.py): generation t of shard k above
-every shard's older generations and above generation t of the shards numbered before k. The
+every shard's newer generations and above generation t of the shards numbered before k. The
 order makes it converge: shard 1's newest generation depends on nobody, shard 2's on shard 1's,
-and so on, so after a change the shards settle in at most N rounds of publishing, and no two
-shards chase each other's moves. Within the rounding of one QP per link and shard, the split
+and so on, so after a change the shards settle in at most N rounds of publishing a generation
+(tests/test_shards.py), and no two shards chase each other's moves. Within the rounding of one QP per link and shard, the split
 placement is the one the single coordinator reaches with the shards' QPs as generations.
 
 Leaves are dealt to shards in turn (leaf i of the fabric file to shard i mod N), the same on
