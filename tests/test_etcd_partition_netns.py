@@ -16,6 +16,8 @@ import pytest
 from rlbcommon.etcd import Etcd, EtcdUnavailable
 from rlblab.etcdserver import EtcdServer
 
+from .test_etcd_coordination import wait
+
 NS = "rlbpart"
 NET = "198.18.99"                  # a benchmarking range: nothing of the labs' or the machine's
 MEMBERS = ("m1", "m2", "m3")
@@ -108,15 +110,6 @@ class Follower:
             except EtcdUnavailable as e:
                 self.unavailable.append((time.monotonic(), str(e)))
                 self.stop.wait(0.2)
-
-
-def wait(cond, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"waited {timeout} s for {what}")
-        time.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def _put(client: Etcd, key: str, value: str) -> bool:

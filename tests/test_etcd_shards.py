@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from rlbcommon.etcd import Etcd
 from rlbfabric.coord import etcdauth, keys
 from rlbfabric.deploy import Coordination, coordinator_unit
 from rlbfabric.fabric import FabricError, load
 
-from .test_etcd_coordination import Coord, etcd_metrics, etcd_with_users, qp_parts, wait
+from .test_etcd_coordination import Coord, etcd_metrics, etcd_with_users, qp_parts, user, wait
 from .test_etcd_identity import free_port
 
 FABRIC_FILE = Path(__file__).resolve().parent.parent / "lab" / "fabric-4x4.toml"
@@ -34,10 +33,6 @@ INTO_L1 = {"h5": ("h1", 6), "h3": ("h2", 3), "h7": ("h1", 3)}
 @pytest.fixture(scope="module")
 def etcd(tmp_path_factory):
     yield from etcd_with_users(FABRIC, tmp_path_factory)
-
-
-def user(etcd, name: str) -> Etcd:
-    return Etcd(etcd.url, name, etcdauth.read_password(etcdauth.password_file(etcd.creds, name)))
 
 
 def addr(host: str, k: int = 1) -> str:

@@ -11,8 +11,9 @@ in one fixed order as the generations are placed (qpplacer.py): generation t of 
 every shard's newer generations and above generation t of the shards numbered before k. The
 order makes it converge: shard 1's newest generation depends on nobody, shard 2's on shard 1's,
 and so on, so after a change the shards settle in at most N rounds of publishing a generation
-(tests/test_shards.py), and no two shards chase each other's moves. Within the rounding of one QP per link and shard, the split
-placement is the one the single coordinator reaches with the shards' QPs as generations.
+(tests/test_shards.py), and no two shards chase each other's moves. Within the rounding of one
+QP per link and shard, the split placement is the one the single coordinator reaches with the
+shards' QPs as generations.
 
 Leaves are dealt to shards in turn (leaf i of the fabric file to shard i mod N), the same on
 every coordinator given the same N. Not in runs: a job's hosts sit on neighbouring leaves, so
