@@ -295,12 +295,10 @@ class QpPlacer:
         """Others' QPs (coord/shards.py): per generation, the loads ours are placed above; and
         their newest generation. None: nobody else places in this fabric."""
         self.outside, self.outside_newest = before, newest
-        if before is None:                 # the room is ours again
-            for k, t in enumerate(self.tiers):
-                if not k:
-                    for side in (UP, DOWN):
-                        for v in range(len(self.fabric.leaves)):
-                            t.set_base(v, side, [0] * self.n_colours)
+        if before is None:                 # the room is ours again (older generations' bases are set each solve)
+            for side in (UP, DOWN):
+                for v in range(len(self.fabric.leaves)):
+                    self.tiers[0].set_base(v, side, [0] * self.n_colours)
 
     def fabric_loads(self) -> list[list[list[int]]]:
         """The newest generation's loads, others' included: what a new QP joins."""
