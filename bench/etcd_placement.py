@@ -268,7 +268,7 @@ def proc_cpu(pid: int) -> float:
     return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_now(server: EtcdServer, hosts: Writers, coords: "InProcess | Shards") -> tuple:
+def cpu_now(server: EtcdServer, hosts: Writers, coords: "InProcess | Processes") -> tuple:
     """CPU seconds so far of the coordinators (their follower, placer and writer; the watch and
     the writers run elsewhere), of etcd, of the hosts' writers, and of the busiest shard's
     coordinator (with --shards)."""
@@ -282,6 +282,7 @@ def cpu_spent(a: tuple, b: tuple) -> str:
 
 
 SHARDS = 1
+FLOOR = False                                  # --floor: Echo in the coordinator's place
 
 
 class InProcess:
@@ -307,16 +308,16 @@ class InProcess:
         self.coord.stop.set()
 
 
-class Shards:
-    """--shards N: N coordinators, each the leader of its shard of the leaves (rlbcoord run
-    --shard K/N), each in a process of its own as on machines of their own."""
+class Processes:
+    """Coordinators (or the floor's stand-in) in processes of their own, as on machines of their
+    own: `main(fabric, url, k, n, conn)` runs the k-th of n and answers the pipe (_serve)."""
 
-    def __init__(self, fabric, url: str, n: int):
+    def __init__(self, fabric, url: str, n: int, main):
         ctx = multiprocessing.get_context("fork")
         self.conns, self.procs = [], []
         for k in range(1, n + 1):
             conn, child = ctx.Pipe()
-            p = ctx.Process(target=_shard_main, args=(fabric, url, Shard(k, n), child), daemon=True)
+            p = ctx.Process(target=main, args=(fabric, url, k, n, child), daemon=True)
             p.start()
             self.conns.append(conn)
             self.procs.append(p)
@@ -348,21 +349,89 @@ class Shards:
             p.join(5)
 
 
-def _shard_main(fabric, url: str, shard: Shard, conn):
+def _serve(conn, settle, counters):
+    """A coordinator process's side of Processes' pipe, until told to stop."""
+    conn.send("leading")
+    while (msg := conn.recv()) is not None:
+        if msg == "settled":
+            settle()
+            conn.send(True)
+        else:
+            conn.send(counters())
+
+
+def _shard_main(fabric, url: str, k: int, n: int, conn):
+    """--shards N: the leader of shard k of n (rlbcoord run --shard K/N)."""
+    shard = Shard(k, n)
     coord = EtcdCoordination(Coordinator(fabric, host_timeout_s=1e9), client_of(url), f"bench-{shard.index}",
                              lease_ttl_s=10, shard=shard)
     coord.start()
     while not coord.leading.is_set():
         time.sleep(0.01)
-    conn.send("leading")
-    while (msg := conn.recv()) is not None:
-        if msg == "settled":
-            settled(coord)
-            conn.send(True)
-        else:
-            conn.send({**coord.counters, "solves": coord.coord.counters["solves"],
-                       "solve s": coord.coord.counters["solve_seconds"]})
+    _serve(conn, lambda: settled(coord), lambda: {**coord.counters, "solves": coord.coord.counters["solves"],
+                                                  "solve s": coord.coord.counters["solve_seconds"]})
     coord.stop.set()
+
+
+class Echo:
+    """--floor: what the loop costs with no placing at all. It follows the hosts' keys as the
+    coordinator does and writes each host's placements back at once, every QP on the path its
+    host gave it, batched as the coordinator batches (whatever came while the last write was
+    out goes in the next); no model, no solve, no link loads, no fencing. Its latency is the
+    floor this machine puts under any coordinator: etcd's two transactions, two watches, and
+    the CPU they share with the hosts' writers."""
+
+    def __init__(self, url: str):
+        self.etcd = client_of(url)
+        self.stop, self.cond = threading.Event(), threading.Condition()
+        self.qps: dict[str, dict[str, dict]] = {}      # host -> part -> {QpId: path}
+        self.written: dict[str, str] = {}              # placement key -> value as written
+        self.dirty: set[str] = set()
+        self.busy = False
+        self.counters = {"placements_written": 0, "batches": 0, "solves": 0, "solve s": 0.0}
+        _, rev = self.etcd.get_prefix(keys.hosts_root())
+        threading.Thread(target=self._follow, args=(rev,), daemon=True).start()
+        threading.Thread(target=self._write, daemon=True).start()
+
+    def _follow(self, rev: int):
+        for events, _ in self.etcd.watch_prefix(keys.hosts_root(), rev + 1, self.stop):
+            with self.cond:
+                for e in events:
+                    _, host, rest = keys.split(e.kv.key)
+                    if e.kind == "put" and rest.startswith("qps/"):
+                        got = keys.read_qps(rest[4:], e.kv.value)
+                        self.qps.setdefault(host, {})[rest] = {q: v["path"] for q, v in got.items()}
+                        self.dirty.add(host)
+                self.cond.notify_all()
+
+    def _write(self):
+        while not self.stop.is_set():
+            with self.cond:
+                self.cond.wait_for(lambda: self.dirty or self.stop.is_set())
+                hosts, self.dirty, self.busy = self.dirty, set(), True
+                placed = {h: {q: p for part in self.qps[h].values() for q, p in part.items()} for h in hosts}
+            out = {}
+            for h, qps in placed.items():
+                for k, v in keys.placement_parts(qps).items():
+                    if self.written.get(keys.placement_key(h, k)) != v:
+                        out[keys.placement_key(h, k)] = v
+            self.etcd.apply_parallel(out)
+            self.written.update(out)
+            with self.cond:
+                self.counters["placements_written"] += len(out)
+                self.counters["batches"] += 1
+                self.busy = False
+                self.cond.notify_all()
+
+    def settled(self):
+        with self.cond:
+            self.cond.wait_for(lambda: not self.dirty and not self.busy)
+
+
+def _echo_main(fabric, url: str, k: int, n: int, conn):
+    echo = Echo(url)
+    _serve(conn, echo.settled, lambda: dict(echo.counters))
+    echo.stop.set()
 
 
 def settled(coord: EtcdCoordination):
@@ -442,7 +511,8 @@ def run_etcd(fabric, writes: dict[str, HostWrite], collectives: list[dict[str, H
         client = client_of(server.url)
         # the hosts' processes first: forked before the coordinator's threads exist
         # processes before threads: the shards' coordinators, the hosts' writers, their watch
-        coords = Shards(fabric, server.url, SHARDS) if SHARDS > 1 else None
+        coords = (Processes(fabric, server.url, 1, _echo_main) if FLOOR else
+                  Processes(fabric, server.url, SHARDS, _shard_main) if SHARDS > 1 else None)
         hosts = Writers(server.url, workers, threads, others)
         watch = HostsWatch(server.url, others)
         coords = coords or InProcess(fabric, server.url)
@@ -585,9 +655,12 @@ def main():
                     "(--client-cert-auth), as a site runs it: what TLS costs etcd, the coordinator and the hosts")
     ap.add_argument("--shards", type=int, default=1, help="coordinators placing a run of the leaves each "
                     "(rlbcoord run --shard K/N), each in a process of its own")
+    ap.add_argument("--floor", action="store_true", help="no coordinator: a stand-in that writes each "
+                    "host's placements back as it wrote them, at once (Echo): the latency this machine's "
+                    "etcd, watches and writers alone put under any coordinator")
     a = ap.parse_args()
-    global SHARDS
-    SHARDS = a.shards
+    global SHARDS, FLOOR
+    SHARDS, FLOOR = a.shards, a.floor
     if a.place_every_ms is not None:
         etcdrun.PLACE_EVERY_S = a.place_every_ms / 1000
     fabric = model_fabric(a.leaves, a.hosts, a.spines)

@@ -554,3 +554,20 @@ def test_the_placement_bench_runs_with_etcd_in_the_loop():
     assert rows["QPs moved from their host's path"][:3] == ["0", "of", str(hosts * 8)]
     assert rows["host keys written"] == [str(2 * hosts)]            # its report and one part of QPs
     assert "moved from their host's path 0 of 32 (0 %)" in out.stdout   # the collective of 4 hosts
+
+
+def test_the_placement_bench_measures_its_floor():
+    """`--floor`: the same bench with a stand-in that writes each host's placements back as it
+    wrote them (no coordinator): every host's QPs come back, one placement key a host, in
+    batches, and nothing is solved."""
+    bench = Path(__file__).resolve().parent.parent / "bench" / "etcd_placement.py"
+    out = subprocess.run([sys.executable, str(bench), "--floor", "--leaves", "4", "--hosts", "4", "--spines", "2",
+                          "--collective", "4", "--singles", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {line[:44].strip(): line[44:].split() for line in out.stdout.splitlines()}
+    hosts = int(out.stdout.split(" hosts start ")[0].split()[-1])
+    assert rows["hosts placed"][0] == f"{hosts}/{hosts}" and hosts > 8
+    assert rows["placement keys written"] == [str(hosts)] and rows["solves"][0] == "0"
+    assert 1 <= int(rows["coordinator batches"][0]) <= hosts
+    assert rows["QPs moved from their host's path"][:3] == ["0", "of", str(hosts * 8)]
+    assert "moved from their host's path 0 of 32 (0 %)" in out.stdout
