@@ -540,34 +540,35 @@ def test_what_an_earlier_term_of_leadership_left_unsent_is_never_written_in_a_la
         admin.delete_prefix(keys.ROOT)
 
 
+def _small_bench(script: str, *args: str) -> tuple[dict[str, list[str]], int, str]:
+    """A bench of bench/ run at a small size (4 leaves x 4 hosts): its table's rows by name (the
+    etcd column, then HTTP's), how many hosts it started, and all it printed."""
+    bench = Path(__file__).resolve().parent.parent / "bench" / script
+    out = subprocess.run([sys.executable, str(bench), *args, "--leaves", "4", "--hosts", "4", "--spines", "2",
+                          "--collective", "4", "--singles", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {line[:44].strip(): line[44:].split() for line in out.stdout.splitlines()}
+    return rows, int(out.stdout.split(" hosts start ")[0].split()[-1]), out.stdout
+
+
 def test_the_placement_bench_runs_with_etcd_in_the_loop():
     """`bench/placement_sim.py --etcd` (the issue's bench, grown to etcd: a real member, simulated
     hosts) at a small size: every host's QPs placed through etcd and over HTTP, none moved from
     the path its host's rule gave it, each host's keys written once."""
-    bench = Path(__file__).resolve().parent.parent / "bench" / "placement_sim.py"
-    out = subprocess.run([sys.executable, str(bench), "--etcd", "--leaves", "4", "--hosts", "4", "--spines", "2",
-                          "--collective", "4", "--singles", "2"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = {line[:44].strip(): line[44:].split() for line in out.stdout.splitlines()}
-    hosts = int(out.stdout.split(" hosts start ")[0].split()[-1])
+    rows, hosts, out = _small_bench("placement_sim.py", "--etcd")
     assert rows["hosts placed"] == [f"{hosts}/{hosts}"] * 2 and hosts > 8
     assert rows["QPs moved from their host's path"][:3] == ["0", "of", str(hosts * 8)]
     assert rows["host keys written"] == [str(2 * hosts)]            # its report and one part of QPs
-    assert "moved from their host's path 0 of 32 (0 %)" in out.stdout   # the collective of 4 hosts
+    assert "moved from their host's path 0 of 32 (0 %)" in out      # the collective of 4 hosts
 
 
 def test_the_placement_bench_measures_its_floor():
     """`--floor`: the same bench with a stand-in that writes each host's placements back as it
     wrote them (no coordinator): every host's QPs come back, one placement key a host, in
     batches, and nothing is solved."""
-    bench = Path(__file__).resolve().parent.parent / "bench" / "etcd_placement.py"
-    out = subprocess.run([sys.executable, str(bench), "--floor", "--leaves", "4", "--hosts", "4", "--spines", "2",
-                          "--collective", "4", "--singles", "2"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = {line[:44].strip(): line[44:].split() for line in out.stdout.splitlines()}
-    hosts = int(out.stdout.split(" hosts start ")[0].split()[-1])
+    rows, hosts, out = _small_bench("etcd_placement.py", "--floor")
     assert rows["hosts placed"][0] == f"{hosts}/{hosts}" and hosts > 8
     assert rows["placement keys written"] == [str(hosts)] and rows["solves"][0] == "0"
     assert 1 <= int(rows["coordinator batches"][0]) <= hosts
     assert rows["QPs moved from their host's path"][:3] == ["0", "of", str(hosts * 8)]
-    assert "moved from their host's path 0 of 32 (0 %)" in out.stdout
+    assert "moved from their host's path 0 of 32 (0 %)" in out
