@@ -343,3 +343,23 @@ def test_single_qps_of_a_known_host_cost_their_own_reading_not_the_whole_report(
     assert sorted(Counter(c.all_placements()["h1"].values()).values()) == [8, 8, 8, 8]
     bad = c.apply_reports({}, {"h1": {(h3, 60001, 100): {"peer": h3, "sport": 70000, "qp": 100}}})
     assert "sport must be a whole number 0-65535" in bad["h1"] and len(c.hosts["h1"]["keys"]) == 32
+
+
+def test_a_host_above_its_qps_limit_is_refused_and_keeps_its_earlier_state(coord):
+    """host_qps_max bounds what one host's report or keys put in the model: over HTTP a report
+    with more is refused (400), through etcd a change that would leave more; the host keeps the
+    QPs placed before, and a change that stays within is taken."""
+    coord.host_qps_max = 8
+    h3 = addr("h3", 1)
+    post = coordapi.REPORT.format("h1")
+    with pytest.raises(coordapi.CoordinatorError, match="400.*9 QPs: more than the 8"):
+        coordapi.call(coord.url, post, report("h1", [("h3", 50000 + i, i, 1) for i in range(9)]))
+    assert "h1" not in coord.hosts
+    assert len(placements(coordapi.call(coord.url, post, report("h1", [("h3", 50000 + i, i, 1) for i in range(8)])))) == 8
+    one = {"peer": h3, "sport": 60000, "qp": 99, "path": 2}
+    bad = coord.apply_reports({}, {"h1": {(h3, 60000, 99): one}})
+    assert "9 QPs: more than the 8" in bad["h1"]
+    assert len(coord.hosts["h1"]["keys"]) == 8 and ("h1", h3, 60000, 99) not in coord.hosts["h1"]["keys"]
+    assert coord.apply_reports({}, {"h1": {(h3, 60000, 99): one, (h3, 50000, 0): None}}) == {}   # one out, one in
+    assert len(coord.hosts["h1"]["keys"]) == 8 and ("h1", h3, 60000, 99) in coord.hosts["h1"]["keys"]
+    assert sum(coord.placer.loads()[0][0]) == 8                  # h1's leaf's uplinks carry its 8 alone

@@ -5,6 +5,7 @@ Hosts are written here as their own etcd users (what rlbhost --etcd writes)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -409,6 +410,36 @@ def test_a_qp_that_changes_is_all_the_leader_reads_of_its_host(etcd, inproc, mon
     wait(lambda: new in placements(etcd, "h1"), 5, "the older key's QP placed")
     assert len(read) == 2 and len(coord.coord.hosts["h1"]["keys"]) == 32, read
 
+
+
+def test_a_host_writing_more_qps_than_the_limit_is_refused_once_and_read_whole_when_within(etcd, inproc, caplog):
+    """A host's etcd role bounds whose keys it writes, not how many QPs: a change that leaves h1
+    more than the coordinator's host_qps_max is refused (said once while it lasts), h1's earlier
+    placements kept; h1's next write within the limit is read whole, so the model holds exactly
+    the QPs h1 then has (read as a change, it would miss those the refused writes brought)."""
+    coord = inproc
+    coord.coord.host_qps_max = 8
+    h1 = user(etcd, keys.host_user("h1"))
+    lease = h1.lease_grant(10)
+    h3 = addr("h3", 1)
+    write_host(h1, "h1", [("h3", 50000 + i, i, 1) for i in range(6)], lease)
+    wait(lambda: len(placements(etcd, "h1")) == 6, 5, "h1's 6 placements")
+    bad = coord.coord.counters["bad"]
+    qps = {(h3, 50000 + i, i): {"path": 1, "active": True} for i in range(12)}
+    with caplog.at_level(logging.WARNING, logger=etcdrun.__name__):
+        h1.apply(qp_parts("h1", qps), lease=lease)
+        wait(lambda: coord.coord.counters["bad"] == bad + 1, 5, "h1's 12 QPs refused")
+        qps[(h3, 50012, 12)] = {"path": 2, "active": True}
+        h1.apply(qp_parts("h1", qps), lease=lease)
+        wait(lambda: coord.coord.counters["bad"] == bad + 2, 5, "h1's 13 QPs refused")
+    said = [r.getMessage() for r in caplog.records if "report of h1 refused" in r.getMessage()]
+    assert len(said) == 1 and "12 QPs: more than the 8" in said[0], said
+    assert len(placements(etcd, "h1")) == 6 and len(coord.coord.hosts["h1"]["keys"]) == 6
+    within = {(h3, 50000 + i, i): {"path": 1, "active": True} for i in range(6, 14)}   # 6-11 written before
+    h1.apply(qp_parts("h1", within), lease=lease)
+    wait(lambda: set(placements(etcd, "h1")) == set(within), 5, "h1's 8 QPs placed")
+    assert {k[1:] for k in coord.coord.hosts["h1"]["keys"]} == set(within)
+    assert "h1" not in coord._refused_hosts
 
 
 def test_placing_goes_on_while_etcd_holds_a_write_and_the_newest_placement_lands_last(etcd, inproc, monkeypatch):

@@ -64,6 +64,9 @@ def run(
                               "K/N (the K-th of N; every coordinator of the fabric with the same N, "
                               "at least one per shard, two for a standby): one process places at most "
                               "what one core solves in time (docs/operations.md)."),
+    host_qps_max: int = typer.Option(service.HOST_QPS_MAX, min=1, help="The QPs of one host placed at "
+                                     "most: a host reporting more is refused (its earlier state kept, its "
+                                     "QPs on its local rule) and logged."),
 ):
     """Run the coordinator in the foreground: the command of the rlb-coord unit.
 
@@ -75,6 +78,8 @@ def run(
         coord = COORDINATORS.of(fab)(fab, host_timeout_s)
     except FabricError as e:
         raise CoordError(f"{fabric}: {e}") from None
+    if isinstance(coord, Coordinator):
+        coord.host_qps_max = host_qps_max
     runner = None
     if (etcd_ca or etcd_cert) and etcd is None:
         raise CoordError("--etcd-ca and --etcd-cert go with --etcd")

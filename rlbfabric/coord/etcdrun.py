@@ -115,6 +115,8 @@ class EtcdCoordination:
         self._down_logged = False
         self._refused_logged = ""
         self._compare_all = True                       # the next write compares every host
+        self._refused_hosts: set[str] = set()          # hosts whose keys the model refused: logged once,
+                                                       # read whole at their next change
 
     # ---- following the tree -----------------------------------------------------------------
     def _load(self) -> int:
@@ -299,7 +301,8 @@ class EtcdCoordination:
             for h in self.dirty - {""}:
                 if h not in self.reports:
                     batch[h] = None                    # its keys are gone (its lease ended)
-                elif h in self.dirty_report or not self.coord.knows(h) or self.reports[h]["report"] is None:
+                elif (h in self.dirty_report or h in self._refused_hosts or not self.coord.knows(h)
+                      or self.reports[h]["report"] is None):  # refused before: read whole again
                     batch[h] = self._body(self.reports[h], now)
                 else:                                  # only some QPs: only they are read
                     qps = self.reports[h]["qps"]
@@ -327,7 +330,9 @@ class EtcdCoordination:
                 log.warning("uplinks of %s refused: %s", switch, e)
         bad = self.coord.apply_reports(batch, changes)
         for host, why in bad.items():
-            log.warning("report of %s refused: %s", host, why)
+            if host not in self._refused_hosts:        # once while it stays refused
+                log.warning("report of %s refused: %s", host, why)
+        self._refused_hosts = (self._refused_hosts - batch.keys() - changes.keys()) | bad.keys()
         self.counters["batches"] += 1
         self.write_placements(through)
         return True

@@ -27,6 +27,11 @@ from ..policy.qpplacer import QpInfo, QpPlacer
 
 log = logging.getLogger(__name__)
 PEER_CACHE = 1 << 17        # peer addresses remembered (a fabric's hosts x paths, with room)
+# The QPs of one host the model takes at most: a report, or a change of a host's keys in etcd,
+# that would leave it more is refused and the host's earlier state kept (its QPs go by its
+# local rule). A role in etcd bounds whose keys a host writes, not how many: a broken or
+# hostile agent must not grow the model without end. 8 GPUs with 8192 QPs each fit.
+HOST_QPS_MAX = 1 << 16
 
 
 class Refused(Exception):
@@ -68,6 +73,7 @@ class Coordinator:
     def __init__(self, fabric: ClosFabric, host_timeout_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
         self.fabric, self.host_timeout_s, self.clock = fabric, host_timeout_s, clock
+        self.host_qps_max = HOST_QPS_MAX            # rlbcoord run --host-qps-max
         self.placer = QpPlacer(fabric)
         self.lock = threading.Lock()
         self.hosts: dict[str, dict] = {}            # host -> {"seen": time, "keys": set}
@@ -142,9 +148,19 @@ class Coordinator:
                     self._apply(host, parsed[host])
                     self.counters["reports"] += 1
             for host, (seen, gone) in deltas.items():
+                have = self.hosts[host]["keys"]
+                n = len(have) - len(gone & have) + sum(1 for k in seen if k not in have)
+                if n > self.host_qps_max:
+                    self.counters["bad"] += 1
+                    bad[host] = self._too_many(n)
+                    continue
                 self._apply_changes(host, seen, gone)
             self._solve()
         return bad
+
+    def _too_many(self, n: int) -> str:
+        return (f"{n} QPs: more than the {self.host_qps_max} a host may have placed (rlbcoord run "
+                "--host-qps-max); its earlier state kept")
 
     def knows(self, host: str) -> bool:
         """Whether single QPs of `host` can be applied (apply_reports' changes): its report read."""
@@ -223,6 +239,8 @@ class Coordinator:
         qps = body.get("qps", [])
         if not isinstance(qps, list):
             raise BadRequest("qps must be a list")
+        if len(qps) > self.host_qps_max:
+            raise BadRequest(self._too_many(len(qps)))
         seen: dict[tuple, QpInfo] = {}
         received = self.clock()
         context = (valid, tables, {})
