@@ -239,8 +239,6 @@ class Coordinator:
         qps = body.get("qps", [])
         if not isinstance(qps, list):
             raise BadRequest("qps must be a list")
-        if len(qps) > self.host_qps_max:
-            raise BadRequest(self._too_many(len(qps)))
         seen: dict[tuple, QpInfo] = {}
         received = self.clock()
         context = (valid, tables, {})
@@ -248,6 +246,8 @@ class Coordinator:
             got = self._qp(host, q, i, context, received)
             if got is not None:
                 seen[got[0]] = got[1]
+        if len(seen) > self.host_qps_max:              # counted as a change's are: QPs in the fabric
+            raise BadRequest(self._too_many(len(seen)))
         self._context[host] = context
         return seen
 
