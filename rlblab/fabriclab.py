@@ -362,6 +362,10 @@ class FabricLab:
         self.birds = {}
         for b in self.work.glob("*.ctl") if self.work.exists() else []:
             b.unlink(missing_ok=True)
+        # etcd's store and the lab's keys have no use once it is down (the next up makes fresh
+        # ones), and etcd's WAL alone is 64 MB of /run's memory; the logs stay, to read what happened
+        for d in [*self.work.glob("etcd-*.data"), self.etcd_creds] if self.work.exists() else []:
+            shutil.rmtree(d, ignore_errors=True)
         existing = set(topo.list_ns())
         for sw in self.switches:
             if self.ns(sw.name) in existing:

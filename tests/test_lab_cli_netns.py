@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from rlblab import topo
+from rlblab.workdir import lab_dir
 
 pytestmark = pytest.mark.netns
 
@@ -48,6 +49,9 @@ def test_up_status_traffic_fail_restore_down():
     finally:
         lab("down")
     assert not [ns for ns in topo.list_ns() if ns.startswith("rlbcl-")]
+    work = lab_dir("rlbcl")            # the logs stay; etcd's store (in /run's memory) and the keys go
+    assert list(work.glob("agent-*.log")) and list(work.glob("etcd-*.log"))
+    assert not list(work.glob("etcd-*.data")) and not (work / "etcd-creds").exists()
 
 
 def test_errors_are_one_line():
