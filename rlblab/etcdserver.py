@@ -13,11 +13,17 @@ from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable, tls_context
 from rlbfabric.coord import etcdauth, etcdtls
 
 ETCD = "etcd"
+NAME = "rlb"                       # a lab's one member
+
+
+def data_dir(work: Path, name: str = NAME) -> Path:
+    """Where the member named `name` keeps its store in the directory `work`."""
+    return work / f"etcd-{name}.data"
 
 
 class EtcdServer:
     def __init__(self, work: Path, host: str = "127.0.0.1", client_port: int = 2379, peer_port: int = 2380,
-                 netns: str | None = None, name: str = "rlb", fast: bool = False, tls: Path | None = None,
+                 netns: str | None = None, name: str = NAME, fast: bool = False, tls: Path | None = None,
                  cluster: dict[str, str] | None = None):
         """fast: heartbeats every 50 ms and elections after 500 (etcd's defaults: 100 and 1000),
         so a lease can be as short as 1 s (etcd's floor is 1.5 election timeouts): a lab's
@@ -30,7 +36,7 @@ class EtcdServer:
         self.url = f"{'https' if tls else 'http'}://{h}:{client_port}"
         self.peer_url = f"http://{h}:{peer_port}"       # alone: its peer port has no peers
         self.cluster = cluster or {name: self.peer_url}
-        self.data = work / f"etcd-{name}.data"
+        self.data = data_dir(work, name)
         self.log = work / f"etcd-{name}.log"
         self.proc: subprocess.Popen | None = None
 

@@ -29,7 +29,7 @@ from rlbmonitor.alerts import write as write_rules
 
 from . import topo
 from .bird import Bird
-from .etcdserver import EtcdServer
+from .etcdserver import EtcdServer, data_dir
 from .traffic import Flow, QpRun, open_raw, send
 from .workdir import lab_dir
 
@@ -364,7 +364,7 @@ class FabricLab:
             b.unlink(missing_ok=True)
         # etcd's store and the lab's keys have no use once it is down (the next up makes fresh
         # ones), and etcd's WAL alone is 64 MB of /run's memory; the logs stay, to read what happened
-        for d in [*self.work.glob("etcd-*.data"), self.etcd_creds] if self.work.exists() else []:
+        for d in (data_dir(self.work), self.etcd_creds):
             shutil.rmtree(d, ignore_errors=True)
         existing = set(topo.list_ns())
         for sw in self.switches:
