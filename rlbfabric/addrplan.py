@@ -20,6 +20,11 @@ def host_prefix(prefix: str, leaf: int, port: int, path: int) -> ipaddress.IPv6N
     return ipaddress.IPv6Network(f"{prefix}:{leaf}:{port}:{path:x}::/64")
 
 
+def port_prefix(prefix: str, leaf: int, port: int) -> ipaddress.IPv6Network:
+    """Every path's /64 of one host port (a NIC): what its addresses are sourced from."""
+    return ipaddress.IPv6Network(f"{prefix}:{leaf}:{port}::/48")
+
+
 def leaf_prefix(prefix: str, leaf: int) -> ipaddress.IPv6Network:
     """Every host prefix behind one leaf."""
     return ipaddress.IPv6Network(f"{prefix}:{leaf}::/32")

@@ -16,7 +16,7 @@ from typing import Callable, ClassVar, Protocol
 from .bgpsec import BgpSecurity
 from .errors import FabricError
 
-__all__ = ["ByKind", "Fabric", "FabricError", "Link", "Node", "Port", "KINDS", "kind", "node_name_asn", "one_hextet_prefix",
+__all__ = ["ByKind", "Fabric", "OneHostAMachine", "FabricError", "Link", "Node", "Port", "KINDS", "kind", "node_name_asn", "one_hextet_prefix",
            "SWITCH_LL", "GPU_LL", "LOOPBACK_DEVICE", "SWITCH_ROLES", "add_loopback_device"]
 
 # A GPU's point-to-point ports (scale-up planes, rail-only rails) carry these link-local
@@ -85,11 +85,35 @@ class Fabric(Protocol):
     def switches(self) -> list[Node]: ...
 
     @property
-    def hosts(self) -> list[str]: ...
+    def hosts(self) -> list[str]:
+        """Where traffic enters the fabric: a host (GPU) port, or each NIC of a server."""
+
+    @property
+    def machines(self) -> list[str]:
+        """The machines hosts run on, one agent each (a server of several NICs is one)."""
+
+    def endpoints(self, machine: str) -> list[str]:
+        """A machine's hosts (a server's NICs; else the machine itself)."""
+
+    def machine_of(self, host: str) -> str: ...
 
     def node(self, name: str) -> Node: ...
 
     def is_gpu(self, node: str) -> bool: ...
+
+
+class OneHostAMachine:
+    """A kind whose every host is a machine of its own (a GPU with its ports)."""
+
+    @property
+    def machines(self) -> list[str]:
+        return self.hosts
+
+    def endpoints(self, machine: str) -> list[str]:
+        return [machine]
+
+    def machine_of(self, host: str) -> str:
+        return host
 
 
 KINDS: dict[str, Callable[[dict, str], Fabric]] = {}     # [fabric] kind -> its parser

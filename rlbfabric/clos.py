@@ -11,6 +11,11 @@ from rlbcommon.constants import POLICIES
 from . import addrplan, bgpsec
 from .base import NAME, SWITCH_ROLES, FabricError, Link, Node, Port, kind, node_name_asn
 from .bgpsec import BgpSecurity
+from .servers import Nic, parse_servers
+
+# A server with several NICs sends what it originates from a NIC's addresses out of that NIC: a
+# rule per NIC (from its ports' /48) to a table of its own whose default is the NIC's leaf.
+NIC_TABLE = 1000          # NIC i of a server (0-based): routing table and rule priority NIC_TABLE + i
 
 
 @dataclass
@@ -43,6 +48,8 @@ class ClosFabric:
     # takes longer), short enough that a switch whose bird stays down is routed around soon.
     graceful_restart_s: int = 30
     bgp: BgpSecurity = field(default_factory=BgpSecurity)     # GTSM, TCP MD5 (bgpsec.py)
+    # servers with several NICs (servers.py): {endpoint (<server>-<nic>, one of hosts): its NIC}
+    nics: dict[str, Nic] = field(default_factory=dict)
     _host_index: dict | None = field(default=None, repr=False, compare=False)
 
     # ---- lookups ----------------------------------------------------------------------
@@ -123,8 +130,10 @@ class ClosFabric:
         return self.link_overrides.get(frozenset((a, b)), self.link_mbps)
 
     def host_ports(self, leaf: Node) -> list[tuple[int, str, str]]:
-        """(port number, host name, leaf interface) for each host of a leaf."""
-        return [(i + 1, h, f"eth-{h}") for i, h in enumerate(leaf.hosts)]
+        """(port number, host name, leaf interface) for each host of a leaf (a server's NIC: its
+        endpoint name and the leaf's port towards it)."""
+        return [(i + 1, h, self.nics[h].leaf_ifname if h in self.nics else f"eth-{h}")
+                for i, h in enumerate(leaf.hosts)]
 
     def host_prefixes(self, leaf: Node, port: int) -> list[ipaddress.IPv6Network]:
         """One /64 per path on a host port; path k is colour k (the plan: addrplan)."""
@@ -136,11 +145,54 @@ class ClosFabric:
 
     @property
     def hosts(self) -> list[str]:
+        """Where QPs enter the fabric: one-NIC hosts and every NIC of a server (<server>-<nic>)."""
         return [h for leaf in self.leaves for h in leaf.hosts]
 
+    @property
+    def servers(self) -> dict[str, list[str]]:
+        """{server: its NICs' endpoint names}, in file order."""
+        out: dict[str, list[str]] = {}
+        for e, nic in self.nics.items():
+            out.setdefault(nic.server, []).append(e)
+        return out
+
+    @property
+    def machines(self) -> list[str]:
+        """The machines hosts run on: one-NIC hosts, then servers (one agent each)."""
+        return [h for h in self.hosts if h not in self.nics] + list(self.servers)
+
+    def endpoints(self, machine: str) -> list[str]:
+        """A machine's hosts in the fabric: a server's NICs, a one-NIC host itself."""
+        if machine in self.hosts and machine not in self.nics:
+            return [machine]
+        got = self.servers.get(machine)
+        if not got:
+            raise FabricError(f"no host or server {machine!r} (have {', '.join(self.machines)})")
+        return got
+
+    def machine_of(self, host: str) -> str:
+        return self.nics[host].server if host in self.nics else host
+
+    def is_server(self, machine: str) -> bool:
+        return machine in self.servers
+
     def host_port(self, host: str) -> str:
-        """A host's fabric port is named after its leaf, as a switch's ports are after their peers."""
+        """A host's fabric port is named after its leaf, as a switch's ports are after their
+        peers; a server's NIC keeps its own name (gpu0_eth)."""
+        if host in self.nics:
+            return self.nics[host].name
         return f"eth-{self.leaf_of_host(host)[0].name}"
+
+    def nic_routing(self, host: str, index: int) -> list[list[str]]:
+        """A server's NIC `index` (0-based): what it originates from its addresses leaves through
+        it (its leaf's gateway on its base path, in a table of its own). One-NIC hosts need none."""
+        leaf, port = self.leaf_of_host(host)
+        gw = self.host_prefixes(leaf, port)[0].network_address + 1
+        own = addrplan.port_prefix(self.prefix, leaf.index, port)
+        table = str(NIC_TABLE + index)
+        return [["ip", "-6", "route", "replace", "default", "via", str(gw), "dev", self.host_port(host), "onlink",
+                 "table", table],
+                ["ip", "-6", "rule", "add", "from", str(own), "table", table, "priority", table]]
 
     def links(self) -> list[Link]:
         out = []
@@ -150,7 +202,7 @@ class ClosFabric:
                             self.link_mbps_between(node.name, port.peer.name)))
         for leaf in self.leaves:
             for _, host, ifname in self.host_ports(leaf):
-                out.append((leaf.name, ifname, host, self.host_port(host), self.link_mbps))
+                out.append((leaf.name, ifname, self.machine_of(host), self.host_port(host), self.link_mbps))
         return out
 
     def switch_port_mbps(self, switch: str) -> int:
@@ -161,13 +213,17 @@ class ClosFabric:
         link-up), a leaf carries its gateway address of every host prefix (bird's radv advertises
         the prefixes of its addresses); a host takes SLAAC on its fabric port. Transmit checksum
         offload off: redirected frames must not carry partial ones."""
-        switch = node not in self.hosts and self.node(node).role in SWITCH_ROLES
-        ports = self.switch_ports(self.node(node)) if switch else [self.host_port(node)]
+        switch = node not in self.machines and self.node(node).role in SWITCH_ROLES
+        hosts = [] if switch else self.endpoints(node)
+        ports = self.switch_ports(self.node(node)) if switch else [self.host_port(h) for h in hosts]
         out = [["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]] if switch else []
         for p in ports:
             key = "accept_dad=0" if switch else "accept_ra=2"
             out += [["sysctl", "-qw", f"net.ipv6.conf.{p}.{key}"], ["ip", "link", "set", p, "up"],
                     ["ethtool", "-K", p, "tx", "off"]]
+        if len(hosts) > 1:
+            for i, h in enumerate(hosts):
+                out += self.nic_routing(h, i)
         if switch and self.node(node).role == "leaf":
             leaf = self.node(node)
             for port, _, ifname in self.host_ports(leaf):
@@ -218,13 +274,26 @@ class ClosFabric:
         return sorted({n.asn for n in self.switches})
 
     def summary(self) -> str:
-        return (f"{self.stages}-stage leaf-spine: {len(self.spines)} spines, {len(self.leaves)} leaves, "
-                f"{len(self.hosts)} hosts")
+        servers = self.servers
+        one_nic = len(self.hosts) - len(self.nics)
+        hosts = (_n(one_nic, "host") if not servers else
+                 f"{_n(len(servers), 'server')} of {_counts(len(v) for v in servers.values())} NICs"
+                 + (f" and {_n(one_nic, 'host')}" if one_nic else ""))
+        return f"{self.stages}-stage leaf-spine: {len(self.spines)} spines, {len(self.leaves)} leaves, {hosts}"
 
     @property
     def stages(self) -> int:
         return 5 if self.superspines else 3
 
+
+
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _counts(ns) -> str:
+    vals = sorted(set(ns))
+    return str(vals[0]) if len(vals) == 1 else f"{vals[0]}-{vals[-1]}"
 
 
 @kind("clos")
@@ -305,7 +374,8 @@ def parse(data: dict, where: str = "fabric") -> ClosFabric:
         addrplan.host_prefix(prefix, 1, 1, 1)
     except ValueError:
         raise FabricError(f"{where}: prefix {prefix!r} must be one hextet, e.g. 'fc00'") from None
+    nics = {n.endpoint: n for n in parse_servers(data, leaves, seen, where)}
     return ClosFabric(spines, leaves, supers, paths, prefix, policy, int(f.get("link_mbps", 10000)),
                   bool(f.get("bfd", True)), int(f.get("pathbw_subtype", 0x88)), links, overrides,
                   parallel, int(f.get("linkbw_subtype", 0x89)), bfd_ms, graceful_restart_s=gr_s,
-                  bgp=bgpsec.parse(f, where))
+                  bgp=bgpsec.parse(f, where), nics=nics)

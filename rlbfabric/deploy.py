@@ -94,7 +94,7 @@ def deployable(fabric: Fabric):
 
 
 def role(fabric: Fabric, node: str) -> str:
-    if node in fabric.hosts:
+    if node in fabric.machines:
         return "host"
     return fabric.node(node).role
 
@@ -200,13 +200,14 @@ ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --m
 WantedBy=multi-user.target
 """
     else:
+        nics = " ".join(fabric.host_port(h) for h in fabric.endpoints(node))   # a server: every fabric NIC
         out["rlb-host"] = f"""[Unit]
 {NO_START_LIMIT}
-Description=RLB host agent (per-QP path selection) on {fabric.host_port(node)}
+Description=RLB host agent (per-QP path selection) on {nics}
 Requires=rlb-net.service
 After=rlb-net.service
 [Service]
-ExecStart={site.bin}/rlbhost attach {fabric.host_port(node)} {args}{coord} --metrics-addr {mgmt_ip}
+ExecStart={site.bin}/rlbhost attach {nics} {args}{coord} --metrics-addr {mgmt_ip}
 {RESTART}
 {HARDENING}
 {capabilities(AGENT_CAPS)}
@@ -275,5 +276,7 @@ def net(fabric: Fabric, node: str):
         add_loopback_device()
     for cmd in net_commands(fabric, node):
         res = subprocess.run(cmd, capture_output=True, text=True)
+        if cmd[:4] == ["ip", "-6", "rule", "add"] and "File exists" in res.stderr:
+            continue                                          # a NIC's rule from an earlier start
         if res.returncode and cmd[0] != "ethtool":           # a NIC may not let tx offload be set
             raise RuntimeError(f"{' '.join(cmd)}: {res.stderr.strip()}")

@@ -26,6 +26,11 @@ address plan); bird configs, agents and labs are all derived from it.
     between = ["l1", "s2"]
     mbps = 5000
 
+    [[stripe]]                # GPU servers with one NIC per rail (rlbfabric/servers.py): server
+    leaves = ["l1", "l2"]     # i's NIC gpu<r>_eth on leaves[r]; each NIC a host of its own
+    servers = ["a1", "a2"]    # (a1-gpu0_eth, ...), each server one agent; or [[server]] with
+                              # nics = { gpu0_eth = "l1", gpu1_eth = "l2" }
+
 5-stage: give leaves and spines a `pod` (default 1) and add super-spines with a `plane`; the k-th
 spine of every pod (its plane) connects to every super-spine of plane k. Spines of one pod share
 an AS, each pod its own, so routes can cross pods.

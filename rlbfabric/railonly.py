@@ -33,7 +33,7 @@ from typing import ClassVar
 from rlbcommon.cheader import constants
 
 from .bgpsec import BgpSecurity
-from .base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Link, Node, kind, one_hextet_prefix
+from .base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Link, Node, OneHostAMachine, kind, one_hextet_prefix
 from .hscore import Gpu
 
 RAIL_IF, DOMAIN_IF = "eth-rail", "eth-dom"
@@ -51,7 +51,7 @@ class RailPort:
 
 
 @dataclass
-class RailOnlyFabric:
+class RailOnlyFabric(OneHostAMachine):
     domains: int
     rails: int
     prefix: str

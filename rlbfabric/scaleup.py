@@ -40,7 +40,8 @@ from rlbcommon.constants import POLICIES
 
 from . import bgpsec
 from .bgpsec import BgpSecurity
-from .base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Link, Node, Port, kind, node_name_asn, one_hextet_prefix
+from .base import (GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Link, Node, OneHostAMachine, Port, kind,
+                   node_name_asn, one_hextet_prefix)
 
 MAX_PATHS = constants("rlb_host.h")["RLBH_MAX_PATHS"]   # the host data plane's path table
 
@@ -55,7 +56,7 @@ class GpuPort:
 
 
 @dataclass
-class ScaleupFabric:
+class ScaleupFabric(OneHostAMachine):
     planes: list[Node]
     gpus: list[Node]
     subports: int

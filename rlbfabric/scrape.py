@@ -65,7 +65,7 @@ def fabric_scrape_config(fabric, addrs: dict[str, str], coordinator: str | list[
     a fabric scraped in part would look healthy where it is not watched. `coordinator`: its
     address, or several coordinators' (on etcd: the leader and its standbys), each ADDRESS or
     ADDRESS:PORT ([IPv6]:PORT); one is labelled `coordinator`, several `coordinator-1`, ..."""
-    nodes = [n.name for n in fabric.switches] + list(fabric.hosts)
+    nodes = [n.name for n in fabric.switches] + list(fabric.machines)
     unknown = sorted(set(addrs) - set(nodes))
     if unknown:
         raise FabricError(f"not in the fabric: {', '.join(unknown)}")

@@ -52,6 +52,9 @@ def up(
     hosts: int = typer.Option(2, help="With --spines: GPU hosts per leaf."),
     stages: int = typer.Option(3, help="With --spines: 3 or 5 (two pods and super-spines)."),
     parallel: int = typer.Option(1, help="With --spines: links between each leaf and spine."),
+    rails: int = typer.Option(0, min=0, help="With --spines: GPU servers of this many NICs instead of one-NIC "
+                              "hosts, rail-optimised (server i's NIC r on leaf r of its stripe of --rails "
+                              "leaves; --hosts servers a stripe)."),
     mode: str = typer.Option("rlb", help="rlb, or baseline: kernel ECMP as fabrics run today."),
     shape: bool = typer.Option(False, help="tbf on fabric links at their configured rate."),
     monitor: bool = typer.Option(False, help="A management network (<name>-mon, fd00:99::/64) with "
@@ -77,12 +80,16 @@ def up(
       rlblab up                                  # Juniper's example fabric, with RLB\n
       rlblab up --mode baseline --name ecmp      # the same fabric with kernel ECMP\n
       rlblab up --spines 4 --leaves 4 --hosts 2 --monitor\n
+      rlblab up --spines 4 --leaves 2 --hosts 2 --rails 2    # 2 servers, each a NIC on both rail leaves\n
       rlblab up --fabric lab/scaleup.toml --name su
     """
     if spines is not None:
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         fabric = RUN_DIR / f"lab-{name}.toml"
-        fabric.write_text(make_fabric(spines, leaves, hosts, stages, parallel=parallel))
+        try:
+            fabric.write_text(make_fabric(spines, leaves, hosts, stages, parallel=parallel, rails=rails))
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
     fabric = (fabric or DEFAULT_FABRIC).resolve()
     try:
         lab = open_lab(fabric, name, mode=mode, shape=shape, monitor=monitor, coordinator=coordinator, etcd=etcd,

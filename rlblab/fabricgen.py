@@ -8,12 +8,28 @@ import random
 
 def make_fabric(spines: int = 4, leaves: int = 2, hosts: int | list[int] = 2, stages: int = 3,
                 link_mbps: int = 10000, policy: str = "dpf", parallel: int = 1,
-                slow: dict[tuple[int, int], int] | None = None) -> str:
+                slow: dict[tuple[int, int], int] | None = None, rails: int = 0) -> str:
     """TOML text. 3-stage: one pod. 5-stage: two pods of leaves/2 leaves each (at least one)
     and one super-spine per plane. `hosts`: per leaf, or one number for all; `slow`: {(leaf
-    number, spine number): Mb/s} for leaf-spine links slower than link_mbps (3-stage)."""
+    number, spine number): Mb/s} for leaf-spine links slower than link_mbps (3-stage).
+    `rails` R: GPU servers of R NICs instead of one-NIC hosts, rail-optimised: the leaves in
+    stripes of R (leaves a multiple of R), `hosts` servers a stripe (srv1, srv2, ...), server i's
+    NIC gpu<r>_eth on leaf r of its stripe."""
     if stages not in (3, 5):
         raise ValueError("stages must be 3 or 5")
+    if rails:
+        if rails < 1 or leaves % rails or not isinstance(hosts, int) or not 1 <= hosts <= 4:
+            raise ValueError(f"rails {rails}: leaves ({leaves}) must be a multiple of the rails, and 1-4 servers "
+                             "a stripe")
+        text = make_fabric(spines, leaves, 0, stages, link_mbps, policy, parallel, slow)
+        lines, n = [text], 0
+        for s in range(leaves // rails):
+            names = [f'"srv{n + i + 1}"' for i in range(hosts)]
+            n += hosts
+            lines += ["[[stripe]]", f'name = "st{s + 1}"',
+                      f"leaves = [{', '.join(f'{chr(34)}l{s * rails + r + 1}{chr(34)}' for r in range(rails))}]",
+                      f"servers = [{', '.join(names)}]", ""]
+        return "\n".join(lines)
     per_leaf = list(hosts) if isinstance(hosts, (list, tuple)) else [hosts] * leaves
     if not 1 <= spines <= 8 or not 1 <= leaves <= 8 or len(per_leaf) != leaves or \
             not all(0 <= h <= 4 for h in per_leaf):

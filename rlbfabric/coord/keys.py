@@ -254,10 +254,12 @@ class Identity:
 
 
 def identities(fabric: Fabric) -> list[Identity]:
-    """Every machine of the fabric that reports, and the coordinator."""
-    out = [Identity(host_user(h), (Grant(host_prefix(h), READWRITE), Grant(placements_prefix(h), READ),
-                                   Grant(links_prefix(), READ)))
-           for h in fabric.hosts]
+    """Every machine of the fabric that reports, and the coordinator. A server with several NICs
+    is one user that writes for each of its NICs (each a host of the fabric) and nobody else."""
+    out = [Identity(host_user(m), tuple(g for h in fabric.endpoints(m)
+                                        for g in (Grant(host_prefix(h), READWRITE), Grant(placements_prefix(h), READ)))
+                    + (Grant(links_prefix(), READ),))
+           for m in fabric.machines]
     out += [Identity(switch_user(s.name), (Grant(switch_prefix(s.name), READWRITE),)) for s in fabric.switches]
     out.append(Identity(COORDINATOR_USER, (Grant(ROOT, READWRITE),)))
     return out
