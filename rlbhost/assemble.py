@@ -26,7 +26,7 @@ log = logging.getLogger("rlbhost")
 @dataclass
 class Options:
     """What `rlbhost run` was given (its --help says what each is for)."""
-    interface: str
+    interfaces: list[str]
     node: str | None = None
     path_field: int | None = None
     base_path: int | None = None
@@ -50,6 +50,14 @@ class Options:
     etcd_cert: Path | None = None       # ... and this host's (certificate and key, one file)
     etcd_lease_s: int = 3               # its keys' lease: how long a dead host's QPs stay placed
 
+    @property
+    def interface(self) -> str:
+        """The one interface of an agent that takes one (a GPU's loopback device)."""
+        if len(self.interfaces) != 1:
+            raise HostError(f"this agent attaches to one interface, not {len(self.interfaces)} "
+                            f"({', '.join(self.interfaces) or 'none'})")
+        return self.interfaces[0]
+
 
 @dataclass
 class Assembled:
@@ -57,6 +65,7 @@ class Assembled:
     summary: str                        # one line for the operator: what it attached to
     collect: dict = field(default_factory=dict)   # what the metrics read besides the data plane
     close: Callable[[], None] = lambda: None      # after the agent stops
+    dataplanes: list[HostDataplane] = field(default_factory=list)   # a server's per NIC (else the one)
 
 
 # fabric kind -> assemble(dp, fabric or None, Options, Health) -> Assembled
@@ -98,13 +107,15 @@ def fabric_keys(path: Path | None, without: str) -> KeyFile:
     return keys
 
 
-def verbs_service(dp: HostDataplane, opts: Options, health: Health, advice=None) -> VerbsService:
-    """The verbs library's agent, started beside the host agent (an operator error if its socket
+def verbs_service(nics, opts: Options, health: Health, advice: dict | None = None) -> VerbsService:
+    """The verbs library's agent for every fabric NIC (`nics`: rlbhost/nics.Nic; `advice`: the
+    coordinator's view per NIC), started beside the host agent (an operator error if its socket
     or port cannot be had: a second agent for the same instance, say)."""
     keys = fabric_keys(opts.fabric_key, "the verbs agents' messages are neither signed nor checked")
-    service = VerbsService(dp, socket_path(dp.instance), opts.interface, group=opts.verbs_group, health=health,
-                           status_path=status_path(dp.instance), advice=advice,
-                           table_path=table_path(dp.instance), keys=keys)
+    instance = nics[0].dp.instance
+    service = VerbsService({n.ifname: n.dp for n in nics}, socket_path(instance), group=opts.verbs_group,
+                           health=health, status_path=status_path(instance), advice=advice or {},
+                           table_path=table_path(instance), keys=keys)
     try:
         service.open()
     except KeyError:

@@ -27,6 +27,7 @@ from . import clos_agent, railonly_agent, scaleup_agent  # noqa: F401 - each kin
 from .assemble import Options, assembler, health_file
 from .dataplane import HostDataplane, HostError
 from .metrics import HostCollector
+from .nics import pinned_dataplanes
 from .railonly_agent import why_file
 from .verbs.build import BuildError, build
 from .verbs.paths import socket_path, status_path, table_path
@@ -40,12 +41,19 @@ verbs_app = typer.Typer(help="The verbs path selector: librlbverbs.so, loaded in
                         "QP on a path where the NIC builds the packets (hardware RoCE).", no_args_is_help=True)
 app.add_typer(verbs_app, name="verbs")
 LIB_DIR = Path("/usr/local/lib/rlb")
+NIC_OPTION = typer.Option(None, "--nic", help="A GPU server's fabric NIC, e.g. gpu0_eth (default: every one).")
+
+
+def _dataplanes(nic: Optional[str]) -> list[HostDataplane]:
+    """The data planes a command shows or changes: every fabric NIC's, or the one named."""
+    return pinned_dataplanes(ctx.dataplane().instance, nic)
 
 
 def run(
     command: typer.Context,
-    interface: Optional[str] = typer.Argument(None, help="The fabric interface, e.g. eth0 (run: "
-        "optional, the interface attached before is adopted)."),
+    interfaces: Optional[List[str]] = typer.Argument(None, help="The fabric interfaces: one, e.g. eth0, or a "
+        "GPU server's NICs, e.g. gpu0_eth ... gpu7_eth (with --fabric and a server's --node: optional, "
+        "every NIC the fabric file gives it; run: optional, those attached before are adopted)."),
     path_field: Optional[int] = typer.Option(None, min=0, max=3, help="Hextet (0-3) that numbers "
         "the paths in the /64 prefixes; detected when there are two or more."),
     base_path: Optional[int] = typer.Option(None, help="Path whose address applications use "
@@ -57,7 +65,7 @@ def run(
     fabric: Optional[Path] = typer.Option(None, help="The fabric description: with --node, this "
         "host's place in the fabric (where its ties between paths start, so hosts spread before "
         "they meet; QPs within its leaf counted apart). Needed for --coordinator."),
-    node: Optional[str] = typer.Option(None, help="This host's name in the fabric file "
+    node: Optional[str] = typer.Option(None, help="This host's or server's name in the fabric file "
         "(default: the host name)."),
     coordinator: Optional[str] = typer.Option(None, help="The fabric coordinator's URL, e.g. "
         "http://[fd00:99::1]:9473: QPs are reported to it and new or idle QPs take its placements."),
@@ -109,15 +117,18 @@ def run(
 
     Examples:\n
       rlbhost run eth0 --fabric /etc/rlb/fabric.toml --node h1\n
-      rlbhost run                    # adopt: the interface that has the programs
+      rlbhost run --fabric /etc/rlb/fabric.toml --node a1    # a server: every NIC the file gives it\n
+      rlbhost run                    # adopt: the interfaces that have the programs
     """
-    common.attach_or_run(command, interface)
-    dp = ctx.dataplane()
-    interface = interface or _attached(dp)
     fab = load(fabric) if fabric else None
+    node = node or socket.gethostname()
+    if not (fab and getattr(fab, "is_server", lambda _: False)(node)):
+        common.attach_or_run(command, interfaces)
+    dp = ctx.dataplane()
+    interfaces = list(interfaces or []) or _attached(dp, fab, node)
     if coordinator and etcd:
         raise typer.BadParameter("--coordinator or --etcd, not both: the coordinator runs on one or the other")
-    opts = Options(interface, node or socket.gethostname(), path_field, base_path, expiry_ms, roce_port or [],
+    opts = Options(interfaces, node, path_field, base_path, expiry_ms, roce_port or [],
                    coordinator, etcd, etcd_password_file, report_ms, qp_memory_s, run_dir, probe_ms,
                    probe_dead_ms, probe_key, carrier_rt_priority, tc, verbs, verbs_group, once,
                    etcd_ca=etcd_ca, etcd_cert=etcd_cert, etcd_lease_s=etcd_lease_s)
@@ -127,17 +138,21 @@ def run(
     if once:
         return
     try:
-        _run_agent(built.agent, dp, health, metrics_port, metrics_addr, **built.collect)
+        _run_agent(built.agent, built.dataplanes or [dp], health, metrics_port, metrics_addr, **built.collect)
     finally:
         built.close()
 
 
-ATTACH_HELP = """Attach to an interface and run the host agent in the foreground.
+ATTACH_HELP = """Attach to the fabric interfaces and run the host agent in the foreground.
 
 The host then works fully: each QP placed on a path (one address per path, from the leaf's RAs),
 paths followed as addresses and carrier come and go, weights from the fabric, metrics served.
 Stopping the agent leaves the programs and the QP table in place; attaching again replaces the
 programs in place and QPs keep their paths. --once attaches without the agent.
+
+A GPU server with several fabric NICs (one per rail leaf) runs one agent for all of them: each NIC
+keeps its own paths, weights, QP table and counters, and one verbs service answers for every RDMA
+device on them. With the fabric file and the server's --node the NICs can be left out.
 
 On a GPU of a scale-up fabric (kind = "scaleup") the interface is the loopback device: each QP
 is placed on a plane's sub-port, weighted by the path bandwidth bird learns per plane. On a GPU of
@@ -147,6 +162,7 @@ coordinator choose (rd, dr or a remote rail: `rlbhost why`).
 Examples:\n
   rlbhost attach eth0\n
   rlbhost attach eth0 --fabric /etc/rlb/fabric.toml --node h1 --coordinator http://[fd00:99::1]:9473\n
+  rlbhost attach gpu0_eth gpu1_eth --fabric /etc/rlb/fabric.toml --node a1\n
   rlbhost attach rlb0 --fabric scaleup.toml --node g1\n
   rlbhost attach rlb0 --fabric rail-only.toml --node d1g1 --coordinator URL
 """
@@ -154,24 +170,30 @@ app.command("attach", help=ATTACH_HELP)(run)
 app.command("run")(run)
 
 
-def _attached(dp) -> str:
-    """The one interface that has this host's programs (what `run` adopts)."""
+def _attached(dp, fabric, node: str) -> list[str]:
+    """What `run` adopts: a server's NICs from the fabric file, else the NICs with pinned state
+    here, else the one interface that has this host's programs."""
+    if fabric is not None and getattr(fabric, "is_server", lambda _: False)(node):
+        return []                    # the assembler takes every NIC the fabric file gives it
+    nics = [n for n in HostDataplane.pinned(dp.instance) if n]
+    if nics:
+        return nics
     found = dp.attached_interfaces()
     if len(found) != 1:
         raise HostError(f"run: {'no interface has' if not found else 'several interfaces have'} the programs"
                         f"{' (' + ', '.join(found) + ')' if found else ''}: name the interface")
-    return found[0]
+    return found
 
 
-def _run_agent(agent, dp, health, metrics_port: int, metrics_addr: str, **collect):
+def _run_agent(agent, dps, health, metrics_port: int, metrics_addr: str, **collect):
     """The agent in the foreground, with its metrics served (0: none), until SIGTERM or ^C:
-    `collect` names what the metrics read besides the data plane (coordinator client, prober,
-    rail agent); a coordinator client starts reporting first."""
+    `collect` names what the metrics read besides the data planes (coordinator clients, prober,
+    rail agent); the coordinator clients start reporting first."""
     if metrics_port:
-        serve(HostCollector(dp, ctx.node_label, health=health, **collect), metrics_port, metrics_addr)
+        serve(HostCollector(dps, ctx.node_label, health=health, **collect), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    if collect.get("coordinator"):
-        collect["coordinator"].start()
+    for client in collect.get("coordinators") or []:
+        client.start()
     try:
         agent.run()
     except KeyboardInterrupt:
@@ -229,7 +251,8 @@ def _why_verbs(which: Optional[str], as_json: bool):
         return
     for r in rows:
         what = f"path {r['path']}" if r["path"] else "kept the application's addresses"
-        typer.echo(f"QP 0x{r['qp']:x} <-> {r['peer']} QP 0x{r['peer_qp']:x}: {what}: {r['why']}")
+        where = f" of {r['dev']}/{r['port']}" + (f" ({r['nic']})" if r.get("nic") else "") if r.get("dev") else ""
+        typer.echo(f"QP 0x{r['qp']:x}{where} <-> {r['peer']} QP 0x{r['peer_qp']:x}: {what}: {r['why']}")
 
 
 def _num(x) -> str:
@@ -286,23 +309,44 @@ def detach(
       rlbhost detach --all           # remove RLB from this host entirely
     """
     dp = ctx.dataplane()
-    common.detach(dp, interfaces, all_, "pinned state kept")
-    if all_:                          # the verbs service's decision table and status go with the rest
-        for f in (table_path(dp.instance), status_path(dp.instance)):
+    dps = pinned_dataplanes(dp.instance)
+    if all_:
+        gone = [i for d in dps for i in d.destroy()]
+        typer.echo(f"detached{' from ' + ', '.join(gone) if gone else ''}; pinned state removed")
+        for f in (table_path(dp.instance), status_path(dp.instance)):   # the verbs service's table and status
             f.unlink(missing_ok=True)
+        return
+    if not interfaces:
+        raise HostError("name the interfaces to detach, or use --all")
+    for ifname in interfaces:
+        next((d for d in dps if d.nic == ifname), dp).detach(ifname)
+    typer.echo(f"detached from {', '.join(interfaces)}; pinned state kept")
 
 
 @app.command()
-def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """What is programmed and its health: paths, weights, QPs per path, counters, agent loops.
+def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output."), nic: Optional[str] = NIC_OPTION):
+    """What is programmed and its health: paths, weights, QPs per path, counters, agent loops; on a
+    GPU server each fabric NIC's (--json: {"nics": [...], "agent_loops": ...}).
 
     Example: rlbhost status --json | jq '.paths[] | {path, address, weight, active_qps}'"""
-    dp = ctx.dataplane()
-    s = dp.status()
-    s["agent_loops"] = loops.read(health_file(dp.instance))
+    dps = _dataplanes(nic)
+    agent = loops.read(health_file(dps[0].instance))
+    rows = [{"nic": d.nic, **d.status()} for d in dps]
     if as_json:
-        typer.echo(json.dumps(s, indent=2))
+        out = {**rows[0], "agent_loops": agent} if dps[0].nic is None and len(rows) == 1 else \
+            {"nics": rows, "agent_loops": agent}
+        typer.echo(json.dumps(out, indent=2))
         return
+    for s in rows:
+        if s["nic"]:
+            typer.echo(f"NIC {s['nic']}:")
+        _status_lines(s)
+    typer.echo("agent loops" + ("" if agent else ": no agent has run here"))
+    for line in loops.describe(agent):
+        typer.echo(line)
+
+
+def _status_lines(s: dict):
     c = s["config"]
     typer.echo(f"path field: hextet {c['path_field']}, expiry {c['expiry_ms']:g} ms, "
                f"RoCE ports {c['roce_ports']}")
@@ -320,30 +364,29 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
         typer.echo("verbs QPs (in the QPs column): " + ", ".join(f"path {p['path']}: {p['verbs_qps']}"
                                                               for p in s["paths"] if p["verbs_qps"])
                    + " (rlbhost verbs status)")
-    typer.echo("agent loops" + ("" if s["agent_loops"] else ": no agent has run here"))
-    for line in loops.describe(s["agent_loops"]):
-        typer.echo(line)
 
 
 @app.command()
-def qps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+def qps(as_json: bool = typer.Option(False, "--json", help="Machine-readable output."), nic: Optional[str] = NIC_OPTION):
     """Every QP: in the connection-tracking table (peer, UDP source port, QP, path, idle time), and
-    those the verbs library placed (QP numbers at both ends, path, process).
+    those the verbs library placed (QP numbers at both ends, path, process); on a GPU server each
+    with the fabric NIC it leaves from.
 
     Example: rlbhost qps --json | jq 'group_by(.path) | map({path: .[0].path, qps: length})'"""
-    dp = ctx.dataplane()
-    rows = sorted(dp.qps(), key=lambda q: (q["peer"], q["sport"], q["qp"]))
-    verbs = sorted(dp.verbs_rows(), key=lambda q: (q["peer"], q["qp"]))
+    rows, verbs = [], []
+    for dp in _dataplanes(nic):
+        rows += [{**q, "nic": dp.nic} for q in sorted(dp.qps(), key=lambda q: (q["peer"], q["sport"], q["qp"]))]
+        verbs += [{**v, "nic": dp.nic} for v in sorted(dp.verbs_rows(), key=lambda q: (q["peer"], q["qp"]))]
     if as_json:
         typer.echo(json.dumps(rows + [{**v, "source": "verbs"} for v in verbs], indent=2))
         return
     for q in rows:
-        typer.echo(f"{q['peer']:<40} sport {q['sport']:<6} qp {q['qp']:<9} path {q['path'] + 1:<3} "
-                   f"idle {q['idle_ms']:.0f} ms{'' if q['active'] else ' (expired)'}")
+        typer.echo(f"{(q['nic'] + ' ') if q['nic'] else ''}{q['peer']:<40} sport {q['sport']:<6} qp {q['qp']:<9} "
+                   f"path {q['path'] + 1:<3} idle {q['idle_ms']:.0f} ms{'' if q['active'] else ' (expired)'}")
     for v in verbs:
         what = "address handle" if v["kind"] == "ah" else f"qp 0x{v['qp']:x} <-> 0x{v['peer_qp']:x}"
-        typer.echo(f"{v['peer']:<40} verbs {what:<24} path {v['path'] + 1:<3} pid {v['pid']:<7} "
-                   f"decided {v['decided']}, {v['age_s']:.0f} s")
+        typer.echo(f"{(v['nic'] + ' ') if v['nic'] else ''}{v['peer']:<40} verbs {what:<24} path {v['path'] + 1:<3} "
+                   f"pid {v['pid']:<7} decided {v['decided']}, {v['age_s']:.0f} s")
 
 
 @verbs_app.command("install")
@@ -389,14 +432,16 @@ def verbs_status(as_json: bool = typer.Option(False, "--json", help="Machine-rea
     """The agent's verbs service: processes, QPs placed per path, why QPs kept their addresses.
 
     Example: rlbhost verbs status --json | jq .kept"""
-    dp = ctx.dataplane()
-    s = _read_json(status_path(dp.instance))
-    rows = dp.verbs_rows()
-    values = {p.index: p.value for p in dp.paths()}
-    per_path: dict[int, int] = {}
-    for r in rows:
-        per_path[values.get(r["path"], 0)] = per_path.get(values.get(r["path"], 0), 0) + 1
-    out = {"service": s, "placed_per_path": dict(sorted(per_path.items()))}
+    dps = _dataplanes(None)
+    s = _read_json(status_path(dps[0].instance))
+    per_nic: dict[str, dict[int, int]] = {}
+    for dp in dps:
+        values = {p.index: p.value for p in dp.paths()}
+        per_path = per_nic.setdefault(dp.nic or "", {})
+        for r in dp.verbs_rows():
+            per_path[values.get(r["path"], 0)] = per_path.get(values.get(r["path"], 0), 0) + 1
+    out = {"service": s, "placed_per_path": dict(sorted(per_nic.get("", {}).items())),
+           "placed_per_nic": {n: dict(sorted(v.items())) for n, v in per_nic.items() if n}}
     if as_json:
         typer.echo(json.dumps(out, indent=2))
         return
@@ -406,13 +451,19 @@ def verbs_status(as_json: bool = typer.Option(False, "--json", help="Machine-rea
         c = s["counters"]
         typer.echo(f"verbs: socket {s['socket']}, RDMA ports {', '.join(s['ports']) or 'none'}, "
                    f"{s['clients']} processes, {s['qps']} QPs known")
+        if len(s.get("nics", {})) > 1:
+            for n, e in s["nics"].items():
+                typer.echo(f"  NIC {n}: RDMA ports {', '.join(e['ports']) or 'none'}, {e['qps']} QPs, placed "
+                           f"{e['placed']['rtr']} QP ends and {e['placed']['ah']} address handles")
         typer.echo(f"asked: {c['questions_rtr']} QPs, {c['questions_ah']} address handles; placed: "
                    f"{c['placed_rtr']} QP ends, {c['placed_ah']} address handles; disagreements {c['disagreements']}")
         kept = {k: v for k, v in s["kept"].items() if v}
         typer.echo("kept the application's addresses: " +
-                   (", ".join(f"{k} {v}" for k, v in kept.items()) if kept else "none"))
-    typer.echo("placed now, per path: " + (", ".join(f"path {k}: {v}" for k, v in out["placed_per_path"].items())
-                                           or "none"))
+                   (", ".join(f"{k} {v}" for k, v in kept.items()) if kept else "none")
+                   + (" (rlbhost verbs check says what would change it)" if kept else ""))
+    for n, per_path in sorted(per_nic.items()):
+        typer.echo(f"placed now{' on ' + n if n else ''}, per path: "
+                   + (", ".join(f"path {k}: {v}" for k, v in per_path.items()) or "none"))
 
 
 def _read_json(path: Path) -> dict:
@@ -423,17 +474,17 @@ def _read_json(path: Path) -> dict:
 
 
 @app.command()
-def paths(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Path index, address and RoCE GID index (where an RDMA device has one) per path.
+def paths(as_json: bool = typer.Option(False, "--json", help="Machine-readable output."), nic: Optional[str] = NIC_OPTION):
+    """Path index, address and RoCE GID index (where an RDMA device has one) per path, per fabric NIC.
 
     Example: rlbhost paths        # then ib_write_bw -x GID_INDEX to pin a hardware QP to a path"""
-    rows = ctx.dataplane().paths_with_gids()
+    rows = [{**r, "nic": dp.nic} for dp in _dataplanes(nic) for r in dp.paths_with_gids()]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     for r in rows:
         gids = ", ".join(f"{g['device']}/{g['port']} gid {g['gid_index']}" for g in r["gids"]) or "no RDMA GID"
-        typer.echo(f"path {r['path']:<4} {r['address']:<40} {gids}")
+        typer.echo(f"{(r['nic'] + ' ') if r['nic'] else ''}path {r['path']:<4} {r['address']:<40} {gids}")
 
 
 @app.command("config")
@@ -441,17 +492,26 @@ def config_cmd(
     expiry_ms: Optional[float] = typer.Option(None, help="Idle QP entries are re-assigned after this."),
     roce_port: Optional[List[int]] = typer.Option(None, help="UDP destination ports to handle. Repeat."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    nic: Optional[str] = NIC_OPTION,
 ):
-    """Show or change settings (in place: QPs keep their paths).
+    """Show or change settings (in place: QPs keep their paths), of every fabric NIC or one.
 
     Examples:\n
       rlbhost config\n
       rlbhost config --expiry-ms 500 --roce-port 4791
     """
-    dp = ctx.dataplane()
-    if expiry_ms is not None or roce_port:
-        dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
-    common.show(dp.config(), as_json)
+    dps = _dataplanes(nic)
+    for dp in dps:
+        if expiry_ms is not None or roce_port:
+            dp.set_config(expiry_ms=expiry_ms, roce_ports=roce_port or None)
+    if len(dps) == 1 and dps[0].nic is None:
+        common.show(dps[0].config(), as_json)
+    elif as_json:
+        typer.echo(json.dumps({dp.nic: dp.config() for dp in dps}, indent=2))
+    else:
+        for dp in dps:
+            typer.echo(f"NIC {dp.nic}:")
+            common.show(dp.config(), False)
 
 
 def parse_weights(items: List[str]) -> dict[int, float]:
@@ -472,38 +532,45 @@ def weights_set(
     weights: List[str] = typer.Argument(..., help="PATH=WEIGHT pairs (path field values), e.g. 1=1 4=0.5; 0 = unusable."),
     prefix: str = typer.Option("::/0", help="Destinations these weights apply to."),
     spray: bool = typer.Option(False, help="Destinations tolerate reordering: choose per packet."),
+    nic: Optional[str] = NIC_OPTION,
 ):
-    """Set weights; QPs are released from degraded paths (the fewest needed) or reinstated.
+    """Set weights (on every fabric NIC, or --nic's); QPs are released from degraded paths (the
+    fewest needed) or reinstated.
 
     Examples:\n
       rlbhost weights set 1=1 2=1 3=1 4=0.5          # path 4 at half capacity\n
-      rlbhost weights set 1=1 2=1 --prefix fc00:2::/32 --spray
+      rlbhost weights set 1=1 2=1 --prefix fc00:2::/32 --spray\n
+      rlbhost weights set 1=1 2=0 --nic gpu3_eth     # one NIC of a server
     """
-    dp = ctx.dataplane()
-    before = dp.stats()["reasons"]["ev_released"]
-    dp.set_weights(parse_weights(weights), prefix, spray)
-    moved = dp.stats()["reasons"]["ev_released"] - before
-    typer.echo(f"weights for {prefix} set; {moved} QPs moved")
+    for dp in _dataplanes(nic):
+        before = dp.stats()["reasons"]["ev_released"]
+        dp.set_weights(parse_weights(weights), prefix, spray)
+        moved = dp.stats()["reasons"]["ev_released"] - before
+        typer.echo(f"weights for {prefix}{' on ' + dp.nic if dp.nic else ''} set; {moved} QPs moved")
 
 
 @weights_app.command("del")
-def weights_del(prefix: str = typer.Argument(..., help="The prefix given to 'weights set'.")):
+def weights_del(prefix: str = typer.Argument(..., help="The prefix given to 'weights set'."),
+                nic: Optional[str] = NIC_OPTION):
     """Remove per-destination weights (the default ::/0 stays).
 
     Example: rlbhost weights del fc00:2::/32"""
-    if not ctx.dataplane().del_weights(prefix):
+    if not [dp for dp in _dataplanes(nic) if dp.del_weights(prefix)]:
         raise HostError(f"no weights for {prefix}")
     typer.echo(f"removed weights for {prefix}")
 
 
 @weights_app.command("show")
-def weights_show(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
-    """Weights per destination prefix.
+def weights_show(as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+                 nic: Optional[str] = NIC_OPTION):
+    """Weights per destination prefix (per fabric NIC on a GPU server).
 
     Example: rlbhost weights show --json"""
-    w = ctx.dataplane().weights()
+    dps = _dataplanes(nic)
+    w = [{**e, "nic": dp.nic} if dp.nic else e for dp in dps for e in dp.weights()]
     typer.echo(json.dumps(w, indent=2) if as_json else
-               "\n".join(f"{e['prefix']:<24} {e['weights']}{' spray' if e['spray'] else ''}" for e in w))
+               "\n".join(f"{(e['nic'] + ' ') if e.get('nic') else ''}{e['prefix']:<24} {e['weights']}"
+                         f"{' spray' if e['spray'] else ''}" for e in w))
 
 
 def main():

@@ -32,6 +32,7 @@ class CoordinatorClient:
         self.last_ok = 0.0
         self.counters = {"reports": 0, "failures": 0, "fallbacks": 0}
         self.health = health or Health()
+        self.loop = "coordinator"    # its loop's name in the health record (a server's: one a NIC)
         self._down_since: float | None = None
 
     def body(self) -> dict:
@@ -101,15 +102,15 @@ class CoordinatorClient:
                 if not self.reachable:
                     log.info("coordinator %s: reporting as %s", self.url, self.node)
                 self.reachable, self._down_since = True, None
-                self.health.ok("coordinator")
+                self.health.ok(self.loop)
             except coordapi.CoordinatorError as e:
                 self._failed(e)
             except Exception as e:
-                self.health.failed("coordinator", e, log, ())
+                self.health.failed(self.loop, e, log, ())
                 try:
                     self._failed(RuntimeError("internal error"))
                 except Exception as e2:
-                    self.health.failed("coordinator", e2, log, ())
+                    self.health.failed(self.loop, e2, log, ())
             self.stop.wait(self.period_s)
 
     def start(self) -> threading.Thread:

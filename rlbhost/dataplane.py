@@ -2,7 +2,9 @@
 and the connection-tracking table's releases and reinstatements.
 
 State lives in pinned maps under /sys/fs/bpf/rlb/<instance>/host; a restarted agent reloads the
-programs against the same maps and replaces the TC filters in place, so QPs keep their paths."""
+programs against the same maps and replaces the TC filters in place, so QPs keep their paths.
+A server with several fabric NICs has one such data plane per NIC, each with its own paths,
+weights, QP table and counters, under /sys/fs/bpf/rlb/<instance>/host-<nic>."""
 from __future__ import annotations
 
 import contextlib
@@ -20,6 +22,7 @@ from typing import Callable
 
 from rlbcommon.constants import ROCE_PORT, U32_MAX
 from rlbfabric import addrplan
+from rlbcommon.paths import pin_dir
 from rlbcommon.pinnedstate import PinnedState
 from rlbcommon.cheader import constants, enum_names
 
@@ -97,12 +100,25 @@ def _is_ours(tc_filter, echo: bool = True) -> bool:
     return tc_filter["handle"] == TC_HANDLE and name.startswith("rlb_host_") and (echo or name != ECHO)
 
 
+NIC_PREFIX = "host-"
+
+
+def _nic_component(nic: str) -> str:
+    """A NIC's pin directory: bpffs refuses dots in names, which interface names (VLANs: eth0.100)
+    may have, and ':' no interface name has."""
+    return NIC_PREFIX + nic.replace(".", ":")
+
+
 class HostDataplane(PinnedState):
     component, source, marker = "host", SOURCE, "paths"
     error = HostError
     hint = "run 'rlbhost attach IFACE' first"
 
-    def __init__(self, instance: str | None = None):
+    def __init__(self, instance: str | None = None, nic: str | None = None):
+        # one NIC (every host before servers of several): the pins at host/, as they always were
+        self.nic = nic
+        if nic is not None:
+            self.component = _nic_component(nic)
         super().__init__(instance)
         self.fns = {}
         # QPs the sweep removed as idle, for whoever keeps their memory (the coordinator client):
@@ -114,6 +130,24 @@ class HostDataplane(PinnedState):
         # the verbs map's QPs as this process last wrote or read them: the agent, their only
         # writer, counts and reports them without walking the map (2 entries a QP) each time
         self._verbs: dict[tuple[str, int], VerbsQp] | None = None
+
+    @classmethod
+    def pinned(cls, instance: str | None = None) -> list[str | None]:
+        """The NICs with pinned state in this instance: None for the one-NIC state (host/), then
+        each NIC's name (host-<nic>/)."""
+        root = pin_dir(cls.component, instance).parent
+        try:
+            names = sorted(p.name for p in root.iterdir())
+        except OSError:
+            return []
+        out: list[str | None] = [None] if cls.component in names and (root / cls.component / cls.marker).exists() else []
+        return out + [n[len(NIC_PREFIX):].replace(":", ".") for n in names
+                      if n.startswith(NIC_PREFIX) and (root / n / cls.marker).exists()]
+
+    @property
+    def label(self) -> str:
+        """The NIC's name where the host has several, else ''."""
+        return self.nic or ""
 
     def load(self):
         if self.bpf is None:
@@ -325,7 +359,10 @@ class HostDataplane(PinnedState):
 
     def attached_interfaces(self, echo: bool = False) -> list[str]:
         """Interfaces that carry this program (either TC hook; echo: also the ports that carry
-        only the probe echo), found in the kernel, not in a record that could be stale."""
+        only the probe echo), found in the kernel, not in a record that could be stale. A NIC's
+        data plane is on that NIC only (the others carry the same program with their own maps)."""
+        if self.nic is not None:
+            return [self.nic] if self._has_ours(self.nic, echo) else []
         out = []
         with self.netlink() as ipr:
             for link in ipr.get_links():
@@ -338,6 +375,20 @@ class HostDataplane(PinnedState):
                         out.append(link.get_attr("IFLA_IFNAME"))
                         break
         return out
+
+    def _has_ours(self, ifname: str, echo: bool) -> bool:
+        try:
+            idx = self.ifindex(ifname)
+        except HostError:
+            return False
+        with self.netlink() as ipr:
+            for parent in (TC_EGRESS, TC_INGRESS):
+                try:
+                    if any(_is_ours(f, echo) for f in ipr.get_filters(idx, parent=parent)):
+                        return True
+                except Exception:          # no clsact on this link
+                    continue
+        return False
 
     def detach(self, ifname: str):
         """Remove the programs from ifname (the ports-mode device: also the echo from its

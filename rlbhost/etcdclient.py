@@ -34,17 +34,45 @@ IDLE_WRITE_S = 1.0
 REFUSED_BACKOFF_S = 1.0
 
 
+class Lease:
+    """The lease a machine's keys live under, one for all its NICs' clients: each keepalive costs
+    the etcd leader about half a millisecond (docs/operations.md), so a server of eight NICs
+    keeps one lease alive, not eight. A new lease (the old one ended) has a new generation: each
+    client then writes everything again under it."""
+
+    def __init__(self, etcd: Etcd, ttl_s: int):
+        self.etcd, self.ttl_s = etcd, ttl_s
+        self.id, self.generation, self.kept_alive = 0, 0, 0.0
+        self.lock = threading.Lock()
+
+    def keep(self, who: str) -> tuple[int, int]:
+        """(lease id, generation), kept alive every third of its time, granted anew once ended."""
+        with self.lock:
+            now = time.monotonic()
+            if self.id and now - self.kept_alive < self.ttl_s / 3:
+                return self.id, self.generation
+            if self.id and self.etcd.lease_keepalive(self.id) > 0:
+                self.kept_alive = now
+                return self.id, self.generation
+            if self.id:
+                log.warning("etcd lease %x of %s ended: writing everything again", self.id, who)
+            self.id = self.etcd.lease_grant(self.ttl_s)
+            self.kept_alive, self.generation = now, self.generation + 1
+            return self.id, self.generation
+
+
 class EtcdCoordinatorClient(CoordinatorClient):
     def __init__(self, dp: HostDataplane, node: str, etcd: Etcd, period_s: float = 0.1,
                  memory_s: float = 3.0, fallback_s: float = 3.0, lease_ttl_s: int = 3,
-                 health: Health | None = None, view: FabricView | None = None):
+                 health: Health | None = None, view: FabricView | None = None, lease: Lease | None = None):
         super().__init__(dp, node, ",".join(etcd.endpoints), period_s, memory_s, fallback_s, health, view)
+        self.leases = lease or Lease(etcd, lease_ttl_s)   # shared by a server's NICs
+        self._generation = 0
         self.leaf = view.leaf if view is not None else None
         self.link_table: dict[str, dict] = {}      # leaf -> {"loads": ..., "through": revision}
         self.writes: list[tuple[int, float]] = []  # (revision, when sent) of recent writes
         self.etcd, self.lease_ttl_s = etcd, lease_ttl_s
         self.lease = 0
-        self.kept_alive = 0.0
         self.written: dict[str, str] = {}          # key -> value as last written under this lease
         self.placed: dict[keys.QpId, int] = {}     # path values, as the watch last said
         self._parts: dict[str, dict] = {}          # placement key -> its QPs' path values
@@ -111,17 +139,10 @@ class EtcdCoordinatorClient(CoordinatorClient):
             raise coordapi.CoordinatorError(f"etcd: {e}") from None
 
     def _keep_lease(self):
-        now = time.monotonic()
-        if self.lease and now - self.kept_alive < self.lease_ttl_s / 3:
-            return
-        if self.lease and self.etcd.lease_keepalive(self.lease) > 0:
-            self.kept_alive = now
-            return
-        if self.lease:
-            log.warning("etcd lease %x of %s ended: writing everything again", self.lease, self.node)
-        self.lease = self.etcd.lease_grant(self.lease_ttl_s)
-        self.kept_alive, self.written = now, {}
-        self.counters["leases"] += 1
+        self.lease, generation = self.leases.keep(self.node)
+        if generation != self._generation:       # a new lease: nothing written under it yet
+            self._generation, self.written = generation, {}
+            self.counters["leases"] += 1
 
     # ---- placements ------------------------------------------------------------------------
     def _start_watch(self):

@@ -55,11 +55,14 @@ def is_roce_v2(gid_type: str) -> bool:
 
 
 class GidTable:
-    """The RoCE v2 GIDs of the ports on one interface, cached; re-read on a miss (at most every
-    REFRESH_S) and when the agent says the interface's addresses changed."""
+    """The RoCE v2 GIDs of the RDMA ports on the given interfaces (all: None), cached; re-read on
+    a miss (at most every REFRESH_S) and when the agent says the interfaces' addresses changed.
+    Each RoCE port sits on one netdev (sysfs gid_attrs/ndevs): a server's eight NICs are eight
+    ports, each on its NIC."""
 
-    def __init__(self, ifname: str | None = None, sysfs: Path = SYSFS):
-        self.ifname, self.sysfs = ifname, sysfs
+    def __init__(self, ifnames: list[str] | str | None = None, sysfs: Path = SYSFS):
+        self.ifnames = [ifnames] if isinstance(ifnames, str) else ifnames
+        self.sysfs = sysfs
         self.table: dict[tuple[str, int], dict[int, tuple[str, str, str]]] = {}
         self.read_at = 0.0
 
@@ -67,15 +70,34 @@ class GidTable:
         self.table = {}
         for dev, port in ports(self.sysfs):
             entries = read_port(dev, port, self.sysfs)
-            if self.ifname is None or any(nd == self.ifname for _, _, nd in entries.values()):
+            if self.ifnames is None or any(nd in self.ifnames for _, _, nd in entries.values()):
                 self.table[(dev, port)] = entries
         self.read_at = time.monotonic()
 
     def served(self) -> list[tuple[str, int]]:
-        """The RDMA ports on this interface (what the agent places QPs for)."""
+        """The RDMA ports on the interfaces (what the agent places QPs for)."""
         if not self.read_at:
             self.refresh()
         return sorted(self.table)
+
+    def netdev(self, dev: str, port: int, index: int | None = None) -> str | None:
+        """The interface an RDMA port (or its GID `index`) is on; None if not one of ours. Looked
+        up again once on a miss (a NIC whose device came up after the agent)."""
+        for attempt in (0, 1):
+            entries = self.table.get((dev, port), {})
+            if index is not None and index in entries and entries[index][2]:
+                return entries[index][2]
+            got = next((nd for _, _, nd in entries.values() if nd), None)
+            if got is not None or attempt or time.monotonic() - self.read_at < REFRESH_S:
+                return got
+            self.refresh()
+        return None
+
+    def ports_on(self, ifname: str) -> list[tuple[str, int]]:
+        """The RDMA ports on one interface (one, for a RoCE NIC)."""
+        if not self.read_at:
+            self.refresh()
+        return [k for k, entries in sorted(self.table.items()) if any(nd == ifname for _, _, nd in entries.values())]
 
     def _lookup(self, dev: str, port: int, match) -> int | None:
         for attempt in (0, 1):

@@ -1,4 +1,5 @@
-"""Host metrics, read from the BPF maps at scrape time."""
+"""Host metrics, read from the BPF maps at scrape time. Every per-path and per-QP family has a
+`nic` label: a GPU server's fabric NIC ('' on a host with one NIC), whose paths are its own."""
 from __future__ import annotations
 
 from rlbcommon.metrics import counter, gauge
@@ -7,16 +8,16 @@ from .dataplane import HostDataplane
 
 
 class HostCollector:
-    def __init__(self, dp: HostDataplane, node: str, coordinator=None, health=None, prober=None, rails=None,
-                 verbs=None):
-        self.dp, self.node, self.coordinator, self.health = dp, node, coordinator, health
+    def __init__(self, dps: list[HostDataplane] | HostDataplane, node: str, coordinators=(), health=None,
+                 prober=None, rails=None, verbs=None):
+        self.dps = dps if isinstance(dps, list) else [dps]
+        self.node, self.coordinators, self.health = node, list(coordinators or []), health
         self.verbs = verbs            # the verbs library's service (rlbhost/verbs/service.py)
         self.prober = prober          # scale-up GPUs: per-plane health probes
         self.rails = rails            # rail-only GPUs: the h-score agent (rlbhost/railonly_agent.py)
 
     def collect(self):
-        s = self.dp.status()
-        labels = ["node", "path", "address"]
+        labels = ["node", "nic", "path", "address"]
         fams = {f"{d}_{u}": counter(f"rlb_host_path_{d}_{u}", f"{u} {d} per fabric path", labels)
                 for d in ("tx", "rx") for u in ("packets", "bytes")}
         qps = gauge("rlb_host_path_active_qps", "QPs currently on each path", labels)
@@ -24,24 +25,26 @@ class HostCollector:
                        "in ports mode weights per destination)", labels)
         usable = gauge("rlb_host_path_usable", "1 while the path can carry traffic (ports mode: "
                        "its port has carrier and the plane switch's MAC is known)", labels)
-        per_destination = s["config"]["mode"] == "ports"   # GPUs weight per peer; ::/0 is unused
-        for p in s["paths"]:
-            lv = [self.node, str(p["path"]), p["address"]]
-            for k, fam in fams.items():
-                fam.add_metric(lv, p[k])
-            qps.add_metric(lv, p["active_qps"])
-            if not per_destination:
-                weight.add_metric(lv, p["weight"])
-            usable.add_metric(lv, int(p["valid"] and p["carrier"]))
         events = counter("rlb_host_packets", "packets by reason; assignments, releases, rewrites",
-                         ["node", "reason"])
-        for name, v in s["reasons"].items():
-            events.add_metric([self.node, name], v)
+                         ["node", "nic", "reason"])
+        placed = gauge("rlb_host_placements", "QPs with a coordinator placement", ["node", "nic"])
+        for dp in self.dps:
+            s = dp.status()
+            per_destination = s["config"]["mode"] == "ports"   # GPUs weight per peer; ::/0 is unused
+            for p in s["paths"]:
+                lv = [self.node, dp.label, str(p["path"]), p["address"]]
+                for k, fam in fams.items():
+                    fam.add_metric(lv, p[k])
+                qps.add_metric(lv, p["active_qps"])
+                if not per_destination:
+                    weight.add_metric(lv, p["weight"])
+                usable.add_metric(lv, int(p["valid"] and p["carrier"]))
+            for name, v in s["reasons"].items():
+                events.add_metric([self.node, dp.label, name], v)
+            placed.add_metric([self.node, dp.label], len(dp.placements()))
         yield from (*fams.values(), qps, weight, usable, events)
         if self.health is not None:
             yield from self.health.metrics("rlb_host", self.node)
-        placed = gauge("rlb_host_placements", "QPs with a coordinator placement", ["node"])
-        placed.add_metric([self.node], len(self.dp.placements()))
         yield placed
         if self.prober is not None:
             yield from self._probes()
@@ -49,17 +52,18 @@ class HostCollector:
             yield from self._rails()
         if self.verbs is not None:
             yield from self._verbs()
-        c = self.coordinator
-        if c is not None:
-            up = gauge("rlb_host_coordinator_reachable", "1 while reports reach the coordinator", ["node"])
-            up.add_metric([self.node], int(c.reachable))
+        if self.coordinators:
+            up = gauge("rlb_host_coordinator_reachable", "1 while reports reach the coordinator", ["node", "nic"])
             reports = counter("rlb_host_coordinator_reports", "reports to the coordinator by result",
-                              ["node", "result"])
-            reports.add_metric([self.node, "ok"], c.counters["reports"])
-            reports.add_metric([self.node, "failed"], c.counters["failures"])
+                              ["node", "nic", "result"])
             fallbacks = counter("rlb_host_coordinator_fallbacks", "times placements were dropped "
-                                "because the coordinator stayed unreachable", ["node"])
-            fallbacks.add_metric([self.node], c.counters["fallbacks"])
+                                "because the coordinator stayed unreachable", ["node", "nic"])
+            for c in self.coordinators:
+                nic = c.dp.label
+                up.add_metric([self.node, nic], int(c.reachable))
+                reports.add_metric([self.node, nic, "ok"], c.counters["reports"])
+                reports.add_metric([self.node, nic, "failed"], c.counters["failures"])
+                fallbacks.add_metric([self.node, nic], c.counters["fallbacks"])
             yield from (up, reports, fallbacks)
 
     def _probes(self):
@@ -128,6 +132,15 @@ class HostCollector:
         bad.add_metric([n, "unauthenticated"], c["unauthenticated"])
         clients = gauge("rlb_host_verbs_clients", "processes connected to the verbs socket", ["node"])
         clients.add_metric([n], v["clients"])
-        qps = gauge("rlb_host_verbs_qps", "QPs of processes with the verbs library, known to the agent", ["node"])
-        qps.add_metric([n], v["qps"])
-        yield from (asked, placed, kept, dis, bad, clients, qps)
+        qps = gauge("rlb_host_verbs_qps", "QPs of processes with the verbs library, known to the agent, per "
+                    "fabric NIC their RDMA port is on ('none': a port on no NIC the agent serves)", ["node", "nic"])
+        nic_placed = counter("rlb_host_verbs_placed_per_nic", "QP ends and address handles put on a path, per "
+                             "fabric NIC", ["node", "nic", "kind"])
+        on_nics = 0
+        for e in v["nics"].values():
+            qps.add_metric([n, e["label"]], e["qps"])
+            on_nics += e["qps"]
+            for kind in ("rtr", "ah"):
+                nic_placed.add_metric([n, e["label"], kind], e["placed"][kind])
+        qps.add_metric([n, "none"], v["qps"] - on_nics)
+        yield from (asked, placed, kept, dis, bad, clients, qps, nic_placed)

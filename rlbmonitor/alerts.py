@@ -18,18 +18,19 @@ RULES = [
      "{{ $labels.node }}: agent loop {{ $labels.loop }} keeps failing (rlbswitch/rlbhost status says why)"),
     ("RlbBgpSessionDown", "rlb_switch_bgp_session_up == 0", "30s", "critical",
      "{{ $labels.node }}: BGP session {{ $labels.session }} is not Established"),
-    ("RlbPathAtZeroWeight", "rlb_host_path_weight == 0 and on(node, path) rlb_host_path_usable == 1", "2m",
-     "warning", "{{ $labels.node }}: path {{ $labels.path }} is usable but weighted 0 (by hand, or its "
-     "capacity is gone upstream): its share of the fabric is idle"),
+    ("RlbPathAtZeroWeight", "rlb_host_path_weight == 0 and on(node, nic, path) rlb_host_path_usable == 1", "2m",
+     "warning", "{{ $labels.node }} {{ $labels.nic }}: path {{ $labels.path }} is usable but weighted 0 (by hand, "
+     "or its capacity is gone upstream): its share of the fabric is idle"),
     ("RlbPathUnusable", "rlb_host_path_usable == 0", "1m", "warning",
-     "{{ $labels.node }}: path {{ $labels.path }} cannot carry traffic (no address, no carrier or no MAC)"),
+     "{{ $labels.node }} {{ $labels.nic }}: path {{ $labels.path }} cannot carry traffic (no address, no carrier "
+     "or no MAC)"),
     ("RlbDlbReassignmentStorm", 'rate(rlb_switch_packets_total{reason="ev_dlb_reassign"}[1m]) > 1000', "2m",
      "warning", "{{ $labels.node }}: flowlets reassigned {{ $value | humanize }}/s: ports flapping or "
      "quality bands set too tight"),
     ("RlbBirdUnreachable", "increase(rlb_switch_bird_errors_total[2m]) > 0", "1m", "critical",
      "{{ $labels.node }}: the agent cannot read bird's control socket; routes are frozen"),
     ("RlbCoordinatorUnreachable", "rlb_host_coordinator_reachable == 0", "1m", "warning",
-     "{{ $labels.node }}: the coordinator is unreachable; the host places QPs by its local rule"),
+     "{{ $labels.node }} {{ $labels.nic }}: the coordinator is unreachable; the host places QPs by its local rule"),
     ("RlbNoCoordinatorLeads", "max by (shard) (rlb_coord_etcd_leading) == 0", "30s", "critical",
      "coordinators of shard {{ $labels.shard }} on etcd run but none leads (etcd unreachable, refusing "
      "them, or coordinators of another shard count lead): its hosts' QPs are not placed; they keep "

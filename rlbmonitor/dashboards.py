@@ -101,17 +101,19 @@ def paths_dashboard() -> dict:
 
 
 def hosts_dashboard() -> dict:
-    """Host QPs per path: where the host agents put QPs and what each path carries."""
+    """Host QPs per path: where the host agents put QPs and what each path carries, per fabric NIC
+    of a GPU server (the `nic` label; empty on a host with one NIC)."""
     panels = [
-        _panel(1, "QPs per path per host", f"rlb_host_path_active_qps{{{HOST}}}", "{{node}} path {{path}}",
-               "short", 0, 0),
-        _panel(2, "Host tx per path (bits/s)", f"8 * rate(rlb_host_path_tx_bytes_total{{{HOST}}}[$__rate_interval])",
-               "{{node}} path {{path}}", "bps", 12, 0),
+        _panel(1, "QPs per path per host and NIC", f"rlb_host_path_active_qps{{{HOST}}}",
+               "{{node}} {{nic}} path {{path}}", "short", 0, 0),
+        _panel(2, "Host tx per NIC and path (bits/s)",
+               f"8 * rate(rlb_host_path_tx_bytes_total{{{HOST}}}[$__rate_interval])",
+               "{{node}} {{nic}} path {{path}}", "bps", 12, 0),
         _panel(3, "QP releases by host agents (/s)",
                f'rate(rlb_host_packets_total{{{HOST}, reason="ev_released"}}[$__rate_interval])', "{{node}}",
                "short", 0, 8),
-        _panel(4, "Paths usable", f"rlb_host_path_usable{{{HOST}}}", "{{node}} path {{path}}", "short", 12, 8,
-               kind="stat"),
+        _panel(4, "Paths usable", f"rlb_host_path_usable{{{HOST}}}", "{{node}} {{nic}} path {{path}}", "short",
+               12, 8, kind="stat"),
         _panel(5, "Host agent loop errors (/s)", f"rate(rlb_host_loop_errors_total{{{HOST}}}[$__rate_interval])",
                "{{node}} {{loop}}", "short", 0, 16),
         # QPs placed through the verbs library (hardware RoCE: rlbhost/verbs/)
@@ -121,6 +123,11 @@ def hosts_dashboard() -> dict:
                f"rate(rlb_host_verbs_kept_total{{{HOST}}}[$__rate_interval])", "{{node}} {{reason}}", "short", 0, 24),
         _panel(8, "Verbs QP pairs whose ends may disagree", f"rlb_host_verbs_disagreements_total{{{HOST}}}",
                "{{node}}", "short", 12, 24, kind="stat"),
+        _panel(9, "QPs per server NIC (TC-seen and verbs)", f"sum by (node, nic) (rlb_host_path_active_qps{{{HOST}}})",
+               "{{node}} {{nic}}", "short", 0, 32),
+        _panel(10, "Verbs QPs placed per server NIC (/s)",
+               f"rate(rlb_host_verbs_placed_per_nic_total{{{HOST}}}[$__rate_interval])", "{{node}} {{nic}} {{kind}}",
+               "short", 12, 32),
     ]
     return _dashboard("rlb-hosts", "RLB: host QPs per path", ["rlb", "rdma"], _variables("host"), panels)
 

@@ -223,8 +223,8 @@ def test_the_host_client_writes_changes_only_and_applies_watched_placements(etcd
         assert client.report_once() == 1
         time.sleep(0.3)
         assert sorted(dp.placed.values()) == [0, 1, 2, 3]        # nothing moved for it
-        client.etcd = Etcd("http://127.0.0.1:1", timeout=0.2)    # etcd gone: seen at the next
-        client.kept_alive = 0.0                                  # keepalive (a third of the lease)
+        client.etcd = client.leases.etcd = Etcd("http://127.0.0.1:1", timeout=0.2)   # etcd gone: seen at
+        client.leases.kept_alive = 0.0                           # the next keepalive (a third of the lease)
         with pytest.raises(coordapi.CoordinatorError):
             client.report_once()
         client._failed(coordapi.CoordinatorError("gone"))

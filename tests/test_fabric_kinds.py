@@ -12,7 +12,7 @@ from typing import ClassVar
 import pytest
 
 from rlbfabric import deploy
-from rlbfabric.base import KINDS, FabricError, Node, kind
+from rlbfabric.base import KINDS, FabricError, Node, OneHostAMachine, kind
 from rlbfabric.bgpsec import BgpSecurity
 from rlbfabric.coord import COORDINATORS
 from rlbfabric.coord import cli as coord_cli  # noqa: F401 - what rlbcoord runs: the coordinators registered
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
-class ToyFabric:
-    """One switch, hosts on it (each host one link)."""
+class ToyFabric(OneHostAMachine):
+    """One switch, hosts on it (each host one link, each its own machine)."""
     hosts_: list[str]
     mbps: int
     kind: ClassVar[str] = "toy"
@@ -92,7 +92,7 @@ def test_a_fourth_kind_is_added_by_registering_it(toy):
     assert sorted(vms) == ["a1", "a2", "mon", "t1"]
     assert [(e.ifname, e.peer, e.mbps) for e in vms["t1"].links] == [("eth-a1", "a1", 2500), ("eth-a2", "a2", 2500)]
     # the host agent it registered is the one `rlbhost run` builds
-    built = assembler(toy)(None, toy, Options("eth-t1", node="a1"), None)
+    built = assembler(toy)(None, toy, Options(["eth-t1"], node="a1"), None)
     assert built.summary == "toy host a1 of 2"
     # a layer that has nothing for it names the kind and the kinds it serves
     with pytest.raises(FabricError, match=r"a toy fabric has no coordinator \(kinds that have one: clos, rail-only\)"):

@@ -141,12 +141,14 @@ def test_verbs_the_agents_answer_is_applied_per_qp_to_a_copy(built, how, tmp_pat
     assert {(ln["sgid_index"], ln["dgid"]) for ln in lines} == {(BASE_GID, B[1])}
     assert err == ""
     # what the agent was told: each QP at INIT, each question, what each got, and its end
-    assert sorted(int(m[2]) for m in agent.kinds("INIT")) == list(range(0x100, 0x108))
+    # (each QP named by its device, port and number: numbers repeat across a server's devices)
+    assert sorted((m[1], int(m[2]), int(m[3])) for m in agent.kinds("INIT")) == \
+        [("stub0", 1, q) for q in range(0x100, 0x108)]
     rtr = agent.kinds("RTR")
-    assert [(m[2], int(m[4]), int(m[5]), m[6], m[7], int(m[8])) for m in rtr] == \
-        [("stub0", 0x100 + i, BASE_GID, A[1], B[1], 0x200 + i) for i in range(8)]
-    assert [(int(m[2]), int(m[3]), int(m[4])) for m in agent.kinds("USED")] == \
-        [(0x100 + i, i % 4 + 1, 0) for i in range(8)]
+    assert [(m[2], int(m[3]), int(m[4]), int(m[5]), m[6], m[7], int(m[8])) for m in rtr] == \
+        [("stub0", 1, 0x100 + i, BASE_GID, A[1], B[1], 0x200 + i) for i in range(8)]
+    assert [(m[1], int(m[2]), int(m[3]), int(m[4]), int(m[5])) for m in agent.kinds("USED")] == \
+        [("stub0", 1, 0x100 + i, i % 4 + 1, 0) for i in range(8)]
     assert sorted(int(m[2]) for m in agent.kinds("GONE")) == list(range(0x100, 0x108))
 
 
@@ -165,7 +167,7 @@ def test_verbs_a_silent_agent_costs_two_waits_not_one_per_qp(built, tmp_path, ho
     assert max(waits[2:]) < 150
     assert "no answer in time" in err
     assert len(agent.kinds("RTR")) == 2
-    assert [int(m[4]) for m in agent.kinds("USED")] == [P.KEEP["timeout"]] * 6
+    assert [int(m[5]) for m in agent.kinds("USED")] == [P.KEEP["timeout"]] * 6
 
 
 def test_verbs_an_answer_given_up_on_is_never_taken_for_the_next_question(built, tmp_path, host):
@@ -196,7 +198,7 @@ def test_verbs_addresses_the_device_refuses_fall_back_to_the_applications(built,
         agent.close()
     assert [ln["rc"] for ln in lines] == [0, 0]            # never a failure the application did not cause
     assert got == {0x100: (BASE_GID, B[1]), 0x101: (BASE_GID, B[1])}
-    assert [int(m[4]) for m in agent.kinds("USED")] == [P.KEEP["refused"]] * 2
+    assert [int(m[5]) for m in agent.kinds("USED")] == [P.KEEP["refused"]] * 2
     assert "refused" in err
 
 
@@ -208,7 +210,7 @@ def test_verbs_an_answer_naming_a_gid_the_table_does_not_hold_is_not_applied(bui
     finally:
         agent.close()
     assert got == {0x100: (BASE_GID, B[1])}
-    assert [int(m[4]) for m in agent.kinds("USED")] == [P.KEEP["gidchanged"]]
+    assert [int(m[5]) for m in agent.kinds("USED")] == [P.KEEP["gidchanged"]]
 
 
 @pytest.mark.parametrize("answer", [b"PATH 1 x", b"KEEP 1 99", b"HELLO 1 -", b"nonsense"])
@@ -227,12 +229,19 @@ def test_verbs_traffic_that_is_not_the_fabrics_is_not_even_asked_about(built, tm
     sysfs, _ = host
     agent = ScriptedAgent(tmp_path / "agent.sock", lambda t: path_answer(t, lambda q: 2))
     try:
-        _, got, _ = run(built, "dlopen", tmp_path, sysfs, agent.path, n=2, dgid=dgid)
+        _, got, err = run(built, "dlopen", tmp_path, sysfs, agent.path, n=2, dgid=dgid)
     finally:
         agent.close()
     assert {ipaddress.IPv6Address(v[1]) for v in got.values()} == {ipaddress.IPv6Address(dgid)}
     assert {v[0] for v in got.values()} == {BASE_GID}
     assert agent.kinds("RTR") == []
+    if dgid.startswith("::ffff:"):
+        # NCCL's default (AF_INET) on a NIC with IPv4 too: left alone, but counted by the agent and
+        # said once, with the setting that would change it
+        assert [int(m[5]) for m in agent.kinds("USED")] == [P.KEEP["ipv4"]] * 2
+        assert err.count("rlbverbs[") == 1 and "NCCL_IB_ADDR_FAMILY=AF_INET6" in err
+    else:
+        assert agent.kinds("USED") == [] and err == ""
 
 
 def test_verbs_off_in_the_environment_means_untouched(built, tmp_path, host):
@@ -294,20 +303,31 @@ def test_verbs_the_decision_table_is_laid_out_and_hashed_alike_in_the_agent_and_
     lib = ctypes.CDLL(str(built.lib))
     lib.rlb_verbs_record_layout.restype = ctypes.c_char_p
     lib.rlb_verbs_slot.restype = ctypes.c_uint32
-    lib.rlb_verbs_slot.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p]
+    lib.rlb_verbs_slot.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p]
+    lib.rlb_verbs_device.restype = ctypes.c_uint32
+    lib.rlb_verbs_device.argtypes = [ctypes.c_char_p, ctypes.c_int]
     head, size, *offsets = map(int, lib.rlb_verbs_record_layout().split())
     assert (head, size) == (T.HEAD.size, T.RECORD.size)
-    fields = ["I", "I", "I", "I", "8s", "H", "H", "I", "16s", "16s"]       # T.RECORD, field by field
-    assert "<" + "".join(fields) == T.RECORD.format.replace("4I", "IIII")
+    fields = ["I", "I", "I", "I", "I", "8s", "H", "H", "I", "16s", "16s"]       # T.RECORD, field by field
+    assert "<" + "".join(fields) == T.RECORD.format.replace("5I", "IIIII")
     assert offsets == [struct.calcsize("<" + "".join(fields[:i])) for i in range(len(fields))]
-    for key in [(0x11, 0x12, bytes(range(8))), (0xFFFFFF, 0, b"\xff" * 8), (256, 512, b"\x52\x4c\xff\xfe\0\6\2\0")]:
+    devices = [("rxe0", 1), ("rxe1", 1), ("mlx5_0", 1), ("mlx5_0", 2), ("rocep1s0f0", 1)]
+    assert [lib.rlb_verbs_device(d.encode(), p) for d, p in devices] == [T.device(d, p) for d, p in devices]
+    assert len({T.device(d, p) for d, p in devices}) == len(devices)
+    for key in [(T.device("rxe0", 1), 0x11, 0x12, bytes(range(8))), (0, 0xFFFFFF, 0, b"\xff" * 8),
+                (0xFFFFFFFF, 256, 512, b"\x52\x4c\xff\xfe\0\6\2\0")]:
         assert lib.rlb_verbs_slot(*key) == T.slot(*key)
     t = T.DecisionTable(tmp_path / "t")
-    assert t.put(0x11, 0x12, "fc00:1:2:3::b", 3, 6, 0, "fc00:1:1:3::a", "fc00:1:2:3::b")
-    off = T.HEAD.size + T.slot(0x11, 0x12, T.iid_of("fc00:1:2:1::b")) * T.RECORD.size
-    rec = T.RECORD.unpack_from(t.map, off)
-    assert rec[0] % 2 == 0 and rec[1:8] == (T.LIVE, 0x11, 0x12, T.iid_of("fc00::b"), 3, 6, 0)
-    t.remove(0x11, 0x12, "fc00:1:2:1::b")
+    # two devices' QP 0x11 towards the same peer QP: two records, each found under its own device
+    assert t.put("rxe0", 1, 0x11, 0x12, "fc00:1:2:3::b", 3, 6, 0, "fc00:1:1:3::a", "fc00:1:2:3::b")
+    assert t.put("rxe1", 1, 0x11, 0x12, "fc00:1:2:3::b", 2, 4, 0, "fc00:2:1:2::a", "fc00:1:2:2::b")
+    for dev, want in (("rxe0", (3, 6, 0)), ("rxe1", (2, 4, 0))):
+        d = T.device(dev, 1)
+        off = T.HEAD.size + T.slot(d, 0x11, 0x12, T.iid_of("fc00:1:2:1::b")) * T.RECORD.size
+        rec = T.RECORD.unpack_from(t.map, off)
+        assert rec[0] % 2 == 0 and rec[1:9] == (T.LIVE, d, 0x11, 0x12, T.iid_of("fc00::b"), *want)
+    t.remove("rxe0", 1, 0x11, 0x12, "fc00:1:2:1::b")
+    off = T.HEAD.size + T.slot(T.device("rxe0", 1), 0x11, 0x12, T.iid_of("fc00::b")) * T.RECORD.size
     assert T.RECORD.unpack_from(t.map, off)[1] == T.REMOVED
     t.close()
 
@@ -320,6 +340,7 @@ def test_verbs_the_library_exports_the_wrapped_verbs_and_dlopen_in_their_version
                         ("ibv_create_ah", "IBVERBS_1.1"), ("ibv_destroy_ah", "IBVERBS_1.1"),
                         ("dlopen", "GLIBC_2.34"), ("dlopen", "(GLIBC_2.2.5)"),
                         ("rlb_verbs_keep_name", "RLB_VERBS_1"), ("rlb_verbs_slot", "RLB_VERBS_1"),
+                        ("rlb_verbs_device", "RLB_VERBS_1"),
                         ("rlb_verbs_record_layout", "RLB_VERBS_1")}
 
 

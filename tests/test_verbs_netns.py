@@ -21,6 +21,7 @@ import pytest
 
 from rlbcommon.constants import VERBS_PORT
 from rlbfabric import addrplan
+from rlbhost.verbs import protocol as P
 from rlbhost.verbs.paths import socket_path, table_path
 from rlblab import topo
 from rlblab.hostlab import HostLab
@@ -319,10 +320,10 @@ def test_verbs_a_misbehaving_process_is_cut_off_and_cannot_speak_for_anothers_qp
         s = so.socket(so.AF_UNIX, so.SOCK_SEQPACKET)
         s.settimeout(5)
         s.connect(str(socket_path(v.lab.h[1])))
-        s.send(b"HELLO 1 0 0")
-        assert s.recv(512).startswith(b"HELLO 1 ")
+        s.send(f"HELLO {P.VERSION} 0 0".encode())
+        assert s.recv(512).startswith(f"HELLO {P.VERSION} ".encode())
         for qpn in (0x100, 0x101):       # a live process's QPs
-            s.send(f"USED stub0 {qpn} 0 {2} {v.lab.base(2)} {qpn + 0x100}".encode())
+            s.send(f"USED stub0 1 {qpn} 0 {2} {v.lab.base(2)} {qpn + 0x100}".encode())
         s.send(b"\xff\xfe not the protocol")
         assert s.recv(512) == b""        # cut off
         s.close()

@@ -95,18 +95,18 @@ def app_lines(out: str) -> list[dict]:
             for m in APP.finditer(out)]
 
 
-def table_lookup(path: Path, local_qpn: int, remote_qpn: int, peer: str):
-    """The agent's decision table record of a pair, read as the library reads it: (path, gid
-    index, keep) or None."""
+def table_lookup(path: Path, local_qpn: int, remote_qpn: int, peer: str, dev: str = "stub0", port: int = 1):
+    """The agent's decision table record of a pair (this end: QP local_qpn of dev/port), read as
+    the library reads it: (path, gid index, keep) or None."""
     import mmap
     from rlbhost.verbs import table as T
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
-        iid = T.iid_of(peer)
-        first = T.slot(local_qpn, remote_qpn, iid)
+        key = (T.device(dev, port), local_qpn, remote_qpn, T.iid_of(peer))
+        first = T.slot(*key)
         for j in range(T.PROBE):
             rec = T.RECORD.unpack_from(m, T.HEAD.size + ((first + j) % T.SLOTS) * T.RECORD.size)
             if rec[1] == T.EMPTY:
                 return None
-            if rec[1] == T.LIVE and rec[2:5] == (local_qpn, remote_qpn, iid):
-                return rec[5], rec[6], rec[7]
+            if rec[1] == T.LIVE and rec[2:6] == key:
+                return rec[6], rec[7], rec[8]
     return None

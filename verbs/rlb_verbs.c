@@ -60,8 +60,21 @@ static const char *const keep_names[RLBV_KEEP_MAX] = {
     [RLBV_KEEP_BUSY] = "the agent is busy with this process",
     [RLBV_KEEP_PORTSMODE] = "the host's paths are ports, not addresses",
     [RLBV_KEEP_ERROR] = "a malformed message",
+    [RLBV_KEEP_IPV4] = "its GIDs are IPv4 (RoCE v2 over IPv4); the fabric's paths are IPv6",
+    [RLBV_KEEP_OTHERNIC] = "the RDMA port is not on a fabric NIC the agent serves",
 };
 _Static_assert(sizeof(keep_names) / sizeof(keep_names[0]) == RLBV_KEEP_MAX, "one name per reason");
+
+/* What would change it, in the one line a process logs per cause (NCCL's settings: the jobs this
+ * is for; docs/operations.md has the whole list). */
+static const char *const keep_hints[RLBV_KEEP_MAX] = {
+    [RLBV_KEEP_NOAGENT] = "start the host agent (rlbhost attach) or set RLB_VERBS_SOCKET",
+    [RLBV_KEEP_NOTFABRIC] = "use the GID of the NIC's fabric address (NCCL_IB_GID_INDEX: `rlbhost paths`)",
+    [RLBV_KEEP_NOTROCEV2] = "use a RoCE v2 GID (NCCL_IB_ROCE_VERSION_NUM=2, NCCL_IB_GID_INDEX: `rlbhost paths`)",
+    [RLBV_KEEP_IPV4] = "set NCCL_IB_ADDR_FAMILY=AF_INET6 (or NCCL_IB_GID_INDEX to the fabric IPv6 GID: "
+                       "`rlbhost paths`)",
+    [RLBV_KEEP_OTHERNIC] = "attach the agent to every fabric NIC (`rlbhost status` lists those it serves)",
+};
 
 typedef void *(*dlopen_fn)(const char *, int);
 typedef int (*modify_qp_fn)(struct ibv_qp *, struct ibv_qp_attr *, int);
@@ -120,20 +133,23 @@ static void log_keep(int why, const char *what, uint32_t qpn, const char *dev)
         return;
     if (atomic_fetch_add(&logged[why], 1) && cfg.log < 2)
         return;
-    say("%s 0x%x on %s keeps the application's addresses: %s%s", what, qpn, dev, keep_names[why],
+    say("%s 0x%x on %s keeps the application's addresses: %s%s%s%s", what, qpn, dev, keep_names[why],
+        keep_hints[why] ? ": " : "", keep_hints[why] ? keep_hints[why] : "",
         cfg.log < 2 ? " (further QPs kept for this cause are counted by the agent, not logged)" : "");
 }
 
-static int gid_is_candidate(const union ibv_gid *g)
+enum gid_kind { GID_FABRIC, GID_IPV4, GID_OTHER };
+
+static enum gid_kind gid_kind(const union ibv_gid *g)
 {
     const uint8_t *b = g->raw;
     static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
     static const uint8_t zero[16];
-    if (!memcmp(b, v4mapped, 12) || !memcmp(b, zero, 16))
-        return 0;                                   /* IPv4 (RoCE v2 over IPv4), unset */
-    if (b[0] == 0xff || (b[0] == 0xfe && (b[1] & 0xc0) == 0x80))
-        return 0;                                   /* multicast, link-local */
-    return 1;
+    if (!memcmp(b, v4mapped, 12))
+        return GID_IPV4;                            /* RoCE v2 over IPv4 (NCCL's default family) */
+    if (!memcmp(b, zero, 16) || b[0] == 0xff || (b[0] == 0xfe && (b[1] & 0xc0) == 0x80))
+        return GID_OTHER;                           /* unset, multicast, link-local */
+    return GID_FABRIC;
 }
 
 static void gid_text(const union ibv_gid *g, char *out)
@@ -218,14 +234,15 @@ static void map_table(const char *path)
 }
 
 /* The agent's decision for this QP pair, if it made one: 1 and a copy in *out. */
-static int table_find(uint32_t local_qpn, uint32_t remote_qpn, const union ibv_gid *peer, struct rlbv_record *out)
+static int table_find(uint32_t device, uint32_t local_qpn, uint32_t remote_qpn, const union ibv_gid *peer,
+                      struct rlbv_record *out)
 {
     const struct rlbv_table_head *h = __atomic_load_n(&table, __ATOMIC_ACQUIRE);
     if (!h)
         return 0;
     const uint8_t *iid = peer->raw + 8;
     const struct rlbv_record *recs = (const void *)(h + 1);
-    uint32_t first = rlbv_slot(local_qpn, remote_qpn, iid) % h->slots;
+    uint32_t first = rlbv_slot(device, local_qpn, remote_qpn, iid) % h->slots;
     for (uint32_t i = 0; i < RLBV_TABLE_PROBE; i++) {
         const struct rlbv_record *r = &recs[(first + i) % h->slots];
         for (int tries = 0; tries < 8; tries++) {
@@ -238,8 +255,8 @@ static int table_find(uint32_t local_qpn, uint32_t remote_qpn, const union ibv_g
                 continue;
             if (out->state == RLBV_SLOT_EMPTY)
                 return 0;
-            if (out->state == RLBV_SLOT_LIVE && out->local_qpn == local_qpn && out->remote_qpn == remote_qpn &&
-                !memcmp(out->peer_iid, iid, 8))
+            if (out->state == RLBV_SLOT_LIVE && out->device == device && out->local_qpn == local_qpn &&
+                out->remote_qpn == remote_qpn && !memcmp(out->peer_iid, iid, 8))
                 return 1;
             break;                                  /* another pair's, or removed: the next slot */
         }
@@ -400,10 +417,11 @@ struct answer {
 
 /* The decision table's answer: -1 when the pair is not there, else 0 (a path in *a) or a keep
  * reason. */
-static int from_table(uint32_t local_qpn, uint32_t remote_qpn, const union ibv_gid *peer, struct answer *a)
+static int from_table(uint32_t device, uint32_t local_qpn, uint32_t remote_qpn, const union ibv_gid *peer,
+                      struct answer *a)
 {
     struct rlbv_record r;
-    if (!table_find(local_qpn, remote_qpn, peer, &r))
+    if (!table_find(device, local_qpn, remote_qpn, peer, &r))
         return -1;
     a->path = r.path;
     a->gid_index = r.gid_index;
@@ -511,28 +529,33 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
         /* before the application can hand the QP number to its peer: the QP takes part */
         int rc = real(qp, attr, mask);
         if (!rc)
-            tell("INIT %s %u", dev, qp->qp_num);
+            tell("INIT %s %d %u", dev, (mask & IBV_QP_PORT) && attr->port_num ? attr->port_num : 1, qp->qp_num);
         return rc;
     }
     struct ibv_ah_attr *av = &attr->ah_attr;
     if (attr->qp_state != IBV_QPS_RTR || (mask & (IBV_QP_AV | IBV_QP_DEST_QPN)) !=
-        (IBV_QP_AV | IBV_QP_DEST_QPN) || !av->is_global || !gid_is_candidate(&av->grh.dgid))
+        (IBV_QP_AV | IBV_QP_DEST_QPN) || !av->is_global || gid_kind(&av->grh.dgid) == GID_OTHER)
         return real(qp, attr, mask);
 
     int port = av->port_num ? av->port_num : 1;
     union ibv_gid sgid;
     query_gid_fn q = real_query_gid();
-    if (!q || q(qp->context, port, av->grh.sgid_index, &sgid) || !gid_is_candidate(&sgid))
+    if (!q || q(qp->context, port, av->grh.sgid_index, &sgid) || gid_kind(&sgid) == GID_OTHER)
         return real(qp, attr, mask);                /* a source this library cannot read */
     char s[INET6_ADDRSTRLEN], d[INET6_ADDRSTRLEN];
     gid_text(&sgid, s);
     gid_text(&av->grh.dgid, d);
     struct answer a = {0};
-    int why = from_table(qp->qp_num, attr->dest_qp_num, &av->grh.dgid, &a);
+    uint32_t device = rlbv_device(dev, port);
+    int why = -1;
+    if (gid_kind(&sgid) == GID_IPV4 || gid_kind(&av->grh.dgid) == GID_IPV4)
+        why = RLBV_KEEP_IPV4;                       /* left alone, but counted and said once */
+    if (why < 0)
+        why = from_table(device, qp->qp_num, attr->dest_qp_num, &av->grh.dgid, &a);
     if (why < 0) {                                  /* not decided yet: ask */
         why = ask(&a, "RTR", "%s %d %u %d %s %s %u", dev, port, qp->qp_num, av->grh.sgid_index, s, d,
                   attr->dest_qp_num);
-        if (why == RLBV_KEEP_TIMEOUT && from_table(qp->qp_num, attr->dest_qp_num, &av->grh.dgid, &a) >= 0)
+        if (why == RLBV_KEEP_TIMEOUT && from_table(device, qp->qp_num, attr->dest_qp_num, &av->grh.dgid, &a) >= 0)
             why = a.path ? RLBV_KEEP_NONE : a.keep;   /* the decision landed as the time ran out */
     }
     if (!why)
@@ -559,7 +582,8 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
     }
     if (rc)
         return rc;                                  /* the application sees its own failure */
-    int told = tell("USED %s %u %d %d %s %u", dev, qp->qp_num, why ? 0 : a.path, why, d, attr->dest_qp_num) == 0;
+    int told = tell("USED %s %d %u %d %d %s %u", dev, port, qp->qp_num, why ? 0 : a.path, why, d,
+                    attr->dest_qp_num) == 0;
     count_kept(why, told);
     log_keep(why, "QP", qp->qp_num, dev);
     return rc;
@@ -588,19 +612,21 @@ EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
         errno = ENOSYS;
         return NULL;
     }
-    if (!cfg.enabled || !pd || !attr || !attr->is_global || !gid_is_candidate(&attr->grh.dgid))
+    if (!cfg.enabled || !pd || !attr || !attr->is_global || gid_kind(&attr->grh.dgid) == GID_OTHER)
         return real(pd, attr);
     int port = attr->port_num ? attr->port_num : 1;
     const char *dev = dev_name(pd->context);
     union ibv_gid sgid;
     query_gid_fn q = real_query_gid();
-    if (!q || q(pd->context, port, attr->grh.sgid_index, &sgid) || !gid_is_candidate(&sgid))
+    if (!q || q(pd->context, port, attr->grh.sgid_index, &sgid) || gid_kind(&sgid) == GID_OTHER)
         return real(pd, attr);
     char s[INET6_ADDRSTRLEN], d[INET6_ADDRSTRLEN];
     gid_text(&sgid, s);
     gid_text(&attr->grh.dgid, d);
     struct answer a = {0};
-    int why = ask(&a, "AH", "%s %d %d %s %s", dev, port, attr->grh.sgid_index, s, d);
+    int why = gid_kind(&sgid) == GID_IPV4 || gid_kind(&attr->grh.dgid) == GID_IPV4
+                  ? RLBV_KEEP_IPV4
+                  : ask(&a, "AH", "%s %d %d %s %s", dev, port, attr->grh.sgid_index, s, d);
     if (!why)
         why = check_gid(pd->context, port, &a);
     struct ibv_ah *ah = NULL;
@@ -674,17 +700,22 @@ EXPORT const char *rlb_verbs_keep_name(int why)
     return why >= 0 && why < RLBV_KEEP_MAX ? keep_names[why] : NULL;
 }
 
-EXPORT uint32_t rlb_verbs_slot(uint32_t local_qpn, uint32_t remote_qpn, const uint8_t *iid)
+EXPORT uint32_t rlb_verbs_device(const char *dev, int port)
 {
-    return rlbv_slot(local_qpn, remote_qpn, iid);
+    return rlbv_device(dev, (uint8_t)port);
+}
+
+EXPORT uint32_t rlb_verbs_slot(uint32_t device, uint32_t local_qpn, uint32_t remote_qpn, const uint8_t *iid)
+{
+    return rlbv_slot(device, local_qpn, remote_qpn, iid);
 }
 
 EXPORT const char *rlb_verbs_record_layout(void)
 {
     static char out[160];
-    snprintf(out, sizeof(out), "%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu", sizeof(struct rlbv_table_head),
+    snprintf(out, sizeof(out), "%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu", sizeof(struct rlbv_table_head),
              sizeof(struct rlbv_record), offsetof(struct rlbv_record, seq), offsetof(struct rlbv_record, state),
-             offsetof(struct rlbv_record, local_qpn), offsetof(struct rlbv_record, remote_qpn),
+             offsetof(struct rlbv_record, device), offsetof(struct rlbv_record, local_qpn), offsetof(struct rlbv_record, remote_qpn),
              offsetof(struct rlbv_record, peer_iid), offsetof(struct rlbv_record, path),
              offsetof(struct rlbv_record, gid_index), offsetof(struct rlbv_record, keep),
              offsetof(struct rlbv_record, saddr), offsetof(struct rlbv_record, daddr));

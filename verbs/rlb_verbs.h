@@ -9,15 +9,15 @@
  *     HELLO <version> <pid> <kept[0]>,<kept[1]>,...   on connect; the counts are QPs the library
  *                                              kept on the application's addresses while it had
  *                                              no agent to tell (by enum rlbv_keep)
- *     INIT <dev> <qpn>                          an RC/UC QP moved to INIT: it takes part (no answer)
+ *     INIT <dev> <port> <qpn>                   an RC/UC QP moved to INIT: it takes part (no answer)
  *     RTR <seq> <dev> <port> <qpn> <sgid_index> <sgid> <dgid> <dest_qpn> <deadline_ns> <timeout_ns>
  *                                              an RC/UC QP moves to RTR: which path?
  *     AH <seq> <dev> <port> <sgid_index> <sgid> <dgid> <deadline_ns> <timeout_ns>   a UD address
  *                                              handle: which path?
- *     USED <dev> <qpn> <path> <keep> <dgid> <dest_qpn>   what the QP got (path 0: the
+ *     USED <dev> <port> <qpn> <path> <keep> <dgid> <dest_qpn>   what the QP got (path 0: the
  *                                              application's own addresses, for reason <keep>)
  *     AHUSED <seq> <handle> <path> <keep>       the same for an address handle (no answer)
- *     GONE <dev> <qpn>                          the QP was destroyed (no answer)
+ *     GONE <dev> <port> <qpn>                   the QP was destroyed (no answer)
  *     AHGONE <handle>                           the address handle was destroyed (no answer)
  *   agent -> library
  *     HELLO <version> <dev>:<port>,... <table>  the RDMA ports this agent places QPs for, and the
@@ -25,6 +25,11 @@
  *     PATH <seq> <path> <sgid_index> <saddr> <daddr>   use this GID index (whose address is saddr)
  *                                              and this destination address
  *     KEEP <seq> <keep>                         keep the application's addresses
+ *
+ * QP numbers are per RDMA device (a server's eight NICs each number theirs from the same start), so
+ * a QP is named by its device, port and number everywhere: in these messages, in the agent and in
+ * the decision table below. Between hosts a QP end is its NIC's base address and its number: the
+ * address names one RDMA port fabric-wide.
  *
  * deadline_ns is CLOCK_MONOTONIC: the agent does not start work for a question whose asker will
  * have given up; timeout_ns is how long the asker waits in all (a question that waited half of it
@@ -34,7 +39,7 @@
 
 #include <stdint.h>
 
-#define RLBV_VERSION            1
+#define RLBV_VERSION            2       /* 2: QPs named by device and port, IPv4 and other-NIC keeps */
 #define RLBV_MSG_MAX            512     /* bytes in one message, either way */
 #define RLBV_TIMEOUT_MS         20      /* default: how long a question may take before the QP
                                          * keeps the application's addresses (RLB_VERBS_TIMEOUT_MS) */
@@ -59,6 +64,9 @@ enum rlbv_keep {
     RLBV_KEEP_BUSY,               /* the agent refused more work from this process */
     RLBV_KEEP_PORTSMODE,          /* this host's paths are ports (scale-up), not addresses */
     RLBV_KEEP_ERROR,              /* a malformed question or answer */
+    RLBV_KEEP_IPV4,               /* the GIDs are IPv4 (RoCE v2 over IPv4): the fabric's paths are
+                                   * IPv6 prefixes (NCCL: NCCL_IB_ADDR_FAMILY=AF_INET6) */
+    RLBV_KEEP_OTHERNIC,           /* the RDMA port's netdev is not a fabric NIC the agent serves */
     RLBV_KEEP_MAX,
 };
 
@@ -84,7 +92,8 @@ struct rlbv_table_head {
 struct rlbv_record {
     uint32_t seq;
     uint32_t state;                         /* RLBV_SLOT_* */
-    uint32_t local_qpn;                     /* key: this end's QP, */
+    uint32_t device;                        /* key: this end's RDMA port (rlbv_device()), */
+    uint32_t local_qpn;                     /* its QP, */
     uint32_t remote_qpn;                    /* the peer's, */
     uint8_t  peer_iid[8];                   /* and the peer's interface identifier (the low 64 bits
                                              * of any of its path addresses: the path field is in
@@ -96,18 +105,29 @@ struct rlbv_record {
     uint8_t  daddr[16];                     /* the peer's address on the path */
 };
 
-/* FNV-1a over the key (the agent computes the same: rlbhost/verbs/table.py). */
-static inline uint32_t rlbv_slot(uint32_t local_qpn, uint32_t remote_qpn, const uint8_t iid[8])
+/* An RDMA port as the table names it: FNV-1a over the device's name, then the port number (the
+ * agent computes the same: rlbhost/verbs/table.py). */
+static inline uint32_t rlbv_device(const char *dev, uint8_t port)
 {
     uint32_t h = 2166136261u;
-    uint8_t key[16];
+    for (const unsigned char *p = (const unsigned char *)dev; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    return (h ^ port) * 16777619u;
+}
+
+/* FNV-1a over the key. */
+static inline uint32_t rlbv_slot(uint32_t device, uint32_t local_qpn, uint32_t remote_qpn, const uint8_t iid[8])
+{
+    uint32_t h = 2166136261u;
+    uint8_t key[20];
     for (int i = 0; i < 4; i++) {
-        key[i] = (uint8_t)(local_qpn >> (8 * i));
-        key[4 + i] = (uint8_t)(remote_qpn >> (8 * i));
+        key[i] = (uint8_t)(device >> (8 * i));
+        key[4 + i] = (uint8_t)(local_qpn >> (8 * i));
+        key[8 + i] = (uint8_t)(remote_qpn >> (8 * i));
     }
     for (int i = 0; i < 8; i++)
-        key[8 + i] = iid[i];
-    for (int i = 0; i < 16; i++)
+        key[12 + i] = iid[i];
+    for (int i = 0; i < 20; i++)
         h = (h ^ key[i]) * 16777619u;
     return h % RLBV_TABLE_SLOTS;
 }

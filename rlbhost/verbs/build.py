@@ -60,7 +60,7 @@ def _version_script(default: str, compat: str | None) -> str:
     nodes = [f"{compat} {{ }};"] if compat else []
     nodes.append(f"{default} {{ }};")
     nodes.append("IBVERBS_1.1 { global: " + " ".join(f"{w};" for w in WRAPPED) + " };")
-    nodes.append("RLB_VERBS_1 { global: rlb_verbs_keep_name; rlb_verbs_slot; rlb_verbs_record_layout; local: *; };")
+    nodes.append("RLB_VERBS_1 { global: rlb_verbs_keep_name; rlb_verbs_device; rlb_verbs_slot; rlb_verbs_record_layout; local: *; };")
     return "\n".join(nodes) + "\n"
 
 

@@ -84,6 +84,7 @@ class Hello:
 @dataclass(frozen=True)
 class Init:
     dev: str
+    port: int
     qpn: int
 
 
@@ -105,6 +106,7 @@ class Question:                    # RTR (a QP) or AH (an address handle)
 @dataclass(frozen=True)
 class Used:
     dev: str
+    port: int
     qpn: int                       # an address handle: 0, with seq and handle
     path: int
     keep: int
@@ -116,7 +118,7 @@ class Used:
 
 @dataclass(frozen=True)
 class Gone:
-    dev: str
+    dev: str                       # a QP number is its device's (the port it is on follows from it)
     qpn: int
     handle: int = 0
 
@@ -132,8 +134,8 @@ def parse_local(data: bytes):
     if kind == "HELLO" and n == 4:
         kept = tuple(_int(x, 0, u64) for x in f[3].split(",")[:64])
         return Hello(_int(f[1], 0, i32), _int(f[2], 0, i32), kept)
-    if kind == "INIT" and n == 3:
-        return Init(_dev(f[1]), _int(f[2], 0, QPN_MAX))
+    if kind == "INIT" and n == 4:
+        return Init(_dev(f[1]), _int(f[2], 1, 255), _int(f[3], 0, QPN_MAX))
     if kind == "RTR" and n == 11:
         return Question("RTR", _int(f[1], 0, u64), _dev(f[2]), _int(f[3], 1, 255), _int(f[4], 0, QPN_MAX),
                         _int(f[5], 0, 0xFFFF), _addr(f[6]), _addr(f[7]), _int(f[8], 0, QPN_MAX),
@@ -141,11 +143,11 @@ def parse_local(data: bytes):
     if kind == "AH" and n == 9:
         return Question("AH", _int(f[1], 0, u64), _dev(f[2]), _int(f[3], 1, 255), 0, _int(f[4], 0, 0xFFFF),
                         _addr(f[5]), _addr(f[6]), 0, _int(f[7], 0, u64), _int(f[8], 1, 60_000_000_000))
-    if kind == "USED" and n == 7:
-        return Used(_dev(f[1]), _int(f[2], 0, QPN_MAX), _int(f[3], 0, 0xFFFF), _int(f[4], 0, len(KEEP) - 1),
-                    _addr(f[5]), _int(f[6], 0, QPN_MAX))
+    if kind == "USED" and n == 8:
+        return Used(_dev(f[1]), _int(f[2], 1, 255), _int(f[3], 0, QPN_MAX), _int(f[4], 0, 0xFFFF),
+                    _int(f[5], 0, len(KEEP) - 1), _addr(f[6]), _int(f[7], 0, QPN_MAX))
     if kind == "AHUSED" and n == 5:
-        return Used("", 0, _int(f[3], 0, 0xFFFF), _int(f[4], 0, len(KEEP) - 1), seq=_int(f[1], 0, u64),
+        return Used("", 0, 0, _int(f[3], 0, 0xFFFF), _int(f[4], 0, len(KEEP) - 1), seq=_int(f[1], 0, u64),
                     handle=_int(f[2], 0, u64))
     if kind == "GONE" and n == 3:
         return Gone(_dev(f[1]), _int(f[2], 0, QPN_MAX))

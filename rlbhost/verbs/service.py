@@ -28,6 +28,12 @@ end too late; an end that ended up keeping says so (USED) and the other turns to
 disagreement if its library had the path already (left to an answer lost or delayed past its
 deadline after the decision: bench/verbs_bench.py measures the two ends' devices).
 
+A server with several fabric NICs has one service for all of them: a question names its RDMA
+device and port, whose netdev (sysfs gid_attrs/ndevs) is the NIC whose paths, weights and counts
+decide it; a QP is (device, port, QP number) here and in the decision table, since every device
+numbers its QPs from the same start; between agents a QP end is its NIC's base address and its
+number, and each message leaves from the address of the NIC it is about (the peer checks that).
+
 The decision is the local rule (rlbfabric/policy/localrule.py, what the TC program does): the
 usable path, of those both hosts can use, with the fewest active QPs for its weight, ties from the
 host's rotation; QPs placed here count in the same active counters as TC-seen QPs and hold their
@@ -91,6 +97,10 @@ BEHIND_S = 0.05                # after a question waited half its time: new pair
 DECIDED, AH = HOST_C["RLBH_VF_DECIDED"], HOST_C["RLBH_VF_AH"]
 UCRED = struct.Struct("3i")
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)   # Linux's, absent from Python 3.11's module
+IPV6_PKTINFO = getattr(socket, "IPV6_PKTINFO", 50)
+
+Local = tuple[str, int, int]   # a QP of this host: (RDMA device, port, QP number)
+Key = tuple[Local, str, int]   # a pair: (this end, the peer's base address, the peer's QP number)
 
 
 def mono_ns() -> int:
@@ -108,6 +118,11 @@ def proc_start(pid: int) -> int | None:
         return None
 
 
+def qp_text(local: Local) -> str:
+    dev, port, qpn = local
+    return f"QP 0x{qpn:x} of {dev}/{port}"
+
+
 @dataclass
 class Client:
     sock: socket.socket
@@ -116,18 +131,23 @@ class Client:
     start: int | None
     greeted: bool = False
     pending: int = 0               # its questions waiting on a peer agent
-    qpns: set[int] = field(default_factory=set)
+    qpns: set[Local] = field(default_factory=set)
     ahs: dict[int, VerbsQp] = field(default_factory=dict)        # handle -> entry
-    ah_pending: dict[int, VerbsQp] = field(default_factory=dict)  # question seq -> entry
+    ah_pending: dict[int, tuple[VerbsQp, str]] = field(default_factory=dict)  # question seq -> (entry, NIC)
+    ah_nic: dict[int, str] = field(default_factory=dict)         # handle -> its NIC
 
 
 @dataclass
 class LocalQp:
     """An RC/UC QP of a process with the library on this host."""
-    qpn: int
-    dev: str
+    key: Local
     pid: int
     start: int | None
+    nic: str = ""                  # the fabric NIC its RDMA port is on ('' if none)
+
+    @property
+    def qpn(self) -> int:
+        return self.key[2]
 
 
 @dataclass
@@ -145,6 +165,7 @@ class Decision:
     # library has it (CONFIRM): till then this end's library is not given it (it waits, parked)
     confirmed: bool = True
     confirm_sent: bool = False
+    nic: str = ""                  # the NIC this end is on (whose data plane holds the entry)
 
 
 @dataclass
@@ -155,11 +176,13 @@ class Pending:
     deadline_ns: int               # the peer's answer is of no use after this
     resend_ns: int
     on_reply: object               # callable(PeerMsg | None): None on timeout
+    src: str | None = None         # sent from this address (the NIC's base)
+    key: Key | None = None         # the pair it is about (ASK, CHECK)
 
 
 @dataclass
 class View:
-    """This host's paths as the data plane has them, read once per question."""
+    """One NIC's paths as its data plane has them, read once per question."""
     field: int
     base_value: int
     base_addr: str
@@ -169,28 +192,43 @@ class View:
     ports_mode: bool
 
 
+@dataclass
+class NicState:
+    """A fabric NIC as the service uses it: its data plane, and the coordinator's view from it."""
+    ifname: str
+    dp: HostDataplane
+    advice: FabricView | None = None
+    view_at: tuple[float, View] | None = None
+    weights_at: dict[str, tuple[int, list[int]] | None] = field(default_factory=dict)
+    placed: dict[str, int] = field(default_factory=lambda: {"rtr": 0, "ah": 0})
+
+
 class VerbsService:
-    def __init__(self, dp: HostDataplane, socket_path: Path, ifname: str | None = None,
-                 port: int = VERBS_PORT, group: str | None = None, gids: GidTable | None = None,
-                 health: Health | None = None, status_path: Path | None = None, advice: FabricView | None = None,
+    def __init__(self, dps: dict[str, HostDataplane], socket_path: Path, port: int = VERBS_PORT,
+                 group: str | None = None, gids: GidTable | None = None, health: Health | None = None,
+                 status_path: Path | None = None, advice: dict[str, FabricView] | None = None,
                  table_path: Path | None = None, keys: KeyFile | None = None):
-        self.dp, self.socket_path, self.port = dp, Path(socket_path), port
+        """`dps`: {fabric NIC: its data plane}; `advice`: the coordinator's view from each NIC."""
+        self.nics = {ifname: NicState(ifname, dp, (advice or {}).get(ifname)) for ifname, dp in dps.items()}
+        self.socket_path, self.port = Path(socket_path), port
+        self.instance = next(iter(dps.values())).instance
         self.keys = keys or KeyFile(None)    # the fabric's keys: the peers' messages sealed with them
         self.unsealer = Unsealer()
         self.table_path = table_path      # the decisions, for the libraries to read
         self.table: DecisionTable | None = None
-        self.advice = advice           # the coordinator's link loads, when it runs
         self.group, self.status_path = group, status_path
-        self.gids = gids or GidTable(ifname)
+        self.gids = gids or GidTable(list(self.nics))
         self.health = health or Health()
         self.sel = selectors.DefaultSelector()
         self.clients: dict[socket.socket, Client] = {}
-        self.local: dict[int, LocalQp] = {}
-        # by this host's QP number: ((qpn, peer base, peer's QP number), decision)
-        self.decisions: dict[int, tuple[tuple[int, str, int], Decision]] = {}
+        self.local: dict[Local, LocalQp] = {}
+        self.by_nic: dict[tuple[str, int], Local] = {}      # (NIC, QP number) -> its QP
+        self.by_dev: dict[tuple[str, int], Local] = {}      # (device, QP number) -> its QP
+        # by this host's QP: (the pair's key, decision)
+        self.decisions: dict[Local, tuple[Key, Decision]] = {}
         self.pending: dict[int, Pending] = {}
-        self.proposals: dict[tuple[int, str, int], tuple[int, VerbsQp]] = {}   # asked of the peer
-        self.parked: dict[tuple[int, str, int], list] = {}                      # waiting on a CONFIRM
+        self.proposals: dict[Key, tuple[int, VerbsQp]] = {}   # asked of the peer
+        self.parked: dict[Key, list] = {}                     # waiting on a CONFIRM
         self.peer_paths: dict[str, tuple[float, frozenset[int]]] = {}
         self.ah_ids = 0
         self.lock = threading.Lock()         # the counters, read by metrics
@@ -204,12 +242,16 @@ class VerbsService:
         self.listener: socket.socket | None = None
         self.udp: socket.socket | None = None
         self._wake_r, self._wake_w = os.pipe()
-        self._view_at: tuple[float, View] | None = None
         self.behind_until = 0.0
         self.why = ""
         self.recent: collections.deque = collections.deque(maxlen=RECENT)
-        self._weights_at: dict[str, tuple[int, list[int]] | None] = {}
         self._next_reap = self._next_status = 0.0
+
+    @property
+    def dp(self) -> HostDataplane:
+        """The one NIC's data plane (a host with one NIC)."""
+        (nic,) = self.nics.values()
+        return nic.dp
 
     # ---- sockets ------------------------------------------------------------------------
     def open(self):
@@ -240,9 +282,9 @@ class VerbsService:
             self.table = DecisionTable(self.table_path)
             self.table.clear()
         self._adopt()
-        log.info("verbs: answering on %s (%s), agreeing with peers on UDP %d; RDMA ports %s",
+        log.info("verbs: answering on %s (%s), agreeing with peers on UDP %d; NICs %s; RDMA ports %s",
                  self.socket_path, f"group {self.group}" if self.group else "every user", self.port,
-                 ", ".join(f"{d}/{p}" for d, p in self.gids.served()) or "none yet")
+                 ", ".join(self.nics), ", ".join(f"{d}/{p}" for d, p in self.gids.served()) or "none yet")
 
     def close(self):
         for c in list(self.clients.values()):
@@ -262,33 +304,65 @@ class VerbsService:
 
     def _adopt(self):
         """QPs placed before a restart keep their entries (and the pairs decided here stay
-        decided): rebuilt from the data plane."""
+        decided): rebuilt from each NIC's data plane, the QP on the NIC's RDMA port."""
         n = 0
-        for q in self.dp.verbs_qps():
-            if q.is_ah:
-                self.dp.verbs_drop(q)      # its process's handle is unknown now: re-placed next time
-                continue
-            start = proc_start(q.pid)
-            self.local[q.local_qpn] = LocalQp(q.local_qpn, "?", q.pid, start)
-            self._record((q.local_qpn, q.peer_base, q.remote_qpn), Decision(
-                self._value_of(q.path), here=q.decided_here, local_told=True, peer_told=True, entry=q))
-            n += 1
+        for nic in self.nics.values():
+            dev, port = self._port_of(nic)
+            for q in nic.dp.verbs_qps():
+                if q.is_ah:
+                    nic.dp.verbs_drop(q)      # its process's handle is unknown now: re-placed next time
+                    continue
+                local = (dev, port, q.local_qpn)
+                self._index(LocalQp(local, q.pid, proc_start(q.pid), nic.ifname))
+                self._record((local, q.peer_base, q.remote_qpn), Decision(
+                    self._value_of(nic, q.path), here=q.decided_here, local_told=True, peer_told=True, entry=q,
+                    nic=nic.ifname))
+                n += 1
         if n:
             log.info("verbs: %d QPs placed before this agent started are kept", n)
 
-    def _decision(self, key) -> Decision | None:
+    def _port_of(self, nic: NicState) -> tuple[str, int]:
+        """The RDMA port on a NIC (a RoCE NIC has one); ('', 0) while it has none."""
+        got = self.gids.ports_on(nic.ifname)
+        return got[0] if got else ("", 0)
+
+    def _nic_of_port(self, dev: str, port: int, index: int | None = None) -> NicState | None:
+        nd = self.gids.netdev(dev, port, index)
+        return self.nics.get(nd) if nd else None
+
+    def _nic_of_base(self, base: str) -> NicState | None:
+        return next((n for n in self.nics.values() if self._view(n).base_addr == base), None)
+
+    def _local_of(self, nic: NicState, qpn: int) -> Local:
+        """A QP of this NIC named by a peer: the one registered, else as its RDMA port names it."""
+        return self.by_nic.get((nic.ifname, qpn)) or (*self._port_of(nic), qpn)
+
+    def _index(self, lq: LocalQp):
+        self.local[lq.key] = lq
+        self.by_dev[(lq.key[0], lq.qpn)] = lq.key
+        if lq.nic:
+            other = self.by_nic.get((lq.nic, lq.qpn))
+            if other is not None and other != lq.key:
+                log.warning("verbs: %s and %s share NIC %s: a peer cannot tell them apart (one RDMA port a NIC)",
+                            qp_text(other), qp_text(lq.key), lq.nic)
+            self.by_nic[(lq.nic, lq.qpn)] = lq.key
+
+    def _decision(self, key: Key) -> Decision | None:
         got = self.decisions.get(key[0])
         return got[1] if got is not None and got[0] == key else None
 
-    def _record(self, key, d: Decision) -> Decision:
-        """The pair's decision; one the same QP number held for another pair (the QP was reset
-        and connected again) is dropped. The last ones are kept with their reasons (`rlbhost why`)."""
+    def _drop_entry(self, d: Decision):
+        if d.entry is not None and d.nic in self.nics:
+            self.nics[d.nic].dp.verbs_drop(d.entry)
+
+    def _record(self, key: Key, d: Decision) -> Decision:
+        """The pair's decision; one the same QP held for another pair (the QP was reset and
+        connected again) is dropped. The last ones are kept with their reasons (`rlbhost why`)."""
         old = self.decisions.get(key[0])
         if old is not None and old[0] != key:
-            if old[1].entry is not None:
-                self.dp.verbs_drop(old[1].entry)
+            self._drop_entry(old[1])
             if self.table is not None:
-                self.table.remove(old[0][0], old[0][2], old[0][1])
+                self.table.remove(*old[0][0], old[0][2], old[0][1])
         self.decisions[key[0]] = (key, d)
         if not d.why:
             d.why = f"the application's addresses: {d.keep}" if not d.path else ""
@@ -296,32 +370,34 @@ class VerbsService:
         self._publish(key, d)
         return d
 
-    def _publish(self, key, d: Decision):
+    def _publish(self, key: Key, d: Decision):
         """The decision into the table the libraries read (a path only with this end's GID for
         it: without, the library asks, and is answered from the decision)."""
         if self.table is None:
             return
-        qpn, peer, remote = key
-        lq = self.local.get(qpn)
+        local, peer, remote = key
+        dev, port, qpn = local
+        lq = self.local.get(local)
         if lq is None:               # a QP that does not take part: nobody here reads it
             return
         if not d.path:
-            self.table.put(qpn, remote, peer, keep=P.KEEP.get(d.keep, P.KEEP["error"]))
+            self.table.put(dev, port, qpn, remote, peer, keep=P.KEEP.get(d.keep, P.KEEP["error"]))
             return
-        if not d.confirmed:          # the library asks, and waits for the confirmation
-            self.table.remove(qpn, remote, peer)
+        nic = self.nics.get(d.nic or lq.nic)
+        if not d.confirmed or nic is None:   # the library asks, and waits for the confirmation
+            self.table.remove(dev, port, qpn, remote, peer)
             return
-        v = self._view()
+        v = self._view(nic)
         ours = v.addr.get(d.path)
-        dev = lq.dev if lq is not None and lq.dev != "?" else None
-        idx = self.gids.index_of(dev, self._port_of(dev), ours) if dev and ours else None
+        idx = self.gids.index_of(dev, port, ours) if ours else None
         if idx is None:
-            self.table.remove(qpn, remote, peer)
+            self.table.remove(dev, port, qpn, remote, peer)
         else:
-            self.table.put(qpn, remote, peer, d.path, idx, 0, ours, _with_field(peer, v.field, d.path))
+            self.table.put(dev, port, qpn, remote, peer, d.path, idx, 0, ours, _with_field(peer, v.field, d.path))
 
-    def _value_of(self, index: int) -> int:
-        return next((p.value for p in self.dp.paths() if p.index == index), 0)
+    @staticmethod
+    def _value_of(nic: NicState, index: int) -> int:
+        return next((p.value for p in nic.dp.paths() if p.index == index), 0)
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self):
@@ -393,9 +469,15 @@ class VerbsService:
         self.sel.unregister(c.sock)
         c.sock.close()
         del self.clients[c.sock]
-        for entry in list(c.ahs.values()) + list(c.ah_pending.values()):
-            self.dp.verbs_drop(entry)
+        for handle, entry in c.ahs.items():
+            self._ah_drop(c.ah_nic.get(handle, ""), entry)
+        for entry, nic in c.ah_pending.values():
+            self._ah_drop(nic, entry)
         log.info("verbs: pid %d %s (%d QPs stay until they are destroyed or it ends)", c.pid, why, len(c.qpns))
+
+    def _ah_drop(self, nic: str, entry: VerbsQp):
+        if nic in self.nics:
+            self.nics[nic].dp.verbs_drop(entry)
 
     def _read_client(self, c: Client, limit: int = MAX_BATCH):
         for _ in range(limit):
@@ -437,7 +519,7 @@ class VerbsService:
         if not c.greeted:
             raise P.BadMessage("no HELLO first")
         if isinstance(m, P.Init):
-            self._register(c, m.dev, m.qpn)
+            self._register(c, m.dev, m.port, m.qpn)
         elif isinstance(m, P.Question):
             self._question(c, m)
         elif isinstance(m, P.Used):
@@ -445,88 +527,92 @@ class VerbsService:
         elif isinstance(m, P.Gone):
             self._gone(c, m)
 
-    def _register(self, c: Client, dev: str, qpn: int) -> LocalQp | None:
-        """The client's QP of that number (None: a live process of another owns it; a process may
-        speak only for its own QPs)."""
-        lq = self.local.get(qpn)
+    def _register(self, c: Client, dev: str, port: int, qpn: int) -> LocalQp | None:
+        """The client's QP (None: a live process of another owns it; a process may speak only
+        for its own QPs)."""
+        local = (dev, port, qpn)
+        lq = self.local.get(local)
         if lq is not None and (lq.pid, lq.start) != (c.pid, c.start):
             if lq.start is not None and proc_start(lq.pid) == lq.start:
                 self.counters["foreign_qps"] += 1
-                log.warning("verbs: pid %d (uid %d) spoke for QP 0x%x, which pid %d holds: ignored",
-                            c.pid, c.uid, qpn, lq.pid)
+                log.warning("verbs: pid %d (uid %d) spoke for %s, which pid %d holds: ignored",
+                            c.pid, c.uid, qp_text(local), lq.pid)
                 return None
-            self._forget_qp(qpn)        # a QP number reused after its old process ended
+            self._forget_qp(local)        # a QP number reused after its old process ended
             lq = None
         if lq is None:
             if len(c.qpns) >= MAX_QPS_PER_CLIENT:
                 raise P.BadMessage(f"more than {MAX_QPS_PER_CLIENT} QPs")
-            old = self.decisions.get(qpn)
+            old = self.decisions.get(local)
             if old is not None and time.monotonic() - old[1].at > REUSED_AFTER_S:
-                self._forget_qp(qpn)        # a keep answered for an earlier QP of this number
-            lq = self.local[qpn] = LocalQp(qpn, dev, c.pid, c.start)
-            c.qpns.add(qpn)
+                self._forget_qp(local)        # a keep answered for an earlier QP of this number
+            nic = self._nic_of_port(dev, port)
+            lq = LocalQp(local, c.pid, c.start, nic.ifname if nic else "")
+            self._index(lq)
+            c.qpns.add(local)
         return lq
 
-    # ---- the view of this host -------------------------------------------------------------
-    def _view(self) -> View:
+    # ---- the view of one NIC -----------------------------------------------------------------
+    def _view(self, nic: NicState) -> View:
         """Read again when older than VIEW_S: a burst of questions reads the paths once (a path
         gone in the meantime is the switches' failover's, as for any QP on it)."""
         now = time.monotonic()
-        if self._view_at is None or now - self._view_at[0] > VIEW_S:
-            cfg = self.dp.config()
-            paths = [p for p in self.dp.paths() if p.valid]
+        if nic.view_at is None or now - nic.view_at[0] > VIEW_S:
+            cfg = nic.dp.config()
+            paths = [p for p in nic.dp.paths() if p.valid]
             base = next((p for p in paths if p.index == cfg["base_index"]), None)
-            self._view_at = (now, View(cfg["path_field"], base.value if base else 0, base.address if base else "",
-                                       {p.value: p.index for p in paths}, {p.value: p.address for p in paths},
-                                       cfg["rotation"], cfg["mode"] == "ports"))
-            self._weights_at.clear()
-        return self._view_at[1]
+            nic.view_at = (now, View(cfg["path_field"], base.value if base else 0, base.address if base else "",
+                                     {p.value: p.index for p in paths}, {p.value: p.address for p in paths},
+                                     cfg["rotation"], cfg["mode"] == "ports"))
+            nic.weights_at.clear()
+        return nic.view_at[1]
 
-    def _weights(self, peer: str) -> tuple[int, list[int]] | None:
+    def _weights(self, nic: NicState, peer: str) -> tuple[int, list[int]] | None:
         """dp.weights_for(peer), read once per view."""
-        self._view()
-        if peer not in self._weights_at:
-            self._weights_at[peer] = self.dp.weights_for(peer)
-        got = self._weights_at[peer]
+        self._view(nic)
+        if peer not in nic.weights_at:
+            nic.weights_at[peer] = nic.dp.weights_for(peer)
+        got = nic.weights_at[peer]
         return None if got is None else (got[0], list(got[1]))
 
-    def _peer_base(self, v: View, addr: str) -> str | None:
+    @staticmethod
+    def _peer_base(v: View, addr: str) -> str | None:
         """The peer's base address, if addr is one of a fabric host's path addresses."""
         if _field_value(addr, v.field) not in v.index:
             return None
         return _with_field(addr, v.field, v.base_value)
 
-    def _usable(self, v: View, peer: str, dev: str | None, port: int | None) -> tuple[int, list[int]] | None:
-        """(weight entry, weight per path index) towards peer, 0 where this host cannot use the
+    def _usable(self, nic: NicState, v: View, peer: str, dev: str | None,
+                port: int | None) -> tuple[int, list[int]] | None:
+        """(weight entry, weight per path index) towards peer, 0 where this NIC cannot use the
         path (no weight, invalid, or no RoCE v2 GID for its address on dev/port)."""
-        got = self._weights(peer)
+        got = self._weights(nic, peer)
         if got is None:
             return None
         wid, eff = got
-        if dev is not None:
+        if dev:
             for value, i in v.index.items():
                 if eff[i] and self.gids.index_of(dev, port, v.addr[value]) is None:
                     eff[i] = 0
         return wid, eff
 
-    def _port_of(self, dev: str) -> int:
-        return next((p for d, p in self.gids.served() if d == dev), 1)
-
-    def _choose(self, v: View, peer: str, wid: int, eff: list[int], allowed: frozenset[int]) -> int | None:
+    def _choose(self, nic: NicState, v: View, peer: str, wid: int, eff: list[int],
+                allowed: frozenset[int]) -> int | None:
         """Of the paths both ends can use, those the coordinator's loads make best (all of them
         without a coordinator), then the local rule: a path value, or None. self.why says why."""
         usable = {value for value, i in v.index.items() if value in allowed and eff[i]}
-        best = self.advice.best(peer, usable) if self.advice is not None and usable else None
+        best = nic.advice.best(peer, usable) if nic.advice is not None and usable else None
         weights = [0] * MAX_PATHS
         for value in best or usable:
             weights[v.index[value]] = eff[v.index[value]]
-        active = self.dp.active_counts(wid)
+        active = nic.dp.active_counts(wid)
         i = localrule.choose(active, weights, v.rotation)
         value = None if i is None else next(val for val, idx in v.index.items() if idx == i)
-        if value is not None and self.advice is not None:
-            self.advice.placed(peer, value)
+        if value is not None and nic.advice is not None:
+            nic.advice.placed(peer, value)
         counts = ", ".join(f"{k}: {active[v.index[k]]}" for k in sorted(best or usable))
-        self.why = (f"paths both ends can use {sorted(usable)}"
+        self.why = ((f"{nic.ifname}: " if len(self.nics) > 1 else "")
+                    + f"paths both ends can use {sorted(usable)}"
                     + (f", of which the coordinator's link loads make {sorted(best)} best" if best else "")
                     + f"; QPs on them {{{counts}}} for weights {[eff[v.index[k]] / 1000 for k in sorted(best or usable)]}"
                     + f", ties from path {v.rotation + 1}")
@@ -538,7 +624,10 @@ class VerbsService:
         now = mono_ns()
         if q.deadline_ns - now < MIN_WORK_NS:
             return self._keep(c, q, "timeout")
-        v = self._view()
+        nic = self._nic_of_port(q.dev, q.port, q.sgid_index)
+        if nic is None:                       # an RDMA port on a NIC the agent does not serve
+            return self._keep(c, q, "othernic")
+        v = self._view(nic)
         if v.ports_mode:
             return self._keep(c, q, "portsmode")
         entry = self.gids.table.get((q.dev, q.port), {}).get(q.sgid_index)
@@ -554,13 +643,13 @@ class VerbsService:
         if q.kind == "AH":
             if addrplan.field_value(q.dgid, v.field) != v.base_value:
                 return self._keep(c, q, "notfabric")   # an answer to a path address: left as it is
-            return self._ah(c, q, v, peer)
-        lq = self._register(c, q.dev, q.qpn)
+            return self._ah(c, q, nic, v, peer)
+        lq = self._register(c, q.dev, q.port, q.qpn)
         if lq is None:
             return self._keep(c, q, "error")
         if c.pending >= MAX_PENDING_PER_CLIENT:
             return self._keep(c, q, "busy")
-        key = (q.qpn, peer, q.dest_qpn)
+        key = (lq.key, peer, q.dest_qpn)
         d = self._decision(key)
         if d is not None and d.path and not d.confirmed:
             return self.parked.setdefault(key, []).append((c, q))
@@ -568,52 +657,53 @@ class VerbsService:
             return self._tell_local(c, q, v, peer, d)
         here = _addr_lt(ours, peer)
         if self._behind(q, now):                   # both ends keep, rather than one too late
-            self._decide_keep(key, here, "busy", c, q)
-            return self._tell_peer(key, 0, "busy")
-        usable = self._usable(v, peer, q.dev, q.port)
+            self._decide_keep(key, here, "busy", c, q, nic)
+            return self._tell_peer(key, 0, "busy", nic)
+        usable = self._usable(nic, v, peer, q.dev, q.port)
         mine = frozenset(val for val, i in v.index.items() if usable and usable[1][i])
         if here and not mine:
-            return self._decide_keep(key, True, "nopath", c, q)
+            return self._decide_keep(key, True, "nopath", c, q, nic)
         if here:
-            return self._propose(c, q, key, lq, peer, mine)
+            return self._propose(c, q, key, lq, nic, peer, mine)
         budget = q.deadline_ns - now - MARGIN_NS
         msg = P.PeerMsg("ASK", secrets.randbits(63), budget // 1000, ours, q.qpn, peer, q.dest_qpn, mine)
 
         def asked(reply, c=c, q=q, key=key, lq=lq):
             known = self._decision(key)
             if known is not None:              # the rendezvous's CHECK came first and was taken
-                return self._tell_local(c, q, self._view(), peer, known)
+                return self._tell_local(c, q, self._view(nic), peer, known)
             late = mono_ns() > q.deadline_ns - MIN_WORK_NS // 2
-            v2 = self._view()
+            v2 = self._view(nic)
             keep = ("nopeer" if reply is None else "timeout" if late else
                     "nopath" if reply.verdict == "PATH" and reply.path not in v2.index else None)
             if keep is not None:               # this end keeps: recorded, and the rendezvous told
-                self._decide_keep(key, False, keep, c, q)
-                self._tell_peer(key, 0, keep)
+                self._decide_keep(key, False, keep, c, q, nic)
+                self._tell_peer(key, 0, keep, nic)
                 return
             if reply.verdict != "PATH":
-                d = self._record(key, Decision(0, P.KEEP_NAME.get(reply.keep, "peerkeeps")))
+                d = self._record(key, Decision(0, P.KEEP_NAME.get(reply.keep, "peerkeeps"), nic=nic.ifname))
                 return self._tell_local(c, q, v2, peer, d)
-            d = self._record(key, Decision(reply.path, entry=self._put(v2, key, lq, reply.path, 0),
-                                           why=f"decided by {peer}'s agent, the pair's rendezvous"))
+            d = self._record(key, Decision(reply.path, entry=self._put(nic, v2, key, lq, reply.path, 0),
+                                           why=f"decided by {peer}'s agent, the pair's rendezvous",
+                                           nic=nic.ifname))
             self._tell_local(c, q, v2, peer, d)
-        self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, self._counted(c, asked))
+        self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, self._counted(c, asked), ours, key)
 
-    def _propose(self, c: Client, q: P.Question, key, lq: LocalQp, peer: str, mine: frozenset[int],
-                 tried: frozenset[int] = frozenset()):
+    def _propose(self, c: Client, q: P.Question, key: Key, lq: LocalQp, nic: NicState, peer: str,
+                 mine: frozenset[int], tried: frozenset[int] = frozenset()):
         """This end is the rendezvous and asks first: it chooses the path (counted at once, as a
         proposal) and asks the other end's agent to take it (CHECK). That agent writes the path
         into its decision table before it says yes, so the other end's library finds it there,
         whenever it asks, without waiting on anything; only then is this end's library told."""
-        v = self._view()
+        v = self._view(nic)
         known = self.peer_paths.get(peer)
         theirs = known[1] if known and time.monotonic() - known[0] < PEER_PATHS_TTL_S else mine
-        with self.dp.verbs_lock:
-            usable = self._usable(v, peer, q.dev, q.port)
-            path = self._choose(v, peer, usable[0], usable[1], (mine & theirs) - tried) if usable else None
-            entry = self._put(v, key, lq, path, DECIDED) if path else None
+        with nic.dp.verbs_lock:
+            usable = self._usable(nic, v, peer, q.dev, q.port)
+            path = self._choose(nic, v, peer, usable[0], usable[1], (mine & theirs) - tried) if usable else None
+            entry = self._put(nic, v, key, lq, path, DECIDED) if path else None
         if path is None:
-            return self._decide_keep(key, True, "nopath", c, q)
+            return self._decide_keep(key, True, "nopath", c, q, nic)
         why = f"decided here: {self.why}"
         self.proposals[key] = (path, entry)
         budget = q.deadline_ns - mono_ns() - MARGIN_NS
@@ -625,23 +715,24 @@ class VerbsService:
             known = self._decision(key)
             if known is not None:              # the peer's own ASK came meanwhile and decided
                 if entry is not None and (known.entry is None or known.entry.path != entry.path):
-                    self.dp.verbs_drop(entry)
-                return self._tell_local(c, q, self._view(), peer, known)
+                    nic.dp.verbs_drop(entry)
+                return self._tell_local(c, q, self._view(nic), peer, known)
             if reply is not None and reply.verdict == "YES" and reply.path == path:
                 self.peer_paths[peer] = (time.monotonic(), reply.paths)
-                d = self._record(key, Decision(path, here=True, entry=entry, peer_told=True, why=why))
-                return self._tell_local(c, q, self._view(), peer, d)
-            self.dp.verbs_drop(entry)
+                d = self._record(key, Decision(path, here=True, entry=entry, peer_told=True, why=why,
+                                               nic=nic.ifname))
+                return self._tell_local(c, q, self._view(nic), peer, d)
+            nic.dp.verbs_drop(entry)
             if reply is not None and reply.verdict == "YES":      # the other end cannot use it
                 self.peer_paths[peer] = (time.monotonic(), reply.paths)
                 if q.deadline_ns - mono_ns() > 2 * MARGIN_NS and (mine & reply.paths) - tried - {path}:
-                    return self._propose(c, q, key, lq, peer, mine & reply.paths, tried | {path})
-                return self._decide_keep(key, True, "nopath", c, q)
+                    return self._propose(c, q, key, lq, nic, peer, mine & reply.paths, tried | {path})
+                return self._decide_keep(key, True, "nopath", c, q, nic)
             keep = ("nopeer" if reply is None else P.KEEP_NAME.get(reply.keep, "peerkeeps") or "peerkeeps")
-            self._decide_keep(key, True, keep, c, q)
+            self._decide_keep(key, True, keep, c, q, nic)
             if reply is None:                   # the other end may have taken it: it turns to keep
-                self._tell_peer(key, 0, keep)
-        self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, self._counted(c, checked))
+                self._tell_peer(key, 0, keep, nic)
+        self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, self._counted(c, checked), v.base_addr, key)
 
     def _behind(self, q: P.Question | None = None, now: int = 0) -> bool:
         """Is this agent behind its questions? A question that waited here half its asker's time
@@ -668,8 +759,9 @@ class VerbsService:
     def _keep(self, c: Client, q: P.Question, keep: str):
         self._send(c, P.keep_reply(q.seq, keep))
 
-    def _decide_keep(self, key, here: bool, keep: str, c: Client | None = None, q: P.Question | None = None):
-        d = self._record(key, Decision(0, keep, here=here))
+    def _decide_keep(self, key: Key, here: bool, keep: str, c: Client | None = None, q: P.Question | None = None,
+                     nic: NicState | None = None):
+        d = self._record(key, Decision(0, keep, here=here, nic=nic.ifname if nic else ""))
         if c is not None:
             self._tell_local(c, q, None, key[1], d)
         return d
@@ -679,7 +771,10 @@ class VerbsService:
         d.local_told = True
         if not d.path:
             return self._keep(c, q, d.keep or "nopath")
-        v = v or self._view()
+        nic = self.nics.get(d.nic)
+        if nic is None:
+            return self._keep(c, q, "othernic")
+        v = v or self._view(nic)
         ours = v.addr.get(d.path)
         idx = self.gids.index_of(q.dev, q.port, ours) if ours else None
         if idx is None:
@@ -688,48 +783,52 @@ class VerbsService:
         if not d.confirm_sent:       # the other end's library may have the path now
             d.confirm_sent = True
             self._udp_send(P.PeerMsg("CONFIRM", a_base=v.base_addr, a_qpn=q.qpn, b_base=peer, b_qpn=q.dest_qpn,
-                                     path=d.path), peer)
+                                     path=d.path), peer, v.base_addr)
 
-    def _decide(self, key, lq: LocalQp | None, peer_paths: frozenset[int], confirmed: bool = True) -> Decision:
+    def _decide(self, key: Key, lq: LocalQp | None, nic: NicState, peer_paths: frozenset[int],
+                confirmed: bool = True) -> Decision:
         """The rendezvous decides a pair's path on the other end's question (ASK): the path it
         proposed already if its own end asked first and the asker can use it, else the local rule;
         counted at once."""
         proposal = self.proposals.get(key)
         if proposal is not None and proposal[0] in peer_paths:
             return self._record(key, Decision(proposal[0], here=True, entry=proposal[1], confirmed=confirmed,
-                                              why=f"decided here (proposed): {self.why}"))
+                                              why=f"decided here (proposed): {self.why}", nic=nic.ifname))
         if proposal is not None:
-            self.dp.verbs_drop(proposal[1])
-        v = self._view()
-        qpn, peer, remote = key
-        dev = lq.dev if lq and lq.dev != "?" else None
-        usable = self._usable(v, peer, dev, self._port_of(dev) if dev else None)
+            nic.dp.verbs_drop(proposal[1])
+        v = self._view(nic)
+        local, peer, remote = key
+        dev, port = (local[0], local[1]) if lq is not None and local[0] else (None, None)
+        usable = self._usable(nic, v, peer, dev, port)
         path = None
         if usable is not None:
-            with self.dp.verbs_lock:
-                path = self._choose(v, peer, usable[0], usable[1], peer_paths)
-                entry = self._put(v, key, lq, path, DECIDED) if path else None
+            with nic.dp.verbs_lock:
+                path = self._choose(nic, v, peer, usable[0], usable[1], peer_paths)
+                entry = self._put(nic, v, key, lq, path, DECIDED) if path else None
         if path is None:
-            return self._decide_keep(key, True, "nopath")
+            return self._decide_keep(key, True, "nopath", nic=nic)
         return self._record(key, Decision(path, here=True, entry=entry, confirmed=confirmed,
-                                          why=f"decided here: {self.why}"))
+                                          why=f"decided here: {self.why}", nic=nic.ifname))
 
-    def _put(self, v: View, key, lq: LocalQp | None, path: int, flags: int) -> VerbsQp:
-        qpn, peer, remote = key
-        wid = self._weights(peer)[0]
-        q = VerbsQp(peer, _with_field(peer, v.field, path), qpn, remote, v.index[path], wid,
+    def _put(self, nic: NicState, v: View, key: Key, lq: LocalQp | None, path: int, flags: int) -> VerbsQp:
+        local, peer, remote = key
+        wid = self._weights(nic, peer)[0]
+        q = VerbsQp(peer, _with_field(peer, v.field, path), local[2], remote, v.index[path], wid,
                     lq.pid if lq else 0, flags)
-        self.dp.verbs_put(q)
+        nic.dp.verbs_put(q)
         self.counters["placed_rtr"] += 1
+        nic.placed["rtr"] += 1
         return q
 
     # ---- what the library did, and QPs that end ---------------------------------------------
     def _used(self, c: Client, m: P.Used):
         if m.handle or m.seq:
             return self._ah_used(c, m)
+        local = (m.dev, m.port, m.qpn)
         if m.path:
-            got = self.decisions.get(m.qpn)
-            if got is not None and self.local.get(m.qpn) is not None and self.local[m.qpn].pid == c.pid:
+            got = self.decisions.get(local)
+            lq = self.local.get(local)
+            if got is not None and lq is not None and lq.pid == c.pid:
                 if got[1].path != m.path:       # it read the table before the pair turned to keep
                     self._disagree(got[0], f"this end's library took path {m.path}, the pair is "
                                            f"{'kept' if not got[1].path else f'on path {got[1].path}'}")
@@ -737,90 +836,99 @@ class VerbsService:
             return
         keep = P.KEEP_NAME.get(m.keep, "error")
         self._count_kept(keep)
-        if self._register(c, m.dev, m.qpn) is None:
+        if keep == "ipv4":                       # never a fabric QP: no peer to tell
             return
-        got = self.decisions.get(m.qpn)
+        if self._register(c, m.dev, m.port, m.qpn) is None:
+            return
+        got = self.decisions.get(local)
         if got is None:
             # kept without a decision here (this agent was slow or away): whatever the peer asks
             # about this pair later is answered keep
-            v = self._view()
+            nic = self._nic_of_port(m.dev, m.port)
+            if nic is None:
+                return
+            v = self._view(nic)
             peer = self._peer_base(v, m.dgid)
             if peer is not None and peer != v.base_addr:
-                key = (m.qpn, peer, m.dest_qpn)
-                self._decide_keep(key, _addr_lt(v.base_addr, peer), keep)
-                self._tell_peer(key, 0, keep)
+                key = (local, peer, m.dest_qpn)
+                self._decide_keep(key, _addr_lt(v.base_addr, peer), keep, nic=nic)
+                self._tell_peer(key, 0, keep, nic)
         elif got[1].path:
             key, d = got
             self._unplace(key, d, keep)
-            self._tell_peer(key, 0, keep)     # the peer turns to keep too, or counts a disagreement
+            self._tell_peer(key, 0, keep, self.nics.get(d.nic))  # the peer turns to keep too, or counts a disagreement
 
-    def _unplace(self, key, d: Decision, keep: str):
-        if d.entry is not None:
-            self.dp.verbs_drop(d.entry)
+    def _unplace(self, key: Key, d: Decision, keep: str):
+        self._drop_entry(d)
         d.path, d.keep, d.entry = 0, keep, None
         self._publish(key, d)
 
-    def _disagree(self, key, why: str):
+    def _disagree(self, key: Key, why: str):
         self.counters["disagreements"] += 1
-        log.warning("verbs: QP 0x%x <-> %s QP 0x%x: %s: the two ends may not agree (a receiver that checks "
-                    "addresses will drop this QP's packets)", key[0], key[1], key[2], why)
+        log.warning("verbs: %s <-> %s QP 0x%x: %s: the two ends may not agree (a receiver that checks "
+                    "addresses will drop this QP's packets)", qp_text(key[0]), key[1], key[2], why)
 
     def _gone(self, c: Client, m: P.Gone):
         if m.handle:
             entry = c.ahs.pop(m.handle, None)
             if entry is not None:
-                self.dp.verbs_drop(entry)
+                self._ah_drop(c.ah_nic.pop(m.handle, ""), entry)
             return
-        lq = self.local.get(m.qpn)
+        local = self.by_dev.get((m.dev, m.qpn))       # a QP number is its device's, whatever the port
+        lq = self.local.get(local) if local else None
         if lq is not None and lq.pid == c.pid:
-            self._forget_qp(m.qpn)
-            c.qpns.discard(m.qpn)
+            self._forget_qp(local)
+            c.qpns.discard(local)
 
-    def _forget_qp(self, qpn: int):
-        self.local.pop(qpn, None)
-        got = self.decisions.pop(qpn, None)
+    def _forget_qp(self, local: Local):
+        lq = self.local.pop(local, None)
+        if self.by_dev.get((local[0], local[2])) == local:
+            del self.by_dev[(local[0], local[2])]
+        if lq is not None and self.by_nic.get((lq.nic, lq.qpn)) == local:
+            del self.by_nic[(lq.nic, lq.qpn)]
+        got = self.decisions.pop(local, None)
         if got is not None:
-            if got[1].entry is not None:
-                self.dp.verbs_drop(got[1].entry)
+            self._drop_entry(got[1])
             if self.table is not None:
-                self.table.remove(got[0][0], got[0][2], got[0][1])
+                self.table.remove(*local, got[0][2], got[0][1])
 
     def _reap(self):
         """QPs of processes that ended without destroying them; keeps answered long ago."""
         alive: dict[int, bool] = {}
-        for qpn, lq in list(self.local.items()):
+        for local, lq in list(self.local.items()):
             if lq.pid not in alive:
                 alive[lq.pid] = lq.start is not None and proc_start(lq.pid) == lq.start
             if not alive[lq.pid]:
-                self._forget_qp(qpn)
+                self._forget_qp(local)
         old = time.monotonic() - KEPT_TTL_S
-        for qpn in [n for n, (_, d) in self.decisions.items() if d.at < old and n not in self.local]:
-            self._forget_qp(qpn)
+        for local in [n for n, (_, d) in self.decisions.items() if d.at < old and n not in self.local]:
+            self._forget_qp(local)
         for peer in [p for p, (t, _) in self.peer_paths.items() if time.monotonic() - t > PEER_PATHS_TTL_S]:
             del self.peer_paths[peer]
 
     # ---- address handles ---------------------------------------------------------------------
-    def _ah(self, c: Client, q: P.Question, v: View, peer: str):
+    def _ah(self, c: Client, q: P.Question, nic: NicState, v: View, peer: str):
         known = self.peer_paths.get(peer)
 
         def decide(paths, c=c, q=q):
             if paths is None:
                 return self._keep(c, q, "nopeer")
-            v2 = self._view()
-            usable = self._usable(v2, peer, q.dev, q.port)
+            v2 = self._view(nic)
+            usable = self._usable(nic, v2, peer, q.dev, q.port)
             if usable is None:
                 return self._keep(c, q, "nopath")
-            with self.dp.verbs_lock:
-                path = self._choose(v2, peer, usable[0], usable[1], paths)
+            with nic.dp.verbs_lock:
+                path = self._choose(nic, v2, peer, usable[0], usable[1], paths)
                 if path is None:
                     return self._keep(c, q, "nopath")
                 self.ah_ids = (self.ah_ids + 1) % P.AH_BIT
                 entry = VerbsQp(peer, _with_field(peer, v2.field, path), P.AH_BIT | self.ah_ids, 0,
                                 v2.index[path], usable[0], c.pid, AH)
-                self.dp.verbs_put(entry)
-            c.ah_pending[q.seq] = entry
+                nic.dp.verbs_put(entry)
+            c.ah_pending[q.seq] = (entry, nic.ifname)
             self.counters["placed_ah"] += 1
-            self._tell_local(c, q, v2, peer, Decision(path))
+            nic.placed["ah"] += 1
+            self._tell_local(c, q, v2, peer, Decision(path, nic=nic.ifname))
         if known and time.monotonic() - known[0] < PEER_PATHS_TTL_S:
             return decide(known[1])
         msg = P.PeerMsg("PATHS", secrets.randbits(63), (q.deadline_ns - mono_ns() - MARGIN_NS) // 1000,
@@ -831,39 +939,50 @@ class VerbsService:
                 self.peer_paths[peer] = (time.monotonic(), reply.paths)
                 return decide(reply.paths)
             decide(None)
-        self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, got)
+        self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, got, v.base_addr)
 
     def _ah_used(self, c: Client, m: P.Used):
-        entry = c.ah_pending.pop(m.seq, None)
+        entry, nic = c.ah_pending.pop(m.seq, (None, ""))
         if not m.path:
             self._count_kept(P.KEEP_NAME.get(m.keep, "error"))
             if entry is not None:
-                self.dp.verbs_drop(entry)
+                self._ah_drop(nic, entry)
             return
         if entry is not None:
             c.ahs[m.handle] = entry
+            c.ah_nic[m.handle] = nic
 
     # ---- peers ----------------------------------------------------------------------------
-    def _ask_peer(self, msg: P.PeerMsg, peer: str, deadline_ns: int, on_reply):
+    def _ask_peer(self, msg: P.PeerMsg, peer: str, deadline_ns: int, on_reply, src: str | None = None,
+                  key: Key | None = None):
         now = mono_ns()
         if deadline_ns <= now or self.udp is None:
             return on_reply(None)
-        self.pending[msg.id] = Pending(msg, peer, deadline_ns, now + RESEND_NS, on_reply)
-        self._udp_send(msg, peer)
+        self.pending[msg.id] = Pending(msg, peer, deadline_ns, now + RESEND_NS, on_reply, src, key)
+        self._udp_send(msg, peer, src)
 
-    def _udp_send(self, msg: P.PeerMsg, peer: str):
+    def _udp_send(self, msg: P.PeerMsg, peer: str, src: str | None = None):
+        """To the peer's agent, from `src` (the base address of the NIC the message is about: the
+        peer checks the sender is that NIC, and a server's source routing sends it out of it)."""
         try:
             data = msg.encode()
-            self.udp.sendto(seal(data, self.keys.keys[0]) if self.keys.keys else data, (peer, self.port))
+            data = seal(data, self.keys.keys[0]) if self.keys.keys else data
+            if src:
+                info = ipaddress.IPv6Address(src).packed + struct.pack("I", 0)
+                self.udp.sendmsg([data], [(socket.IPPROTO_IPV6, IPV6_PKTINFO, info)], 0, (peer, self.port))
+            else:
+                self.udp.sendto(data, (peer, self.port))
         except OSError as e:
-            if e.errno not in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EAGAIN):
+            if e.errno not in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EAGAIN, errno.EADDRNOTAVAIL):
                 log.warning("verbs: cannot send to %s: %s", peer, e)
 
-    def _tell_peer(self, key, path: int, keep: str):
-        qpn, peer, remote = key
-        v = self._view()
-        self._udp_send(P.PeerMsg("USED", a_base=v.base_addr, a_qpn=qpn, b_base=peer, b_qpn=remote, path=path,
-                                 keep=P.KEEP[keep]), peer)
+    def _tell_peer(self, key: Key, path: int, keep: str, nic: NicState | None):
+        if nic is None:
+            return
+        local, peer, remote = key
+        v = self._view(nic)
+        self._udp_send(P.PeerMsg("USED", a_base=v.base_addr, a_qpn=local[2], b_base=peer, b_qpn=remote, path=path,
+                                 keep=P.KEEP[keep]), peer, v.base_addr)
 
     def _timers(self, now: int):
         self._parked_timers(now)
@@ -875,7 +994,7 @@ class VerbsService:
                 left = (p.deadline_ns - now) // 1000
                 p.msg = P.PeerMsg(**{**p.msg.__dict__, "budget_us": max(0, left)})
                 p.resend_ns = now + RESEND_NS
-                self._udp_send(p.msg, p.peer)
+                self._udp_send(p.msg, p.peer, p.src)
 
     def _read_udp(self):
         for _ in range(MAX_UDP_BATCH):
@@ -908,80 +1027,86 @@ class VerbsService:
             if p is not None and _same_host(src, p.peer):
                 p.on_reply(m)
             return
-        v = self._view()
-        if self._peer_base(v, src) != m.a_base or m.b_base != v.base_addr:
+        nic = self._nic_of_base(m.b_base)
+        if nic is None:
             self.counters["bad_messages"] += 1
-            return                  # not from the host it names, or not for this one
+            return                  # not for a NIC of this host
+        v = self._view(nic)
+        if self._peer_base(v, src) != m.a_base:
+            self.counters["bad_messages"] += 1
+            return                  # not from the host it names
         self.counters["peer_questions"] += 1
+        me = v.base_addr
+        key = (self._local_of(nic, m.b_qpn), m.a_base, m.a_qpn)          # from this host's side
         if m.kind == "USED":
-            return self._peer_used(m)
+            return self._peer_used(m, key, nic)
         if m.kind == "CONFIRM":
-            return self._peer_confirmed(m)
+            return self._peer_confirmed(m, key)
         fresh = m.budget_us * 1000 - (time.time_ns() - arrived_ns) > MIN_WORK_NS
         if m.kind == "PATHS":
-            usable = self._usable(v, m.a_base, None, None)
+            usable = self._usable(nic, v, m.a_base, None, None)
             paths = frozenset(val for val, i in v.index.items() if usable and usable[1][i])
-            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="YES", paths=paths), src)
-        key = (m.b_qpn, m.a_base, m.a_qpn)          # from this host's side
+            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="YES", paths=paths), src, me)
         if not fresh:
             self.counters["stale_questions"] += 1
         if m.kind == "CHECK":
-            lq = self._known_qp(m.b_qpn)
+            lq = self._known_qp(nic, m.b_qpn)
+            key = (self._local_of(nic, m.b_qpn), m.a_base, m.a_qpn)     # its INIT may have come just now
             known = self._decision(key)
             busy = known is None and self._behind()
             if not fresh or lq is None or busy or (known is not None and not known.path):
                 keep = (known.keep if known is not None else "timeout" if not fresh else
                         "peerkeeps" if lq is None else "busy")
                 if known is None:
-                    self._decide_keep(key, False, keep)
-                return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="NO", keep=P.KEEP[keep]), src)
-            dev = lq.dev if lq.dev != "?" else None
-            usable = self._usable(v, m.a_base, dev, self._port_of(dev) if dev else None)
+                    self._decide_keep(key, False, keep, nic=nic)
+                return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="NO", keep=P.KEEP[keep]), src, me)
+            dev, port, _ = lq.key
+            usable = self._usable(nic, v, m.a_base, dev or None, port)
             paths = frozenset(val for val, i in v.index.items() if usable and usable[1][i])
             if known is None and m.path in paths:
                 # taken: recorded (and in the table for this end's library) before the yes
-                known = self._record(key, Decision(m.path, entry=self._put(v, key, lq, m.path, 0), confirmed=False,
+                known = self._record(key, Decision(m.path, entry=self._put(nic, v, key, lq, m.path, 0),
+                                                   confirmed=False, nic=nic.ifname,
                                                    why=f"proposed by {m.a_base}'s agent, the pair's rendezvous"))
             took = known.path if known is not None and known.path == m.path else 0
-            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="YES", path=took, paths=paths), src)
+            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="YES", path=took, paths=paths), src, me)
         # ASK: this host is the pair's rendezvous
+        lq = self._known_qp(nic, m.b_qpn)
+        key = (self._local_of(nic, m.b_qpn), m.a_base, m.a_qpn)
         d = self._decision(key)
         if d is None:
             waiting = self._waiting_check(key)
             if not fresh or (waiting is not None and waiting.deadline_ns - mono_ns() < MIN_WORK_NS):
                 # the asker, or this end's own library waiting on its own question, will have
                 # given up by the time a path could reach it: both keep
-                d = self._decide_keep(key, True, "timeout")
+                d = self._decide_keep(key, True, "timeout", nic=nic)
             elif self._behind():
-                d = self._decide_keep(key, True, "busy")
-            elif self._known_qp(m.b_qpn) is None:
-                d = self._decide_keep(key, True, "peerkeeps")
+                d = self._decide_keep(key, True, "busy", nic=nic)
+            elif lq is None:
+                d = self._decide_keep(key, True, "peerkeeps", nic=nic)
             else:
                 # this end's library, if it has not asked yet, waits for the asker's word (CONFIRM)
-                d = self._decide(key, self.local.get(m.b_qpn), m.paths, confirmed=waiting is not None)
+                d = self._decide(key, lq, nic, m.paths, confirmed=waiting is not None)
                 self._complete_check(key)
         d.peer_told = True
         self._udp_send(P.PeerMsg("REPLY", m.id, verdict="PATH", path=d.path) if d.path else
-                       P.PeerMsg("REPLY", m.id, verdict="KEEP", keep=P.KEEP[d.keep or "nopath"]), src)
+                       P.PeerMsg("REPLY", m.id, verdict="KEEP", keep=P.KEEP[d.keep or "nopath"]), src, me)
 
-    def _waiting_check(self, key) -> Pending | None:
-        return next((p for p in self.pending.values() if p.msg.kind == "CHECK"
-                     and (p.msg.a_qpn, p.msg.b_base, p.msg.b_qpn) == key), None)
+    def _waiting_check(self, key: Key) -> Pending | None:
+        return next((p for p in self.pending.values() if p.msg.kind == "CHECK" and p.key == key), None)
 
-    def _complete_check(self, key) -> bool:
+    def _complete_check(self, key: Key) -> bool:
         """This end asked the peer (CHECK) while the peer asked this end (ASK): the ASK decided;
         the waiting question is answered now. False if there was none."""
         for pid, p in list(self.pending.items()):
-            m = p.msg
-            if m.kind == "CHECK" and (m.a_qpn, m.b_base, m.b_qpn) == key:
+            if p.msg.kind == "CHECK" and p.key == key:
                 del self.pending[pid]
                 p.on_reply(P.PeerMsg("REPLY", pid, verdict="YES", paths=frozenset()))
                 return True
         return False
 
-    def _peer_confirmed(self, m: P.PeerMsg):
+    def _peer_confirmed(self, m: P.PeerMsg, key: Key):
         """The other end's library has the path: it is this end's too (the table, parked questions)."""
-        key = (m.b_qpn, m.a_base, m.a_qpn)
         d = self._decision(key)
         if d is None or d.path != m.path or d.confirmed:
             return
@@ -989,9 +1114,10 @@ class VerbsService:
         self._publish(key, d)
         self._release(key, d)
 
-    def _release(self, key, d: Decision):
+    def _release(self, key: Key, d: Decision):
         """Answer the questions parked on a decision that is settled now."""
-        v = self._view()
+        nic = self.nics.get(d.nic)
+        v = self._view(nic) if nic is not None else None
         for c, q in self.parked.pop(key, []):
             if c.sock in self.clients:
                 self._tell_local(c, q, v, key[1], d)
@@ -1005,28 +1131,28 @@ class VerbsService:
             d = self._decision(key)
             if d is not None and d.path:
                 self._unplace(key, d, "timeout")
-                self._tell_peer(key, 0, "timeout")
+                self._tell_peer(key, 0, "timeout", self.nics.get(d.nic))
             self._release(key, d or Decision(0, "timeout"))
 
-    def _known_qp(self, qpn: int) -> LocalQp | None:
-        """A QP that takes part; the INIT may still wait in a library's socket (it was sent before
-        the application could hand the QP number out), so read those first."""
-        if qpn not in self.local:
+    def _known_qp(self, nic: NicState, qpn: int) -> LocalQp | None:
+        """A QP of this NIC that takes part; the INIT may still wait in a library's socket (it was
+        sent before the application could hand the QP number out), so read those first."""
+        if (nic.ifname, qpn) not in self.by_nic:
             for c in list(self.clients.values()):
                 if c.sock in self.clients:
                     self._read_client(c, MAX_DRAIN)
-        return self.local.get(qpn)
+        local = self.by_nic.get((nic.ifname, qpn))
+        return self.local.get(local) if local else None
 
-    def _peer_used(self, m: P.PeerMsg):
+    def _peer_used(self, m: P.PeerMsg, key: Key, nic: NicState):
         """The other end kept its addresses: so does this one, or, if its library was told a path
         already, the pair may disagree (counted, logged)."""
-        key = (m.b_qpn, m.a_base, m.a_qpn)
         if m.path:
             return
         keep = P.KEEP_NAME.get(m.keep, "error")
         d = self._decision(key)
         if d is None:
-            self._decide_keep(key, _addr_lt(self._view().base_addr, m.a_base), keep)
+            self._decide_keep(key, _addr_lt(self._view(nic).base_addr, m.a_base), keep, nic=nic)
         elif d.path:
             if d.local_told:
                 self._disagree(key, f"the peer kept its addresses ({keep}) after this end was told path {d.path}")
@@ -1050,9 +1176,14 @@ class VerbsService:
             return {"socket": str(self.socket_path), "clients": len(self.clients),
                     "qps": len(self.local), "pairs": len(self.decisions), "pending": len(self.pending),
                     "ports": [f"{d}/{p}" for d, p in self.gids.served()],
+                    "nics": {n.ifname: {"label": n.dp.label,
+                                        "ports": [f"{d}/{p}" for d, p in self.gids.ports_on(n.ifname)],
+                                        "qps": sum(1 for lq in self.local.values() if lq.nic == n.ifname),
+                                        "placed": dict(n.placed)} for n in self.nics.values()},
                     "counters": dict(self.counters), "kept": dict(self.kept),
-                    "decisions": [{"at": round(t, 3), "qp": k[0], "peer": k[1], "peer_qp": k[2], "path": d.path,
-                                   "keep": d.keep, "why": d.why} for t, k, d in list(self.recent)]}
+                    "decisions": [{"at": round(t, 3), "dev": k[0][0], "port": k[0][1], "qp": k[0][2], "nic": d.nic,
+                                   "peer": k[1], "peer_qp": k[2], "path": d.path, "keep": d.keep, "why": d.why}
+                                  for t, k, d in list(self.recent)]}
 
     def _write_status(self):
         if self.status_path is not None:

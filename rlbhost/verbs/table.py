@@ -6,6 +6,7 @@ rewrites the records it adopted, and removes the rest). Each record is written u
 count: odd while it changes, so a reader copies between two equal even counts."""
 from __future__ import annotations
 
+import functools
 import ipaddress
 import mmap
 import os
@@ -16,18 +17,28 @@ from . import protocol as P
 
 C = P.C
 HEAD = struct.Struct("<4I")                        # magic, version, slots, record size
-RECORD = struct.Struct("<4I8sHHI16s16s")           # seq, state, local qpn, remote qpn, iid, path,
-SLOTS, PROBE = C["RLBV_TABLE_SLOTS"], C["RLBV_TABLE_PROBE"]   # gid index, keep, saddr, daddr
+RECORD = struct.Struct("<5I8sHHI16s16s")           # seq, state, device, local qpn, remote qpn, iid,
+SLOTS, PROBE = C["RLBV_TABLE_SLOTS"], C["RLBV_TABLE_PROBE"]   # path, gid index, keep, saddr, daddr
 EMPTY, LIVE, REMOVED = C["RLBV_SLOT_EMPTY"], C["RLBV_SLOT_LIVE"], C["RLBV_SLOT_REMOVED"]
-BODY = struct.Struct("<3I8sHHI16s16s")             # a record without its sequence count
+BODY = struct.Struct("<4I8sHHI16s16s")             # a record without its sequence count
 
 
-def slot(local_qpn: int, remote_qpn: int, iid: bytes) -> int:
-    """rlbv_slot(): FNV-1a over the key, as the library computes it."""
-    h = 2166136261
-    for b in local_qpn.to_bytes(4, "little") + remote_qpn.to_bytes(4, "little") + iid:
+def _fnv(data: bytes, h: int = 2166136261) -> int:
+    for b in data:
         h = ((h ^ b) * 16777619) & 0xFFFFFFFF
-    return h % SLOTS
+    return h
+
+
+@functools.lru_cache(maxsize=1024)
+def device(dev: str, port: int) -> int:
+    """rlbv_device(): an RDMA port as the table names it."""
+    return _fnv(bytes([port & 0xFF]), _fnv(dev.encode()))
+
+
+def slot(device_key: int, local_qpn: int, remote_qpn: int, iid: bytes) -> int:
+    """rlbv_slot(): FNV-1a over the key, as the library computes it."""
+    return _fnv(device_key.to_bytes(4, "little") + local_qpn.to_bytes(4, "little")
+                + remote_qpn.to_bytes(4, "little") + iid) % SLOTS
 
 
 def iid_of(address: str) -> bytes:
@@ -53,28 +64,30 @@ class DecisionTable:
         if head != (C["RLBV_TABLE_MAGIC"], P.VERSION, SLOTS, RECORD.size):
             self.map[:] = bytes(size)
             HEAD.pack_into(self.map, 0, C["RLBV_TABLE_MAGIC"], P.VERSION, SLOTS, RECORD.size)
-        self.where: dict[tuple[int, int, bytes], int] = {}   # key -> slot, of the live records
+        self.where: dict[tuple[int, int, int, bytes], int] = {}   # key -> slot, of the live records
 
     def clear(self):
         """Every record removed (a starting agent rewrites those it adopts)."""
         for i in range(SLOTS):
             off = HEAD.size + i * RECORD.size
             if struct.unpack_from("<I", self.map, off + 4)[0] == LIVE:
-                self._write(i, REMOVED, 0, 0, bytes(8), 0, 0, 0, bytes(16), bytes(16))
+                self._write(i, REMOVED, 0, 0, 0, bytes(8), 0, 0, 0, bytes(16), bytes(16))
         self.where.clear()
 
-    def _write(self, i: int, state, local_qpn, remote_qpn, iid, path, gid_index, keep, saddr, daddr):
+    def _write(self, i: int, state, device_key, local_qpn, remote_qpn, iid, path, gid_index, keep, saddr, daddr):
         off = HEAD.size + i * RECORD.size
         seq = struct.unpack_from("<I", self.map, off)[0]
         struct.pack_into("<I", self.map, off, (seq + 1) | 1)              # odd: being written
-        BODY.pack_into(self.map, off + 4, state, local_qpn, remote_qpn, iid, path, gid_index, keep, saddr, daddr)
+        BODY.pack_into(self.map, off + 4, state, device_key, local_qpn, remote_qpn, iid, path, gid_index, keep,
+                       saddr, daddr)
         struct.pack_into("<I", self.map, off, ((seq + 1) | 1) + 1)        # even: stable
 
-    def put(self, local_qpn: int, remote_qpn: int, peer: str, path: int = 0, gid_index: int = 0,
-            keep: int = 0, saddr: str | None = None, daddr: str | None = None) -> bool:
-        """Write a pair's decision (path 0: keep, for reason keep); False if its slots are full
-        (the library then asks the agent, as without the table)."""
-        key = (local_qpn, remote_qpn, iid_of(peer))
+    def put(self, dev: str, port: int, local_qpn: int, remote_qpn: int, peer: str, path: int = 0,
+            gid_index: int = 0, keep: int = 0, saddr: str | None = None, daddr: str | None = None) -> bool:
+        """Write a pair's decision (this end: QP local_qpn of RDMA port dev/port; path 0: keep, for
+        reason keep); False if its slots are full (the library then asks the agent, as without the
+        table)."""
+        key = (device(dev, port), local_qpn, remote_qpn, iid_of(peer))
         i = self.where.get(key)
         if i is None:
             first = slot(*key)
@@ -92,10 +105,10 @@ class DecisionTable:
         self.where[key] = i
         return True
 
-    def remove(self, local_qpn: int, remote_qpn: int, peer: str):
-        i = self.where.pop((local_qpn, remote_qpn, iid_of(peer)), None)
+    def remove(self, dev: str, port: int, local_qpn: int, remote_qpn: int, peer: str):
+        i = self.where.pop((device(dev, port), local_qpn, remote_qpn, iid_of(peer)), None)
         if i is not None:
-            self._write(i, REMOVED, 0, 0, bytes(8), 0, 0, 0, bytes(16), bytes(16))
+            self._write(i, REMOVED, 0, 0, 0, bytes(8), 0, 0, 0, bytes(16), bytes(16))
 
     def close(self):
         self.map.close()

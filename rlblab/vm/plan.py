@@ -62,7 +62,7 @@ def fabric_links(fabric: Fabric) -> list[tuple[str, str, str, str, int]]:
 def plan(fabric: Fabric, mgmt_net: str = "10.77.0.0/24") -> list[VmNode]:
     deployable(fabric)            # the VMs run the rendered units
     net = ipaddress.IPv4Network(mgmt_net)
-    hosts = list(fabric.hosts)
+    hosts = list(fabric.machines)          # a GPU server of several NICs is one VM
     order = [(n.name, n.role) for n in fabric.spines + fabric.superspines + fabric.leaves]
     order += [(h, "host") for h in hosts] + [(MONITOR, "monitor")]
     if len(order) + 10 > net.num_addresses - 2:
@@ -70,8 +70,12 @@ def plan(fabric: Fabric, mgmt_net: str = "10.77.0.0/24") -> list[VmNode]:
     nodes = {name: VmNode(name, role, str(net.network_address + 10 + i),
                           MEMORY_MIB.get(role, DEFAULT_MEMORY_MIB))
              for i, (name, role) in enumerate(order)}
+    used: set[str] = set()
     for i, (a, a_if, b, b_if, mbps) in enumerate(fabric_links(fabric), start=1):
         link = f"rlb-{a}-{b}" + (a_if[len(f"eth-{b}"):] if a_if.startswith(f"eth-{b}-") else "")
+        if link in used:                   # a server's second NIC on the same leaf
+            link += f"-{sum(1 for u in used if u.startswith(link))}"
+        used.add(link)
         pa, pb = TUNNEL_BASE_PORT + 2 * i, TUNNEL_BASE_PORT + 2 * i + 1
         nodes[a].links.append(LinkEnd(link, a_if, b, b_if, _mac(i, 1), pa, pb, mbps))
         nodes[b].links.append(LinkEnd(link, b_if, a, a_if, _mac(i, 2), pb, pa, mbps))
