@@ -192,12 +192,15 @@ def assemble(dp: HostDataplane, fabric: ClosFabric | None, opts: Options, health
     clients = []
     lease = Lease(etcd, opts.etcd_lease_s) if etcd is not None else None
     for nic in nics:
+        loop = f"coordinator-{nic.ifname}" if nic.label else "coordinator"
         if opts.coordinator:
             clients.append(CoordinatorClient(nic.dp, nic.host, opts.coordinator, opts.report_ms / 1000,
                                              opts.qp_memory_s, health=health, view=views.get(nic.ifname)))
         elif etcd is not None:
             clients.append(EtcdCoordinatorClient(nic.dp, nic.host, etcd, opts.report_ms / 1000, opts.qp_memory_s,
                                                  health=health, view=views.get(nic.ifname), lease=lease))
+        if clients:
+            clients[-1].loop = loop
     service = verbs_service(nics, opts, health, views) if opts.verbs else None
 
     def close():

@@ -3,7 +3,9 @@ switch (rendered by rlbswitch), `rlbswitch run` on every switch, GPU hosts with 
 the leaves' RAs and, optionally, `rlbhost` on them.
 
     leaf L port eth-S  <-> spine S port eth-L      leaf L port eth-H <-> host H eth0
-Namespace names: <lab>-<node>."""
+    leaf L port eth-A  <-> server A port gpuN_eth  (a GPU server: one namespace, a NIC per rail leaf)
+Namespace names: <lab>-<node>; a server's NICs are hosts of the fabric (<server>-<nic>) in the
+server's namespace."""
 from __future__ import annotations
 
 import json
@@ -25,6 +27,7 @@ from rlbfabric.coord.shards import Shard
 from rlbfabric.deploy import AGENT_CAPS, COORDINATOR_CAPS, confined
 from rlbfabric.fabric import Fabric, load
 from rlbfabric.scrape import scrape_config
+from rlbhost.dataplane import HostDataplane
 from rlbmonitor.alerts import write as write_rules
 
 from . import topo
@@ -87,7 +90,31 @@ class FabricLab:
 
     @property
     def hosts(self) -> list[str]:
+        """Where QPs start and end: one-NIC hosts and each NIC of a server (<server>-<nic>)."""
         return self.fabric.hosts
+
+    @property
+    def machines(self) -> list[str]:
+        """One namespace and one agent each: one-NIC hosts and servers."""
+        return self.fabric.machines
+
+    def host_ns(self, host: str) -> str:
+        """The namespace a host (a server's NIC: its server's) lives in."""
+        return self.ns(self.fabric.machine_of(host))
+
+    def host_if(self, host: str) -> str:
+        """A host's fabric interface: eth0 on a one-NIC host, the NIC's own name on a server."""
+        return self.fabric.host_port(host) if self.fabric.machine_of(host) != host else self.HOST_IF
+
+    def leaf_port(self, host: str) -> tuple[str, str]:
+        """(leaf, the leaf's port towards the host)."""
+        leaf, port = self.fabric.leaf_of_host(host)
+        return leaf.name, self.fabric.host_ports(leaf)[port - 1][2]
+
+    def host_dataplane(self, host: str):
+        """The host's data plane as its agent keeps it (a server's: its NIC's own)."""
+        nic = self.host_if(host) if self.fabric.machine_of(host) != host else None
+        return HostDataplane(self.host_ns(host), nic)
 
     @property
     def mgmt(self) -> bool:
@@ -132,11 +159,11 @@ class FabricLab:
                                timeout=timeout)
 
     def namespaces(self) -> list[str]:
-        return [self.ns(n.name) for n in self.switches] + [self.ns(h) for h in self.hosts] + [self.ns("mon")]
+        return [self.ns(n.name) for n in self.switches] + [self.ns(h) for h in self.machines] + [self.ns("mon")]
 
     def mgmt_addr(self, node: str) -> str:
         """Management address: agents' metrics bind here, Prometheus (in <lab>-mon) scrapes it."""
-        names = [n.name for n in self.switches] + self.hosts
+        names = [n.name for n in self.switches] + self.machines
         return f"{self.MGMT}{names.index(node) + 2:x}"
 
     def _mgmt_network(self):
@@ -145,7 +172,7 @@ class FabricLab:
         run(mon, "ip", "link", "add", "br-mgmt", "type", "bridge")
         run(mon, "ip", "addr", "add", f"{self.MGMT}1/64", "dev", "br-mgmt", "nodad")
         run(mon, "ip", "link", "set", "br-mgmt", "up")
-        for node in [n.name for n in self.switches] + self.hosts:
+        for node in [n.name for n in self.switches] + self.machines:
             topo.link(self.ns(node), "mgmt0", mon, f"m-{node}")
             run(mon, "ip", "link", "set", f"m-{node}", "master", "br-mgmt")
             run(self.ns(node), "ip", "addr", "add", f"{self.mgmt_addr(node)}/64", "dev", "mgmt0", "nodad")
@@ -172,10 +199,15 @@ class FabricLab:
                             "burst", "64kb", "latency", "50ms")
         for leaf in self.fabric.leaves:
             for port, host, ifname in self.fabric.host_ports(leaf):
-                topo.link(self.ns(leaf.name), ifname, self.ns(host), "eth0")
+                topo.link(self.ns(leaf.name), ifname, self.host_ns(host), self.host_if(host))
                 for net in self.fabric.host_prefixes(leaf, port):
                     run(self.ns(leaf.name), "ip", "addr", "add", f"{net.network_address + 1}/64",
                         "dev", ifname, "nodad")
+        for server, nics in self.fabric.servers.items():
+            if len(nics) > 1:          # what a NIC originates leaves through it (rlb-net does the same)
+                for i, h in enumerate(nics):
+                    for cmd in self.fabric.nic_routing(h, i):
+                        run(self.ns(server), *cmd)
         for sw in self.switches:
             for inc, body in initial_includes(self.fabric, sw, self.work).items():
                 inc.write_text(body)   # overwritten: an earlier lab's neighbours are stale
@@ -186,8 +218,8 @@ class FabricLab:
             self.start_agent(sw.name)
         if self.hosts_agent:
             self.wait_slaac(timeout)
-            for h in self.hosts:
-                self.start_host_agent(h)
+            for m in self.machines:
+                self.start_host_agent(m)
         return self
 
     def _namespaces_up(self, keep_addr_on_down: bool = False):
@@ -250,8 +282,10 @@ class FabricLab:
         self._spawn(node, cmd, "following links")
 
     def start_host_agent(self, host: str):
+        """The agent of a host, or of a server (every NIC the fabric file gives it)."""
+        nics = [] if self.fabric.is_server(host) else [self.HOST_IF]
         cmd = [*confined([sys.executable], AGENT_CAPS), "-m", "rlbhost", "--netns", self.ns(host), "attach",
-               "eth0", "--fabric", str(self.fabric_file), "--node", host]
+               *nics, "--fabric", str(self.fabric_file), "--node", host]
         if self.monitor:
             cmd += ["--metrics-addr", self.mgmt_addr(host)]
         if self.etcd:
@@ -330,7 +364,7 @@ class FabricLab:
         self.kill_agent("prometheus")
         targets = {n.name: (self.mgmt_addr(n.name), n.role) for n in self.switches}
         if self.hosts_agent:
-            targets.update({h: (self.mgmt_addr(h), "host") for h in self.hosts})
+            targets.update({h: (self.mgmt_addr(h), "host") for h in self.machines})
         if self.coordinator:                    # with etcd, each: the leader and the standby
             targets.update({key: (f"{self.MGMT}1", "coordinator", int(url.rsplit(":", 1)[1]))
                             for key, url in self.coordinator_urls().items()})
@@ -371,7 +405,7 @@ class FabricLab:
             if self.ns(sw.name) in existing:
                 subprocess.run([sys.executable, "-m", "rlbswitch", "--netns", self.ns(sw.name), "detach", "--all"],
                                capture_output=True)
-        for h in self.hosts:
+        for h in self.machines:
             if self.ns(h) in existing:
                 subprocess.run([sys.executable, "-m", "rlbhost", "--netns", self.ns(h), "detach", "--all"],
                                capture_output=True)
@@ -386,7 +420,9 @@ class FabricLab:
 
     # ---- state ----------------------------------------------------------------------
     def host_addresses(self, host: str) -> dict[int, str]:
-        out = json.loads(run(self.ns(host), "ip", "-6", "-j", "addr", "show", "dev", "eth0", "scope", "global"))
+        """{path: address} of a host (a server's NIC)."""
+        out = json.loads(run(self.host_ns(host), "ip", "-6", "-j", "addr", "show", "dev", self.host_if(host),
+                             "scope", "global"))
         addrs = {}
         for a in (out[0].get("addr_info", []) if out else []):
             if "local" in a and not a.get("tentative"):
@@ -401,7 +437,7 @@ class FabricLab:
             time.sleep(0.2)
 
     def cli(self, node: str, *args: str) -> str:
-        tool = "rlbhost" if node in self.hosts else "rlbswitch"
+        tool = "rlbhost" if node in self.machines else "rlbswitch"
         res = subprocess.run([sys.executable, "-m", tool, "--netns", self.ns(node), *args],
                              capture_output=True, text=True)
         if res.returncode:
@@ -456,7 +492,12 @@ class FabricLab:
     def qp_frames_sender(self, src_host: str):
         """A raw socket on the host's NIC: frames go out as a NIC would send them (through TC
         egress, so rlbhost sees them), carrying no socket hash for the leaf to reuse."""
-        return open_raw(self.ns(src_host), "eth0")
+        return open_raw(self.host_ns(src_host), self.host_if(src_host))
+
+    def frame_macs(self, src_host: str) -> tuple[str, str]:
+        """(destination, source) MACs of a host's frames: its leaf port's and its NIC's."""
+        leaf, port = self.leaf_port(src_host)
+        return topo.mac(self.ns(leaf), port), topo.mac(self.host_ns(src_host), self.host_if(src_host))
 
     def run_qps(self, src: str, dst: str, n_qps: int, packets: int, seed: int,
                 payload_len: int = 512, rate_pps: float | None = None) -> QpRun:
@@ -469,8 +510,8 @@ class FabricLab:
         sock = self.qp_frames_sender(src)
         try:
             before = self.link_counts(leaf.name)
-            sent = send(sock, flows, packets, dmac=topo.mac(self.ns(leaf.name), f"eth-{src}"),
-                        smac=topo.mac(self.ns(src), "eth0"), payload_len=payload_len, rate_pps=rate_pps)
+            dmac, smac = self.frame_macs(src)
+            sent = send(sock, flows, packets, dmac=dmac, smac=smac, payload_len=payload_len, rate_pps=rate_pps)
             time.sleep(0.3)
             after = self.link_counts(leaf.name)
         finally:

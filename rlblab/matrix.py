@@ -15,10 +15,8 @@ from dataclasses import dataclass, field
 from rlbcommon import netns
 from rlbcommon.packets import ROCE_PORT, roce_frame
 from rlbfabric import balance
-from rlbhost.dataplane import HostDataplane
 
 from . import topo
-from .traffic import open_raw
 
 BURST_GAP_S = 1.2     # > conntrack expiry (200 ms) + two coordinator report periods (250 ms)
 FORGET_S = 3.5        # > the hosts' QP memory (3 s): an earlier matrix's QPs have left the coordinator
@@ -76,7 +74,7 @@ def run_matrix(lab, connections: list[tuple[str, str]], qps_per_connection: int 
     rnd = random.Random(seed)
     addrs = {h: lab.host_addresses(h)[1] for h in {x for c in connections for x in c}}
     socks, macs = {}, {}
-    sinks = [s for s in (sink(lab.ns(d)) for d in sorted({d for _, d in connections})) if s]
+    sinks = [s for s in (sink(ns) for ns in sorted({lab.host_ns(d) for _, d in connections})) if s]
     sets = 1 if churn_gap_s is None else 2
     # source ports unique across the matrix (and the job before it): equal ones would look like
     # one QP's two directions
@@ -88,9 +86,8 @@ def run_matrix(lab, connections: list[tuple[str, str]], qps_per_connection: int 
             keys: dict[str, set] = {}        # host -> its fabric-crossing QPs (placements expected)
             for src, dst in connections:
                 if src not in socks:
-                    leaf, _ = lab.fabric.leaf_of_host(src)
-                    socks[src] = open_raw(lab.ns(src), "eth0")
-                    macs[src] = (topo.mac(lab.ns(leaf.name), f"eth-{src}"), topo.mac(lab.ns(src), "eth0"))
+                    socks[src] = lab.qp_frames_sender(src)
+                    macs[src] = lab.frame_macs(src)
                 for _ in range(qps_per_connection):
                     qps.append((src, dst))
                     dmac, smac = macs[src]
@@ -146,7 +143,7 @@ class PlacementWatch:
     every fabric-crossing QP of the matrix has a placement."""
 
     def __init__(self, lab, keys: dict[str, set]):
-        self.dps = {h: HostDataplane(lab.ns(h)) for h in keys}
+        self.dps = {h: lab.host_dataplane(h) for h in keys}
         self.keys, self.done = keys, threading.Event()
         self.t0 = self.t1 = None
         self.missing: dict = {}

@@ -169,4 +169,4 @@ def test_metrics_on_loopback(lab):
         body = urllib.request.urlopen("http://127.0.0.1:9472/metrics", timeout=5).read().decode()
     tx = [line for line in body.splitlines() if line.startswith("rlb_host_path_tx_packets_total")]
     assert len(tx) == 4 and all(float(line.split()[-1]) > 0 for line in tx)
-    assert 'rlb_host_packets_total{node="rlbhn-h1",reason="rewritten"}' in body
+    assert 'rlb_host_packets_total{nic="",node="rlbhn-h1",reason="rewritten"}' in body

@@ -176,6 +176,8 @@ def status(url: str = typer.Option(DEFAULT_URL, help=URL_HELP),
         typer.echo(f"{leaf:<8}{' '.join(f'{x:>3}' for x in v['up']):<28}{' '.join(f'{x:>3}' for x in v['down']):<28}")
     for h, e in s["hosts"].items():
         typer.echo(f"  {h}: {e['qps']} QPs, last report {e['age_s']:.1f} s ago")
+    for m, e in (s.get("servers") or {}).items():
+        typer.echo(f"  server {m}: {len(e['nics'])} NICs reporting, {e['qps']} QPs")
 
 
 class CoordError(RuntimeError):

@@ -464,8 +464,17 @@ class Coordinator:
         got_a = balance.figures({lf: v["up"] for lf, v in act.items()},
                                 {lf: v["down"] for lf, v in act.items()}, caps)
         best_a = balance.best_figures(self.fabric, pairs_a, caps)
+        servers: dict[str, dict] = {}        # a GPU server: its NICs (each a host here) summed
+        for h, e in hosts.items():
+            m = self.fabric.machine_of(h)
+            if m != h:
+                s = servers.setdefault(m, {"nics": [], "qps": 0, "age_s": 0.0})
+                s["nics"].append(h)
+                s["qps"] += e["qps"]
+                s["age_s"] = max(s["age_s"], e["age_s"])
         return {
             "hosts": hosts,
+            "servers": servers,
             "qps": {"fabric": len(pairs), "local": n_local, "newest": len(active)},
             "links": {lf: {**loads[lf], "capacity_mbps": caps[lf]} for lf in loads},
             "balance": {"up": got[0], "down": got[1], "best_up": best[0], "best_down": best[1]},
