@@ -65,7 +65,12 @@ class ClosFabric:
         for n in self.switches:
             if n.name == name:
                 return n
-        raise FabricError(f"no node {name!r} in the fabric (have {', '.join(n.name for n in self.switches)})")
+        if name in self.nics:
+            nic = self.nics[name]
+            raise FabricError(f"{name!r} is NIC {nic.name} of server {nic.server}: units, link setup and the agent "
+                              f"are the server's ({nic.server})")
+        raise FabricError(f"no node {name!r} in the fabric (have {', '.join(n.name for n in self.switches)}"
+                          f"{', hosts and servers ' + ', '.join(self.machines) if self.machines else ''})")
 
     def pod_spines(self, pod: int) -> list[Node]:
         return [s for s in self.spines if s.pod == pod]
