@@ -1,5 +1,6 @@
 """The seeds' worked examples on leaf-spine fabrics: Juniper RLB with BGP-DPF, the FARE draft,
-and FARE for scale-up networks reproduced on a Clos fabric (lab/fabric*.toml)."""
+FARE for scale-up networks reproduced on a Clos fabric, and the JVD's rail-optimised GPU servers
+(lab/fabric*.toml)."""
 from __future__ import annotations
 
 import random
@@ -8,8 +9,11 @@ import time
 
 from rlbcommon.netns import run
 
+from rlbfabric import workloads
+
 from . import topo
 from .fabriclab import FabricLab, balance
+from .matrix import run_matrix
 from .scenario import Check, Scenario, register
 from .traffic import Flow, QpRun, open_raw, send
 
@@ -159,6 +163,35 @@ def scaleup_3_2_spray(lab: FabricLab, packets: int = 20000) -> list[Check]:
                   bool(shares) and all(abs(s - 0.25) < 0.01 for s in shares.values()))]
 
 
+# ---- rail-optimised GPU servers (Juniper JVD: gpu0_eth ... gpu7_eth, NIC r on leaf r) ------------
+
+def rails_stripe(lab: FabricLab) -> list[Check]:
+    """Servers a1, a2 of two NICs each, NIC r on rail leaf r: same-rail QPs stay on their leaf,
+    cross-rail QPs spread over the spines, and every NIC's QPs at once are at the best balance."""
+    nics = {m: lab.fabric.endpoints(m) for m in ("a1", "a2")}
+    same = lab.run_qps(nics["a1"][0], nics["a2"][0], 8, 50, seed=11)
+    across = lab.run_qps(nics["a1"][0], nics["a2"][1], 8, 50, seed=12)
+    cross = qps_per_link(across, 8)
+    one_qp = sum(across.links.values()) // 8 // 2     # half a QP's bytes: below it, no QP crossed a spine
+    conns = workloads.connections("all-to-all", [h for m in ("a1", "a2") for h in nics[m]])
+    m = run_matrix(lab, conns, 2, packets=100, seed=13, bursts=2)
+    got, best = m.figures(), m.best(lab.fabric)
+    checks = [Check(f"8 QPs {nics['a1'][0]} -> {nics['a2'][0]} (same rail): bytes on l1's uplinks",
+                    sum(same.links.values()), f"< {one_qp} (half a QP's): they stay on the leaf",
+                    sum(same.links.values()) < one_qp),
+              Check(f"8 QPs {nics['a1'][0]} -> {nics['a2'][1]} (across rails): QPs per spine", cross, "2 each",
+                    cross == {s: 2 for s in ONE_PER_SPINE}),
+              Check("every NIC to every other, 2 QPs each (24 QPs, both NICs of both servers at once): worst "
+                    "leaf max/mean up, down", [round(x, 2) for x in got], f"within 0.05 of the best {best}",
+                    all(g <= b + 0.05 for g, b in zip(got, best)))]
+    if lab.coordinator:
+        servers = lab.coordinator_status().get("servers", {})
+        nic_counts = {s: len(e["nics"]) for s, e in servers.items()}
+        checks.append(Check("the coordinator: NICs reporting per server", nic_counts, "2 each",
+                            nic_counts == {"a1": 2, "a2": 2}))
+    return checks
+
+
 register(
     Scenario("juniper-fig10", "Juniper RLB, Fig. 10", "kernel ECMP puts two of 4 QPs on one spine",
              "fabric.toml", fig10, {"mode": "baseline"}),
@@ -178,4 +211,7 @@ register(
     Scenario("scaleup-3.2-spray", "FARE scale-up, §3.2 (switch side)",
              "one QP sprayed per packet across the uplinks by weight", "fabric-spray.toml",
              scaleup_3_2_spray),
+    Scenario("rails-stripe", "Juniper RLB JVD, rail-optimised servers (gpu0_eth ... gpu7_eth)",
+             "same-rail QPs stay on their leaf, cross-rail ones spread, every NIC balanced at once",
+             "fabric-rails.toml", rails_stripe),
 )
