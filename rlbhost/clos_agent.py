@@ -8,6 +8,7 @@ reset) loses its own paths, and only its QPs move."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR
@@ -76,6 +77,27 @@ class ClosHostAgent:
         dp.sync_paths(nic.ifname, self.path_field, self.base_value, allowed)
         if self.fabric:
             self.place(nic)
+            self.route(nic)
+
+    def route(self, nic: Nic):
+        """A server's NIC sends what it originates from its addresses out of itself (the rule
+        and table rlbfabric renders for rlb-net): put back when missing, as the kernel deletes a
+        NIC's routes when it goes down, and rlb-net ran once at boot."""
+        hosts = self.fabric.endpoints(self.fabric.machine_of(nic.host))
+        if len(hosts) < 2 or not any(p.valid for p in nic.dp.paths()):
+            return
+        cmds = self.fabric.nic_routing(nic.host, hosts.index(nic.host))
+        table = cmds[0][cmds[0].index("table") + 1]
+        have = subprocess.run(["ip", "-6", "route", "show", "table", table, "default"], capture_output=True, text=True)
+        rules = subprocess.run(["ip", "-6", "rule", "show", "priority", table], capture_output=True, text=True)
+        if have.stdout.strip() and rules.stdout.strip():
+            return
+        for cmd in cmds:
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode and "File exists" not in res.stderr:
+                raise HostError(f"{' '.join(cmd)}: {res.stderr.strip()}")
+        log.info("%s: its source route put back (table %s: what it sends from its addresses leaves through it)",
+                 nic.ifname, table)
 
     def place(self, nic: Nic):
         """The NIC's place in the fabric: the rotation where its ties start, a weight entry

@@ -492,9 +492,9 @@ class HostDataplane(PinnedState):
             cfg = self.maps["config"].get(0)
             values = sorted(by_value)
             if values:
-                base = base_value if base_value is not None else (
-                    current[cfg.base].value if cfg.base in current and current[cfg.base].valid
-                    and current[cfg.base].value in by_value else values[0])
+                # the lowest path, as applications take it: a NIC whose addresses come back one
+                # by one (a link flap) returns to it once it is there, not to whichever came first
+                base = base_value if base_value is not None else values[0]
                 if base not in index_of or base not in by_value:
                     raise HostError(f"base path {base} is not among the paths {values}")
                 if cfg.base != index_of[base] or cfg.field != field:
