@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -30,6 +32,7 @@ from .metrics import HostCollector
 from .nics import pinned_dataplanes
 from .railonly_agent import why_file
 from .verbs.build import BuildError, build
+from .verbs.check import NicPaths, check as verbs_checks
 from .verbs.paths import socket_path, status_path, table_path
 
 log = logging.getLogger("rlbhost")
@@ -464,6 +467,72 @@ def verbs_status(as_json: bool = typer.Option(False, "--json", help="Machine-rea
     for n, per_path in sorted(per_nic.items()):
         typer.echo(f"placed now{' on ' + n if n else ''}, per path: "
                    + (", ".join(f"path {k}: {v}" for k, v in per_path.items()) or "none"))
+
+
+@verbs_app.command("check")
+def verbs_check(
+    pid: Optional[int] = typer.Option(None, help="Read the job's environment from this running process "
+                                      "(/proc/PID/environ), e.g. a rank of a job that is not placed."),
+    env: Optional[List[str]] = typer.Option(None, "--env", help="KEY=VALUE of the job's environment (repeat); "
+                                            "without --pid or --env, this command's own environment."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+):
+    """Will a job's QPs be placed here, and if not why: from the RDMA ports' GID tables (the GID
+    NCCL takes on each device), the agent (running, its NICs and paths) and the job's environment
+    (the library loaded, NCCL_IB_ADDR_FAMILY, NCCL_IB_GID_INDEX, NCCL_IB_HCA,
+    NCCL_IB_QPS_PER_CONNECTION). Exit status 0 when every device NCCL uses will be placed, 2 if not.
+
+    Examples:\n
+      rlbhost verbs check --env LD_PRELOAD=/usr/local/lib/rlb/librlbverbs.so --env NCCL_IB_ADDR_FAMILY=AF_INET6\n
+      rlbhost verbs check --pid 4242        # a running rank's own environment"""
+    if pid is not None:
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError as e:
+            raise HostError(f"cannot read the environment of pid {pid}: {e.strerror}") from None
+        job_env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+    elif env:
+        bad = [e for e in env if "=" not in e]
+        if bad:
+            raise HostError(f"--env {bad[0]!r}: KEY=VALUE")
+        job_env = dict(e.split("=", 1) for e in env)
+    else:
+        job_env = dict(os.environ)
+    dps = _dataplanes(None)
+    instance = dps[0].instance
+    status = _read_json(status_path(instance))
+    if status:
+        status["age_s"] = time.time() - status_path(instance).stat().st_mtime
+    names = list(status.get("nics", {}))
+    nics = []
+    for dp in dps:
+        try:
+            name = dp.nic or (names[0] if names else (dp.attached_interfaces() or ["?"])[0])
+            nics.append(NicPaths(name, {p.value: p.address for p in dp.paths() if p.valid}))
+        except HostError:             # no data plane here at all
+            continue
+    job, ports = verbs_checks(job_env, nics, status, str(socket_path(instance)))
+    placed = bool(ports) and all(p.placed for p in ports if not any(f.what.startswith("not in NCCL_IB_HCA")
+                                                                   for f in p.findings))
+    ok = placed and not any(f.level == "fail" for f in job)
+    if as_json:
+        typer.echo(json.dumps({"placed": ok, "job": [f.__dict__ for f in job],
+                               "ports": [{"device": p.device, "port": p.port, "netdev": p.netdev, "gid_index": p.gid_index,
+                                          "gid": p.gid, "placed": p.placed, "findings": [f.__dict__ for f in p.findings]}
+                                         for p in ports]}, indent=2))
+    else:
+        for f in job:
+            typer.echo(f"{f.level.upper():<5} {f.what}" + (f"  -> {f.fix}" if f.fix and f.level != "ok" else ""))
+        for p in ports:
+            typer.echo(f"{p.device}/{p.port} ({p.netdev or 'no netdev'}): "
+                       f"{'placed' if p.placed else 'keeps the application addresses'}")
+            for f in p.findings:
+                typer.echo(f"  {f.level.upper():<5} {f.what}" + (f"  -> {f.fix}" if f.fix and f.level != "ok" else ""))
+        if not ports:
+            typer.echo("FAIL  no RDMA device here (/sys/class/infiniband is empty)")
+        typer.echo("verdict: " + ("the job's QPs will be placed" if ok else "the job's QPs will NOT be placed (above: why)"))
+    if not ok:
+        raise typer.Exit(2)
 
 
 def _read_json(path: Path) -> dict:

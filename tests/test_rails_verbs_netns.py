@@ -7,8 +7,11 @@ path, both ends of every QP must agree, both devices' QPs must spread by weight 
 NIC's paths, and nothing may be refused as another process's QP."""
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,3 +197,50 @@ def test_rails_verbs_a_nic_the_agent_does_not_serve_keeps_its_addresses_and_says
     assert "not on a fabric NIC" in p.stderr and "rlbhost status" in p.stderr
     wait_for("counted", lambda: r.status(1)["service"]["kept"]["othernic"] == before + 2, timeout=5)
     assert addrplan.field_value(r.lab.base(2, 0), 3) == 1
+
+
+def check(r: Rails, host: int, *env: str) -> tuple[int, dict]:
+    """`rlbhost verbs check --json` on a server (reading the same GID tables as its agent)."""
+    p = subprocess.run([sys.executable, "-m", "rlbhost", "--netns", r.lab.h[host], "verbs", "check", "--json",
+                        *[a for e in env for a in ("--env", e)]],
+                       env={**os.environ, "RLB_SYSFS_INFINIBAND": str(r.sysfs[host])}, capture_output=True, text=True)
+    assert p.returncode in (0, 2), p.stderr
+    return p.returncode, json.loads(p.stdout)
+
+
+def test_rails_verbs_check_says_whether_a_job_will_be_placed_and_what_to_set(r):
+    """The GID NCCL takes on each device, from the tables as NCCL walks them: its default family
+    (AF_INET) takes the IPv4 GID stub0 has, or the link-local one on stub1, which has none; with
+    NCCL_IB_ADDR_FAMILY=AF_INET6 both take their NIC's path-1 GID and the job is placed."""
+    root = r.sysfs[1] / "stub0" / "ports" / "1"
+    for i, t in ((20, "IB/RoCE v1"), (21, "RoCE v2")):               # the NIC has IPv4 too
+        (root / "gids" / str(i)).write_text(ipaddress.IPv6Address("::ffff:10.0.0.1").exploded + "\n")
+        (root / "gid_attrs/types" / str(i)).write_text(t + "\n")
+        (root / "gid_attrs/ndevs" / str(i)).write_text("eth0\n")
+    lib = f"LD_PRELOAD={r.built.lib}"
+    sock = f"RLB_VERBS_SOCKET={socket_path(r.lab.h[1])}"
+    code, out = check(r, 1, lib, sock)
+    ports = {p["device"]: p for p in out["ports"] if p["device"] in DEVS}
+    assert code == 2 and not out["placed"]
+    assert ports["stub0"]["gid_index"] == 21 and not ports["stub0"]["placed"]
+    assert any("IPv4" in f["what"] and f["fix"] == "NCCL_IB_ADDR_FAMILY=AF_INET6" for f in ports["stub0"]["findings"])
+    assert ports["stub1"]["gid_index"] == 0 and not ports["stub1"]["placed"]
+    assert any("link-local" in f["what"] for f in ports["stub1"]["findings"])
+    # QPs = addresses = uplinks
+    assert any(f["level"] == "warn" and f["fix"] == "NCCL_IB_QPS_PER_CONNECTION=4" for f in out["job"])
+
+    code, out = check(r, 1, lib, sock, "NCCL_IB_ADDR_FAMILY=AF_INET6", "NCCL_IB_QPS_PER_CONNECTION=4",
+                      "NCCL_IB_HCA=stub0,stub1")
+    ports = {p["device"]: p for p in out["ports"]}
+    assert code == 0 and out["placed"], out
+    for i, dev in enumerate(DEVS):
+        assert ports[dev]["placed"] and ports[dev]["gid_index"] == r.gid[(1, i)][1]
+        assert ports[dev]["gid"] == r.lab.addresses(1, i)[1]
+    assert not [f for f in out["job"] if f["level"] != "ok"]
+
+    code, out = check(r, 1, lib, sock, "NCCL_IB_GID_INDEX=1", "NCCL_IB_QPS_PER_CONNECTION=8",
+                      "NCCL_IB_HCA=stub0,stub1")
+    assert code == 2 and all(any("not RoCE v2" in f["what"] for f in p["findings"])
+                             for p in out["ports"] if p["device"] in DEVS)
+    code, out = check(r, 1, sock, "NCCL_IB_ADDR_FAMILY=AF_INET6", "NCCL_IB_HCA=stub0,stub1")
+    assert code == 2 and any("does not load the library" in f["what"] for f in out["job"])
