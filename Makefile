@@ -1,5 +1,5 @@
 # Two commands for a fresh Debian 12 machine (as root). Each installs what is missing first.
-.PHONY: demo test bench setup clean vagrant-deps vagrant-box vagrant-test vagrant-test-scaleup vagrant-test-verbs
+.PHONY: demo test bench setup clean vagrant-deps vagrant-box vagrant-test vagrant-test-scaleup vagrant-test-verbs vagrant-test-rails
 
 setup:
 	@./scripts/bootstrap.sh
@@ -32,6 +32,10 @@ vagrant-test: setup vagrant-deps
 # the verbs library over Soft-RoCE: perftest and a dlopen program with LD_PRELOAD, TC off and on
 vagrant-test-verbs: setup vagrant-deps
 	RLB_VAGRANT=1 .venv/bin/python -m pytest -v -s tests/test_vagrant_verbs.py
+
+# GPU servers of two NICs (lab/fabric-rails-2x2.toml, 7 VMs): perftest on rxe0 and rxe1 at once
+vagrant-test-rails: setup vagrant-deps
+	RLB_VAGRANT=1 .venv/bin/python -m pytest -v -s tests/test_vagrant_rails.py
 
 # RLB_FABRIC=lab/scaleup-small.toml: 7 VMs instead of 13 (13 emulated VMs need about 4 cores)
 vagrant-test-scaleup: setup vagrant-deps

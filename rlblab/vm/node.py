@@ -163,16 +163,20 @@ WantedBy=multi-user.target
 """}
     out = deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip, coord, site)
     if vm.role == "host" and fab.paths_by_address:
-        port = fab.host_port(vm.name)
+        # a Soft-RoCE device per fabric NIC (a server's rxe0, rxe1, ...: their QP numbers collide,
+        # as eight ConnectX devices' do)
+        ports = [fab.host_port(h) for h in fab.endpoints(vm.name)]
+        adds = "\n".join(f"ExecStart=/bin/sh -c 'rdma link show rxe{i}/1 >/dev/null 2>&1 || "
+                         f"rdma link add rxe{i} type rxe netdev {p}'" for i, p in enumerate(ports))
         out["rlb-rxe"] = f"""[Unit]
-Description=Soft-RoCE device rxe0 on {port}
+Description=Soft-RoCE devices {", ".join(f"rxe{i} on {p}" for i, p in enumerate(ports))}
 Requires=rlb-net.service
 After=rlb-net.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
 ExecStart=/sbin/modprobe rdma_rxe
-ExecStart=/bin/sh -c 'rdma link show rxe0/1 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev {port}'
+{adds}
 [Install]
 WantedBy=multi-user.target
 """

@@ -1,0 +1,146 @@
+"""Opt-in (RLB_VAGRANT=1, `make vagrant-test-rails`): GPU servers of two NICs in the Vagrant lab,
+real RoCEv2 over Soft-RoCE on Debian's kernel.
+
+lab/fabric-rails-2x2.toml: 2 spines, 2 rail leaves, servers a1 and a2 with gpu0_eth on l1 and
+gpu1_eth on l2, a Soft-RoCE device on each NIC (rxe0, rxe1: each numbers its QPs from the same
+start, so their QP numbers collide) and one rlb-host unit per server (`rlbhost attach gpu0_eth
+gpu1_eth`, rendered from the fabric file). perftest runs on both devices at once with the verbs
+library: each device's 8 QPs must end on their own NIC's paths with both ends agreeing, split over
+the spines as placed; a rail leaf's uplink pulled mid-transfer must not fail that rail's transfer,
+and the other rail's transfer goes on untouched. About an hour under software emulation."""
+import os
+import re
+import time
+
+import pytest
+
+from .test_vagrant_lab import ITERS, SIZE  # noqa: F401 - the transfer sizes TCG sustains
+from rlblab.vm.driver import lab_session
+
+pytestmark = [pytest.mark.vagrant,
+              pytest.mark.skipif(os.environ.get("RLB_VAGRANT") != "1", reason="opt-in: RLB_VAGRANT=1")]
+
+FABRIC = "lab/fabric-rails-2x2.toml"
+LIB = "/usr/local/lib/rlb/librlbverbs.so"
+RLBHOST = "/opt/rlb/venv/bin/rlbhost"
+NIC = {"rxe0": "gpu0_eth", "rxe1": "gpu1_eth"}
+LEAF = {"rxe0": "l1", "rxe1": "l2"}
+PRELOAD = f"env LD_PRELOAD={LIB} RLB_VERBS_TIMEOUT_MS=1500 RLB_VERBS_LOG=2"
+DECISION = re.compile(r"QP 0x([0-9a-f]+) on (\S+): path (\d+), GID index \d+, peer \S+ \(QP 0x([0-9a-f]+)\)")
+
+
+@pytest.fixture(scope="module")
+def vlab(tmp_path_factory):
+    with lab_session(FABRIC, tmp_path_factory.mktemp("vagrant-rails") / "vagrant.log") as lab:
+        t0 = time.time()
+        want = {"l1": {"fc00:2:1:1::/64", "fc00:2:2:2::/64"}, "l2": {"fc00:1:1:1::/64", "fc00:1:2:2::/64"}}
+        for leaf, prefixes in want.items():
+            lab.wait(f"{leaf} programs the remote prefixes",
+                     lambda: {r["prefix"] for r in lab.json(leaf, "/opt/rlb/venv/bin/rlbswitch route show --json")}
+                     >= prefixes)
+        for server in ("a1", "a2"):
+            for dev in NIC:
+                lab.wait(f"{server}: {dev} GIDs on both paths", lambda: len(gids(lab, server, dev)) == 2)
+        print(f"converged: {time.time() - t0:.0f} s after up")
+        yield lab
+
+
+def gids(lab, server: str, dev: str) -> dict[int, int]:
+    """{path: RoCE v2 GID index on dev} of the NIC the device is on."""
+    rows = lab.json(server, f"{RLBHOST} paths --json")
+    return {r["path"]: g["gid_index"] for r in rows if r["nic"] == NIC[dev] and r["valid"]
+            for g in r["gids"] if g["device"] == dev}
+
+
+def spine_tx(lab) -> dict[str, int]:
+    """Bytes each spine sent towards each leaf: {"s1>l2": ...}."""
+    return {f"{s}>{lf}": lab.tx_bytes(s, f"eth-{lf}") for s in ("s1", "s2") for lf in ("l1", "l2")}
+
+
+def verbs_status(lab, server: str) -> dict:
+    return lab.json(server, "cat /run/rlb/default-host-verbs.json")
+
+
+def listening(lab, server: str, port: int) -> bool:
+    return f":{port} " in lab.sh(server, "ss -ltnH").stdout
+
+
+class Transfer:
+    """ib_write_bw with the library between a device of a1 (client) and one of a2 (server), on
+    a TCP port of its own; the client starts once the server listens (not after a guess)."""
+
+    def __init__(self, lab, tmp_path, client_dev: str, server_dev: str, port: int, extra: str):
+        self.lab, self.client_dev, self.server_dev = lab, client_dev, server_dev
+        self.out = {s: tmp_path / f"{s}-{client_dev}-{server_dev}-{port}.out" for s in ("client", "server")}
+        cmd = f"ib_write_bw -i 1 -q 8 -s {SIZE} -t 2 -F --report_gbits -p {port} {extra}"
+        self.server = lab.spawn("a2", f"{PRELOAD} {cmd} -d {server_dev} -x {gids(lab, 'a2', server_dev)[1]}",
+                                self.out["server"])
+        lab.wait(f"perftest listens on a2:{port}", lambda: listening(lab, "a2", port), timeout=300, every=1)
+        self.client = lab.spawn("a1", f"{PRELOAD} {cmd} -d {client_dev} -x {gids(lab, 'a1', client_dev)[1]} "
+                                      f"{lab.vm('a2').mgmt_ip}", self.out["client"])
+
+    def finish(self, timeout: float = 1800) -> dict[int, tuple[int, int]]:
+        """Both ends done, each QP's path agreed: {client QP: (path, server QP)}."""
+        rc = (self.client.wait(timeout=timeout), self.server.wait(timeout=300))
+        c_out, s_out = self.out["client"].read_text(), self.out["server"].read_text()
+        assert rc == (0, 0), c_out + s_out
+        assert re.search(rf"^\s*{SIZE}\s+\d+", c_out, re.M), c_out
+        c = {int(m[1], 16): (m[2], int(m[3]), int(m[4], 16)) for m in DECISION.finditer(c_out)}
+        s = {int(m[1], 16): (m[2], int(m[3]), int(m[4], 16)) for m in DECISION.finditer(s_out)}
+        assert len(c) == len(s) == 8, (c, s)
+        for qp, (dev, path, peer) in c.items():
+            assert dev == self.client_dev and s[peer] == (self.server_dev, path, qp), (hex(qp), c[qp], s.get(peer))
+        return {qp: (path, peer) for qp, (_, path, peer) in c.items()}
+
+
+def test_rails_vm_both_devices_at_once_each_qp_on_its_own_nics_path_both_ends_agreeing(vlab, tmp_path):
+    """rxe0 of a1 to rxe1 of a2 and rxe1 of a1 to rxe0 of a2 at once (across the rails: each
+    transfer crosses the spines, one each way), 8 QPs each: 4 a path on each, both ends agreeing,
+    each direction's bytes split over the spines as the QPs are."""
+    before = {s: verbs_status(vlab, s)["counters"] for s in ("a1", "a2")}
+    t0 = spine_tx(vlab)
+    rail0 = Transfer(vlab, tmp_path, "rxe0", "rxe1", 18515, f"-n {ITERS}")
+    rail1 = Transfer(vlab, tmp_path, "rxe1", "rxe0", 18516, f"-n {ITERS}")
+    q0, q1 = rail0.finish(), rail1.finish()
+    t1 = spine_tx(vlab)
+    d = {k: t1[k] - t0[k] for k in t0}
+    print(f"rxe0->rxe1 {q0}\nrxe1->rxe0 {q1}\nspine bytes {d}")
+    # the devices' QP numbers collide (each device numbers from the same start): both transfers
+    # have QPs of the same numbers, told apart by device
+    print(f"QP numbers on both devices: {sorted(set(q0) & set(q1))}")
+    for q in (q0, q1):
+        assert sorted(p for p, _ in q.values()) == [1, 1, 1, 1, 2, 2, 2, 2]
+    for towards, rail in (("l2", "rxe0 -> rxe1"), ("l1", "rxe1 -> rxe0")):
+        total = d[f"s1>{towards}"] + d[f"s2>{towards}"]
+        assert total >= 8 * ITERS * SIZE, (rail, d)
+        assert 0.4 * total <= d[f"s1>{towards}"] <= 0.6 * total, (rail, d)
+    for s in ("a1", "a2"):
+        after = verbs_status(vlab, s)["counters"]
+        assert after["disagreements"] == before[s]["disagreements"]
+        assert after["foreign_qps"] == before[s]["foreign_qps"]
+        assert after["placed_rtr"] >= before[s]["placed_rtr"] + 16
+        nics = verbs_status(vlab, s)["nics"]
+        assert set(nics) == {"gpu0_eth", "gpu1_eth"} and all(len(e["ports"]) == 1 for e in nics.values())
+
+
+def test_rails_vm_a_rail_leaf_uplink_pulled_mid_transfer(vlab, tmp_path):
+    """Rail 0 (rxe0 of a1 to rxe1 of a2: up l1, over the spines, down l2) while rail 1 runs on its
+    own leaf (rxe1 to rxe1, l2 only); l1's cable to s2 pulled 15 s in: rail 0's transfer completes,
+    its traffic on s1 from then on, and rail 1's transfer completes untouched."""
+    marks = {}
+    rail0 = Transfer(vlab, tmp_path, "rxe0", "rxe1", 18517, "-D 30")
+    rail1 = Transfer(vlab, tmp_path, "rxe1", "rxe1", 18518, "-D 30")
+    try:
+        time.sleep(15)
+        marks["cut"] = spine_tx(vlab)
+        vlab.set_link("l1", "s2", up=False)
+        time.sleep(8)
+        marks["later"] = spine_tx(vlab)
+        q0, q1 = rail0.finish(), rail1.finish()
+    finally:
+        vlab.set_link("l1", "s2", up=True)
+    moved = {k: marks["later"][k] - marks["cut"][k] for k in marks["cut"]}
+    print(f"l1-s2 pulled: rail 0 {q0}, rail 1 {q1}; spine bytes in the 8 s after {moved}")
+    assert 2 in {p for p, _ in q0.values()}                 # rail 0 had QPs on the path whose cable went
+    assert moved["s2>l2"] < 0.1 * moved["s1>l2"] and moved["s1>l2"] > 50 * SIZE
+    assert sorted(p for p, _ in q1.values()) == [1, 1, 1, 1, 2, 2, 2, 2]
