@@ -235,10 +235,12 @@ def test_verbs_traffic_that_is_not_the_fabrics_is_not_even_asked_about(built, tm
     assert {ipaddress.IPv6Address(v[1]) for v in got.values()} == {ipaddress.IPv6Address(dgid)}
     assert {v[0] for v in got.values()} == {BASE_GID}
     assert agent.kinds("RTR") == []
-    if dgid.startswith("::ffff:"):
-        # NCCL's default (AF_INET) on a NIC with IPv4 too: left alone, but counted by the agent and
-        # said once, with the setting that would change it
-        assert [int(m[5]) for m in agent.kinds("USED")] == [P.KEEP["ipv4"]] * 2
+    if dgid.startswith(("::ffff:", "fe80:")):
+        # NCCL's default (AF_INET) takes an IPv4-mapped GID on a NIC with IPv4 too, GID 0 (link-local)
+        # on one without: left alone, but counted by the agent and said once, with the setting that
+        # would change it
+        keep = P.KEEP["ipv4" if dgid.startswith("::ffff:") else "linklocal"]
+        assert [int(m[5]) for m in agent.kinds("USED")] == [keep] * 2
         assert err.count("rlbverbs[") == 1 and "NCCL_IB_ADDR_FAMILY=AF_INET6" in err
     else:
         assert agent.kinds("USED") == [] and err == ""

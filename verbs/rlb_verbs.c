@@ -62,6 +62,7 @@ static const char *const keep_names[RLBV_KEEP_MAX] = {
     [RLBV_KEEP_ERROR] = "a malformed message",
     [RLBV_KEEP_IPV4] = "its GIDs are IPv4 (RoCE v2 over IPv4); the fabric's paths are IPv6",
     [RLBV_KEEP_OTHERNIC] = "the RDMA port is not on a fabric NIC the agent serves",
+    [RLBV_KEEP_LINKLOCAL] = "its GIDs are link-local, not routed across the fabric",
 };
 _Static_assert(sizeof(keep_names) / sizeof(keep_names[0]) == RLBV_KEEP_MAX, "one name per reason");
 
@@ -74,6 +75,8 @@ static const char *const keep_hints[RLBV_KEEP_MAX] = {
     [RLBV_KEEP_IPV4] = "set NCCL_IB_ADDR_FAMILY=AF_INET6 (or NCCL_IB_GID_INDEX to the fabric IPv6 GID: "
                        "`rlbhost paths`)",
     [RLBV_KEEP_OTHERNIC] = "attach the agent to every fabric NIC (`rlbhost status` lists those it serves)",
+    [RLBV_KEEP_LINKLOCAL] = "set NCCL_IB_ADDR_FAMILY=AF_INET6 (NCCL's AF_INET default takes GID 0 on a NIC "
+                            "without IPv4)",
 };
 
 typedef void *(*dlopen_fn)(const char *, int);
@@ -138,7 +141,7 @@ static void log_keep(int why, const char *what, uint32_t qpn, const char *dev)
         cfg.log < 2 ? " (further QPs kept for this cause are counted by the agent, not logged)" : "");
 }
 
-enum gid_kind { GID_FABRIC, GID_IPV4, GID_OTHER };
+enum gid_kind { GID_FABRIC, GID_IPV4, GID_LINKLOCAL, GID_OTHER };
 
 static enum gid_kind gid_kind(const union ibv_gid *g)
 {
@@ -147,9 +150,21 @@ static enum gid_kind gid_kind(const union ibv_gid *g)
     static const uint8_t zero[16];
     if (!memcmp(b, v4mapped, 12))
         return GID_IPV4;                            /* RoCE v2 over IPv4 (NCCL's default family) */
-    if (!memcmp(b, zero, 16) || b[0] == 0xff || (b[0] == 0xfe && (b[1] & 0xc0) == 0x80))
-        return GID_OTHER;                           /* unset, multicast, link-local */
+    if (b[0] == 0xfe && (b[1] & 0xc0) == 0x80)
+        return GID_LINKLOCAL;                       /* not routed: one link only */
+    if (!memcmp(b, zero, 16) || b[0] == 0xff)
+        return GID_OTHER;                           /* unset, multicast */
     return GID_FABRIC;
+}
+
+/* Why a QP between these GIDs is left alone without asking (0: ask). */
+static int left_alone(const union ibv_gid *sgid, const union ibv_gid *dgid)
+{
+    if (gid_kind(sgid) == GID_IPV4 || gid_kind(dgid) == GID_IPV4)
+        return RLBV_KEEP_IPV4;
+    if (gid_kind(sgid) == GID_LINKLOCAL || gid_kind(dgid) == GID_LINKLOCAL)
+        return RLBV_KEEP_LINKLOCAL;
+    return 0;
 }
 
 static void gid_text(const union ibv_gid *g, char *out)
@@ -547,10 +562,8 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
     gid_text(&av->grh.dgid, d);
     struct answer a = {0};
     uint32_t device = rlbv_device(dev, port);
-    int why = -1;
-    if (gid_kind(&sgid) == GID_IPV4 || gid_kind(&av->grh.dgid) == GID_IPV4)
-        why = RLBV_KEEP_IPV4;                       /* left alone, but counted and said once */
-    if (why < 0)
+    int why = left_alone(&sgid, &av->grh.dgid);     /* left alone, but counted and said once */
+    if (!why)
         why = from_table(device, qp->qp_num, attr->dest_qp_num, &av->grh.dgid, &a);
     if (why < 0) {                                  /* not decided yet: ask */
         why = ask(&a, "RTR", "%s %d %u %d %s %s %u", dev, port, qp->qp_num, av->grh.sgid_index, s, d,
@@ -624,9 +637,9 @@ EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
     gid_text(&sgid, s);
     gid_text(&attr->grh.dgid, d);
     struct answer a = {0};
-    int why = gid_kind(&sgid) == GID_IPV4 || gid_kind(&attr->grh.dgid) == GID_IPV4
-                  ? RLBV_KEEP_IPV4
-                  : ask(&a, "AH", "%s %d %d %s %s", dev, port, attr->grh.sgid_index, s, d);
+    int why = left_alone(&sgid, &attr->grh.dgid);
+    if (!why)
+        why = ask(&a, "AH", "%s %d %d %s %s", dev, port, attr->grh.sgid_index, s, d);
     if (!why)
         why = check_gid(pd->context, port, &a);
     struct ibv_ah *ah = NULL;

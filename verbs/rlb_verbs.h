@@ -67,6 +67,8 @@ enum rlbv_keep {
     RLBV_KEEP_IPV4,               /* the GIDs are IPv4 (RoCE v2 over IPv4): the fabric's paths are
                                    * IPv6 prefixes (NCCL: NCCL_IB_ADDR_FAMILY=AF_INET6) */
     RLBV_KEEP_OTHERNIC,           /* the RDMA port's netdev is not a fabric NIC the agent serves */
+    RLBV_KEEP_LINKLOCAL,          /* the GIDs are link-local: not routed across the fabric (NCCL
+                                   * with AF_INET on a NIC that has no IPv4 address takes GID 0) */
     RLBV_KEEP_MAX,
 };
 

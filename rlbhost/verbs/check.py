@@ -170,7 +170,7 @@ def check(env: dict[str, str], nics: list[NicPaths], agent: dict, socket: str,
         fabric = set(nic.paths.values())
         if ipaddress.IPv6Address(addr).is_link_local:
             pc.findings.append(Finding(FAIL, f"{how} takes GID {idx} ({addr}), link-local: not routed across the "
-                                       "fabric, and left alone by the library", "NCCL_IB_ADDR_FAMILY=AF_INET6"))
+                                       "fabric (kept: linklocal)", "NCCL_IB_ADDR_FAMILY=AF_INET6"))
         elif _v4mapped(addr):
             pc.findings.append(Finding(FAIL, f"{how} takes GID {idx} ({addr}), IPv4: the fabric's paths are IPv6 "
                                        "(kept: ipv4)", "NCCL_IB_ADDR_FAMILY=AF_INET6"))

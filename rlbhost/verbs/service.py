@@ -836,7 +836,7 @@ class VerbsService:
             return
         keep = P.KEEP_NAME.get(m.keep, "error")
         self._count_kept(keep)
-        if keep == "ipv4":                       # never a fabric QP: no peer to tell
+        if keep in ("ipv4", "linklocal"):        # never a fabric QP: no peer to tell
             return
         if self._register(c, m.dev, m.port, m.qpn) is None:
             return

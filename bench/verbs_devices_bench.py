@@ -1,0 +1,123 @@
+"""One agent answering a GPU server's RDMA devices at once, against today's one device: two servers
+of D NICs in namespaces (rlblab/hostlab.py, nics=D: NIC i of each on its own prefixes, a rail
+each), one `rlbhost attach eth0 ... eth<D-1>` per server, a stand-in RDMA device on each NIC
+(tests/verbs/: stub0 ... stub<D-1>, every one numbering its QPs from the same start, so QP numbers
+collide across devices as Soft-RoCE's and ConnectX's do).
+
+    one device:     one process per server on stub0, N QPs to RTR one after another (today's shape)
+    D devices:      one process per device per server, all at once: D x N QPs, N per device
+
+Per QP: the RTR call's duration in the application (median, 99th percentile, worst), and from
+what each end's device was given, whether both ends of each QP are on the same path of their own
+NICs (per device). The budget is 1 ms at the median and 5 ms at worst per QP.
+
+    .venv/bin/python bench/verbs_devices_bench.py [--devices 8] [--qps 1000] [--timeout-ms 20]"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rlbhost.verbs.paths import socket_path  # noqa: E402
+from rlblab.hostlab import HostLab  # noqa: E402
+from tests.verbs_tools import app_env, app_lines, build_all, fake_sysfs, rtrs  # noqa: E402
+
+FIRST_QPN = {1: 0x1000, 2: 0x200000}        # every device of a server numbers from here
+
+
+def start(lab, built, sysfs, gid, host, dev, n, timeout_ms, log):
+    """verbs_app on one server's device `dev`, n QPs towards the other server's same NIC."""
+    peer = 3 - host
+    args = [str(built.linked), str(n), str(gid[(host, dev)][1]), lab.addresses(peer, dev)[1],
+            hex(FIRST_QPN[peer]), "sync", "hold"]
+    env = app_env(built, sysfs[host], log, FIRST_QPN[host], socket_path(lab.h[host]),
+                  STUB_DEVICE=f"stub{dev}", RLB_VERBS_TIMEOUT_MS=str(timeout_ms))
+    p = subprocess.Popen(["ip", "netns", "exec", lab.h[host], *args], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert p.stdout.readline().strip() == "READY"
+    return p
+
+
+def run(lab, built, sysfs, gid, tmp, devices: int, n: int, timeout_ms: float):
+    """Both servers' processes (one a device) go at once; ({host: per-QP lines}, agreement per device)."""
+    apps, logs = {1: [], 2: []}, {1: {}, 2: {}}
+    for dev in range(devices):
+        for host in (1, 2):
+            log = tmp / f"h{host}-stub{dev}-{time.monotonic_ns()}.log"
+            logs[host][dev] = log
+            apps[host].append(start(lab, built, sysfs, gid, host, dev, n, timeout_ms, log))
+    for host in (1, 2):
+        for p in apps[host]:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+    lines = {host: [ln for p in apps[host] for ln in app_lines("".join(p.stdout.readline() for _ in range(n)))]
+             for host in (1, 2)}
+    for p in apps[1] + apps[2]:
+        p.stdin.close()
+    for p in apps[1] + apps[2]:
+        p.wait(timeout=120)
+    agree = {}
+    for dev in range(devices):
+        e1, e2 = rtrs(logs[1][dev]), rtrs(logs[2][dev])
+        path1 = {q: _path(gid[(1, dev)], idx) for q, (idx, _) in e1.items()}
+        path2 = {q: _path(gid[(2, dev)], idx) for q, (idx, _) in e2.items()}
+        pairs = [(path1[q], path2.get(q - FIRST_QPN[1] + FIRST_QPN[2], 0)) for q in path1]
+        split = {k: sum(1 for a, _ in pairs if a == k) for k in sorted(gid[(1, dev)])}
+        agree[dev] = (sum(a == b for a, b in pairs), len(pairs), split)
+    return lines, agree
+
+
+def _path(gids: dict[int, int], index: int) -> int:
+    return next((k for k, i in gids.items() if i == index), 0)
+
+
+def figures(lines: list[dict]) -> dict:
+    ms = sorted(ln["ns"] / 1e6 for ln in lines)
+    return {"n": len(ms), "median": statistics.median(ms), "p99": ms[int(0.99 * (len(ms) - 1))], "max": ms[-1]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--qps", type=int, default=1000, help="QPs per device per server")
+    ap.add_argument("--timeout-ms", type=float, default=20)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="rlb-verbs-devices-"))
+    built = build_all(tmp / "build")
+    lab = HostLab("rlbvd", nics=args.devices)
+    out = []
+    try:
+        lab.up(timeout=120)
+        sysfs = {k: tmp / f"sys-h{k}" for k in (1, 2)}
+        gid = {(k, d): fake_sysfs(sysfs[k], lab.addresses(k, d), dev=f"stub{d}", netdev=lab.nic(d))
+               for k in (1, 2) for d in range(args.devices)}
+        for k in (1, 2):
+            lab.start_agent(k, env={"RLB_SYSFS_INFINIBAND": str(sysfs[k])}, timeout=300)
+        for devices in (1, args.devices):
+            time.sleep(2)
+            lines, agree = run(lab, built, sysfs, gid, tmp, devices, args.qps, args.timeout_ms)
+            out.append((devices, {h: figures(lines[h]) for h in (1, 2)}, agree))
+    finally:
+        lab.down()
+    print(f"\nRTR of {args.qps} QPs per device per server, stand-in libibverbs, library timeout {args.timeout_ms:g} ms; "
+          f"{args.devices} NICs per server, one agent each")
+    print(f"{'case':<34}{'server':<8}{'QPs':>6}{'median ms':>11}{'p99 ms':>9}{'max ms':>9}")
+    for devices, figs, _ in out:
+        name = "one device (today's shape)" if devices == 1 else f"{devices} devices at once"
+        for h in (1, 2):
+            f = figs[h]
+            print(f"{name:<34}{'a' + str(h):<8}{f['n']:>6}{f['median']:>11.3f}{f['p99']:>9.3f}{f['max']:>9.3f}")
+    print("\nboth ends of each QP on the same path of their own NICs (per device; QPs per path on server 1):")
+    for devices, _, agree in out:
+        for dev, (same, total, split) in agree.items():
+            print(f"  {devices} device(s), stub{dev}: {same} of {total}, per path {split}")
+
+
+if __name__ == "__main__":
+    main()
