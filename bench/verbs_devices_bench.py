@@ -15,7 +15,6 @@ NICs (per device). The budget is 1 ms at the median and 5 ms at worst per QP.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.verbs_bench import figures  # noqa: E402 - per-QP median, p99, worst, as the one-device bench
 from rlbhost.verbs.paths import socket_path  # noqa: E402
 from rlblab.hostlab import HostLab  # noqa: E402
 from tests.verbs_tools import app_env, app_lines, build_all, fake_sysfs, rtrs  # noqa: E402
@@ -75,11 +75,6 @@ def run(lab, built, sysfs, gid, tmp, devices: int, n: int, timeout_ms: float):
 
 def _path(gids: dict[int, int], index: int) -> int:
     return next((k for k, i in gids.items() if i == index), 0)
-
-
-def figures(lines: list[dict]) -> dict:
-    ms = sorted(ln["ns"] / 1e6 for ln in lines)
-    return {"n": len(ms), "median": statistics.median(ms), "p99": ms[int(0.99 * (len(ms) - 1))], "max": ms[-1]}
 
 
 def main():
