@@ -16,7 +16,12 @@
     REPLY <id> YES <path> <paths>     (to CHECK: the path taken, 0 if not that one; to PATHS: 0)
 
   <paths> are path field values, comma-separated ("-" for none); budget_us is what is left of
-  the asker's time when it sends: a question older than that is not worked on."""
+  the asker's time when it sends: a question older than that is not worked on.
+
+  An end is named by its NIC's base address and its QP number: on a server of several NICs the
+  base address names one RDMA port (each NIC has its own prefixes), so (address, number) is as
+  unique fabric-wide as (device, port, number) is on its host; each message is sent from the
+  address of the NIC it is about, and the receiver checks that."""
 from __future__ import annotations
 
 import functools
