@@ -67,11 +67,13 @@ class GidTable:
         self.read_at = 0.0
 
     def refresh(self):
-        self.table = {}
+        """Read again, into a new table (readers in other threads see the old one or the new)."""
+        table = {}
         for dev, port in ports(self.sysfs):
             entries = read_port(dev, port, self.sysfs)
             if self.ifnames is None or any(nd in self.ifnames for _, _, nd in entries.values()):
-                self.table[(dev, port)] = entries
+                table[(dev, port)] = entries
+        self.table = table
         self.read_at = time.monotonic()
 
     def served(self) -> list[tuple[str, int]]:
