@@ -34,13 +34,15 @@ def vlab(tmp_path_factory):
     with lab_session(FABRIC, tmp_path_factory.mktemp("vagrant-rails") / "vagrant.log") as lab:
         t0 = time.time()
         want = {"l1": {"fc00:2:1:1::/64", "fc00:2:2:2::/64"}, "l2": {"fc00:1:1:1::/64", "fc00:1:2:2::/64"}}
+        # 7 emulated VMs on 2 cores: a command on a VM still compiling its programs can take minutes
         for leaf, prefixes in want.items():
             lab.wait(f"{leaf} programs the remote prefixes",
                      lambda: {r["prefix"] for r in lab.json(leaf, "/opt/rlb/venv/bin/rlbswitch route show --json")}
-                     >= prefixes)
+                     >= prefixes, timeout=1800, every=10)
         for server in ("a1", "a2"):
             for dev in NIC:
-                lab.wait(f"{server}: {dev} GIDs on both paths", lambda: len(gids(lab, server, dev)) == 2)
+                lab.wait(f"{server}: {dev} GIDs on both paths", lambda: len(gids(lab, server, dev)) == 2,
+                         timeout=1800, every=10)
         print(f"converged: {time.time() - t0:.0f} s after up")
         yield lab
 

@@ -47,7 +47,7 @@ class VagrantLab:
             raise RuntimeError(f"vagrant {' '.join(args)} failed (exit {res.returncode}); see {self.log}")
         return ""
 
-    def up(self, start_timeout: float = 900, timeout: float = 3600):
+    def up(self, start_timeout: float = 900, timeout: float = 5400):
         """`vagrant up`, watched: if no VM of the lab is running after start_timeout (the first up
         of a box also uploads its 1.6 GB base volume, a few minutes), vagrant has stalled and
         waiting longer would not help: stop it and say where to look."""
