@@ -8,6 +8,7 @@ weights, QP table and counters, under /sys/fs/bpf/rlb/<instance>/host-<nic>."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import math
 import logging
@@ -43,6 +44,17 @@ IFA_F_TEMPORARY, IFA_F_DADFAILED, IFA_F_DEPRECATED, IFA_F_TENTATIVE = 0x01, 0x08
 DEFAULT_EXPIRY_MS = 200
 DEFAULT_ROCE_PORT = ROCE_PORT
 WEIGHT_SCALE = 1000   # weights are stored as integers: 0.5 -> 500
+
+
+@functools.lru_cache(maxsize=65536)
+def _packed(addr: str) -> bytes:
+    """An address's 16 bytes (the same peers come again and again: a verbs QP writes three)."""
+    return ipaddress.IPv6Address(addr).packed
+
+
+@functools.lru_cache(maxsize=65536)
+def _text(packed: bytes) -> str:
+    return str(ipaddress.IPv6Address(packed))
 
 
 class HostError(RuntimeError):
@@ -713,9 +725,15 @@ class HostDataplane(PinnedState):
             cfg = self.maps["config"].get(0)
             expiry = cfg.expiry_ns
             entries = self._effective_all()
-            placed = {self._qp_id(k): v.value for k, v in self.maps["placed"].items()}
+            # the data plane's counters before the table is read: a slot it touched meanwhile is
+            # left for the next sweep (_recount)
+            span = (max(entries) + 1) * MAX_PATHS if entries else 0
+            window = self.maps["active"].array_slice(0, span) if span else b""
+            flows_now = list(ct.items())
+            # each map read once a sweep: a server's eight NICs sweep eight tables ten times a second
+            placed = {self._qp_id(k): v.value for k, v in self.maps["placed"].items()} if flows_now else {}
             live: dict[int, list] = {wid: [] for wid in entries}
-            for k, v in list(ct.items()):
+            for k, v in flows_now:
                 if now - v.last_ns >= expiry or v.wid not in entries:
                     if ct.delete(k):      # idle: re-assigned on its next packet anyway
                         self._adjust(v.wid, v.path, -1)
@@ -738,28 +756,27 @@ class HostDataplane(PinnedState):
                     if self._qp_id(q.key) in placed:      # the host's own capacity rules
                         self.maps["placed"].delete(q.key)
                     moved += 1
-            self._recount(ct)
+            self._recount(entries, live, window)
             if moved:
                 self._count_event("ev_released", moved)
         if moved:
             log.info("released %d QPs to match the weights", moved)
         return moved
 
-    def _recount(self, ct):
+    def _recount(self, entries: dict, live: dict[int, list], before: bytes):
         """Correct the counters where they drifted from the table (entries the LRU evicted, an
         expiry the data plane and the sweep both saw): per slot, active_adj becomes the table's
-        count less the data plane's, but only for slots the data plane did not touch while the
-        table was read: otherwise its adds and this count disagree on which QPs they include,
-        and the next sweep corrects that slot."""
+        count (`live`, as the sweep left it) less the data plane's, but only for slots the data
+        plane did not touch since `before` (read before the table was): otherwise its adds and
+        this count disagree on which QPs they include, and the next sweep corrects that slot."""
         act = self.maps["active"]
-        wids = {v.id for _, v in self.maps["weights"].items()}
+        wids = set(entries)
         # only the slots of entries in use (ids are the lowest free: one span from 0): the
         # whole 65536-slot table three times per sweep cost an idle agent 20% of a core
         span = (max(wids) + 1) * MAX_PATHS if wids else 0
         if not span:
             return
-        before = act.array_slice(0, span)
-        counts = Counter((v.wid, v.path) for _, v in ct.items())
+        counts = Counter((v.wid, v.path) for flows in live.values() for _, v in flows)
         after = act.array_slice(0, span)
         dp_now = struct.unpack(f"{span}i", after)
         with self.verbs_lock:
@@ -807,7 +824,7 @@ class HostDataplane(PinnedState):
         for destination peer, as the data plane would find them; None without an entry."""
         k = self.maps["weights"].key_type()
         k.prefixlen = 128
-        k.addr[:] = ipaddress.IPv6Address(peer).packed
+        k.addr[:] = _packed(peer)
         w = self.maps["weights"].get(k)
         if w is None:
             return None
@@ -823,7 +840,7 @@ class HostDataplane(PinnedState):
 
     def _verbs_key(self, peer: str, qpn: int, direction: int):
         k = self.maps["verbs"].key_type()
-        k.peer[:] = ipaddress.IPv6Address(peer).packed
+        k.peer[:] = _packed(peer)
         k.qpn, k.dir = qpn, direction
         return k
 
@@ -837,7 +854,7 @@ class HostDataplane(PinnedState):
         m = self.maps["verbs"]
         v = m.leaf_type()
         v.created_ns = q.created_ns or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        v.peer_base[:] = ipaddress.IPv6Address(q.peer_base).packed
+        v.peer_base[:] = _packed(q.peer_base)
         v.path, v.wid, v.local_qpn, v.remote_qpn, v.pid, v.flags = (
             q.path, q.wid, q.local_qpn, q.remote_qpn, q.pid, q.flags)
         mirror = self._verbs_mirror()
@@ -891,11 +908,11 @@ class HostDataplane(PinnedState):
     # ---- coordinator placements -------------------------------------------------------
     @staticmethod
     def _qp_id(k) -> tuple[str, int, int]:
-        return (str(ipaddress.IPv6Address(bytes(k.peer))), k.sport, k.qp)
+        return (_text(bytes(k.peer)), k.sport, k.qp)
 
     def _ct_key(self, peer: str, sport: int, qp: int):
         k = self.maps["conntrack"].key_type()
-        k.peer[:] = ipaddress.IPv6Address(peer).packed
+        k.peer[:] = _packed(peer)
         k.sport, k.qp = sport, qp
         return k
 

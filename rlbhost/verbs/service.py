@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlbcommon.health import Health
+from rlbcommon.heap import Heap
 from rlbcommon.paths import write_atomic
 from rlbcommon.constants import VERBS_PORT
 from rlbfabric import addrplan
@@ -224,6 +225,7 @@ class VerbsService:
         self.local: dict[Local, LocalQp] = {}
         self.by_nic: dict[tuple[str, int], Local] = {}      # (NIC, QP number) -> its QP
         self.by_dev: dict[tuple[str, int], Local] = {}      # (device, QP number) -> its QP
+        self.by_base: dict[str, NicState] = {}              # a NIC's base address (as last viewed) -> it
         # by this host's QP: (the pair's key, decision)
         self.decisions: dict[Local, tuple[Key, Decision]] = {}
         self.pending: dict[int, Pending] = {}
@@ -246,6 +248,10 @@ class VerbsService:
         self.why = ""
         self.recent: collections.deque = collections.deque(maxlen=RECENT)
         self._next_reap = self._next_status = 0.0
+        # a server's QPs (thousands of decisions, local QPs, table slots) and the agent's modules
+        # out of the collector's sight: its full collections stalled this thread 30-45 ms at a
+        # time while 4 devices' QPs went to RTR, past the libraries' 20 ms (rlbcommon/heap.py)
+        self.heap = Heap()
 
     @property
     def dp(self) -> HostDataplane:
@@ -331,7 +337,10 @@ class VerbsService:
         return self.nics.get(nd) if nd else None
 
     def _nic_of_base(self, base: str) -> NicState | None:
-        return next((n for n in self.nics.values() if self._view(n).base_addr == base), None)
+        for n in self.nics.values():           # the views fresh (each is read at most every VIEW_S)
+            self._view(n)
+        nic = self.by_base.get(base)
+        return nic if nic is not None and nic.view_at[1].base_addr == base else None
 
     def _local_of(self, nic: NicState, qpn: int) -> Local:
         """A QP of this NIC named by a peer: the one registered, else as its RDMA port names it."""
@@ -444,6 +453,8 @@ class VerbsService:
             self._next_status = t + STATUS_EVERY_S
             self._write_status()
             self._reread_keys()
+            self.heap.settle()
+            self.heap.collect_if_due(idle=not self.pending and not self.parked)
 
     # ---- clients ------------------------------------------------------------------------
     def _accept(self):
@@ -565,6 +576,8 @@ class VerbsService:
                                      {p.value: p.index for p in paths}, {p.value: p.address for p in paths},
                                      cfg["rotation"], cfg["mode"] == "ports"))
             nic.weights_at.clear()
+            if base:
+                self.by_base[base.address] = nic
         return nic.view_at[1]
 
     def _weights(self, nic: NicState, peer: str) -> tuple[int, list[int]] | None:
@@ -968,8 +981,7 @@ class VerbsService:
             data = msg.encode()
             data = seal(data, self.keys.keys[0]) if self.keys.keys else data
             if src:
-                info = ipaddress.IPv6Address(src).packed + struct.pack("I", 0)
-                self.udp.sendmsg([data], [(socket.IPPROTO_IPV6, IPV6_PKTINFO, info)], 0, (peer, self.port))
+                self.udp.sendmsg([data], [(socket.IPPROTO_IPV6, IPV6_PKTINFO, _pktinfo(src))], 0, (peer, self.port))
             else:
                 self.udp.sendto(data, (peer, self.port))
         except OSError as e:
@@ -1211,6 +1223,13 @@ def _addr_lt(a: str, b: str) -> bool:
     return ipaddress.IPv6Address(a).packed < ipaddress.IPv6Address(b).packed
 
 
+@functools.lru_cache(maxsize=64)
+def _pktinfo(src: str) -> bytes:
+    """struct in6_pktinfo: send from this address, out of whichever interface routes it."""
+    return ipaddress.IPv6Address(src).packed + struct.pack("I", 0)
+
+
+@functools.lru_cache(maxsize=65536)
 def _same_host(src: str, peer: str) -> bool:
     """A reply comes from the host asked (any of its path addresses: the kernel picks the source)."""
     a, b = ipaddress.IPv6Address(src).packed, ipaddress.IPv6Address(peer).packed

@@ -41,6 +41,7 @@ def slot(device_key: int, local_qpn: int, remote_qpn: int, iid: bytes) -> int:
                 + remote_qpn.to_bytes(4, "little") + iid) % SLOTS
 
 
+@functools.lru_cache(maxsize=65536)
 def iid_of(address: str) -> bytes:
     """The interface identifier: the low 64 bits, the same on every path of a host."""
     return ipaddress.IPv6Address(address).packed[8:]
