@@ -48,6 +48,11 @@ RULES = [
      'increase(rlb_host_verbs_kept_total{reason=~"noagent|timeout|nopeer|busy|error"}[5m]) > 0', "5m", "warning",
      "{{ $labels.node }}: QPs of jobs with the verbs library keep the application's addresses "
      "({{ $labels.reason }}): they work but are not balanced (rlbhost verbs status)"),
+    ("RlbVerbsJobsNotPlacedBySettings",
+     'increase(rlb_host_verbs_kept_total{reason=~"ipv4|linklocal|notrocev2|notfabric|othernic"}[10m]) > 0', "10m",
+     "warning", "{{ $labels.node }}: jobs' QPs are left on their own addresses by their GIDs ({{ $labels.reason }}: "
+     "IPv4 or link-local GIDs, RoCE v1, or a device on no fabric NIC): their NCCL settings, not the fabric "
+     "(rlbhost verbs check --pid <a rank>; NCCL_IB_ADDR_FAMILY=AF_INET6)"),
 ]
 
 
