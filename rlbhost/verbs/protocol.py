@@ -9,11 +9,21 @@
     CHECK <id> <budget_us> <a_base> <a_qpn> <b_base> <b_qpn> <a_paths> <path>   a, the
         rendezvous, proposes the pair's path: b takes it if b's QP takes part and can use it
     PATHS <id> <budget_us> <a_base> <b_base>                        which paths can b use (UD)
-    USED <a_base> <a_qpn> <b_base> <b_qpn> <path> <keep>            what a's end got (no answer)
-    CONFIRM <a_base> <a_qpn> <b_base> <b_qpn> <path>                a's library has the path: b's may
-        have it too (until then b's agent holds it back from b's library) (no answer)
-    REPLY <id> PATH <path> | REPLY <id> KEEP <keep> | REPLY <id> NO <keep>
+    USED <id> <a_base> <a_qpn> <b_base> <b_qpn> <path> <keep>       a's end keeps its addresses
+    CONFIRM <id> <a_base> <a_qpn> <b_base> <b_qpn> <path>           a's library has put the QP on
+        the path: b's may have it too (until then b's agent holds it back from b's library)
+    REPLY <id> PATH <path>     (to ASK: the path; the asker's library goes first, and its agent
+        CONFIRMs once the library has it)
+    REPLY <id> HELD <path>     (to ASK: the path, which the rendezvous's library has or is being
+        given: the asker's waits for the rendezvous's CONFIRM)
+    REPLY <id> KEEP <keep> | REPLY <id> NO <keep>
     REPLY <id> YES <path> <paths>     (to CHECK: the path taken, 0 if not that one; to PATHS: 0)
+    REPLY <id> ACK             (to USED and CONFIRM: heard)
+
+  USED and CONFIRM change the receiver's state: they are sent again (every few milliseconds, then
+  less often) until acknowledged, and taking one twice changes nothing (an end's state moves one
+  way only: unconfirmed -> confirmed, path -> keep). Questions are sent again until answered,
+  and answered from the state the first answer left, so any message may be lost or repeated.
 
   <paths> are path field values, comma-separated ("-" for none); budget_us is what is left of
   the asker's time when it sends: a question older than that is not worked on.
@@ -176,7 +186,7 @@ def keep_reply(seq: int, keep: str) -> bytes:
 # ---- agent <-> agent ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PeerMsg:
-    kind: str                      # ASK, CHECK, PATHS, USED, REPLY
+    kind: str                      # ASK, CHECK, PATHS, USED, CONFIRM, REPLY
     id: int = 0
     budget_us: int = 0
     a_base: str = ""
@@ -184,7 +194,7 @@ class PeerMsg:
     b_base: str = ""
     b_qpn: int = 0
     paths: frozenset[int] = frozenset()
-    verdict: str = ""              # REPLY: PATH, KEEP, YES, NO
+    verdict: str = ""              # REPLY: PATH, HELD, KEEP, YES, NO, ACK
     path: int = 0
     keep: int = 0
 
@@ -199,11 +209,13 @@ class PeerMsg:
         elif k == "PATHS":
             s = f"PATHS {self.id} {self.budget_us} {self.a_base} {self.b_base}"
         elif k == "USED":
-            s = f"USED {self.a_base} {self.a_qpn} {self.b_base} {self.b_qpn} {self.path} {self.keep}"
+            s = f"USED {self.id} {self.a_base} {self.a_qpn} {self.b_base} {self.b_qpn} {self.path} {self.keep}"
         elif k == "CONFIRM":
-            s = f"CONFIRM {self.a_base} {self.a_qpn} {self.b_base} {self.b_qpn} {self.path}"
-        elif self.verdict == "PATH":
-            s = f"REPLY {self.id} PATH {self.path}"
+            s = f"CONFIRM {self.id} {self.a_base} {self.a_qpn} {self.b_base} {self.b_qpn} {self.path}"
+        elif self.verdict in ("PATH", "HELD"):
+            s = f"REPLY {self.id} {self.verdict} {self.path}"
+        elif self.verdict == "ACK":
+            s = f"REPLY {self.id} ACK"
         elif self.verdict in ("KEEP", "NO"):
             s = f"REPLY {self.id} {self.verdict} {self.keep}"
         else:
@@ -225,14 +237,16 @@ def parse_peer(data: bytes) -> PeerMsg:
                        _addr(f[5]), _int(f[6], 0, QPN_MAX), parse_paths(f[7]), path=_int(f[8], 1, 0xFFFF))
     if k == "PATHS" and n == 5:
         return PeerMsg(k, _int(f[1], 0, u64), _int(f[2], 0, 60_000_000), _addr(f[3]), b_base=_addr(f[4]))
-    if k == "USED" and n == 7:
-        return PeerMsg(k, a_base=_addr(f[1]), a_qpn=_int(f[2], 0, QPN_MAX), b_base=_addr(f[3]),
-                       b_qpn=_int(f[4], 0, QPN_MAX), path=_int(f[5], 0, 0xFFFF), keep=_int(f[6], 0, len(KEEP) - 1))
-    if k == "CONFIRM" and n == 6:
-        return PeerMsg(k, a_base=_addr(f[1]), a_qpn=_int(f[2], 0, QPN_MAX), b_base=_addr(f[3]),
-                       b_qpn=_int(f[4], 0, QPN_MAX), path=_int(f[5], 1, 0xFFFF))
-    if k == "REPLY" and n == 4 and f[2] == "PATH":
-        return PeerMsg(k, _int(f[1], 0, u64), verdict="PATH", path=_int(f[3], 1, 0xFFFF))
+    if k == "USED" and n == 8:
+        return PeerMsg(k, _int(f[1], 0, u64), a_base=_addr(f[2]), a_qpn=_int(f[3], 0, QPN_MAX), b_base=_addr(f[4]),
+                       b_qpn=_int(f[5], 0, QPN_MAX), path=_int(f[6], 0, 0xFFFF), keep=_int(f[7], 0, len(KEEP) - 1))
+    if k == "CONFIRM" and n == 7:
+        return PeerMsg(k, _int(f[1], 0, u64), a_base=_addr(f[2]), a_qpn=_int(f[3], 0, QPN_MAX), b_base=_addr(f[4]),
+                       b_qpn=_int(f[5], 0, QPN_MAX), path=_int(f[6], 1, 0xFFFF))
+    if k == "REPLY" and n == 4 and f[2] in ("PATH", "HELD"):
+        return PeerMsg(k, _int(f[1], 0, u64), verdict=f[2], path=_int(f[3], 1, 0xFFFF))
+    if k == "REPLY" and n == 3 and f[2] == "ACK":
+        return PeerMsg(k, _int(f[1], 0, u64), verdict="ACK")
     if k == "REPLY" and n == 4 and f[2] in ("KEEP", "NO"):
         return PeerMsg(k, _int(f[1], 0, u64), verdict=f[2], keep=_int(f[3], 0, len(KEEP) - 1))
     if k == "REPLY" and n == 5 and f[2] == "YES":

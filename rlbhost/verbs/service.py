@@ -79,6 +79,10 @@ log = logging.getLogger(__name__)
 MARGIN_NS = 1_000_000          # what an answer needs to get back to the library
 MIN_WORK_NS = 300_000          # a question with less time left is answered keep at once
 RESEND_NS = 2_000_000          # an unanswered question to a peer is sent again this often
+NOTIFY_FAST_NS = 40_000_000    # a USED or CONFIRM is sent again every RESEND_NS this long (a
+                               # library waiting on it has 20 ms by default: ten tries), then
+NOTIFY_SLOW_NS = 250_000_000   # ... at doubling intervals up to this,
+NOTIFY_FOR_NS = 3_000_000_000  # ... until acknowledged or this old
 PEER_PATHS_TTL_S = 5.0
 KEPT_TTL_S = 120.0             # keeps answered for QPs this host does not know
 REUSED_AFTER_S = 1.0           # ... forgotten sooner when a new QP of that number starts (an INIT
@@ -166,6 +170,8 @@ class Decision:
     # library has it (CONFIRM): till then this end's library is not given it (it waits, parked)
     confirmed: bool = True
     confirm_sent: bool = False
+    applied: bool = False          # this end's library reported the QP on the path (USED)
+    peer_has: bool = False         # the other end's agent said its library has it (CONFIRM)
     nic: str = ""                  # the NIC this end is on (whose data plane holds the entry)
 
 
@@ -179,6 +185,8 @@ class Pending:
     on_reply: object               # callable(PeerMsg | None): None on timeout
     src: str | None = None         # sent from this address (the NIC's base)
     key: Key | None = None         # the pair it is about (ASK, CHECK)
+    every_ns: int = RESEND_NS      # a notification's interval between sends (grows)
+    sent_ns: int = 0               # a notification's first send
 
 
 @dataclass
@@ -229,6 +237,7 @@ class VerbsService:
         # by this host's QP: (the pair's key, decision)
         self.decisions: dict[Local, tuple[Key, Decision]] = {}
         self.pending: dict[int, Pending] = {}
+        self.checks: dict[Key, int] = {}                      # a pair's CHECK waiting -> its pending id
         self.proposals: dict[Key, tuple[int, VerbsQp]] = {}   # asked of the peer
         self.parked: dict[Key, list] = {}                     # waiting on a CONFIRM
         self.peer_paths: dict[str, tuple[float, frozenset[int]]] = {}
@@ -238,7 +247,7 @@ class VerbsService:
                                          "placed_ah": 0, "disagreements": 0, "bad_messages": 0,
                                          "refused_clients": 0, "peer_questions": 0, "stale_questions": 0,
                                          "foreign_qps": 0, "behind": 0,
-                                         "unauthenticated": 0}
+                                         "unauthenticated": 0, "resent": 0, "unacknowledged": 0}
         self.kept: dict[str, int] = {k: 0 for k in P.KEEP if k != "none"}
         self.stop = threading.Event()
         self.listener: socket.socket | None = None
@@ -322,7 +331,7 @@ class VerbsService:
                 self._index(LocalQp(local, q.pid, proc_start(q.pid), nic.ifname))
                 self._record((local, q.peer_base, q.remote_qpn), Decision(
                     self._value_of(nic, q.path), here=q.decided_here, local_told=True, peer_told=True, entry=q,
-                    nic=nic.ifname))
+                    nic=nic.ifname, applied=True, peer_has=True))
                 n += 1
         if n:
             log.info("verbs: %d QPs placed before this agent started are kept", n)
@@ -664,10 +673,8 @@ class VerbsService:
             return self._keep(c, q, "busy")
         key = (lq.key, peer, q.dest_qpn)
         d = self._decision(key)
-        if d is not None and d.path and not d.confirmed:
-            return self.parked.setdefault(key, []).append((c, q))
         if d is not None:
-            return self._tell_local(c, q, v, peer, d)
+            return self._answer(c, q, key, d, v)
         here = _addr_lt(ours, peer)
         if self._behind(q, now):                   # both ends keep, rather than one too late
             self._decide_keep(key, here, "busy", c, q, nic)
@@ -683,23 +690,31 @@ class VerbsService:
 
         def asked(reply, c=c, q=q, key=key, lq=lq):
             known = self._decision(key)
-            if known is not None:              # the rendezvous's CHECK came first and was taken
-                return self._tell_local(c, q, self._view(nic), peer, known)
+            placed = reply is not None and reply.verdict in ("PATH", "HELD")
+            if known is not None and known.path and placed and reply.path == known.path:
+                # the rendezvous's CHECK came first and was taken: PATH says this end goes first
+                known.confirmed = known.confirmed or reply.verdict == "PATH"
+                self._publish(key, known)
+                return self._answer(c, q, key, known)
+            if known is not None:
+                return self._answer(c, q, key, known)
             late = mono_ns() > q.deadline_ns - MIN_WORK_NS // 2
             v2 = self._view(nic)
             keep = ("nopeer" if reply is None else "timeout" if late else
-                    "nopath" if reply.verdict == "PATH" and reply.path not in v2.index else None)
+                    "nopath" if placed and reply.path not in v2.index else None)
             if keep is not None:               # this end keeps: recorded, and the rendezvous told
                 self._decide_keep(key, False, keep, c, q, nic)
                 self._tell_peer(key, 0, keep, nic)
                 return
-            if reply.verdict != "PATH":
+            if not placed:
                 d = self._record(key, Decision(0, P.KEEP_NAME.get(reply.keep, "peerkeeps"), nic=nic.ifname))
                 return self._tell_local(c, q, v2, peer, d)
+            # PATH: this end's library goes first (the rendezvous's waits for its CONFIRM); HELD:
+            # the rendezvous's library goes first, this one waits for its CONFIRM
             d = self._record(key, Decision(reply.path, entry=self._put(nic, v2, key, lq, reply.path, 0),
                                            why=f"decided by {peer}'s agent, the pair's rendezvous",
-                                           nic=nic.ifname))
-            self._tell_local(c, q, v2, peer, d)
+                                           nic=nic.ifname, confirmed=reply.verdict == "PATH"))
+            self._answer(c, q, key, d, v2)
         self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, self._counted(c, asked), ours, key)
 
     def _propose(self, c: Client, q: P.Question, key: Key, lq: LocalQp, nic: NicState, peer: str,
@@ -729,7 +744,7 @@ class VerbsService:
             if known is not None:              # the peer's own ASK came meanwhile and decided
                 if entry is not None and (known.entry is None or known.entry.path != entry.path):
                     nic.dp.verbs_drop(entry)
-                return self._tell_local(c, q, self._view(nic), peer, known)
+                return self._answer(c, q, key, known)
             if reply is not None and reply.verdict == "YES" and reply.path == path:
                 self.peer_paths[peer] = (time.monotonic(), reply.paths)
                 d = self._record(key, Decision(path, here=True, entry=entry, peer_told=True, why=why,
@@ -793,10 +808,13 @@ class VerbsService:
         if idx is None:
             return self._keep(c, q, "nogid")
         self._send(c, P.path_reply(q.seq, d.path, idx, ours, _with_field(peer, v.field, d.path)))
-        if not d.confirm_sent:       # the other end's library may have the path now
-            d.confirm_sent = True
-            self._udp_send(P.PeerMsg("CONFIRM", a_base=v.base_addr, a_qpn=q.qpn, b_base=peer, b_qpn=q.dest_qpn,
-                                     path=d.path), peer, v.base_addr)
+
+    def _answer(self, c: Client, q: P.Question, key: Key, d: Decision, v: View | None = None):
+        """Answer the library with the pair's decision, or, while the other end's library has not
+        confirmed a path this end must not go first on, hold the question (parked) until it does."""
+        if d.path and not d.confirmed:
+            return self.parked.setdefault(key, []).append((c, q))
+        self._tell_local(c, q, v, key[1], d)
 
     def _decide(self, key: Key, lq: LocalQp | None, nic: NicState, peer_paths: frozenset[int],
                 confirmed: bool = True) -> Decision:
@@ -842,10 +860,19 @@ class VerbsService:
             got = self.decisions.get(local)
             lq = self.local.get(local)
             if got is not None and lq is not None and lq.pid == c.pid:
-                if got[1].path != m.path:       # it read the table before the pair turned to keep
-                    self._disagree(got[0], f"this end's library took path {m.path}, the pair is "
-                                           f"{'kept' if not got[1].path else f'on path {got[1].path}'}")
-                got[1].local_told = True
+                key, d = got
+                if d.path != m.path:            # it read the table before the pair turned to keep
+                    self._disagree(key, f"this end's library took path {m.path}, the pair is "
+                                        f"{'kept' if not d.path else f'on path {d.path}'}")
+                    return
+                d.local_told = d.applied = True
+                nic = self.nics.get(d.nic)
+                if not d.peer_has and not d.confirm_sent and nic is not None:
+                    # the QP is on the path now: the other end's library may have it too
+                    d.confirm_sent = True
+                    base = self._view(nic).base_addr
+                    self._notify(P.PeerMsg("CONFIRM", a_base=base, a_qpn=key[0][2], b_base=key[1], b_qpn=key[2],
+                                           path=d.path), key[1], base)
             return
         keep = P.KEEP_NAME.get(m.keep, "error")
         self._count_kept(keep)
@@ -971,6 +998,13 @@ class VerbsService:
         now = mono_ns()
         if deadline_ns <= now or self.udp is None:
             return on_reply(None)
+        if msg.kind == "CHECK" and key is not None:
+            self.checks[key] = msg.id
+
+            def on_reply(reply, inner=on_reply, key=key, mid=msg.id):
+                if self.checks.get(key) == mid:
+                    del self.checks[key]
+                inner(reply)
         self.pending[msg.id] = Pending(msg, peer, deadline_ns, now + RESEND_NS, on_reply, src, key)
         self._udp_send(msg, peer, src)
 
@@ -993,8 +1027,23 @@ class VerbsService:
             return
         local, peer, remote = key
         v = self._view(nic)
-        self._udp_send(P.PeerMsg("USED", a_base=v.base_addr, a_qpn=local[2], b_base=peer, b_qpn=remote, path=path,
-                                 keep=P.KEEP[keep]), peer, v.base_addr)
+        self._notify(P.PeerMsg("USED", a_base=v.base_addr, a_qpn=local[2], b_base=peer, b_qpn=remote, path=path,
+                               keep=P.KEEP[keep]), peer, v.base_addr)
+
+    def _notify(self, msg: P.PeerMsg, peer: str, src: str):
+        """A message that changes the peer's state (USED, CONFIRM): sent again until the peer
+        acknowledges it, every RESEND_NS at first, then less often, for NOTIFY_FOR_NS."""
+        msg = P.PeerMsg(**{**msg.__dict__, "id": secrets.randbits(63)})
+        now = mono_ns()
+
+        def acked(reply):
+            if reply is None:
+                self.counters["unacknowledged"] += 1
+                log.debug("verbs: %s to %s never acknowledged", msg.kind, peer)
+        if self.udp is None:
+            return
+        self.pending[msg.id] = Pending(msg, peer, now + NOTIFY_FOR_NS, now + RESEND_NS, acked, src, sent_ns=now)
+        self._udp_send(msg, peer, src)
 
     def _timers(self, now: int):
         self._parked_timers(now)
@@ -1003,9 +1052,14 @@ class VerbsService:
                 del self.pending[pid]
                 p.on_reply(None)
             elif now >= p.resend_ns:
-                left = (p.deadline_ns - now) // 1000
-                p.msg = P.PeerMsg(**{**p.msg.__dict__, "budget_us": max(0, left)})
-                p.resend_ns = now + RESEND_NS
+                if p.sent_ns:               # a notification: fast while a library may wait on it
+                    if now - p.sent_ns > NOTIFY_FAST_NS:
+                        p.every_ns = min(2 * p.every_ns, NOTIFY_SLOW_NS)
+                else:                       # a question: its budget is what is left
+                    left = (p.deadline_ns - now) // 1000
+                    p.msg = P.PeerMsg(**{**p.msg.__dict__, "budget_us": max(0, left)})
+                p.resend_ns = now + p.every_ns
+                self.counters["resent"] += 1
                 self._udp_send(p.msg, p.peer, p.src)
 
     def _read_udp(self):
@@ -1050,10 +1104,12 @@ class VerbsService:
         self.counters["peer_questions"] += 1
         me = v.base_addr
         key = (self._local_of(nic, m.b_qpn), m.a_base, m.a_qpn)          # from this host's side
-        if m.kind == "USED":
-            return self._peer_used(m, key, nic)
-        if m.kind == "CONFIRM":
-            return self._peer_confirmed(m, key)
+        if m.kind in ("USED", "CONFIRM"):
+            if m.kind == "USED":
+                self._peer_used(m, key, nic)
+            else:
+                self._peer_confirmed(m, key)
+            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="ACK"), src, me)   # again if heard again
         fresh = m.budget_us * 1000 - (time.time_ns() - arrived_ns) > MIN_WORK_NS
         if m.kind == "PATHS":
             usable = self._usable(nic, v, m.a_base, None, None)
@@ -1097,30 +1153,36 @@ class VerbsService:
             elif lq is None:
                 d = self._decide_keep(key, True, "peerkeeps", nic=nic)
             else:
-                # this end's library, if it has not asked yet, waits for the asker's word (CONFIRM)
-                d = self._decide(key, lq, nic, m.paths, confirmed=waiting is not None)
+                # the asker's library goes first: this end's waits for its word (CONFIRM), whether
+                # it asked already (its question parks) or asks later
+                d = self._decide(key, lq, nic, m.paths, confirmed=False)
                 self._complete_check(key)
         d.peer_told = True
-        self._udp_send(P.PeerMsg("REPLY", m.id, verdict="PATH", path=d.path) if d.path else
+        # PATH: the asker goes first (this end waits for its CONFIRM, or has the path on the QP
+        # already); HELD: this end's library is being given the path, the asker waits for our CONFIRM
+        verdict = "PATH" if not d.confirmed or d.applied else "HELD"
+        self._udp_send(P.PeerMsg("REPLY", m.id, verdict=verdict, path=d.path) if d.path else
                        P.PeerMsg("REPLY", m.id, verdict="KEEP", keep=P.KEEP[d.keep or "nopath"]), src, me)
 
     def _waiting_check(self, key: Key) -> Pending | None:
-        return next((p for p in self.pending.values() if p.msg.kind == "CHECK" and p.key == key), None)
+        return self.pending.get(self.checks.get(key, -1))
 
     def _complete_check(self, key: Key) -> bool:
         """This end asked the peer (CHECK) while the peer asked this end (ASK): the ASK decided;
         the waiting question is answered now. False if there was none."""
-        for pid, p in list(self.pending.items()):
-            if p.msg.kind == "CHECK" and p.key == key:
-                del self.pending[pid]
-                p.on_reply(P.PeerMsg("REPLY", pid, verdict="YES", paths=frozenset()))
-                return True
-        return False
+        p = self.pending.pop(self.checks.get(key, -1), None)
+        if p is None:
+            return False
+        p.on_reply(P.PeerMsg("REPLY", p.msg.id, verdict="YES", paths=frozenset()))
+        return True
 
     def _peer_confirmed(self, m: P.PeerMsg, key: Key):
         """The other end's library has the path: it is this end's too (the table, parked questions)."""
         d = self._decision(key)
-        if d is None or d.path != m.path or d.confirmed:
+        if d is None or d.path != m.path:
+            return
+        d.peer_has = True
+        if d.confirmed:
             return
         d.confirmed = True
         self._publish(key, d)
