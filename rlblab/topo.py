@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import subprocess
 import time
 
@@ -91,8 +92,23 @@ def mac(ns: str, ifname: str) -> str:
 
 def run_commands(ns: str, commands: list[list[str]]):
     """Commands in a namespace, in order, in one shell (stopping at the first that fails)."""
-    import shlex
     run(ns, "sh", "-ec", "\n".join(shlex.join(c) for c in commands))
+
+
+def lossy_udp(ns: str, port: int, percent: float) -> int:
+    """Drop this share of the UDP datagrams to `port` that the namespace forwards (0: stop
+    dropping); returns the datagrams dropped under the rule it replaces. Netfilter's random
+    match, as the kernels here have no netem: each datagram is lost on its own, as on a link
+    with random loss."""
+    dropped = sum(int(line.split()[0]) for line in run(ns, "ip6tables", "-L", "FORWARD", "-v", "-x", "-n").splitlines()
+                  if f"udp dpt:{port}" in line and "statistic" in line)
+    for line in run(ns, "ip6tables", "-S", "FORWARD").splitlines():
+        if f"--dport {port}" in line and "statistic" in line:
+            run(ns, "ip6tables", "-D", *shlex.split(line)[1:])
+    if percent > 0:
+        run(ns, "ip6tables", "-A", "FORWARD", "-p", "udp", "--dport", str(port), "-m", "statistic", "--mode", "random",
+            "--probability", f"{percent / 100:.6f}", "-j", "DROP")
+    return dropped
 
 
 def sysctl(ns: str, key: str, value: str):

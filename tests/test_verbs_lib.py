@@ -170,6 +170,43 @@ def test_verbs_a_silent_agent_costs_two_waits_not_one_per_qp(built, tmp_path, ho
     assert [int(m[5]) for m in agent.kinds("USED")] == [P.KEEP["timeout"]] * 6
 
 
+def test_verbs_wait_extends_a_question_up_to_its_bound_and_no_further(built, tmp_path, host):
+    """An agent holding a question for the other end's word says WAIT: the library waits past its
+    timeout for the answer, but never past RLBV_WAIT_MAX timeouts, however far the WAIT asks."""
+    sysfs, v2 = host
+    timeout_ms = 200
+
+    def answer(text):
+        f = text.split()
+        if f[0] != "RTR":
+            return None
+        seq, deadline, qpn = int(f[1]), int(f[9]), int(f[4])
+        if qpn == 0x100:            # waits, and the answer comes at 2.5 timeouts: taken
+            threading.Timer(2.5 * timeout_ms / 1000, lambda: conn_send(path_answer(text, lambda q: 3))).start()
+            return P.wait_reply(seq, deadline + 3 * timeout_ms * 1_000_000)
+        # asks for ten times the timeout: held to RLBV_WAIT_MAX, and nothing comes
+        return P.wait_reply(seq, deadline + 10 * timeout_ms * 1_000_000)
+
+    sent = []
+
+    def conn_send(data):
+        sent[0].send(data)
+
+    class Agent(ScriptedAgent):
+        def _converse(self, conn):
+            sent.append(conn)
+            super()._converse(conn)
+    agent = Agent(tmp_path / "agent.sock", answer)
+    try:
+        lines, got, err = run(built, "linked", tmp_path, sysfs, agent.path, n=2, RLB_VERBS_TIMEOUT_MS=str(timeout_ms))
+    finally:
+        agent.close()
+    assert got == {0x100: (v2[3], B[3]), 0x101: (BASE_GID, B[1])}
+    waits = {ln["qpn"]: ln["ns"] / 1e6 for ln in lines}
+    assert 2.4 * timeout_ms <= waits[0x100] < 3.5 * timeout_ms
+    assert P.WAIT_MAX * timeout_ms * 0.95 <= waits[0x101] < (P.WAIT_MAX + 1) * timeout_ms
+
+
 def test_verbs_an_answer_given_up_on_is_never_taken_for_the_next_question(built, tmp_path, host):
     sysfs, v2 = host
 

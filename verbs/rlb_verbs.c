@@ -248,7 +248,7 @@ static void map_table(const char *path)
     __atomic_store_n(&table, h, __ATOMIC_RELEASE);
 }
 
-/* The agent's decision for this QP pair, if it made one: 1 and a copy in *out. */
+/* The agent's decision for this QP pair, if it made one: 1 and a copy in *out (2: pending). */
 static int table_find(uint32_t device, uint32_t local_qpn, uint32_t remote_qpn, const union ibv_gid *peer,
                       struct rlbv_record *out)
 {
@@ -270,9 +270,9 @@ static int table_find(uint32_t device, uint32_t local_qpn, uint32_t remote_qpn, 
                 continue;
             if (out->state == RLBV_SLOT_EMPTY)
                 return 0;
-            if (out->state == RLBV_SLOT_LIVE && out->device == device && out->local_qpn == local_qpn &&
-                out->remote_qpn == remote_qpn && !memcmp(out->peer_iid, iid, 8))
-                return 1;
+            if ((out->state == RLBV_SLOT_LIVE || out->state == RLBV_SLOT_PENDING) && out->device == device &&
+                out->local_qpn == local_qpn && out->remote_qpn == remote_qpn && !memcmp(out->peer_iid, iid, 8))
+                return out->state == RLBV_SLOT_LIVE ? 1 : 2;
             break;                                  /* another pair's, or removed: the next slot */
         }
     }
@@ -430,14 +430,22 @@ struct answer {
     union ibv_gid saddr, daddr;
 };
 
-/* The decision table's answer: -1 when the pair is not there, else 0 (a path in *a) or a keep
- * reason. */
-static int from_table(uint32_t device, uint32_t local_qpn, uint32_t remote_qpn, const union ibv_gid *peer,
-                      struct answer *a)
+/* A QP pair as the decision table names it. */
+struct pair {
+    uint32_t device, local_qpn, remote_qpn;
+    const union ibv_gid *peer;
+};
+
+/* The decision table's answer: -1 when the pair is not there, -2 while it is pending (the other
+ * end goes first), else 0 (a path in *a) or a keep reason. */
+static int from_table(const struct pair *k, struct answer *a)
 {
     struct rlbv_record r;
-    if (!table_find(device, local_qpn, remote_qpn, peer, &r))
+    int found = table_find(k->device, k->local_qpn, k->remote_qpn, k->peer, &r);
+    if (!found)
         return -1;
+    if (found == 2)
+        return -2;
     a->path = r.path;
     a->gid_index = r.gid_index;
     a->keep = r.path ? RLBV_KEEP_NONE : (r.keep > RLBV_KEEP_NONE && r.keep < RLBV_KEEP_MAX ? (int)r.keep
@@ -447,8 +455,11 @@ static int from_table(uint32_t device, uint32_t local_qpn, uint32_t remote_qpn, 
     return a->keep;
 }
 
-/* Ask (the question is formatted after "<kind> <seq> "); 0 and the answer, or a keep reason. */
-static int ask(struct answer *a, const char *kind, const char *fmt, ...)
+/* Ask (the question is formatted after "<kind> <seq> "); 0 and the answer, or a keep reason. A
+ * QP's pair (k) pending in the table when the time is up is waited for longer, up to
+ * RLBV_WAIT_MAX timeouts: its other end may be on the path already, and a slow agent here must
+ * not leave the two apart. */
+static int ask(struct answer *a, const struct pair *k, const char *kind, const char *fmt, ...)
 {
     long long deadline = now_ns() + cfg.timeout_ns;
     if (!lock_until(deadline))
@@ -478,8 +489,20 @@ static int ask(struct answer *a, const char *kind, const char *fmt, ...)
         return agent_fd < 0 ? RLBV_KEEP_NOAGENT : RLBV_KEEP_BUSY;
     }
     why = RLBV_KEEP_TIMEOUT;
+    long long latest = deadline - cfg.timeout_ns + RLBV_WAIT_MAX * cfg.timeout_ns;
     for (;;) {
         int r = recv_msg(msg, sizeof(msg), deadline);
+        if (r == 0 && k) {
+            int t = from_table(k, a);
+            if (t == -2 && deadline < latest) {
+                deadline = latest;
+                continue;
+            }
+            if (t >= 0) {
+                why = t;                            /* decided, the answer still on its way */
+                break;
+            }
+        }
         if (r <= 0) {
             why = r == 0 ? RLBV_KEEP_TIMEOUT : RLBV_KEEP_NOAGENT;
             /* a stalled agent (two questions in a row and not a word since the first): stop asking
@@ -491,6 +514,12 @@ static int ask(struct answer *a, const char *kind, const char *fmt, ...)
         unsigned long long s;
         char src[INET6_ADDRSTRLEN + 1], dst[INET6_ADDRSTRLEN + 1];
         int keep;
+        long long later;
+        if (sscanf(msg, "WAIT %llu %lld", &s, &later) == 2) {
+            if (s == my && later > deadline)        /* the other end may have the path: its word */
+                deadline = later < latest ? later : latest;     /* is worth a bounded wait */
+            continue;
+        }
         if (sscanf(msg, "PATH %llu %d %d %46s %46s", &s, &a->path, &a->gid_index, src, dst) == 5) {
             if (s != my)
                 continue;                           /* the late answer to a question given up */
@@ -561,14 +590,14 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
     gid_text(&sgid, s);
     gid_text(&av->grh.dgid, d);
     struct answer a = {0};
-    uint32_t device = rlbv_device(dev, port);
+    struct pair key = {rlbv_device(dev, port), qp->qp_num, attr->dest_qp_num, &av->grh.dgid};
     int why = left_alone(&sgid, &av->grh.dgid);     /* left alone, but counted and said once */
     if (!why)
-        why = from_table(device, qp->qp_num, attr->dest_qp_num, &av->grh.dgid, &a);
-    if (why < 0) {                                  /* not decided yet: ask */
-        why = ask(&a, "RTR", "%s %d %u %d %s %s %u", dev, port, qp->qp_num, av->grh.sgid_index, s, d,
+        why = from_table(&key, &a);
+    if (why < 0) {                                  /* not decided yet, or pending: ask */
+        why = ask(&a, &key, "RTR", "%s %d %u %d %s %s %u", dev, port, qp->qp_num, av->grh.sgid_index, s, d,
                   attr->dest_qp_num);
-        if (why == RLBV_KEEP_TIMEOUT && from_table(device, qp->qp_num, attr->dest_qp_num, &av->grh.dgid, &a) >= 0)
+        if (why == RLBV_KEEP_TIMEOUT && from_table(&key, &a) >= 0)
             why = a.path ? RLBV_KEEP_NONE : a.keep;   /* the decision landed as the time ran out */
     }
     if (!why)
@@ -639,7 +668,7 @@ EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
     struct answer a = {0};
     int why = left_alone(&sgid, &attr->grh.dgid);
     if (!why)
-        why = ask(&a, "AH", "%s %d %d %s %s", dev, port, attr->grh.sgid_index, s, d);
+        why = ask(&a, NULL, "AH", "%s %d %d %s %s", dev, port, attr->grh.sgid_index, s, d);
     if (!why)
         why = check_gid(pd->context, port, &a);
     struct ibv_ah *ah = NULL;

@@ -25,6 +25,11 @@
  *     PATH <seq> <path> <sgid_index> <saddr> <daddr>   use this GID index (whose address is saddr)
  *                                              and this destination address
  *     KEEP <seq> <keep>                         keep the application's addresses
+ *     WAIT <seq> <deadline_ns>                  wait for the answer until this later deadline (at
+ *                                              most RLBV_WAIT_MAX timeouts after asking): the
+ *                                              other end of the QP may be on the path already and
+ *                                              its agent's word is on its way; giving up now could
+ *                                              leave the two ends apart
  *
  * QP numbers are per RDMA device (a server's eight NICs each number theirs from the same start), so
  * a QP is named by its device, port and number everywhere: in these messages, in the agent and in
@@ -39,10 +44,12 @@
 
 #include <stdint.h>
 
-#define RLBV_VERSION            2       /* 2: QPs named by device and port, IPv4 and other-NIC keeps */
+#define RLBV_VERSION            3       /* 2: QPs named by device and port, IPv4 and other-NIC keeps;
+                                         * 3: WAIT */
 #define RLBV_MSG_MAX            512     /* bytes in one message, either way */
 #define RLBV_TIMEOUT_MS         20      /* default: how long a question may take before the QP
                                          * keeps the application's addresses (RLB_VERBS_TIMEOUT_MS) */
+#define RLBV_WAIT_MAX           4       /* WAIT extends a question to at most this many timeouts */
 #define RLBV_RECONNECT_MS       1000    /* a missing agent is looked for again at most this often */
 #define RLBV_AH_HANDLE_BIT      0x1000000   /* address handles are accounted as QP number
                                              * RLBV_AH_HANDLE_BIT | id: above any 24-bit QPN */
@@ -76,13 +83,19 @@ enum rlbv_keep {
  * before this end's library asks (the other end asked first, or the rendezvous proposed it) is read
  * here, with no question to the agent, so the second end of a QP never waits on a busy agent.
  * Open addressing (RLBV_TABLE_PROBE slots from rlbv_slot()); each record under a sequence count
- * (odd while the agent writes it: a reader takes a copy between two equal even counts). */
+ * (odd while the agent writes it: a reader takes a copy between two equal even counts; the
+ * agent's stores are ordered by the count, the library's loads acquire it). */
 #define RLBV_TABLE_MAGIC        0x524c4254  /* "RLBT" */
 #define RLBV_TABLE_SLOTS        65536
 #define RLBV_TABLE_PROBE        16
 #define RLBV_SLOT_EMPTY         0           /* never used: a lookup stops here */
 #define RLBV_SLOT_LIVE          1
 #define RLBV_SLOT_REMOVED       2           /* was used: a lookup goes on past it */
+#define RLBV_SLOT_PENDING       3           /* the pair's path, not this end's yet: the other end's
+                                             * library goes first and its agent's word is awaited
+                                             * (a library that finds it asks, and may wait up to
+                                             * RLBV_WAIT_MAX timeouts: giving up could leave the
+                                             * two ends apart) */
 
 struct rlbv_table_head {
     uint32_t magic;

@@ -46,6 +46,7 @@ C = constants(HEADER, VERBS_SRC)
 KEEP = {name: v for v, name in enum_names(HEADER, "RLBV_KEEP_", VERBS_SRC).items() if name != "max"}
 KEEP_NAME = {v: k for k, v in KEEP.items()}
 VERSION, MSG_MAX, AH_BIT = C["RLBV_VERSION"], C["RLBV_MSG_MAX"], C["RLBV_AH_HANDLE_BIT"]
+WAIT_MAX = C["RLBV_WAIT_MAX"]
 QPN_MAX = (1 << 24) - 1
 
 
@@ -177,6 +178,10 @@ def hello_reply(ports, table=None) -> bytes:
 
 def path_reply(seq: int, path: int, gid_index: int, saddr: str, daddr: str) -> bytes:
     return f"PATH {seq} {path} {gid_index} {saddr} {daddr}".encode()
+
+
+def wait_reply(seq: int, deadline_ns: int) -> bytes:
+    return f"WAIT {seq} {deadline_ns}".encode()
 
 
 def keep_reply(seq: int, keep: str) -> bytes:

@@ -190,6 +190,14 @@ class Pending:
 
 
 @dataclass
+class Parked:
+    """A library's question held until the other end's agent says its library has the path."""
+    c: Client
+    q: P.Question
+    deadline_ns: int               # the library waits this long (extended by WAIT)
+
+
+@dataclass
 class View:
     """One NIC's paths as its data plane has them, read once per question."""
     field: int
@@ -239,7 +247,7 @@ class VerbsService:
         self.pending: dict[int, Pending] = {}
         self.checks: dict[Key, int] = {}                      # a pair's CHECK waiting -> its pending id
         self.proposals: dict[Key, tuple[int, VerbsQp]] = {}   # asked of the peer
-        self.parked: dict[Key, list] = {}                     # waiting on a CONFIRM
+        self.parked: dict[Key, list[Parked]] = {}             # waiting on a CONFIRM
         self.peer_paths: dict[str, tuple[float, frozenset[int]]] = {}
         self.ah_ids = 0
         self.lock = threading.Lock()         # the counters, read by metrics
@@ -402,8 +410,11 @@ class VerbsService:
             self.table.put(dev, port, qpn, remote, peer, keep=P.KEEP.get(d.keep, P.KEEP["error"]))
             return
         nic = self.nics.get(d.nic or lq.nic)
-        if not d.confirmed or nic is None:   # the library asks, and waits for the confirmation
+        if nic is None:
             self.table.remove(dev, port, qpn, remote, peer)
+            return
+        if not d.confirmed:       # the library asks, and waits (longer, if this agent is slow) for the word
+            self.table.put(dev, port, qpn, remote, peer, d.path, pending=True)
             return
         v = self._view(nic)
         ours = v.addr.get(d.path)
@@ -440,7 +451,7 @@ class VerbsService:
         now = mono_ns()
         timeout = 0.5
         due = [min(p.resend_ns, p.deadline_ns) for p in self.pending.values()]
-        due += [q.deadline_ns - MARGIN_NS for waiting in self.parked.values() for _, q in waiting]
+        due += [w.deadline_ns - MARGIN_NS for waiting in self.parked.values() for w in waiting]
         if due:
             timeout = max(0.0, min(timeout, (min(due) - now) / 1e9))
         ready = self.sel.select(timeout)
@@ -700,7 +711,8 @@ class VerbsService:
                 return self._answer(c, q, key, known)
             late = mono_ns() > q.deadline_ns - MIN_WORK_NS // 2
             v2 = self._view(nic)
-            keep = ("nopeer" if reply is None else "timeout" if late else
+            # (HELD: the rendezvous's library may be on the path already: this one waits for its word)
+            keep = ("nopeer" if reply is None else "timeout" if late and reply.verdict != "HELD" else
                     "nopath" if placed and reply.path not in v2.index else None)
             if keep is not None:               # this end keeps: recorded, and the rendezvous told
                 self._decide_keep(key, False, keep, c, q, nic)
@@ -813,7 +825,12 @@ class VerbsService:
         """Answer the library with the pair's decision, or, while the other end's library has not
         confirmed a path this end must not go first on, hold the question (parked) until it does."""
         if d.path and not d.confirmed:
-            return self.parked.setdefault(key, []).append((c, q))
+            # the other end's library goes first, and may have the path already: this library
+            # waits longer for its word (a bounded WAIT) rather than give up and leave them apart
+            latest = q.deadline_ns - q.timeout_ns + P.WAIT_MAX * q.timeout_ns
+            if latest > q.deadline_ns:
+                self._send(c, P.wait_reply(q.seq, latest))
+            return self.parked.setdefault(key, []).append(Parked(c, q, max(latest, q.deadline_ns)))
         self._tell_local(c, q, v, key[1], d)
 
     def _decide(self, key: Key, lq: LocalQp | None, nic: NicState, peer_paths: frozenset[int],
@@ -1118,7 +1135,9 @@ class VerbsService:
         if not fresh:
             self.counters["stale_questions"] += 1
         if m.kind == "CHECK":
-            lq = self._known_qp(nic, m.b_qpn)
+            # what this end's library said before the CHECK came (its question, or that it gave
+            # up) is read first: a path taken for a library that gave up would leave the two apart
+            lq = self._known_qp(nic, m.b_qpn, drain=True)
             key = (self._local_of(nic, m.b_qpn), m.a_base, m.a_qpn)     # its INIT may have come just now
             known = self._decision(key)
             busy = known is None and self._behind()
@@ -1138,8 +1157,8 @@ class VerbsService:
                                                    why=f"proposed by {m.a_base}'s agent, the pair's rendezvous"))
             took = known.path if known is not None and known.path == m.path else 0
             return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="YES", path=took, paths=paths), src, me)
-        # ASK: this host is the pair's rendezvous
-        lq = self._known_qp(nic, m.b_qpn)
+        # ASK: this host is the pair's rendezvous (its library's word read first, as for CHECK)
+        lq = self._known_qp(nic, m.b_qpn, drain=True)
         key = (self._local_of(nic, m.b_qpn), m.a_base, m.a_qpn)
         d = self._decision(key)
         if d is None:
@@ -1192,14 +1211,14 @@ class VerbsService:
         """Answer the questions parked on a decision that is settled now."""
         nic = self.nics.get(d.nic)
         v = self._view(nic) if nic is not None else None
-        for c, q in self.parked.pop(key, []):
-            if c.sock in self.clients:
-                self._tell_local(c, q, v, key[1], d)
+        for w in self.parked.pop(key, []):
+            if w.c.sock in self.clients:
+                self._tell_local(w.c, w.q, v, key[1], d)
 
     def _parked_timers(self, now: int):
         """A parked question whose asker is about to give up: it keeps, and so does the pair."""
         for key in list(self.parked):
-            due = [(c, q) for c, q in self.parked[key] if now >= q.deadline_ns - MARGIN_NS]
+            due = [w for w in self.parked[key] if now >= w.deadline_ns - MARGIN_NS]
             if not due:
                 continue
             d = self._decision(key)
@@ -1208,10 +1227,10 @@ class VerbsService:
                 self._tell_peer(key, 0, "timeout", self.nics.get(d.nic))
             self._release(key, d or Decision(0, "timeout"))
 
-    def _known_qp(self, nic: NicState, qpn: int) -> LocalQp | None:
+    def _known_qp(self, nic: NicState, qpn: int, drain: bool = False) -> LocalQp | None:
         """A QP of this NIC that takes part; the INIT may still wait in a library's socket (it was
         sent before the application could hand the QP number out), so read those first."""
-        if (nic.ifname, qpn) not in self.by_nic:
+        if drain or (nic.ifname, qpn) not in self.by_nic:
             for c in list(self.clients.values()):
                 if c.sock in self.clients:
                     self._read_client(c, MAX_DRAIN)

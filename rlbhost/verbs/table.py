@@ -20,6 +20,7 @@ HEAD = struct.Struct("<4I")                        # magic, version, slots, reco
 RECORD = struct.Struct("<5I8sHHI16s16s")           # seq, state, device, local qpn, remote qpn, iid,
 SLOTS, PROBE = C["RLBV_TABLE_SLOTS"], C["RLBV_TABLE_PROBE"]   # path, gid index, keep, saddr, daddr
 EMPTY, LIVE, REMOVED = C["RLBV_SLOT_EMPTY"], C["RLBV_SLOT_LIVE"], C["RLBV_SLOT_REMOVED"]
+PENDING = C["RLBV_SLOT_PENDING"]
 BODY = struct.Struct("<4I8sHHI16s16s")             # a record without its sequence count
 
 
@@ -71,7 +72,7 @@ class DecisionTable:
         """Every record removed (a starting agent rewrites those it adopts)."""
         for i in range(SLOTS):
             off = HEAD.size + i * RECORD.size
-            if struct.unpack_from("<I", self.map, off + 4)[0] == LIVE:
+            if struct.unpack_from("<I", self.map, off + 4)[0] in (LIVE, PENDING):
                 self._write(i, REMOVED, 0, 0, 0, bytes(8), 0, 0, 0, bytes(16), bytes(16))
         self.where.clear()
 
@@ -84,10 +85,11 @@ class DecisionTable:
         struct.pack_into("<I", self.map, off, ((seq + 1) | 1) + 1)        # even: stable
 
     def put(self, dev: str, port: int, local_qpn: int, remote_qpn: int, peer: str, path: int = 0,
-            gid_index: int = 0, keep: int = 0, saddr: str | None = None, daddr: str | None = None) -> bool:
+            gid_index: int = 0, keep: int = 0, saddr: str | None = None, daddr: str | None = None,
+            pending: bool = False) -> bool:
         """Write a pair's decision (this end: QP local_qpn of RDMA port dev/port; path 0: keep, for
-        reason keep); False if its slots are full (the library then asks the agent, as without the
-        table)."""
+        reason keep; pending: a path this end waits on the other end's word for); False if its
+        slots are full (the library then asks the agent, as without the table)."""
         key = (device(dev, port), local_qpn, remote_qpn, iid_of(peer))
         i = self.where.get(key)
         if i is None:
@@ -95,12 +97,12 @@ class DecisionTable:
             for j in range(PROBE):
                 k = (first + j) % SLOTS
                 state = struct.unpack_from("<I", self.map, HEAD.size + k * RECORD.size + 4)[0]
-                if state != LIVE:
+                if state not in (LIVE, PENDING):
                     i = k
                     break
             if i is None:
                 return False
-        self._write(i, LIVE, *key, path, gid_index, keep,
+        self._write(i, PENDING if pending else LIVE, *key, path, gid_index, keep,
                     ipaddress.IPv6Address(saddr).packed if saddr else bytes(16),
                     ipaddress.IPv6Address(daddr).packed if daddr else bytes(16))
         self.where[key] = i
