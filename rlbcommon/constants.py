@@ -10,6 +10,7 @@ POLICIES = ("dpf", "fare", "ecmp", "dlb", "spray")
 ROCE_PORT = 4791                    # RoCEv2's UDP destination port (IANA)
 METRICS_PORT = {"switch": 9471, "host": 9472, "coordinator": 9473}
 COORDINATOR_PORT = METRICS_PORT["coordinator"]   # the coordinator's API and /metrics share it
+VERBS_GROUP = "rlb-verbs"            # the users whose jobs may use the verbs socket (`rlbhost verbs install` makes it)
 VERBS_PORT = 4798                   # host agents agree on verbs QPs' paths (UDP, between base addresses)
 # Colour k travels as the generic ext community (COLOUR_COMMUNITY, k): transitive, type 0x03,
 # sub-type 0x0b (RFC 9012's colour extended community).

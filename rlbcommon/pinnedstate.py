@@ -3,7 +3,6 @@ layouts, a lock for read-modify-write between the CLI and the agent, netlink soc
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import shutil
 import socket
 import threading
@@ -11,7 +10,8 @@ import threading
 from pyroute2 import IPRoute
 
 from . import bpfprog
-from .paths import RUN_DIR, pin_dir
+from .filelock import held
+from .paths import pin_dir
 
 
 class NotAttached(RuntimeError):
@@ -68,29 +68,21 @@ class PinnedState:
                 finally:
                     self._lock_depth -= 1
                 return
-            RUN_DIR.mkdir(parents=True, exist_ok=True)
-            with open(RUN_DIR / f"{self.instance}-{self.component}.lock", "w") as f:
-                fcntl.flock(f, fcntl.LOCK_EX)
+            with held(f"{self.instance}-{self.component}.lock"):
                 self._lock_depth = 1
                 try:
                     yield
                 finally:
                     self._lock_depth = 0
-                    fcntl.flock(f, fcntl.LOCK_UN)
 
     @contextlib.contextmanager
     def locked_part(self, part: str):
         """A lock of its own for one small map that a hot path rewrites (the switch's port
         liveness), so that it never waits behind a long step under locked() such as a
         reload of the route model. Taken after locked() when both are needed, never before."""
-        with self._part_locks.setdefault(part, threading.Lock()):
-            RUN_DIR.mkdir(parents=True, exist_ok=True)
-            with open(RUN_DIR / f"{self.instance}-{self.component}-{part}.lock", "w") as f:
-                fcntl.flock(f, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    fcntl.flock(f, fcntl.LOCK_UN)
+        with self._part_locks.setdefault(part, threading.Lock()), \
+                held(f"{self.instance}-{self.component}-{part}.lock"):
+            yield
 
     def compile(self):
         """bcc-compile the program against the pins (maps created or adopted)."""

@@ -76,7 +76,7 @@ fi
 vstamp="build/verbs/.built-$(cat verbs/*.c verbs/*.h rlbhost/verbs/build.py | sha1sum | cut -c1-12)"
 if [ ! -e "$vstamp" ]; then
   log "building the verbs library into build/verbs"
-  "$VENV/bin/python" -m rlbhost.verbs.build build/verbs
+  "$VENV/bin/python" -m rlbhost.verbs.build --strict build/verbs
   rm -f build/verbs/.built-*; touch "$vstamp"
 fi
 log "ready"

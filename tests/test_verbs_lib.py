@@ -170,6 +170,21 @@ def test_verbs_a_silent_agent_costs_two_waits_not_one_per_qp(built, tmp_path, ho
     assert [int(m[5]) for m in agent.kinds("USED")] == [P.KEEP["timeout"]] * 6
 
 
+def test_verbs_the_library_builds_and_answers_without_glibc_2_30s_clocklock(tmp_path, host):
+    """RHEL 8's glibc (2.28) has no pthread_mutex_clocklock: built as there (strict warnings), the
+    library takes its lock by the wall clock and answers as it does here."""
+    sysfs, v2 = host
+    old = build_all(tmp_path / "old-glibc", defines=("RLBV_NO_CLOCKLOCK",))
+    syms = subprocess.run(["readelf", "-W", "--dyn-syms", str(old.lib)], capture_output=True, text=True).stdout
+    assert "pthread_mutex_clocklock" not in syms and "pthread_mutex_timedlock" in syms
+    agent = ScriptedAgent(tmp_path / "agent.sock", lambda t: path_answer(t, lambda q: 2))
+    try:
+        lines, got, err = run(old, "linked", tmp_path, sysfs, agent.path, n=3)
+    finally:
+        agent.close()
+    assert got == {0x100 + i: (v2[2], B[2]) for i in range(3)}
+
+
 def test_verbs_wait_extends_a_question_up_to_its_bound_and_no_further(built, tmp_path, host):
     """An agent holding a question for the other end's word says WAIT: the library waits past its
     timeout for the answer, but never past RLBV_WAIT_MAX timeouts, however far the WAIT asks."""

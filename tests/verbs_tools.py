@@ -27,8 +27,8 @@ class Built:
         return self.linked if how == "linked" else self.dlopen
 
 
-def build_all(out: Path) -> Built:
-    lib, _ = build(out / "lib")
+def build_all(out: Path, defines: tuple[str, ...] = ()) -> Built:
+    lib, _ = build(out / "lib", strict=True, defines=defines)
     stub = out / "stub"
     stub.mkdir(parents=True, exist_ok=True)
     (out / "stub.map").write_text("IBVERBS_1.1 { global: *; };\n")

@@ -288,11 +288,18 @@ static void disconnect(void)
 }
 
 /* Send before the deadline: a burst (a thousand QPs' INITs) may fill the socket faster than the
- * agent reads it, and a message dropped for that would be a QP the agent never heard of. */
+ * agent reads it, so a full socket is waited on, but for RLBV_SEND_WAIT_MS at most: an agent that
+ * does not read is a stalled one (asked nothing for a while, as when it does not answer; a QP it
+ * never heard of keeps its addresses at both ends). */
 static int send_msg(const char *msg, long long deadline)
 {
     if (agent_fd < 0)
         return -1;
+    long long now = now_ns();
+    if (now < slow_until_ns)
+        deadline = now;                             /* one try, no wait */
+    else if (deadline > now + RLBV_SEND_WAIT_MS * 1000000LL)
+        deadline = now + RLBV_SEND_WAIT_MS * 1000000LL;
     for (;;) {
         ssize_t n = send(agent_fd, msg, strlen(msg), MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n >= 0)
@@ -302,8 +309,11 @@ static int send_msg(const char *msg, long long deadline)
             return -1;
         }
         long long left = deadline - now_ns();
-        if (left <= 0)
+        if (left <= 0) {
+            if (now_ns() >= slow_until_ns)
+                slow_until_ns = now_ns() + RLBV_RECONNECT_MS * 1000000LL;
             return -1;
+        }
         struct pollfd p = {.fd = agent_fd, .events = POLLOUT};
         poll(&p, 1, (int)((left + 999999) / 1000000));
     }
@@ -347,6 +357,8 @@ static int ensure_agent(long long deadline)
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return RLBV_KEEP_NOAGENT;
+    int sndbuf = 1 << 20;                           /* a burst of INITs fits (as the kernel allows) */
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     memcpy(sa.sun_path, cfg.socket_path, sizeof(sa.sun_path));
     if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
@@ -379,11 +391,25 @@ static int ensure_agent(long long deadline)
     return RLBV_KEEP_NONE;
 }
 
+/* The lock, if it comes before the deadline (CLOCK_MONOTONIC). pthread_mutex_clocklock is glibc
+ * 2.30's; older ones (RHEL 8: 2.28) wait on the wall clock for the same length of time. */
+#if !defined(RLBV_NO_CLOCKLOCK) && defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 30))
 static int lock_until(long long deadline)
 {
     struct timespec ts = {.tv_sec = deadline / 1000000000LL, .tv_nsec = deadline % 1000000000LL};
     return pthread_mutex_clocklock(&lock, CLOCK_MONOTONIC, &ts) == 0;
 }
+#else
+static int lock_until(long long deadline)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    long long left = deadline - now_ns();
+    long long at = now.tv_sec * 1000000000LL + now.tv_nsec + (left > 0 ? left : 0);
+    struct timespec ts = {.tv_sec = at / 1000000000LL, .tv_nsec = at % 1000000000LL};
+    return pthread_mutex_timedlock(&lock, &ts) == 0;
+}
+#endif
 
 /* Send, connecting if need be; a connection found dead (the agent restarted) is made again once
  * at once. 0 when sent. */

@@ -50,6 +50,8 @@
 #define RLBV_TIMEOUT_MS         20      /* default: how long a question may take before the QP
                                          * keeps the application's addresses (RLB_VERBS_TIMEOUT_MS) */
 #define RLBV_WAIT_MAX           4       /* WAIT extends a question to at most this many timeouts */
+#define RLBV_SEND_WAIT_MS       5       /* a full socket (an agent not reading) is waited on this
+                                         * long at most; then the agent counts as stalled */
 #define RLBV_RECONNECT_MS       1000    /* a missing agent is looked for again at most this often */
 #define RLBV_AH_HANDLE_BIT      0x1000000   /* address handles are accounted as QP number
                                              * RLBV_AH_HANDLE_BIT | id: above any 24-bit QPN */

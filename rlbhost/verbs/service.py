@@ -43,6 +43,7 @@ paths (asked once, kept for PEER_PATHS_TTL_S)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import functools
 import grp
@@ -62,7 +63,7 @@ from pathlib import Path
 from rlbcommon.health import Health
 from rlbcommon.heap import Heap
 from rlbcommon.paths import write_atomic
-from rlbcommon.constants import VERBS_PORT
+from rlbcommon.constants import VERBS_GROUP, VERBS_PORT
 from rlbfabric import addrplan
 from rlbfabric.policy import localrule
 
@@ -90,8 +91,13 @@ REUSED_AFTER_S = 1.0           # ... forgotten sooner when a new QP of that numb
 REAP_EVERY_S = 1.0
 STATUS_EVERY_S = 1.0
 MAX_CLIENTS = 1024
+MAX_CLIENTS_PER_UID = 256      # one user's connections: another user's jobs always find room
 MAX_QPS_PER_CLIENT = 65536
+MAX_QPS_PER_UID = 131072       # (a server's 8 NICs x 16k QPs)
 MAX_PENDING_PER_CLIENT = 256   # questions of one process waiting on peers at once
+MAX_PENDING_PER_UID = 1024     # ... and of one user's processes
+MAX_TIMEOUT_NS = 2_000_000_000 # a question is worked on this long at most, whatever its asker says
+ACCEPT_PAUSE_S = 1.0           # out of file descriptors: new connections wait this long
 MAX_BATCH = 2                  # messages read from one client per round: no client starves others,
                                # and the peers' answers (read first each round) wait for no burst
 MAX_UDP_BATCH = 256            # peers' messages read per round (they settle questions waiting)
@@ -149,6 +155,7 @@ class LocalQp:
     pid: int
     start: int | None
     nic: str = ""                  # the fabric NIC its RDMA port is on ('' if none)
+    uid: int = -1                  # whose (-1: adopted after a restart)
 
     @property
     def qpn(self) -> int:
@@ -238,6 +245,9 @@ class VerbsService:
         self.health = health or Health()
         self.sel = selectors.DefaultSelector()
         self.clients: dict[socket.socket, Client] = {}
+        self.per_uid: dict[int, dict[str, int]] = collections.defaultdict(
+            lambda: {"clients": 0, "qps": 0, "pending": 0})       # what each user holds
+        self.accept_paused_until = 0.0
         self.local: dict[Local, LocalQp] = {}
         self.by_nic: dict[tuple[str, int], Local] = {}      # (NIC, QP number) -> its QP
         self.by_dev: dict[tuple[str, int], Local] = {}      # (device, QP number) -> its QP
@@ -253,7 +263,8 @@ class VerbsService:
         self.lock = threading.Lock()         # the counters, read by metrics
         self.counters: dict[str, int] = {"questions_rtr": 0, "questions_ah": 0, "placed_rtr": 0,
                                          "placed_ah": 0, "disagreements": 0, "bad_messages": 0,
-                                         "refused_clients": 0, "peer_questions": 0, "stale_questions": 0,
+                                         "refused_clients": 0, "refused_questions": 0, "accept_failed": 0,
+                                         "peer_questions": 0, "stale_questions": 0,
                                          "foreign_qps": 0, "behind": 0,
                                          "unauthenticated": 0, "resent": 0, "unacknowledged": 0}
         self.kept: dict[str, int] = {k: 0 for k in P.KEEP if k != "none"}
@@ -286,11 +297,7 @@ class VerbsService:
             pass
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
         s.bind(str(self.socket_path))
-        if self.group:
-            os.chown(self.socket_path, 0, grp.getgrnam(self.group).gr_gid)
-            os.chmod(self.socket_path, 0o660)
-        else:
-            os.chmod(self.socket_path, 0o666)
+        self.access = self._restrict(self.socket_path)
         s.listen(128)
         self.listener = s
         self.sel.register(s, selectors.EVENT_READ, "listen")
@@ -306,8 +313,29 @@ class VerbsService:
             self.table.clear()
         self._adopt()
         log.info("verbs: answering on %s (%s), agreeing with peers on UDP %d; NICs %s; RDMA ports %s",
-                 self.socket_path, f"group {self.group}" if self.group else "every user", self.port,
+                 self.socket_path, self.access, self.port,
                  ", ".join(self.nics), ", ".join(f"{d}/{p}" for d, p in self.gids.served()) or "none yet")
+
+    def _restrict(self, path: Path) -> str:
+        """The socket's owners: root and the verbs group (0660); every user only if asked for
+        with group '*'. Without the group (the default one not made yet) only root's jobs."""
+        group = self.group if self.group is not None else VERBS_GROUP
+        if group == "*":
+            os.chmod(path, 0o666)
+            log.warning("verbs: every local user may use %s (--verbs-group '*'): any of them can make "
+                        "other users' QPs keep their addresses", path)
+            return "every user"
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            if self.group is not None:
+                raise                               # named, and missing: the operator's error
+            gid = 0
+            log.warning("verbs: no group %s: only root's jobs may use %s (`rlbhost verbs install` makes the "
+                        "group; add the users who run jobs to it)", group, path)
+        os.chown(path, 0, gid)
+        os.chmod(path, 0o660)
+        return f"root and group {group}" if gid else "root only"
 
     def close(self):
         for c in list(self.clients.values()):
@@ -465,6 +493,7 @@ class VerbsService:
             elif key.data.sock in self.clients:
                 self._read_client(key.data)
         self._timers(mono_ns())
+        self._resume_accepting()
         t = time.monotonic()
         if t >= self._next_reap:
             self._next_reap = t + REAP_EVERY_S
@@ -478,28 +507,53 @@ class VerbsService:
 
     # ---- clients ------------------------------------------------------------------------
     def _accept(self):
+        if time.monotonic() < self.accept_paused_until:
+            return
         while True:
             try:
                 s, _ = self.listener.accept()
             except BlockingIOError:
                 return
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    raise
+                # out of descriptors: the connection waits in the backlog (the library times out
+                # and keeps) and this loop does not spin on it
+                self.counters["accept_failed"] += 1
+                self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
+                self.sel.unregister(self.listener)
+                log.warning("verbs: cannot accept a connection (%s): not accepting for %.0f s", e.strerror,
+                            ACCEPT_PAUSE_S)
+                return
             s.setblocking(False)
             pid, uid, _gid = UCRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
-            if len(self.clients) >= MAX_CLIENTS:
+            held = self.per_uid[uid]
+            if len(self.clients) >= MAX_CLIENTS or held["clients"] >= MAX_CLIENTS_PER_UID:
                 self.counters["refused_clients"] += 1
-                log.warning("verbs: refusing pid %d (uid %d): %d processes connected already", pid, uid,
-                            len(self.clients))
+                if held["clients"] >= MAX_CLIENTS_PER_UID:
+                    log.warning("verbs: refusing pid %d: uid %d has %d processes connected already", pid, uid,
+                                held["clients"])
+                else:
+                    log.warning("verbs: refusing pid %d (uid %d): %d processes connected already", pid, uid,
+                                len(self.clients))
                 s.close()
                 continue
             c = Client(s, pid, uid, proc_start(pid))
             self.clients[s] = c
+            held["clients"] += 1
             self.sel.register(s, selectors.EVENT_READ, c)
             log.info("verbs: pid %d (uid %d) connected", pid, uid)
+
+    def _resume_accepting(self):
+        if self.accept_paused_until and time.monotonic() >= self.accept_paused_until and self.listener is not None:
+            self.accept_paused_until = 0.0
+            self.sel.register(self.listener, selectors.EVENT_READ, "listen")
 
     def _drop_client(self, c: Client, why: str):
         self.sel.unregister(c.sock)
         c.sock.close()
         del self.clients[c.sock]
+        self.per_uid[c.uid]["clients"] -= 1
         for handle, entry in c.ahs.items():
             self._ah_drop(c.ah_nic.get(handle, ""), entry)
         for entry, nic in c.ah_pending.values():
@@ -574,13 +628,17 @@ class VerbsService:
         if lq is None:
             if len(c.qpns) >= MAX_QPS_PER_CLIENT:
                 raise P.BadMessage(f"more than {MAX_QPS_PER_CLIENT} QPs")
+            if self.per_uid[c.uid]["qps"] >= MAX_QPS_PER_UID:
+                self.counters["refused_questions"] += 1
+                return None
             old = self.decisions.get(local)
             if old is not None and time.monotonic() - old[1].at > REUSED_AFTER_S:
                 self._forget_qp(local)        # a keep answered for an earlier QP of this number
             nic = self._nic_of_port(dev, port)
-            lq = LocalQp(local, c.pid, c.start, nic.ifname if nic else "")
+            lq = LocalQp(local, c.pid, c.start, nic.ifname if nic else "", c.uid)
             self._index(lq)
             c.qpns.add(local)
+            self.per_uid[c.uid]["qps"] += 1
         return lq
 
     # ---- the view of one NIC -----------------------------------------------------------------
@@ -655,6 +713,11 @@ class VerbsService:
     def _question(self, c: Client, q: P.Question):
         self.counters["questions_rtr" if q.kind == "RTR" else "questions_ah"] += 1
         now = mono_ns()
+        if q.timeout_ns > MAX_TIMEOUT_NS or q.deadline_ns > now + min(q.timeout_ns, MAX_TIMEOUT_NS):
+            # a deadline far off would keep this question (and its peers' resends) alive for as
+            # long as the asker likes: worked on for its stated time, at most MAX_TIMEOUT_NS
+            timeout = min(q.timeout_ns, MAX_TIMEOUT_NS)
+            q = dataclasses.replace(q, deadline_ns=min(q.deadline_ns, now + timeout), timeout_ns=timeout)
         if q.deadline_ns - now < MIN_WORK_NS:
             return self._keep(c, q, "timeout")
         nic = self._nic_of_port(q.dev, q.port, q.sgid_index)
@@ -680,7 +743,8 @@ class VerbsService:
         lq = self._register(c, q.dev, q.port, q.qpn)
         if lq is None:
             return self._keep(c, q, "error")
-        if c.pending >= MAX_PENDING_PER_CLIENT:
+        if c.pending >= MAX_PENDING_PER_CLIENT or self.per_uid[c.uid]["pending"] >= MAX_PENDING_PER_UID:
+            self.counters["refused_questions"] += 1
             return self._keep(c, q, "busy")
         key = (lq.key, peer, q.dest_qpn)
         d = self._decision(key)
@@ -786,13 +850,15 @@ class VerbsService:
             self.counters["behind"] += 1
         return time.monotonic() < self.behind_until
 
-    @staticmethod
-    def _counted(c: Client, on_reply):
-        """on_reply, with the client's count of questions waiting on peers kept."""
+    def _counted(self, c: Client, on_reply):
+        """on_reply, with the client's (and its user's) count of questions waiting on peers kept."""
         c.pending += 1
+        held = self.per_uid[c.uid]
+        held["pending"] += 1
 
         def done(reply):
             c.pending -= 1
+            held["pending"] -= 1
             on_reply(reply)
         return done
 
@@ -939,6 +1005,8 @@ class VerbsService:
 
     def _forget_qp(self, local: Local):
         lq = self.local.pop(local, None)
+        if lq is not None and lq.uid >= 0:
+            self.per_uid[lq.uid]["qps"] -= 1
         if self.by_dev.get((local[0], local[2])) == local:
             del self.by_dev[(local[0], local[2])]
         if lq is not None and self.by_nic.get((lq.nic, lq.qpn)) == local:
