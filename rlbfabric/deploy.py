@@ -30,7 +30,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlbcommon.constants import RUN_DIR
+from rlbcommon.constants import RUN_DIR, VERBS_GROUP
 
 from .base import LOOPBACK_DEVICE, SWITCH_ROLES, Fabric, FabricError, add_loopback_device
 
@@ -122,6 +122,8 @@ ProtectControlGroups=yes
 LockPersonality=yes
 SystemCallArchitectures=native"""
 NO_START_LIMIT = "StartLimitIntervalSec=0"
+# the users whose jobs may use the verbs socket: the group exists before the agent binds it
+VERBS_GROUP_PRE = f"ExecStartPre=/usr/sbin/groupadd --system --force {VERBS_GROUP}"
 # bird answers BFD and BGP keepalives before anything else on the machine wants the CPU: an
 # agent's start compiles its programs with LLVM (minutes of CPU on a slow control-plane CPU, as
 # in an upgrade), and a bird starved past 3 BFD intervals takes every session down
@@ -192,7 +194,8 @@ Requires=rlb-net.service
 Wants=rlb-bird.service
 After=rlb-net.service rlb-bird.service
 [Service]
-ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes}
+{VERBS_GROUP_PRE}
+ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes} --verbs-group {VERBS_GROUP}
 {RESTART}
 {HARDENING}
 {capabilities(AGENT_CAPS)}
@@ -207,7 +210,8 @@ Description=RLB host agent (per-QP path selection) on {nics}
 Requires=rlb-net.service
 After=rlb-net.service
 [Service]
-ExecStart={site.bin}/rlbhost attach {nics} {args}{coord} --metrics-addr {mgmt_ip}
+{VERBS_GROUP_PRE}
+ExecStart={site.bin}/rlbhost attach {nics} {args}{coord} --metrics-addr {mgmt_ip} --verbs-group {VERBS_GROUP}
 {RESTART}
 {HARDENING}
 {capabilities(AGENT_CAPS)}

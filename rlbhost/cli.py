@@ -3,11 +3,13 @@
 Needs one global address per fabric path on the interface (SLAAC from the leaf's RAs). Works for traffic the kernel builds (Soft-RoCE, UDP): hardware RoCE NICs build packets without the kernel, so TC never sees them; there, use 'rlbhost paths --json' to pick a GID per QP."""
 from __future__ import annotations
 
+import grp
 import json
 import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import List, Optional
 import typer
 
 from rlbcommon import cli as common, health as loops
-from rlbcommon.constants import METRICS_PORT, RUN_DIR
+from rlbcommon.constants import METRICS_PORT, RUN_DIR, VERBS_GROUP
 from rlbcommon.health import Health
 from rlbcommon.metrics import serve
 from rlbcommon.paths import write_private
@@ -110,8 +112,10 @@ def run(
     verbs: bool = typer.Option(True, "--verbs/--no-verbs", help="Answer the verbs library "
         "(librlbverbs.so, `rlbhost verbs`) on a local socket, and agree on QPs' paths with the "
         "peers' agents (UDP 4798)."),
-    verbs_group: Optional[str] = typer.Option(None, help="Only this group's members may use the "
-        "verbs socket (default: every user; each process's pid and uid are logged)."),
+    verbs_group: Optional[str] = typer.Option(None, help="Root and this group's members may use the "
+        f"verbs socket (mode 0660; default {VERBS_GROUP}, made by `rlbhost verbs install`; without it "
+        "only root's jobs). '*': every local user, who could then make other users' QPs keep their "
+        "addresses."),
 ):
     """Run the host agent in the foreground: `attach` with the interface optional (adopted).
 
@@ -408,6 +412,14 @@ def verbs_install(directory: Path = typer.Option(LIB_DIR, "--dir", help="Where t
     except BuildError as e:
         raise HostError(str(e)) from None
     typer.echo(f"built {lib} and {shim}")
+    try:
+        grp.getgrnam(VERBS_GROUP)
+    except KeyError:
+        r = subprocess.run(["groupadd", "--system", VERBS_GROUP], capture_output=True, text=True)
+        if r.returncode:
+            raise HostError(f"cannot make group {VERBS_GROUP}: {r.stderr.strip()}") from None
+        typer.echo(f"made group {VERBS_GROUP}: its members' jobs may use the agent's socket "
+                   f"(usermod -aG {VERBS_GROUP} USER)")
     typer.echo(f"a job uses it with: {_verbs_env(lib)}")
 
 

@@ -101,7 +101,8 @@ ACCEPT_PAUSE_S = 1.0           # out of file descriptors: new connections wait t
 MAX_BATCH = 2                  # messages read from one client per round: no client starves others,
                                # and the peers' answers (read first each round) wait for no burst
 MAX_UDP_BATCH = 256            # peers' messages read per round (they settle questions waiting)
-MAX_DRAIN = 8192               # ... or, to find a QP a peer asks about, all it has sent (bounded)
+MAX_DRAIN = 1024               # ... or, to find a QP a peer asks about, what it has sent (bounded:
+                               # a library's INIT is among its last few messages)
 VIEW_S = 0.05                  # the paths and weights are read at most this often
 RECENT = 256                   # decisions kept with their reasons for `rlbhost why`
 BEHIND_S = 0.05                # after a question waited half its time: new pairs keep this long
@@ -192,8 +193,8 @@ class Pending:
     on_reply: object               # callable(PeerMsg | None): None on timeout
     src: str | None = None         # sent from this address (the NIC's base)
     key: Key | None = None         # the pair it is about (ASK, CHECK)
-    every_ns: int = RESEND_NS      # a notification's interval between sends (grows)
-    sent_ns: int = 0               # a notification's first send
+    every_ns: int = RESEND_NS      # the interval between sends (grows after NOTIFY_FAST_NS)
+    sent_ns: int = 0               # the first send
 
 
 @dataclass
@@ -1090,7 +1091,7 @@ class VerbsService:
                 if self.checks.get(key) == mid:
                     del self.checks[key]
                 inner(reply)
-        self.pending[msg.id] = Pending(msg, peer, deadline_ns, now + RESEND_NS, on_reply, src, key)
+        self.pending[msg.id] = Pending(msg, peer, deadline_ns, now + RESEND_NS, on_reply, src, key, sent_ns=now)
         self._udp_send(msg, peer, src)
 
     def _udp_send(self, msg: P.PeerMsg, peer: str, src: str | None = None):
@@ -1137,10 +1138,11 @@ class VerbsService:
                 del self.pending[pid]
                 p.on_reply(None)
             elif now >= p.resend_ns:
-                if p.sent_ns:               # a notification: fast while a library may wait on it
-                    if now - p.sent_ns > NOTIFY_FAST_NS:
-                        p.every_ns = min(2 * p.every_ns, NOTIFY_SLOW_NS)
-                else:                       # a question: its budget is what is left
+                # fast while a library may wait on the answer, then less and less often (a peer
+                # that is gone is not sent thousands of copies)
+                if now - p.sent_ns > NOTIFY_FAST_NS:
+                    p.every_ns = min(2 * p.every_ns, NOTIFY_SLOW_NS)
+                if p.msg.kind in ("ASK", "CHECK", "PATHS"):     # a question: its budget is what is left
                     left = (p.deadline_ns - now) // 1000
                     p.msg = P.PeerMsg(**{**p.msg.__dict__, "budget_us": max(0, left)})
                 p.resend_ns = now + p.every_ns
@@ -1297,10 +1299,19 @@ class VerbsService:
 
     def _known_qp(self, nic: NicState, qpn: int, drain: bool = False) -> LocalQp | None:
         """A QP of this NIC that takes part; the INIT may still wait in a library's socket (it was
-        sent before the application could hand the QP number out), so read those first."""
-        if drain or (nic.ifname, qpn) not in self.by_nic:
+        sent before the application could hand the QP number out), so read those first. drain: a
+        known QP's process is read first too (what its library said before the peer's message).
+        One process's backlog read here is bounded: a process that floods its socket costs the
+        peers' answers little, and others' QPs nothing."""
+        local = self.by_nic.get((nic.ifname, qpn))
+        owner = self.local.get(local) if local else None
+        if owner is None:
             for c in list(self.clients.values()):
                 if c.sock in self.clients:
+                    self._read_client(c, MAX_DRAIN)
+        elif drain:
+            for c in list(self.clients.values()):
+                if c.pid == owner.pid and c.sock in self.clients:
                     self._read_client(c, MAX_DRAIN)
         local = self.by_nic.get((nic.ifname, qpn))
         return self.local.get(local) if local else None
