@@ -13,7 +13,11 @@ were placed and how many kept the application's addresses (and why). The library
 part: it wraps ibv_modify_qp, ibv_destroy_qp, ibv_create_ah and ibv_destroy_ah only (the posting and
 polling verbs are inline calls into the provider that no symbol interposition reaches).
 
-    .venv/bin/python bench/verbs_bench.py [--qps 1000] [--procs 50] [--timeout-ms 20]"""
+    .venv/bin/python bench/verbs_bench.py [--qps 1000] [--procs 50] [--timeout-ms 20] [--loss 10]
+
+With --loss, the agents' UDP loses that share of datagrams each way in a second run of every case
+with the library: what matters there is that no QP's two ends are apart (the agents' count of
+disagreements, and what the devices got), then how many were still placed and at what cost."""
 from __future__ import annotations
 
 import argparse
@@ -27,7 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from rlbcommon.constants import VERBS_PORT  # noqa: E402
 from rlbhost.verbs.paths import socket_path  # noqa: E402
+from rlblab import topo  # noqa: E402
 from rlblab.hostlab import HostLab  # noqa: E402
 from tests.verbs_tools import app_env, app_lines, build_all, fake_sysfs, rtrs  # noqa: E402
 
@@ -100,6 +106,8 @@ def main():
     ap.add_argument("--qps", type=int, default=1000)
     ap.add_argument("--procs", type=int, default=50, help="processes per host in the concurrent run")
     ap.add_argument("--timeout-ms", type=float, default=20)
+    ap.add_argument("--loss", type=float, default=0, help="percent of the agents' UDP datagrams the router "
+                    "drops at random: every case with the library runs without, then with, this loss")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rlb-verbs-bench-"))
     built = build_all(tmp / "build")
@@ -112,11 +120,14 @@ def main():
         for k in (1, 2):
             lab.start_agent(k, env={"RLB_SYSFS_INFINIBAND": str(sysfs[k])})
         n = args.qps
-        cases = [("without the library", False, 1, (1, 2)),
-                 ("library, rendezvous end first", True, 1, (1, 2)),
-                 ("library, other end first", True, 1, (2, 1)),
-                 (f"library, {args.procs} processes per host at once", True, args.procs, "together")]
-        for name, preload, procs, order in cases:
+        cases = [("without the library", False, 1, (1, 2), 0)]
+        for loss in ([0, args.loss] if args.loss else [0]):
+            at = f", {loss:g} % lost" if loss else ""
+            cases += [(f"library, rendezvous end first{at}", True, 1, (1, 2), loss),
+                      (f"library, other end first{at}", True, 1, (2, 1), loss),
+                      (f"library, {args.procs} processes per host at once{at}", True, args.procs, "together", loss)]
+        for name, preload, procs, order, loss in cases:
+            topo.lossy_udp(lab.r, VERBS_PORT, loss)
             time.sleep(1.5)         # the agents write their status every second
             before = {h: counts(lab, h) for h in (1, 2)}
             lines, ends = run(lab, built, sysfs, gid, tmp, n, procs, preload, args.timeout_ms, order)
@@ -134,23 +145,23 @@ def main():
     finally:
         lab.down()
     print(f"\nRTR of {n} QPs per host against the stub libibverbs; library timeout {args.timeout_ms:g} ms")
-    print(f"{'case':<44}{'end':<16}{'QPs':>6}{'median ms':>11}{'p99 ms':>9}{'max ms':>9}{'placed':>8}  "
+    print(f"{'case':<56}{'end':<16}{'QPs':>6}{'median ms':>11}{'p99 ms':>9}{'max ms':>9}{'placed':>8}  "
           "kept (and disagreements, if any)")
     base = {}
     for name, end, f, placed, kept in rows:
         if name.startswith("without"):
             base[end] = f
-        print(f"{name:<44}{end:<16}{f['n']:>6}{f['median']:>11.3f}{f['p99']:>9.3f}{f['max']:>9.3f}{placed:>8}  "
+        print(f"{name:<56}{end:<16}{f['n']:>6}{f['median']:>11.3f}{f['p99']:>9.3f}{f['max']:>9.3f}{placed:>8}  "
               f"{kept or '-'}")
     print("\nboth ends of each QP, as their devices got them:")
     for name, (same, off_base, total) in agree.items():
-        print(f"  {name:<44} {same} of {total} on the same path ({off_base} off the base path), "
+        print(f"  {name:<56} {same} of {total} on the same path ({off_base} off the base path), "
               f"{total - same} on different paths")
     print("\nadded by the library per QP (median, worst), against the run without it:")
     for name, end, f, _, _ in rows:
         if not name.startswith("without"):
             b = base[end]
-            print(f"  {name:<44}{end:<16} +{f['median'] - b['median']:.3f} ms, +{f['max'] - b['max']:.3f} ms")
+            print(f"  {name:<56}{end:<16} +{f['median'] - b['median']:.3f} ms, +{f['max'] - b['max']:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -130,6 +130,12 @@ class HostCollector:
         bad.add_metric([n, "foreign_qp"], c["foreign_qps"])
         bad.add_metric([n, "behind"], c["behind"])
         bad.add_metric([n, "unauthenticated"], c["unauthenticated"])
+        bad.add_metric([n, "question"], c["refused_questions"])      # a user over its caps
+        bad.add_metric([n, "accept_failed"], c["accept_failed"])     # out of file descriptors
+        peers = counter("rlb_host_verbs_peer_messages", "the agreement's messages to peer agents sent again "
+                        "(resent: lost, or the peer slow) and never acknowledged (unacknowledged)", ["node", "what"])
+        peers.add_metric([n, "resent"], c["resent"])
+        peers.add_metric([n, "unacknowledged"], c["unacknowledged"])
         clients = gauge("rlb_host_verbs_clients", "processes connected to the verbs socket", ["node"])
         clients.add_metric([n], v["clients"])
         qps = gauge("rlb_host_verbs_qps", "QPs of processes with the verbs library, known to the agent, per "
@@ -143,4 +149,4 @@ class HostCollector:
             for kind in ("rtr", "ah"):
                 nic_placed.add_metric([n, e["label"], kind], e["placed"][kind])
         qps.add_metric([n, "none"], v["qps"] - on_nics)
-        yield from (asked, placed, kept, dis, bad, clients, qps, nic_placed)
+        yield from (asked, placed, kept, dis, bad, peers, clients, qps, nic_placed)

@@ -53,6 +53,16 @@ RULES = [
      "warning", "{{ $labels.node }}: jobs' QPs are left on their own addresses by their GIDs ({{ $labels.reason }}: "
      "IPv4 or link-local GIDs, RoCE v1, or a device on no fabric NIC): their NCCL settings, not the fabric "
      "(rlbhost verbs check --pid <a rank>; NCCL_IB_ADDR_FAMILY=AF_INET6)"),
+    ("RlbVerbsLocalUserRefused",
+     'increase(rlb_host_verbs_refused_total{what=~"client|question|accept_failed"}[10m]) > 0', "0s", "warning",
+     "{{ $labels.node }}: the verbs agent refused a local process ({{ $labels.what }}: a user over its caps on "
+     "connections, QPs or questions, or out of file descriptors): a job misbehaving, or caps too small for it "
+     "(the agent's log names the pid and uid)"),
+    ("RlbVerbsPeerMessagesLost",
+     'rate(rlb_host_verbs_peer_messages_total{what="resent"}[5m]) > 10', "10m", "warning",
+     "{{ $labels.node }}: the verbs agents' messages (UDP 4798) are being sent again more than 10 a second: "
+     "lost or late between hosts (the fabric's default class dropping, or a peer agent slow): QPs still agree, "
+     "but more keep their addresses"),
 ]
 
 

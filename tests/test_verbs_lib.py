@@ -386,6 +386,31 @@ def test_verbs_the_decision_table_is_laid_out_and_hashed_alike_in_the_agent_and_
     t.close()
 
 
+def test_verbs_a_table_of_another_layout_is_replaced_by_rename_never_rewritten_under_its_readers(tmp_path):
+    """A job that mapped the file an older agent wrote keeps reading what it mapped: the new agent
+    puts a new file in its place; a file of this layout is reused (records and all) on restart."""
+    import mmap
+    from rlbhost.verbs import table as T
+    old = tmp_path / "t"
+    old.write_bytes(b"\x01" * 4096)                      # another layout (an older release's)
+    with open(old, "rb") as f:
+        reader = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    t = T.DecisionTable(old)
+    assert reader[:] == b"\x01" * 4096                    # untouched under its reader
+    assert os.stat(old).st_size == T.DecisionTable.SIZE and stat_mode(old) == 0o644
+    assert t.put("rxe0", 1, 0x11, 0x12, "fc00:1:2:3::b", 3, 6)
+    t.close()
+    ino = os.stat(old).st_ino
+    again = T.DecisionTable(old)                          # the same layout: the same file
+    assert os.stat(old).st_ino == ino and again.map[:T.HEAD.size] == T.HEAD.pack(*T.DecisionTable.HEAD_NOW)
+    again.close()
+    reader.close()
+
+
+def stat_mode(path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
 def test_verbs_the_library_exports_the_wrapped_verbs_and_dlopen_in_their_versions(built):
     out = subprocess.run(["objdump", "-T", str(built.lib)], capture_output=True, text=True, check=True).stdout
     exported = {(f[-1], f[-2]) for f in (ln.split() for ln in out.splitlines())

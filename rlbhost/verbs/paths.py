@@ -6,6 +6,8 @@ from pathlib import Path
 
 from rlbcommon.constants import RUN_DIR
 
+from .protocol import VERSION
+
 
 def socket_path(instance: str) -> Path:
     return RUN_DIR / ("verbs.sock" if instance == "default" else f"verbs-{instance}.sock")
@@ -16,5 +18,7 @@ def status_path(instance: str) -> Path:
 
 
 def table_path(instance: str) -> Path:
-    """The agent's decisions, read by the libraries (world-readable; kept across restarts)."""
-    return RUN_DIR / ("verbs.table" if instance == "default" else f"verbs-{instance}.table")
+    """The agent's decisions, read by the libraries (world-readable; kept across restarts). The
+    protocol version is in the name: a new layout is a new file, and jobs that mapped the old one
+    keep reading it, never a file rewritten under them."""
+    return RUN_DIR / (f"verbs.v{VERSION}.table" if instance == "default" else f"verbs-{instance}.v{VERSION}.table")

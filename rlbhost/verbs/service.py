@@ -13,20 +13,28 @@ process loads the library, which tells its agent when the QP moves to INIT, befo
 can hand the QP number to its peer.
 - The rendezvous's end asks first: it chooses the path and proposes it to the other agent
   (CHECK), which takes it only if that QP takes part and can use the path, and says yes; then
-  the rendezvous's library is told, and the other agent hears so (CONFIRM).
+  the rendezvous's library is told (this end goes first).
 - The other end asks first: its agent asks the rendezvous (ASK), which decides; the asker's
-  library is told, and the rendezvous hears so (CONFIRM).
-A path taken on the other end's question is held back from this end's library until that
-CONFIRM: the library's question waits for it (parked), and a QP whose confirmation does not come
-in time keeps its addresses at both ends. Settled pairs go into a table every process maps
-read-only (table.py), so the second end's library reads its path there without asking anybody.
-Whatever is not answered in time is a keep (the application's own addresses) at both ends, so a
-silent or stopped agent on either side leaves the pair on the application's addresses; a question
-older than its asker's patience is answered keep, not worked on; an agent that finds questions
-waiting half their time sheds new pairs for a while (keep at both ends) rather than answer one
-end too late; an end that ended up keeping says so (USED) and the other turns to keep, or counts a
-disagreement if its library had the path already (left to an answer lost or delayed past its
-deadline after the decision: bench/verbs_bench.py measures the two ends' devices).
+  library is told (PATH: the asker goes first), unless the rendezvous's own library is being given
+  the path already (HELD: the rendezvous goes first).
+One end's library goes first; the other end holds the path back from its library (pending in the
+table, a question parked) until the first end's agent says its library has put the QP on the path
+(CONFIRM, sent once the library reports it: USED). So an end never takes a path its peer's library
+may have given up on. Whatever cannot be settled in time keeps the application's addresses at
+both ends: an end that keeps says so (USED) and the other turns to keep too, or counts a
+disagreement if its library had the path already.
+
+Loss, slowness and bad neighbours. Questions are sent again until answered (every 2 ms, then less
+often), USED and CONFIRM until acknowledged (ACK), and any of them taken twice changes nothing; a
+library waiting on a pending pair is told to wait longer (WAIT, up to RLBV_WAIT_MAX timeouts), and
+finds the pair pending in the table itself if its agent is too slow to say so. The agent reads a
+library's backlog before a peer's CHECK or ASK about its QP (what the library said first counts
+first); a question older than its asker's patience is answered keep, not worked on, and none is
+worked on longer than MAX_TIMEOUT_NS whatever it asks; an agent that finds questions waiting half
+their time sheds new pairs for a while (keep at both ends) rather than answer one end too late.
+Local users: the socket is root's and the verbs group's (0660), each user's connections, QPs and
+questions in flight are capped, answers to a process that does not read are dropped, never waited
+on. bench/verbs_bench.py measures the two ends' devices (--loss: with the agents' datagrams lost).
 
 A server with several fabric NICs has one service for all of them: a question names its RDMA
 device and port, whose netdev (sysfs gid_attrs/ndevs) is the NIC whose paths, weights and counts

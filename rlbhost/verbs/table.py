@@ -51,22 +51,44 @@ def iid_of(address: str) -> bytes:
 class DecisionTable:
     def __init__(self, path: Path):
         self.path = Path(path)
-        size = HEAD.size + SLOTS * RECORD.size
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.map = self._open() or self._replace()
+        self.where: dict[tuple[int, int, int, bytes], int] = {}   # key -> slot, of the live records
+
+    HEAD_NOW = (C["RLBV_TABLE_MAGIC"], P.VERSION, SLOTS, RECORD.size)
+    SIZE = HEAD.size + SLOTS * RECORD.size
+
+    def _open(self) -> mmap.mmap | None:
+        """The file as a running agent left it, if it has this layout."""
         try:
-            os.fchmod(fd, 0o644)                  # every job's library reads it
-            if os.fstat(fd).st_size != size:
-                os.ftruncate(fd, 0)               # another layout: start empty
-                os.ftruncate(fd, size)
-            self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        try:
+            if os.fstat(fd).st_size != self.SIZE:
+                return None
+            m = mmap.mmap(fd, self.SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-        head = HEAD.unpack_from(self.map, 0)
-        if head != (C["RLBV_TABLE_MAGIC"], P.VERSION, SLOTS, RECORD.size):
-            self.map[:] = bytes(size)
-            HEAD.pack_into(self.map, 0, C["RLBV_TABLE_MAGIC"], P.VERSION, SLOTS, RECORD.size)
-        self.where: dict[tuple[int, int, int, bytes], int] = {}   # key -> slot, of the live records
+        if HEAD.unpack_from(m, 0) != self.HEAD_NOW:
+            m.close()
+            return None
+        return m
+
+    def _replace(self) -> mmap.mmap:
+        """A new, empty file put in place by rename: a library that mapped what was there (another
+        layout, a damaged file) keeps reading that, never a file truncated or rewritten under it."""
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)                  # every job's library reads it
+            os.ftruncate(fd, self.SIZE)
+            m = mmap.mmap(fd, self.SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        HEAD.pack_into(m, 0, *self.HEAD_NOW)
+        os.replace(tmp, self.path)
+        return m
 
     def clear(self):
         """Every record removed (a starting agent rewrites those it adopts)."""
