@@ -53,12 +53,21 @@ def run_pair(lab, tmp_path, server_cmd: str, client_cmd: str, during=None, timeo
     """server on h2, client on h1 (towards h2's management address), both with the library;
     (output, spine byte deltas, {h1's QP: path}) once both ends' libraries and agents agree."""
     before = spine_bytes(lab)
+    port = int(m[1]) if (m := re.search(r"-p (\d+)", server_cmd)) else 18515     # perftest's default
     server = lab.spawn("h2", f"{PRELOAD} {server_cmd}", tmp_path / "server.out")
-    time.sleep(3)
-    client = lab.spawn("h1", f"{PRELOAD} {client_cmd} {lab.vm('h2').mgmt_ip}", tmp_path / "client.out")
-    if during:
-        during()
-    rc_client, rc_server = client.wait(timeout=timeout), server.wait(timeout=300)
+    try:
+        # the client starts once the server listens (a fixed wait was too short on a busy VM)
+        lab.wait(f"perftest listens on h2:{port}", lambda: f":{port} " in lab.sh("h2", "ss -ltnH").stdout,
+                 timeout=300, every=1)
+        client = lab.spawn("h1", f"{PRELOAD} {client_cmd} {lab.vm('h2').mgmt_ip}", tmp_path / "client.out")
+        if during:
+            during()
+        rc_client, rc_server = client.wait(timeout=timeout), server.wait(timeout=300)
+    except BaseException:
+        # a failed run leaves no perftest holding its port for the next test
+        for vm in ("h1", "h2"):
+            lab.sh(vm, "pkill -f 'ib_(write|send|read)_(bw|lat)' || true")
+        raise
     c_out, s_out = (tmp_path / "client.out").read_text(), (tmp_path / "server.out").read_text()
     assert (rc_client, rc_server) == (0, 0), c_out + s_out
     after = spine_bytes(lab)
