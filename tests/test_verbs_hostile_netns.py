@@ -21,11 +21,8 @@ from rlbcommon import filelock
 from rlbhost.verbs import protocol as P
 from rlbhost.verbs import service as S
 from rlbhost.verbs.paths import socket_path
-from rlblab import topo
-from rlblab.hostlab import HostLab
 
-from .test_verbs_netns import KEY, VLab, agreed, pair, split, wait_for
-from .verbs_tools import build_all, fake_sysfs
+from .test_verbs_netns import VLab, agreed, pair, split, verbs_lab, wait_for
 
 pytestmark = pytest.mark.netns
 GROUP = "rlbtest-verbs"
@@ -35,25 +32,10 @@ NOBODY = 65534
 @pytest.fixture(scope="module")
 def v(tmp_path_factory):
     subprocess.run(["groupadd", "--system", GROUP], capture_output=True)
-    tmp = tmp_path_factory.mktemp("verbs-hostile")
-    built = build_all(tmp / "build")
-    lab = HostLab("rlbvh")
     try:
-        lab.up()
-        sysfs = {k: tmp / f"sys-h{k}" for k in (1, 2)}
-        gid = {k: fake_sysfs(sysfs[k], lab.addresses(k)) for k in (1, 2)}
-        key = tmp / "fabric-key"
-        key.write_text(KEY.hex() + "\n")
-        key.chmod(0o600)
-        vl = VLab(lab, built, sysfs, gid, tmp, key)
-        for k in (1, 2):
-            lab.start_agent(k, "--fabric-key", str(key), "--verbs-group", GROUP,
-                            env={"RLB_SYSFS_INFINIBAND": str(sysfs[k])})
-        yield vl
+        yield from verbs_lab(tmp_path_factory, "rlbvh", "--verbs-group", GROUP)
     finally:
-        lab.down()
         subprocess.run(["groupdel", GROUP], capture_output=True)
-    assert not [ns for ns in topo.list_ns() if ns.startswith("rlbvh-")]
 
 
 def nobody(code: str, *args: str, groups: bool = True) -> list[str]:
@@ -163,8 +145,7 @@ def test_verbs_hostile_deadlines_far_off_are_worked_on_for_2_s_at_most(v):
         assert resent < 256 * 80
     finally:
         s.close()
-        v.lab.start_agent(2, "--fabric-key", str(v.key), "--verbs-group", GROUP,
-                          env={"RLB_SYSFS_INFINIBAND": str(v.sysfs[2])})
+        v.start(2)
     wait_for("the questions' QPs gone", lambda: not v.rows(1))
 
 

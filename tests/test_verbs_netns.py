@@ -41,9 +41,11 @@ class VLab:
     gid: dict[int, dict[int, int]]          # host -> {path: RoCE v2 GID index}
     tmp: Path
     key: Path                               # the fabric's keys: the agents seal what they say
+    agent_args: tuple[str, ...] = ()
 
     def start(self, host: int):
-        self.lab.start_agent(host, "--fabric-key", str(self.key), env={"RLB_SYSFS_INFINIBAND": str(self.sysfs[host])})
+        self.lab.start_agent(host, "--fabric-key", str(self.key), *self.agent_args,
+                             env={"RLB_SYSFS_INFINIBAND": str(self.sysfs[host])})
 
     def rows(self, host: int) -> list[dict]:
         return [q for q in json.loads(self.lab.cli(host, "qps", "--json")) if q.get("source") == "verbs"]
@@ -52,11 +54,11 @@ class VLab:
         return json.loads(self.lab.cli(host, "verbs", "status", "--json"))["service"]
 
 
-@pytest.fixture(scope="module")
-def v(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("verbs-netns")
+def verbs_lab(tmp_path_factory, name: str, *agent_args: str):
+    """Two hosts behind a router, each agent started (with agent_args), for a module's tests."""
+    tmp = tmp_path_factory.mktemp(name)
     built = build_all(tmp / "build")
-    lab = HostLab("rlbvn")
+    lab = HostLab(name)
     try:
         lab.up()
         sysfs = {k: tmp / f"sys-h{k}" for k in (1, 2)}
@@ -64,13 +66,18 @@ def v(tmp_path_factory):
         key = tmp / "fabric-key"
         key.write_text(KEY.hex() + "\n")
         key.chmod(0o600)
-        vl = VLab(lab, built, sysfs, gid, tmp, key)
+        vl = VLab(lab, built, sysfs, gid, tmp, key, agent_args)
         for k in (1, 2):
             vl.start(k)
         yield vl
     finally:
         lab.down()
-    assert not [ns for ns in topo.list_ns() if ns.startswith("rlbvn-")]
+    assert not [ns for ns in topo.list_ns() if ns.startswith(f"{name}-")]
+
+
+@pytest.fixture(scope="module")
+def v(tmp_path_factory):
+    yield from verbs_lab(tmp_path_factory, "rlbvn")
 
 
 class App:
