@@ -236,7 +236,7 @@ def test_verbs_lost_messages_never_leave_a_qps_two_ends_apart(v, loss):
           f"resent {d[1]['resent']} + {d[2]['resent']}, disagreements {d[1]['disagreements']} + {d[2]['disagreements']}")
     assert dropped > 0 and d[1]["resent"] + d[2]["resent"] >= dropped // 2
     assert d[1]["disagreements"] == d[2]["disagreements"] == 0
-    assert placed >= total * {1: 0.0, 10: 0.0, 30: 0.0}[loss]  # XXX thresholds from an unloaded run
+    assert placed >= total * {1: 0.95, 10: 0.9, 30: 0.75}[loss]      # 450, 450, 449 of 450 here
 
 
 def test_verbs_qps_count_with_the_qps_tc_placed(v):
