@@ -7,6 +7,7 @@ The hostile processes run as user nobody (65534); the socket's group is a group 
 word on who owns a QP (rdma netlink's resource tracking: no RDMA in this kernel)."""
 from __future__ import annotations
 
+import grp
 import json
 import os
 import socket
@@ -41,7 +42,7 @@ def v(tmp_path_factory):
 def nobody(code: str, *args: str, groups: bool = True) -> list[str]:
     """The command that runs Python code as nobody (with the socket's group, or none), with room
     for 4096 files."""
-    gid = subprocess.run(["getent", "group", GROUP], capture_output=True, text=True).stdout.split(":")[2]
+    gid = grp.getgrnam(GROUP).gr_gid
     return ["prlimit", "--nofile=4096:4096", "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
             f"--groups={gid}" if groups else "--clear-groups", sys.executable, "-c",
             "import json, os, socket, sys, time\n" + code, *args]
@@ -98,8 +99,7 @@ def test_verbs_hostile_a_user_outside_the_group_cannot_reach_the_socket(v):
     path = socket_path(v.lab.h[1])
     st = os.stat(path)
     assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_uid == 0
-    assert st.st_gid == int(subprocess.run(["getent", "group", GROUP], capture_output=True, text=True)
-                            .stdout.split(":")[2])
+    assert st.st_gid == grp.getgrnam(GROUP).gr_gid
     assert as_nobody(CONNECT, str(path), "1", groups=False) == {"denied": True}
     assert as_nobody(CONNECT, str(path), "1")["connected"] == 1
 

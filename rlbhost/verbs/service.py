@@ -539,12 +539,8 @@ class VerbsService:
             held = self.per_uid[uid]
             if len(self.clients) >= MAX_CLIENTS or held["clients"] >= MAX_CLIENTS_PER_UID:
                 self.counters["refused_clients"] += 1
-                if held["clients"] >= MAX_CLIENTS_PER_UID:
-                    log.warning("verbs: refusing pid %d: uid %d has %d processes connected already", pid, uid,
-                                held["clients"])
-                else:
-                    log.warning("verbs: refusing pid %d (uid %d): %d processes connected already", pid, uid,
-                                len(self.clients))
+                log.warning("verbs: refusing pid %d (uid %d): %d processes connected already, %d of them uid %d's",
+                            pid, uid, len(self.clients), held["clients"], uid)
                 s.close()
                 continue
             c = Client(s, pid, uid, proc_start(pid))
