@@ -136,6 +136,10 @@ class HostCollector:
                         "(resent: lost, or the peer slow) and never acknowledged (unacknowledged)", ["node", "what"])
         peers.add_metric([n, "resent"], c["resent"])
         peers.add_metric([n, "unacknowledged"], c["unacknowledged"])
+        sent = counter("rlb_host_verbs_peer_sent", "the agreement's messages to peer agents, and the datagrams "
+                       "that carried them (a round's messages for one peer go together)", ["node", "what"])
+        sent.add_metric([n, "message"], c["messages_sent"])
+        sent.add_metric([n, "datagram"], c["datagrams_sent"])
         clients = gauge("rlb_host_verbs_clients", "processes connected to the verbs socket", ["node"])
         clients.add_metric([n], v["clients"])
         qps = gauge("rlb_host_verbs_qps", "QPs of processes with the verbs library, known to the agent, per "

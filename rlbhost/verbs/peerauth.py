@@ -23,6 +23,7 @@ from .protocol import BadMessage
 
 WINDOW_MS = 2000          # how old (or how far ahead) a sealed message may be
 TAG_LEN = 16
+SEAL_MAX = len(b" @") + 20 + 1 + 2 * TAG_LEN     # what seal() adds at most (a 64-bit clock)
 
 
 def seal(body: bytes, key: bytes, now_ms: int | None = None) -> bytes:

@@ -25,6 +25,11 @@
   way only: unconfirmed -> confirmed, path -> keep). Questions are sent again until answered,
   and answered from the state the first answer left, so any message may be lost or repeated.
 
+  A datagram carries one message or several, one a line (`pack_peer`): what an agent has for one
+  peer in a round goes together, so a burst of QPs costs a few datagrams, not a few per QP (the
+  kernel's send and receive are most of a message's cost). Agents before this refuse a datagram of
+  several lines as a bad message, and those pairs keep their addresses.
+
   <paths> are path field values, comma-separated ("-" for none); budget_us is what is left of
   the asker's time when it sends: a question older than that is not worked on.
 
@@ -48,6 +53,7 @@ KEEP_NAME = {v: k for k, v in KEEP.items()}
 VERSION, MSG_MAX, AH_BIT = C["RLBV_VERSION"], C["RLBV_MSG_MAX"], C["RLBV_AH_HANDLE_BIT"]
 WAIT_MAX = C["RLBV_WAIT_MAX"]
 QPN_MAX = (1 << 24) - 1
+DATAGRAM_MAX = 1232            # an agent's datagram, seal included: IPv6's minimum MTU less its headers
 
 
 class BadMessage(ValueError):
@@ -257,3 +263,24 @@ def parse_peer(data: bytes) -> PeerMsg:
     if k == "REPLY" and n == 5 and f[2] == "YES":
         return PeerMsg(k, _int(f[1], 0, u64), verdict="YES", path=_int(f[3], 0, 0xFFFF), paths=parse_paths(f[4]))
     raise BadMessage(f"unknown message {k[:20]!r} with {n} fields")
+
+
+def pack_peer(messages: list[bytes], limit: int) -> list[bytes]:
+    """Encoded messages for one peer as datagram bodies of at most `limit` bytes, one a line, in order."""
+    out: list[bytes] = []
+    cur: list[bytes] = []
+    size = 0
+    for m in messages:
+        if cur and size + 1 + len(m) > limit:
+            out.append(b"\n".join(cur))
+            cur, size = [], 0
+        size += len(m) + (1 if cur else 0)
+        cur.append(m)
+    if cur:
+        out.append(b"\n".join(cur))
+    return out
+
+
+def unpack_peer(body: bytes) -> list[bytes]:
+    """The messages of one datagram's body."""
+    return body.split(b"\n")
