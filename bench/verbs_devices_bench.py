@@ -15,6 +15,7 @@ NICs (per device). The budget is 1 ms at the median and 5 ms at worst per QP.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -73,6 +74,12 @@ def run(lab, built, sysfs, gid, tmp, devices: int, n: int, timeout_ms: float):
     return lines, agree
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) a process has used so far."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _path(gids: dict[int, int], index: int) -> int:
     return next((k for k, i in gids.items() if i == index), 0)
 
@@ -97,29 +104,36 @@ def main():
         for devices in (1, args.devices):
             time.sleep(2)
             before = {h: counts(lab, h) for h in (1, 2)}
+            cpu0, t0 = {h: cpu_s(lab.agents[h].pid) for h in (1, 2)}, time.monotonic()
             lines, agree = run(lab, built, sysfs, gid, tmp, devices, args.qps, args.timeout_ms)
+            wall, cpu = time.monotonic() - t0, {h: cpu_s(lab.agents[h].pid) - cpu0[h] for h in (1, 2)}
             time.sleep(1.5)              # the agents write their status every second
             kept = {}
             for h in (1, 2):
                 placed, k = counts(lab, h)
                 kept[h] = (placed - before[h][0], {r: v - before[h][1].get(r, 0) for r, v in k.items()
                                                    if v - before[h][1].get(r, 0)})
-            out.append((devices, {h: figures(lines[h]) for h in (1, 2)}, agree, kept))
+            out.append((devices, {h: figures(lines[h]) for h in (1, 2)}, agree, kept, wall, cpu))
     finally:
         lab.down()
     print(f"\nRTR of {args.qps} QPs per device per server, stand-in libibverbs, library timeout {args.timeout_ms:g} ms; "
           f"{args.devices} NICs per server, one agent each")
     print(f"{'case':<34}{'server':<8}{'QPs':>6}{'median ms':>11}{'p99 ms':>9}{'max ms':>9}{'placed':>8}  kept")
-    for devices, figs, _, kept in out:
+    for devices, figs, _, kept, _, _ in out:
         name = "one device (today's shape)" if devices == 1 else f"{devices} devices at once"
         for h in (1, 2):
             f = figs[h]
             print(f"{name:<34}{'a' + str(h):<8}{f['n']:>6}{f['median']:>11.3f}{f['p99']:>9.3f}{f['max']:>9.3f}"
                   f"{kept[h][0]:>8}  {kept[h][1] or '-'}")
     print("\nboth ends of each QP on the same path of their own NICs (per device; QPs per path on server 1):")
-    for devices, _, agree, _ in out:
+    for devices, _, agree, _, _, _ in out:
         for dev, (same, total, split) in agree.items():
             print(f"  {devices} device(s), stub{dev}: {same} of {total}, per path {split}")
+    print("\neach case's time, and the agents' CPU in it (both servers' agents, per QP end):")
+    for devices, _, _, _, wall, cpu in out:
+        n = devices * args.qps
+        print(f"  {devices} device(s): {wall:.2f} s; agent CPU a1 {cpu[1]:.2f} s ({cpu[1] / n * 1e3:.3f} ms a QP), "
+              f"a2 {cpu[2]:.2f} s ({cpu[2] / n * 1e3:.3f} ms a QP)")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,8 @@ class GidTable:
         self.ifnames = [ifnames] if isinstance(ifnames, str) else ifnames
         self.sysfs = sysfs
         self.table: dict[tuple[str, int], dict[int, tuple[str, str, str]]] = {}
+        # looked up per QP: {ifname: ports on it}, {(dev, port, address): lowest RoCE v2 index}
+        self._idx: tuple[dict[str, list[tuple[str, int]]], dict[tuple[str, int, str], int]] = ({}, {})
         self.read_at = 0.0
 
     def refresh(self):
@@ -73,7 +75,15 @@ class GidTable:
             entries = read_port(dev, port, self.sysfs)
             if self.ifnames is None or any(nd in self.ifnames for _, _, nd in entries.values()):
                 table[(dev, port)] = entries
-        self.table = table
+        on: dict[str, list[tuple[str, int]]] = {}
+        v2: dict[tuple[str, int, str], int] = {}
+        for (dev, port), entries in sorted(table.items()):
+            for nd in sorted({nd for _, _, nd in entries.values() if nd}):
+                on.setdefault(nd, []).append((dev, port))
+            for idx, (addr, gtype, _) in sorted(entries.items()):
+                if is_roce_v2(gtype):
+                    v2.setdefault((dev, port, addr), idx)
+        self.table, self._idx = table, (on, v2)       # each swapped whole: readers see old or new
         self.read_at = time.monotonic()
 
     def served(self) -> list[tuple[str, int]]:
@@ -99,21 +109,16 @@ class GidTable:
         """The RDMA ports on one interface (one, for a RoCE NIC)."""
         if not self.read_at:
             self.refresh()
-        return [k for k, entries in sorted(self.table.items()) if any(nd == ifname for _, _, nd in entries.values())]
-
-    def _lookup(self, dev: str, port: int, match) -> int | None:
-        for attempt in (0, 1):
-            for idx, entry in sorted(self.table.get((dev, port), {}).items()):
-                if match(idx, entry):
-                    return idx
-            if attempt or time.monotonic() - self.read_at < REFRESH_S:
-                return None
-            self.refresh()
-        return None
+        return list(self._idx[0].get(ifname, ()))
 
     def index_of(self, dev: str, port: int, address: str) -> int | None:
         """The RoCE v2 GID index of address on dev/port, or None."""
-        return self._lookup(dev, port, lambda i, e: e[0] == address and is_roce_v2(e[1]))
+        for attempt in (0, 1):
+            got = self._idx[1].get((dev, port, address))
+            if got is not None or attempt or time.monotonic() - self.read_at < REFRESH_S:
+                return got
+            self.refresh()
+        return None
 
     def by_address(self) -> dict[str, list[dict]]:
         """{address: [{device, port, gid_index}]} of every RoCE v2 GID (for `rlbhost paths`)."""

@@ -80,6 +80,7 @@ from ..gids import GidTable
 from ..probekeys import KeyFile
 from . import protocol as P
 from .advice import FabricView
+from .outstanding import Outstanding, Pending
 from .peerauth import SEAL_MAX, Unsealer, seal
 from .table import DecisionTable
 
@@ -87,11 +88,7 @@ log = logging.getLogger(__name__)
 
 MARGIN_NS = 1_000_000          # what an answer needs to get back to the library
 MIN_WORK_NS = 300_000          # a question with less time left is answered keep at once
-RESEND_NS = 2_000_000          # an unanswered question to a peer is sent again this often
-NOTIFY_FAST_NS = 40_000_000    # a USED or CONFIRM is sent again every RESEND_NS this long (a
-                               # library waiting on it has 20 ms by default: ten tries), then
-NOTIFY_SLOW_NS = 250_000_000   # ... at doubling intervals up to this,
-NOTIFY_FOR_NS = 3_000_000_000  # ... until acknowledged or this old
+NOTIFY_FOR_NS = 3_000_000_000  # a USED or CONFIRM is sent again until acknowledged or this old
 PEER_PATHS_TTL_S = 5.0
 KEPT_TTL_S = 120.0             # keeps answered for QPs this host does not know
 REUSED_AFTER_S = 1.0           # ... forgotten sooner when a new QP of that number starts (an INIT
@@ -165,6 +162,7 @@ class LocalQp:
     start: int | None
     nic: str = ""                  # the fabric NIC its RDMA port is on ('' if none)
     uid: int = -1                  # whose (-1: adopted after a restart)
+    asked: bool = False            # a peer was asked about it (it may hold a path for it)
 
     @property
     def qpn(self) -> int:
@@ -189,20 +187,6 @@ class Decision:
     applied: bool = False          # this end's library reported the QP on the path (USED)
     peer_has: bool = False         # the other end's agent said its library has it (CONFIRM)
     nic: str = ""                  # the NIC this end is on (whose data plane holds the entry)
-
-
-@dataclass
-class Pending:
-    """A question waiting on a peer agent."""
-    msg: P.PeerMsg
-    peer: str                      # the peer agent's address
-    deadline_ns: int               # the peer's answer is of no use after this
-    resend_ns: int
-    on_reply: object               # callable(PeerMsg | None): None on timeout
-    src: str | None = None         # sent from this address (the NIC's base)
-    key: Key | None = None         # the pair it is about (ASK, CHECK)
-    every_ns: int = RESEND_NS      # the interval between sends (grows after NOTIFY_FAST_NS)
-    sent_ns: int = 0               # the first send
 
 
 @dataclass
@@ -263,7 +247,7 @@ class VerbsService:
         self.by_base: dict[str, NicState] = {}              # a NIC's base address (as last viewed) -> it
         # by this host's QP: (the pair's key, decision)
         self.decisions: dict[Local, tuple[Key, Decision]] = {}
-        self.pending: dict[int, Pending] = {}
+        self.pending = Outstanding()       # messages to peers waiting on an answer
         self.outbox: dict[tuple[str, str | None], list[bytes]] = {}   # (peer, from) -> this round's messages
         self.checks: dict[Key, int] = {}                      # a pair's CHECK waiting -> its pending id
         self.proposals: dict[Key, tuple[int, VerbsQp]] = {}   # asked of the peer
@@ -393,7 +377,10 @@ class VerbsService:
         return self.nics.get(nd) if nd else None
 
     def _nic_of_base(self, base: str) -> NicState | None:
-        for n in self.nics.values():           # the views fresh (each is read at most every VIEW_S)
+        nic = self.by_base.get(base)
+        if nic is not None and self._view(nic).base_addr == base:
+            return nic
+        for n in self.nics.values():           # a base moved or new: every view fresh (at most every VIEW_S)
             self._view(n)
         nic = self.by_base.get(base)
         return nic if nic is not None and nic.view_at[1].base_addr == base else None
@@ -489,7 +476,8 @@ class VerbsService:
     def _round(self):
         now = mono_ns()
         timeout = 0.5
-        due = [min(p.resend_ns, p.deadline_ns) for p in self.pending.values()]
+        first = self.pending.next_due()
+        due = [first] if first is not None else []
         due += [w.deadline_ns - MARGIN_NS for waiting in self.parked.values() for w in waiting]
         if due:
             timeout = max(0.0, min(timeout, (min(due) - now) / 1e9))
@@ -799,6 +787,7 @@ class VerbsService:
                                            why=f"decided by {peer}'s agent, the pair's rendezvous",
                                            nic=nic.ifname, confirmed=reply.verdict == "PATH"))
             self._answer(c, q, key, d, v2)
+        lq.asked = True
         self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, self._counted(c, asked), ours, key)
 
     def _propose(self, c: Client, q: P.Question, key: Key, lq: LocalQp, nic: NicState, peer: str,
@@ -844,6 +833,7 @@ class VerbsService:
             self._decide_keep(key, True, keep, c, q, nic)
             if reply is None:                   # the other end may have taken it: it turns to keep
                 self._tell_peer(key, 0, keep, nic)
+        lq.asked = True
         self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, self._counted(c, checked), v.base_addr, key)
 
     def _behind(self, q: P.Question | None = None, now: int = 0) -> bool:
@@ -969,12 +959,15 @@ class VerbsService:
         self._count_kept(keep)
         if keep in ("ipv4", "linklocal"):        # never a fabric QP: no peer to tell
             return
-        if self._register(c, m.dev, m.port, m.qpn) is None:
+        lq = self._register(c, m.dev, m.port, m.qpn)
+        if lq is None:
             return
         got = self.decisions.get(local)
         if got is None:
             # kept without a decision here (this agent was slow or away): whatever the peer asks
-            # about this pair later is answered keep
+            # about this pair later is answered keep. The peer is told only if it was asked: one
+            # never asked holds no path for the pair (a library that stopped asking for a while
+            # costs the peers nothing)
             nic = self._nic_of_port(m.dev, m.port)
             if nic is None:
                 return
@@ -983,7 +976,8 @@ class VerbsService:
             if peer is not None and peer != v.base_addr:
                 key = (local, peer, m.dest_qpn)
                 self._decide_keep(key, _addr_lt(v.base_addr, peer), keep, nic=nic)
-                self._tell_peer(key, 0, keep, nic)
+                if lq.asked:
+                    self._tell_peer(key, 0, keep, nic)
         elif got[1].path:
             key, d = got
             self._unplace(key, d, keep)
@@ -1098,7 +1092,7 @@ class VerbsService:
                 if self.checks.get(key) == mid:
                     del self.checks[key]
                 inner(reply)
-        self.pending[msg.id] = Pending(msg, peer, deadline_ns, now + RESEND_NS, on_reply, src, key, sent_ns=now)
+        self.pending.add(Pending(msg, peer, deadline_ns, on_reply, src, key), now)
         self._udp_send(msg, peer, src)
 
     def _udp_send(self, msg: P.PeerMsg, peer: str, src: str | None = None):
@@ -1138,7 +1132,7 @@ class VerbsService:
 
     def _notify(self, msg: P.PeerMsg, peer: str, src: str):
         """A message that changes the peer's state (USED, CONFIRM): sent again until the peer
-        acknowledges it, every RESEND_NS at first, then less often, for NOTIFY_FOR_NS."""
+        acknowledges it (outstanding.py: how often), for NOTIFY_FOR_NS."""
         msg = P.PeerMsg(**{**msg.__dict__, "id": secrets.randbits(63)})
         now = mono_ns()
 
@@ -1148,26 +1142,20 @@ class VerbsService:
                 log.debug("verbs: %s to %s never acknowledged", msg.kind, peer)
         if self.udp is None:
             return
-        self.pending[msg.id] = Pending(msg, peer, now + NOTIFY_FOR_NS, now + RESEND_NS, acked, src, sent_ns=now)
+        self.pending.add(Pending(msg, peer, now + NOTIFY_FOR_NS, acked, src), now)
         self._udp_send(msg, peer, src)
 
     def _timers(self, now: int):
         self._parked_timers(now)
-        for pid, p in list(self.pending.items()):
-            if now >= p.deadline_ns:
-                del self.pending[pid]
+        for p in self.pending.due(now):
+            if p.done:                                          # its time is up
                 p.on_reply(None)
-            elif now >= p.resend_ns:
-                # fast while a library may wait on the answer, then less and less often (a peer
-                # that is gone is not sent thousands of copies)
-                if now - p.sent_ns > NOTIFY_FAST_NS:
-                    p.every_ns = min(2 * p.every_ns, NOTIFY_SLOW_NS)
-                if p.msg.kind in ("ASK", "CHECK", "PATHS"):     # a question: its budget is what is left
-                    left = (p.deadline_ns - now) // 1000
-                    p.msg = P.PeerMsg(**{**p.msg.__dict__, "budget_us": max(0, left)})
-                p.resend_ns = now + p.every_ns
-                self.counters["resent"] += 1
-                self._udp_send(p.msg, p.peer, p.src)
+                continue
+            msg = p.msg
+            if msg.kind in ("ASK", "CHECK", "PATHS"):           # a question: its budget is what is left
+                msg = P.PeerMsg(**{**msg.__dict__, "budget_us": max(0, (p.deadline_ns - now) // 1000)})
+            self.counters["resent"] += 1
+            self._udp_send(self.pending.resend(p, msg, now), p.peer, p.src)
 
     def _read_udp(self):
         for _ in range(MAX_UDP_BATCH):
@@ -1200,8 +1188,9 @@ class VerbsService:
 
     def _peer(self, m: P.PeerMsg, src: str, arrived_ns: int):
         if m.kind == "REPLY":
-            p = self.pending.pop(m.id, None)
+            p = self.pending.get(m.id)
             if p is not None and _same_host(src, p.peer):
+                self.pending.answered(m.id, mono_ns())
                 p.on_reply(m)
             return
         nic = self._nic_of_base(m.b_base)
@@ -1283,10 +1272,10 @@ class VerbsService:
     def _complete_check(self, key: Key) -> bool:
         """This end asked the peer (CHECK) while the peer asked this end (ASK): the ASK decided;
         the waiting question is answered now. False if there was none."""
-        p = self.pending.pop(self.checks.get(key, -1), None)
+        p = self.pending.pop(self.checks.get(key, -1))
         if p is None:
             return False
-        p.on_reply(P.PeerMsg("REPLY", p.msg.id, verdict="YES", paths=frozenset()))
+        p.on_reply(P.PeerMsg("REPLY", p.first_id, verdict="YES", paths=frozenset()))
         return True
 
     def _peer_confirmed(self, m: P.PeerMsg, key: Key):
