@@ -417,3 +417,34 @@ def test_verbs_peer_messages_without_the_fabrics_key_or_replayed_are_refused(v):
     finally:
         a.close(), b.close()
     wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
+
+
+def test_verbs_a_datagram_of_several_messages_is_taken_line_by_line_and_answered_in_one(v):
+    """A round's messages for one peer travel in one datagram: from h1's base address, one sealed
+    datagram carrying two USEDs and a line that is no message reaches h2; both USEDs are taken,
+    the bad line alone is counted, and h2's two acknowledgements (to h1's agent) leave in one
+    datagram."""
+    import socket as so
+    from rlbcommon import netns
+    from rlbhost.verbs import protocol as P
+    from rlbhost.verbs.peerauth import seal
+    used = [P.PeerMsg("USED", 1000 + i, a_base=v.lab.base(1), a_qpn=0x990 + i, b_base=v.lab.base(2),
+                      b_qpn=0x980 + i, path=1) for i in range(2)]
+    body = P.pack_peer([used[0].encode(), b"NONSENSE 1 2", used[1].encode()], P.DATAGRAM_MAX)
+    assert len(body) == 1
+    wait_for("h2 waits on nothing", lambda: v.status(2)["pending"] == 0, timeout=10)
+    before = v.status(2)["counters"]
+    with netns.inside(v.lab.h[1]):
+        s = so.socket(so.AF_INET6, so.SOCK_DGRAM)
+        s.bind((v.lab.base(1), 0))
+    try:
+        s.sendto(seal(body[0], KEY), (v.lab.base(2), VERBS_PORT))
+    finally:
+        s.close()
+    seen = []
+    wait_for("counted", lambda: seen.append(v.status(2)["counters"]) or seen[-1]["bad_messages"] > before["bad_messages"])
+    after = seen[-1]
+    assert after["peer_questions"] == before["peer_questions"] + 2
+    assert after["bad_messages"] == before["bad_messages"] + 1
+    assert after["messages_sent"] == before["messages_sent"] + 2
+    assert after["datagrams_sent"] == before["datagrams_sent"] + 1
