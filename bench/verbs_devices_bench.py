@@ -74,10 +74,23 @@ def run(lab, built, sysfs, gid, tmp, devices: int, n: int, timeout_ms: float):
     return lines, agree
 
 
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user and system) a process has used so far."""
+def threads_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user and kernel) each named thread of a process has used so far."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            f = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0.0) + (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds a process has used so far: (in itself, in the kernel)."""
     f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    return int(f[11]) / os.sysconf("SC_CLK_TCK"), int(f[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def _path(gids: dict[int, int], index: int) -> int:
@@ -105,8 +118,12 @@ def main():
             time.sleep(2)
             before = {h: counts(lab, h) for h in (1, 2)}
             cpu0, t0 = {h: cpu_s(lab.agents[h].pid) for h in (1, 2)}, time.monotonic()
+            th0 = {h: threads_s(lab.agents[h].pid) for h in (1, 2)}
             lines, agree = run(lab, built, sysfs, gid, tmp, devices, args.qps, args.timeout_ms)
-            wall, cpu = time.monotonic() - t0, {h: cpu_s(lab.agents[h].pid) - cpu0[h] for h in (1, 2)}
+            wall = time.monotonic() - t0
+            cpu = {h: tuple(b - a for a, b in zip(cpu0[h], cpu_s(lab.agents[h].pid))) for h in (1, 2)}
+            th = {h: {k: v - th0[h].get(k, 0.0) for k, v in threads_s(lab.agents[h].pid).items()} for h in (1, 2)}
+            cpu = {h: (*cpu[h], th[h]) for h in (1, 2)}
             time.sleep(1.5)              # the agents write their status every second
             kept = {}
             for h in (1, 2):
@@ -129,11 +146,14 @@ def main():
     for devices, _, agree, _, _, _ in out:
         for dev, (same, total, split) in agree.items():
             print(f"  {devices} device(s), stub{dev}: {same} of {total}, per path {split}")
-    print("\neach case's time, and the agents' CPU in it (both servers' agents, per QP end):")
+    print("\neach case's time, and each agent's CPU in it (user + kernel, and per QP end):")
     for devices, _, _, _, wall, cpu in out:
         n = devices * args.qps
-        print(f"  {devices} device(s): {wall:.2f} s; agent CPU a1 {cpu[1]:.2f} s ({cpu[1] / n * 1e3:.3f} ms a QP), "
-              f"a2 {cpu[2]:.2f} s ({cpu[2] / n * 1e3:.3f} ms a QP)")
+        print(f"  {devices} device(s): {wall:.2f} s; " + "; ".join(
+            f"a{h} {cpu[h][0]:.2f} + {cpu[h][1]:.2f} s ({(cpu[h][0] + cpu[h][1]) / n * 1e3:.3f} ms a QP)" for h in (1, 2)))
+        for h in (1, 2):
+            busy = sorted(((v, k) for k, v in cpu[h][2].items() if v >= 0.01), reverse=True)
+            print(f"    a{h}'s threads: " + ", ".join(f"{k} {v:.2f} s" for v, k in busy))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import time
 from typing import Callable
 
 from .health import Health
+from .threadname import name_this_thread
 
 BACKOFF_S = (0.1, 5.0)
 GIVE_UP_S = 60.0
@@ -36,6 +37,7 @@ class Supervisor:
         return t
 
     def _body(self, name: str, loop: Callable[..., None], args: tuple):
+        name_this_thread(name)
         delay = self.backoff_s[0]
         failing_since: float | None = None
         while not self.stop.is_set():

@@ -71,6 +71,7 @@ from pathlib import Path
 from rlbcommon.health import Health
 from rlbcommon.heap import Heap
 from rlbcommon.paths import write_atomic
+from rlbcommon.threadname import name_this_thread
 from rlbcommon.constants import VERBS_GROUP, VERBS_PORT
 from rlbfabric import addrplan
 from rlbfabric.policy import localrule
@@ -456,6 +457,7 @@ class VerbsService:
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self):
+        name_this_thread("verbs")
         while not self.stop.is_set():
             try:
                 self._round()
