@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -14,14 +15,48 @@ from .metrics import counter, gauge
 from .paths import write_atomic
 
 WRITE_EVERY_S = 5.0
+HANG_S = 60.0            # a loop that has not finished a round this long is hung (unless it says otherwise)
+RESTARTS_ENV = "RLB_HANG_RESTARTS"       # carried over the watchdog's fresh start (exec)
+
+
+def hang_restarts() -> int:
+    """How many times this agent started afresh for a hung loop (since systemd started it)."""
+    try:
+        return int(os.environ.get(RESTARTS_ENV, "0"))
+    except ValueError:
+        return 0
 
 
 class Health:
-    def __init__(self, path: Path | None = None):
+    def __init__(self, path: Path | None = None, hang_s: float = HANG_S):
         self.path = path
+        self.hang_s = hang_s                      # how long a round may take, unless a loop says
         self.loops: dict[str, dict] = {}
         self.lock = threading.Lock()
         self._written = 0.0
+        self.expected: dict[str, float] = {}      # loop -> how long a round may take
+        self.beats: dict[str, float] = {}         # loop -> when it last finished a round (monotonic)
+        self.hangs: list[str] = []                # loops found hung in this process
+
+    def expect(self, name: str, within_s: float | None = None):
+        """Loop `name` finishes a round (done or failed) at least every within_s (hang_s) from now on."""
+        with self.lock:
+            self.expected[name] = within_s or self.hang_s
+            self.beats[name] = time.monotonic()
+
+    def hung(self, now: float | None = None) -> list[tuple[str, float, float]]:
+        """(loop, seconds since its last round, how long a round may take) of every hung loop."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            return [(n, now - self.beats[n], w) for n, w in self.expected.items() if now - self.beats[n] > w]
+
+    def note_hang(self, names: list[str]):
+        with self.lock:
+            self.hangs += names
+            for n in names:
+                self._loop(n)["last_error"] = "hung"
+                self._loop(n)["last_error_at"] = time.time()
+            self._write()
 
     def _loop(self, name: str) -> dict:
         return self.loops.setdefault(name, {"errors": 0, "last_error": "", "last_error_at": 0.0, "last_ok": 0.0})
@@ -29,6 +64,7 @@ class Health:
     def ok(self, name: str):
         with self.lock:
             self._loop(name)["last_ok"] = time.time()
+            self.beats[name] = time.monotonic()
             if time.time() - self._written >= WRITE_EVERY_S:
                 self._write()
 
@@ -40,6 +76,7 @@ class Health:
         else:
             log.exception("%s failed (keeping the last good state)", name)
         with self.lock:
+            self.beats[name] = time.monotonic()
             e = self._loop(name)
             e["errors"] += 1
             e["last_error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -64,12 +101,20 @@ class Health:
                          ["node", "loop"])
         age = gauge(f"{prefix}_loop_last_ok_age_seconds", "seconds since the loop last completed a round",
                     ["node", "loop"])
+        hung = gauge(f"{prefix}_loop_hung", "1 while a loop has not finished a round for longer than a round "
+                     "may take (the agent then starts afresh)", ["node", "loop"])
+        restarts = counter(f"{prefix}_hang_restarts", "times the agent started afresh because a loop hung "
+                           "(since systemd started it)", ["node"])
         now = time.time()
         for name, e in self.snapshot().items():
             errors.add_metric([node, name], e["errors"])
             if e["last_ok"]:
                 age.add_metric([node, name], now - e["last_ok"])
-        return errors, age
+        late = {n for n, _, _ in self.hung()}
+        for name in sorted(self.expected):
+            hung.add_metric([node, name], 1 if name in late else 0)
+        restarts.add_metric([node], hang_restarts())
+        return errors, age, hung, restarts
 
 
 def read(path: Path) -> dict:

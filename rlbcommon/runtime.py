@@ -19,6 +19,7 @@ import logging
 import threading
 from typing import Callable
 
+from . import failpoints
 from .health import Health
 from .netlinkevents import NetlinkEvents
 from .supervise import Supervisor
@@ -36,11 +37,16 @@ class AgentRuntime:
     def every(self, name: str, period: Period, step: Callable[[], object], expected: tuple = (OSError,),
               wake: threading.Event | None = None, foreground: bool = False):
         """Rounds of step() until stop; `wake` set cuts a wait short. In a thread of its own,
-        or (foreground) in the caller's, which it then holds until stop."""
+        or (foreground) in the caller's, which it then holds until stop. A round (and its wait)
+        longer than the health's hang_s, or three periods, is a hang (watchdog.py)."""
+        first = period() if callable(period) else period
+        self.health.expect(name, max(self.health.hang_s, 3 * first))
+
         def loop():
             while not self.stop.is_set():
                 if foreground:
                     self.supervisor.check()       # a loop that cannot resume: exit for a restart
+                failpoints.check(name)
                 try:
                     step()
                     self.health.ok(name)
@@ -69,7 +75,10 @@ class AgentRuntime:
         """Follow netlink `groups` in a supervised thread: `resync()` reads the state once
         subscribed (nothing falls between), then each batch goes to `changed(msgs)`, which
         applies what it can from the messages themselves and returns True when the state must
-        be read again. `ready` is set after the first read."""
+        be read again. `ready` is set after the first read. A batch and its resync longer than
+        the health's hang_s is a hang."""
+        self.health.expect(name)
+
         def loop():
             with NetlinkEvents(groups) as events:
                 resync()
@@ -77,6 +86,7 @@ class AgentRuntime:
                 if ready is not None:
                     ready.set()
                 while not self.stop.is_set():
+                    failpoints.check(name)
                     msgs = events.batch(timeout=0.5)
                     if msgs and changed(msgs):
                         resync()

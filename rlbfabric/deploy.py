@@ -122,6 +122,11 @@ ProtectControlGroups=yes
 LockPersonality=yes
 SystemCallArchitectures=native"""
 NO_START_LIMIT = "StartLimitIntervalSec=0"
+# an agent tells systemd each second that every one of its loops finishes rounds (a loop that
+# hangs makes it start afresh by itself: rlbcommon/watchdog.py); a process frozen whole, that
+# thread too, is killed and started again by systemd after this long
+AGENT_WATCHDOG = """WatchdogSec=60
+NotifyAccess=main"""
 # the users whose jobs may use the verbs socket: the group exists before the agent binds it
 VERBS_GROUP_PRE = f"ExecStartPre=/usr/sbin/groupadd --system --force {VERBS_GROUP}"
 # bird answers BFD and BGP keepalives before anything else on the machine wants the CPU: an
@@ -176,6 +181,7 @@ After=rlb-bird.service
 [Service]
 ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {mbps}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}
 {RESTART}
+{AGENT_WATCHDOG}
 {HARDENING}
 {capabilities(AGENT_CAPS)}
 [Install]
@@ -197,6 +203,7 @@ After=rlb-net.service rlb-bird.service
 {VERBS_GROUP_PRE}
 ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes} --verbs-group {VERBS_GROUP}
 {RESTART}
+{AGENT_WATCHDOG}
 {HARDENING}
 {capabilities(AGENT_CAPS)}
 [Install]
@@ -213,6 +220,7 @@ After=rlb-net.service
 {VERBS_GROUP_PRE}
 ExecStart={site.bin}/rlbhost attach {nics} {args}{coord} --metrics-addr {mgmt_ip} --verbs-group {VERBS_GROUP}
 {RESTART}
+{AGENT_WATCHDOG}
 {HARDENING}
 {capabilities(AGENT_CAPS)}
 [Install]

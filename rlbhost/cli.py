@@ -22,6 +22,7 @@ from rlbcommon.constants import METRICS_PORT, RUN_DIR, VERBS_GROUP
 from rlbcommon.health import Health
 from rlbcommon.metrics import serve
 from rlbcommon.paths import write_private
+from rlbcommon.watchdog import Watchdog
 from rlbfabric.bird.conf import initial_includes, render
 from rlbfabric.bird.ctl import BirdError
 from rlbfabric.fabric import FabricError, load
@@ -112,6 +113,7 @@ def run(
     verbs: bool = typer.Option(True, "--verbs/--no-verbs", help="Answer the verbs library "
         "(librlbverbs.so, `rlbhost verbs`) on a local socket, and agree on QPs' paths with the "
         "peers' agents (UDP 4798)."),
+    hang_s: float = common.HANG_OPTION,
     verbs_group: Optional[str] = typer.Option(None, help="Root and this group's members may use the "
         f"verbs socket (mode 0660; default {VERBS_GROUP}, made by `rlbhost verbs install`; without it "
         "only root's jobs). '*': every local user, who could then make other users' QPs keep their "
@@ -139,7 +141,9 @@ def run(
                    coordinator, etcd, etcd_password_file, report_ms, qp_memory_s, run_dir, probe_ms,
                    probe_dead_ms, probe_key, carrier_rt_priority, tc, verbs, verbs_group, once,
                    etcd_ca=etcd_ca, etcd_cert=etcd_cert, etcd_lease_s=etcd_lease_s)
-    health = Health(health_file(dp.instance))
+    health = Health(health_file(dp.instance), hang_s)
+    if not once:
+        Watchdog(health, log).start()      # systemd hears from it while the programs compile, too
     built = assembler(fab)(dp, fab, opts, health)
     typer.echo(built.summary)
     if once:

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from rlbcommon import failpoints
 from rlbcommon.health import Health
 from rlbfabric.base import Fabric
 from rlbfabric.bird.conf import neighbors_file, pathbw_file, render_neighbors, render_pathbw
@@ -149,7 +150,9 @@ class BirdSync:
         next_discovery, next_resync = 0.0, 0.0
         self._resync_now = False
         failures = 0
+        self.health.expect("bird")
         while not self.stop.is_set():
+            failpoints.check("bird")
             try:
                 uplinks = self.fabric.ports_up(self.node)
                 if uplinks and time.time() >= next_discovery:

@@ -16,6 +16,7 @@ from rlbcommon import cli as common, health
 from rlbcommon.constants import METRICS_PORT
 from rlbcommon.health import Health
 from rlbcommon.paths import write_private
+from rlbcommon.watchdog import Watchdog
 from rlbfabric.bird.conf import initial_includes, render
 from rlbfabric.bird.ctl import BirdError
 from rlbfabric.fabric import FabricError, load
@@ -63,6 +64,7 @@ def run(
         "switch's etcd user rlb-switch-<node> (`rlbfabric etcd-users` issues it)."),
     etcd_ca: Optional[Path] = common.ETCD_CA_OPTION,
     etcd_cert: Optional[Path] = common.ETCD_CERT_OPTION,
+    hang_s: float = common.HANG_OPTION,
 ):
     """Run the switch agent in the foreground: `attach` with the ports optional (adopted).
 
@@ -82,6 +84,9 @@ def run(
     opts.fabric = load(fabric_file) if fabric_file else None
     dp = ctx.dataplane()
     adopted = dp.exists()
+    agent_health = Health(health_file(dp.instance), hang_s)
+    if not once:
+        Watchdog(agent_health, log).start()    # systemd hears from it while the program compiles, too
     attached = attach_ports(dp, opts)
     if once:
         typer.echo(f"attached to {', '.join(opts.interfaces)}; state pinned at {dp.pins}; no agent runs")
@@ -93,7 +98,7 @@ def run(
         log.info("adopted pinned state at %s: %d routes, %d ports", dp.pins, len(dp.routes()), len(dp.ports()))
     elif not opts.interfaces and not control_only:
         raise DataplaneError("nothing to run: no pinned state and no interfaces given")
-    agent = SwitchAgent(dp, opts, attached, Health(health_file(dp.instance)))
+    agent = SwitchAgent(dp, opts, attached, agent_health)
     agent.start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:

@@ -13,6 +13,7 @@ import threading
 
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR, RTMGRP_LINK, RTMGRP_NEIGH
 
+from rlbcommon import failpoints
 from rlbcommon.health import Health
 from rlbcommon.netlinkevents import NetlinkEvents
 
@@ -174,13 +175,16 @@ class Watcher:
         """Apply netlink events as they come. Every (re)bind is followed by a resync of this
         follower's share from the kernel: after binding, so a change made meanwhile arrives as
         an event, and in this thread, so the snapshot cannot overtake a newer event. A socket
-        failure (ENOBUFS: events were dropped in a storm) rebinds, so nothing is missed."""
+        failure (ENOBUFS: events were dropped in a storm) rebinds, so nothing is missed. A batch
+        and its resync longer than the health's hang_s is a hang (rlbcommon/watchdog.py)."""
+        self.health.expect(name)
         while not self.stop.is_set():
             try:
                 with NetlinkEvents(groups) as events:
                     resync()
                     ready.set()
                     while not self.stop.is_set():
+                        failpoints.check(name)
                         msgs = events.batch(timeout=0.5)
                         if msgs:
                             self.events += len(msgs)

@@ -3,6 +3,7 @@ QPs, a capture on the router, and the receiving application's view."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -118,6 +119,45 @@ def test_restarted_agent_keeps_qps_on_their_paths(lab):
         assert path_per_qp(after[0]) == before and len(after[1]) == 80     # state adopted
     finally:
         sender.close()
+        lab.cli(1, "config", "--expiry-ms", "200")
+
+
+def test_host_hold_a_hung_loop_restarts_the_agent_in_place_and_no_packet_is_lost(lab):
+    """h1's sweep loop is made to hang 2 s after start (a failpoint: as a lock never released
+    would); with --hang-s 3 the watchdog finds it, logs it and the agent starts afresh in place
+    (the same pid, exec), adopts its state and sweeps again; QPs sent all along keep their paths
+    and lose nothing."""
+    log = lab.work / "agent-h1.log"
+    sender = QpSender(lab.h[1], lab.base(1), lab.base(2), 4, base_sport=53500)
+    try:
+        lab.cli(1, "config", "--expiry-ms", "10000")
+        before = path_per_qp(exchange(lab, 4, 20, sender)[0])
+        lab.kill_agent(1)
+        start = log.stat().st_size
+        lab.start_agent(1, "--hang-s", "3", env={"RLB_FAILPOINTS": "sweep=hang@2"})
+        pid = lab.agents[1].pid
+        deadline, rounds = time.time() + 60, 0
+        while "started afresh after a hung loop" not in log.read_text()[start:]:
+            assert time.time() < deadline, log.read_text()[start:][-2000:]
+            frames, seen = exchange(lab, 4, 10, sender)          # traffic all along: nothing lost
+            assert path_per_qp(frames) == before and len(seen) == 40
+            rounds += 1
+        text = log.read_text()[start:]
+        assert "loop sweep has not finished a round" in text and rounds >= 2
+        assert lab.agents[1].poll() is None and lab.agents[1].pid == pid       # in place
+        env = (Path(f"/proc/{pid}/environ").read_bytes()).split(b"\0")
+        assert b"RLB_HANG_RESTARTS=1" in env and not any(e.startswith(b"RLB_FAILPOINTS=") for e in env)
+        deadline = time.time() + 30                               # it runs its loops again
+        fresh = start + text.index("started afresh after a hung loop")
+        while "following addresses" not in log.read_text()[fresh:]:
+            assert time.time() < deadline
+            time.sleep(0.2)
+        after = exchange(lab, 4, 20, sender)
+        assert path_per_qp(after[0]) == before and len(after[1]) == 80
+    finally:
+        sender.close()
+        lab.kill_agent(1)
+        lab.start_agent(1)
         lab.cli(1, "config", "--expiry-ms", "200")
 
 

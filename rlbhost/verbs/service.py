@@ -68,6 +68,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlbcommon import failpoints
 from rlbcommon.health import Health
 from rlbcommon.heap import Heap
 from rlbcommon.paths import write_atomic
@@ -458,7 +459,9 @@ class VerbsService:
     # ---- the loop -----------------------------------------------------------------------
     def run(self):
         name_this_thread("verbs")
+        self.health.expect("verbs")
         while not self.stop.is_set():
+            failpoints.check("verbs")
             try:
                 self._round()
                 self.health.ok("verbs")

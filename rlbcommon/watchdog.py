@@ -1,0 +1,80 @@
+"""Hangs are faults. Every loop of an agent beats (Health: each round done or failed) and says how
+long a round may take; a loop silent past that is hung (a lock never released, a read that never
+returns). The watchdog thread checks each second:
+
+- all loops alive: systemd is told so (sd_notify WATCHDOG=1; the units set WatchdogSec=, so a
+  process frozen whole, this thread too, is killed and started again by systemd);
+- a loop hung: logged with its name and age, and the process starts afresh in place (exec of the
+  same command: the data plane keeps forwarding from its pinned maps and the new process adopts
+  them, as after any restart). The count of such restarts survives the exec (RLB_HANG_RESTARTS)
+  and is exported with the loops' health."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+from typing import Callable
+
+from .failpoints import ENV as FAILPOINTS_ENV
+from .health import RESTARTS_ENV, Health, hang_restarts
+from .threadname import name_this_thread
+
+CHECK_S = 1.0
+
+
+def sd_notify(state: str) -> bool:
+    """Tell systemd (the unit's NOTIFY_SOCKET) `state`; False where no systemd listens."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.sendto(state.encode(), addr)
+        return True
+    except OSError:
+        return False
+
+
+def restart(log: logging.Logger) -> None:
+    """This process again, from its first line: the same command, environment and namespace,
+    without injected faults, its count of hang restarts one higher."""
+    env = {k: v for k, v in os.environ.items() if k != FAILPOINTS_ENV}
+    env[RESTARTS_ENV] = str(hang_restarts() + 1)
+    logging.shutdown()
+    os.execve(sys.executable, list(sys.orig_argv), env)
+
+
+class Watchdog:
+    def __init__(self, health: Health, log: logging.Logger, stop: threading.Event | None = None,
+                 on_hang: Callable[[logging.Logger], None] = restart, check_s: float = CHECK_S):
+        self.health, self.log = health, log
+        self.stop = stop or threading.Event()
+        self.on_hang, self.check_s = on_hang, check_s
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> "Watchdog":
+        if hang_restarts():
+            self.log.warning("started afresh after a hung loop (%d time(s) since systemd started the agent)",
+                             hang_restarts())
+        self.thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self):
+        name_this_thread("watchdog")
+        sd_notify("READY=1")
+        while not self.stop.wait(self.check_s):
+            hung = self.health.hung()
+            if not hung:
+                sd_notify("WATCHDOG=1")
+                continue
+            for name, age, within in hung:
+                self.log.critical("loop %s has not finished a round for %.0f s (a round may take %.0f s): hung; "
+                                  "starting afresh (forwarding goes on from the pinned maps)", name, age, within)
+            self.health.note_hang([h[0] for h in hung])
+            self.on_hang(self.log)
+            return

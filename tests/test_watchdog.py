@@ -1,0 +1,106 @@
+"""Hangs are faults (rlbcommon/watchdog.py, health.py, failpoints.py): a loop that stops finishing
+rounds is found, systemd hears only while every loop is alive, a hung loop starts the agent
+afresh, and the units ask systemd to watch."""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rlbcommon import failpoints
+from rlbcommon.health import Health
+from rlbcommon.runtime import AgentRuntime
+from rlbcommon.watchdog import Watchdog
+from rlbfabric import deploy
+from rlbfabric.fabric import load
+
+log = logging.getLogger("test")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_loop_silent_longer_than_its_round_may_take_is_hung_and_one_that_beats_is_not():
+    h = Health(hang_s=10)
+    h.expect("sweep")
+    h.expect("slow", 30)
+    t0 = time.monotonic()
+    assert h.hung(t0 + 9) == []
+    [(name, age, within)] = h.hung(t0 + 11)
+    assert name == "sweep" and 11 <= age < 12 and within == 10
+    h.ok("sweep")                                      # a round done
+    assert h.hung(time.monotonic() + 9) == []
+    h.failed("slow", OSError("refused"), log)          # a round failed is a round finished too
+    assert sorted(n for n, _, _ in h.hung(time.monotonic() + 31)) == ["slow", "sweep"]
+
+
+def test_the_runtime_expects_rounds_of_every_loop_within_three_periods_or_the_hang_time():
+    h = Health(hang_s=5)
+    rt = AgentRuntime(log, h)
+    rt.every("fast", 0.01, lambda: None)
+    rt.every("slow", 4.0, lambda: None)
+    try:
+        assert h.expected == {"fast": 5, "slow": 12.0}
+    finally:
+        rt.stop.set()
+
+
+def test_failpoints_parse_and_refuse_what_they_do_not_know():
+    assert failpoints.parse("sweep=hang@3, verbs=hang") == {"sweep": 3.0, "verbs": 0.0}
+    assert failpoints.parse("") == {}
+    for bad in ("sweep=crash@1", "=hang@1", "sweep=hang@soon"):
+        with pytest.raises(ValueError, match="RLB_FAILPOINTS"):
+            failpoints.parse(bad)
+
+
+def notify_socket(tmp_path, monkeypatch) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(str(tmp_path / "notify"))
+    s.settimeout(3)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+    return s
+
+
+def test_systemd_hears_ready_and_each_second_alive_until_a_loop_hangs_then_the_agent_starts_afresh(tmp_path, monkeypatch):
+    s = notify_socket(tmp_path, monkeypatch)
+    h = Health(hang_s=0.5)
+    hung = threading.Event()
+    rt = AgentRuntime(log, h)
+    block = threading.Event()
+    rounds = []
+    # a loop whose fourth round never returns (a lock never released)
+    rt.every("sweep", 0.05, lambda: rounds.append(1) or (len(rounds) >= 4 and block.wait()))
+    wd = Watchdog(h, log, rt.stop, on_hang=lambda _log: hung.set(), check_s=0.1).start()
+    try:
+        assert s.recv(64) == b"READY=1"
+        assert s.recv(64) == b"WATCHDOG=1"
+        assert hung.wait(5), "the hung loop was not noticed"
+        assert len(rounds) == 4 and h.hangs == ["sweep"]
+        assert h.snapshot()["sweep"]["last_error"] == "hung"
+        s.settimeout(0.3)
+        pings = []
+        try:
+            while True:
+                pings.append(s.recv(64))       # what was sent before the hang
+        except socket.timeout:
+            pass
+        with pytest.raises(socket.timeout):
+            s.recv(64)                         # and nothing after it
+        fam = {m.name: m for m in h.metrics("rlb_host", "h1")}
+        assert [x.value for x in fam["rlb_host_loop_hung"].samples] == [1]
+    finally:
+        block.set()
+        rt.stop.set()
+        wd.thread.join(2)
+        s.close()
+
+
+def test_the_agents_units_ask_systemd_to_watch_them():
+    fab = load(ROOT / "lab" / "fabric.toml")
+    for node in ("l1", "s1", "h1"):
+        units = deploy.units(fab, Path("/etc/rlb/fabric.toml"), node, "fd00:99::1", None)
+        agent = units.get("rlb-switch") or units["rlb-host"]
+        assert "WatchdogSec=60" in agent and "NotifyAccess=main" in agent
+        assert "WatchdogSec" not in units.get("rlb-bird", "")
