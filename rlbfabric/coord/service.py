@@ -20,7 +20,7 @@ from rlbcommon import coordapi
 from rlbcommon.ipv6 import ipv6_int
 
 from .. import balance
-from . import COORDINATORS
+from . import COORDINATORS, httpguard
 from ..clos import ClosFabric
 from ..policy.placement import DOWN, UP
 from ..policy.qpplacer import QpInfo, QpPlacer
@@ -498,10 +498,6 @@ def _lookup(tables, addr: ipaddress.IPv6Address) -> dict[int, float]:
 
 # ---- HTTP ---------------------------------------------------------------------------------
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-
 def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
                 metrics: Callable[[], bytes] | None = None, reports: bool = True,
                 extra_status: Callable[[], dict] | None = None) -> ThreadingHTTPServer:
@@ -512,6 +508,15 @@ def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "rlbcoord"
+        timeout = httpguard.IDLE_S           # a client silent this long (mid-request too) is cut off
+
+        def _admitted(self) -> bool:
+            if self.server.limiter.allow(self.client_address[0]):
+                return True
+            self.server.counters["rate"] += 1
+            self.close_connection = True
+            self._send(429, {"error": f"more than {httpguard.RATE_PER_S:g} requests a second from {self.client_address[0]}"})
+            return False
 
         def log_message(self, fmt, *args):
             log.debug("%s %s", self.address_string(), fmt % args)
@@ -525,8 +530,11 @@ def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
             self.wfile.write(data)
 
         def do_GET(self):
+            if not self._admitted():
+                return
             if self.path == coordapi.STATUS:
                 st = coord.status()
+                st["http"] = dict(self.server.counters)
                 if extra_status is not None:
                     st["etcd"] = extra_status()
                 self._send(200, st)
@@ -538,15 +546,22 @@ def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
                 self._send(404, {"error": f"no {self.path}"})
 
         def do_POST(self):
+            if not self._admitted():
+                return
             parts = self.path.strip("/").split("/")
+            try:
+                length = httpguard.body_length(self.headers)
+            except httpguard.BadLength as e:
+                self.server.counters["length"] += 1
+                self.close_connection = True         # what follows the headers cannot be framed
+                log.warning("bad request %s from %s: %s", self.path, self.address_string(), e)
+                self._send(e.code, {"error": str(e)})
+                return
             if not reports:
                 self._send(403, {"error": "this coordinator takes reports through etcd (rlbhost --etcd, "
                                           "rlbswitch --etcd), where each writer is known"})
                 return
             try:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > 16 << 20:
-                    raise BadRequest("report larger than 16 MiB")
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if len(parts) == 4 and parts[:2] == ["v1", "hosts"] and parts[3] == "report":
                     self._send(200, coord.report(parts[2], body))
@@ -565,7 +580,7 @@ def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
                 log.warning("bad request %s from %s: %s", self.path, self.address_string(), e)
                 self._send(400, {"error": str(e)})
 
-    cls = _Server
+    cls = httpguard.GuardedServer
     if ":" in addr:
-        cls = type("_Server6", (_Server,), {"address_family": AF_INET6})
+        cls = type("GuardedServer6", (cls,), {"address_family": AF_INET6})
     return cls((addr, port), Handler)

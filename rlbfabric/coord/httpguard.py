@@ -1,0 +1,98 @@
+"""What any exposed HTTP server needs, for the coordinator's: a bounded number of connections
+served at once (one past it is answered 503 and closed, not given a thread), a read and idle
+timeout per connection, a per-client request rate (429 past it), and a body read only with a
+strict Content-Length (no chunked bodies, no negative or oversized lengths)."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from http.server import ThreadingHTTPServer
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 64           # connections served at once (each is a thread)
+IDLE_S = 10.0                  # a connection silent this long (mid-request or between) is closed
+RATE_PER_S = 50.0              # requests a client address may make a second (a host reports once a second)
+BURST = 100                    # ... and at once
+MAX_BODY = 16 << 20            # bytes of a report
+MAX_CLIENTS = 65536            # client addresses remembered for their rate
+
+
+class BadLength(ValueError):
+    def __init__(self, code: int, why: str):
+        super().__init__(why)
+        self.code = code
+
+
+def body_length(headers, limit: int = MAX_BODY) -> int:
+    """The body's length from a request's headers, or BadLength (411: none or chunked, 400: not a
+    number, 413: too large)."""
+    if headers.get("Transfer-Encoding"):
+        raise BadLength(411, "a body must have a Content-Length (no Transfer-Encoding)")
+    text = headers.get("Content-Length")
+    if text is None:
+        raise BadLength(411, "a body must have a Content-Length")
+    text = text.strip()
+    if not text.isdigit():
+        raise BadLength(400, f"Content-Length {text[:20]!r} is not a non-negative number")
+    n = int(text)
+    if n > limit:
+        raise BadLength(413, f"a body of {n} bytes is larger than {limit}")
+    return n
+
+
+class RateLimiter:
+    """A token bucket per client address."""
+
+    def __init__(self, rate: float = RATE_PER_S, burst: int = BURST, clock=time.monotonic):
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.buckets: dict[str, tuple[float, float]] = {}     # address -> (tokens, when)
+        self.lock = threading.Lock()
+
+    def allow(self, client: str) -> bool:
+        now = self.clock()
+        with self.lock:
+            tokens, at = self.buckets.get(client, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+            ok = tokens >= 1.0
+            self.buckets[client] = (tokens - 1.0 if ok else tokens, now)
+            if len(self.buckets) > MAX_CLIENTS:                  # forget the longest idle
+                for k, _ in sorted(self.buckets.items(), key=lambda kv: kv[1][1])[:MAX_CLIENTS // 4]:
+                    del self.buckets[k]
+            return ok
+
+
+class GuardedServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most `max_connections` served at once: one more is answered
+    503 and closed at once (a flood of idle sockets costs file descriptors, not threads)."""
+    daemon_threads = True
+    max_connections = MAX_CONNECTIONS
+    request_queue_size = 1024      # the listen backlog (socketserver's 5 drops a thousand hosts' reports)
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.slots = threading.BoundedSemaphore(self.max_connections)
+        self.counters = {"busy": 0, "rate": 0, "length": 0}
+        self.limiter = RateLimiter(RATE_PER_S, BURST)
+
+    def process_request(self, request, client_address):
+        if not self.slots.acquire(blocking=False):
+            self.counters["busy"] += 1
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
