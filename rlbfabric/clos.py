@@ -324,6 +324,11 @@ def parse(data: dict, where: str = "fabric") -> ClosFabric:
             out.append(Node(name, role, asn, i, list(hosts), pod if role != "superspine" else 0, plane))
     if not spines or not leaves:
         raise FabricError(f"{where}: needs at least one [[spine]] and one [[leaf]]")
+    above = {n.asn: n.name for n in spines + supers}
+    for lf in leaves:
+        if lf.asn in above:
+            raise FabricError(f"{where}: leaf {lf.name} has AS {lf.asn}, as {above[lf.asn]} does: a leaf's "
+                              "sessions to its spines are eBGP, so its AS must be its own")
     pods = sorted({s.pod for s in spines})
     per_pod = {p: [s for s in spines if s.pod == p] for p in pods}
     if len({len(v) for v in per_pod.values()}) != 1:

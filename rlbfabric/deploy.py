@@ -26,6 +26,7 @@ A scale-up fabric (kind = "scaleup"):
 from __future__ import annotations
 
 import enum
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,11 +81,11 @@ class Coordination:
         """What rlbhost attach and a leaf's rlbswitch run are given."""
         if self.etcd:
             return self.etcd_args()
-        return f" --coordinator {self.url}" if self.url else ""
+        return f" --coordinator {unit_arg(self.url)}" if self.url else ""
 
     def etcd_args(self) -> str:
-        tls = f" --etcd-ca {self.ca_file} --etcd-cert {self.cert_file}" if "https://" in self.etcd else ""
-        return f" --etcd {self.etcd} --etcd-password-file {self.password_file}{tls}"
+        tls = f" --etcd-ca {unit_arg(self.ca_file)} --etcd-cert {unit_arg(self.cert_file)}" if "https://" in self.etcd else ""
+        return f" --etcd {unit_arg(self.etcd)} --etcd-password-file {unit_arg(self.password_file)}{tls}"
 
 
 def deployable(fabric: Fabric):
@@ -135,6 +136,22 @@ VERBS_GROUP_PRE = f"ExecStartPre=/usr/sbin/groupadd --system --force {VERBS_GROU
 BIRD_NICE = "Nice=-10"
 
 
+UNIT_SAFE = re.compile(r"^[A-Za-z0-9_@+=:,./\[\]-]+$")
+
+
+def unit_arg(value) -> str:
+    """One argument of an ExecStart= line, as systemd reads it back: quoted (C-style) when it
+    holds anything but plain characters, % and $ doubled (systemd's specifiers and variables);
+    a control character (a newline would start a unit line of its own) is refused."""
+    text = str(value)
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise FabricError(f"{text[:60]!r}: a control character (a newline?) cannot go into a unit file")
+    text = text.replace("%", "%%").replace("$", "$$")
+    if UNIT_SAFE.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def capabilities(caps: tuple[str, ...]) -> str:
     """The unit line bounding a root process to caps (empty: none at all)."""
     return "CapabilityBoundingSet=" + " ".join(caps)
@@ -152,7 +169,8 @@ def units(fabric: Fabric, fabric_file: Path, node: str, mgmt_ip: str,
     Coordination (HTTP or etcd)."""
     deployable(fabric)
     r = role(fabric, node)
-    args = f"--fabric {fabric_file} --node {node}"
+    args = f"--fabric {unit_arg(fabric_file)} --node {unit_arg(node)}"
+    mgmt_ip = unit_arg(mgmt_ip)
     if not isinstance(coordinator, Coordination):
         coordinator = Coordination(url=coordinator)
     coord = coordinator.agent_args()

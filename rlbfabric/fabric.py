@@ -50,7 +50,7 @@ import tomllib
 from pathlib import Path
 
 # every kind's module registers its parser in base.KINDS when imported
-from . import clos, railonly, scaleup  # noqa: F401
+from . import clos, railonly, scaleup, schema  # noqa: F401 - clos, railonly, scaleup: their kinds register
 from .base import KINDS, Fabric, FabricError
 from .clos import ClosFabric
 
@@ -61,19 +61,26 @@ __all__ = ["Fabric", "FabricError", "ClosFabric", "load", "parse"]
 
 def load(path: str | Path) -> Fabric:
     try:
-        data = tomllib.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        data = tomllib.loads(text)
     except FileNotFoundError:
         raise FabricError(f"fabric file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise FabricError(f"fabric file {path}: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise FabricError(f"{path}: {e}") from None
-    return parse(data, str(path))
+    return parse(data, str(path), text)
 
 
-def parse(data: dict, where: str = "fabric") -> Fabric:
-    kind = data.get("fabric", {}).get("kind", DEFAULT_KIND)
-    if kind not in KINDS:
+def parse(data: dict, where: str = "fabric", text: str | None = None) -> Fabric:
+    """The fabric `data` describes (`text`: its file's source, for line numbers in errors)."""
+    f = data.get("fabric", {})
+    kind = f.get("kind", DEFAULT_KIND) if isinstance(f, dict) else DEFAULT_KIND
+    if not isinstance(kind, str) or kind not in KINDS:
         raise FabricError(f"{where}: kind {kind!r}: {DEFAULT_KIND} (leaf-spine, the default), "
                           f"{', '.join(k for k in sorted(KINDS) if k != DEFAULT_KIND)}")
+    if kind == ClosFabric.kind:
+        schema.check(data, where, text)
     return KINDS[kind](data, where)
 
 

@@ -136,6 +136,9 @@ class HostCollector:
                         "(resent: lost, or the peer slow) and never acknowledged (unacknowledged)", ["node", "what"])
         peers.add_metric([n, "resent"], c["resent"])
         peers.add_metric([n, "unacknowledged"], c["unacknowledged"])
+        keyfile = gauge("rlb_host_fabric_key_file_bad", "1 while the fabric's key file is gone, empty or "
+                        "unreadable after keys were read from it (the keys read before stay in use)", ["node"])
+        keyfile.add_metric([n], c.get("key_file_bad", 0))
         sent = counter("rlb_host_verbs_peer_sent", "the agreement's messages to peer agents, and the datagrams "
                        "that carried them (a round's messages for one peer go together)", ["node", "what"])
         sent.add_metric([n, "message"], c["messages_sent"])
@@ -153,4 +156,4 @@ class HostCollector:
             for kind in ("rtr", "ah"):
                 nic_placed.add_metric([n, e["label"], kind], e["placed"][kind])
         qps.add_metric([n, "none"], v["qps"] - on_nics)
-        yield from (asked, placed, kept, dis, bad, peers, clients, qps, nic_placed)
+        yield from (asked, placed, kept, dis, bad, peers, sent, keyfile, clients, qps, nic_placed)

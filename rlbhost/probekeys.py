@@ -5,8 +5,11 @@ on every GPU, then swap the lines everywhere, then drop the old one (each step r
 before the next; the agent reads the file again within a second of a change)."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 DEFAULT_KEY_FILE = Path("/etc/rlb/probe-key")
 
@@ -37,11 +40,15 @@ def read_keys(path: Path) -> list[bytes]:
 
 
 class KeyFile:
-    """The key file as last read; reread when it changes."""
+    """The key file as last read; reread when it changes. Once keys were read, a file that goes
+    away or empties is a fault, not a change: the keys read before stay in use (`missing` says
+    so, for the metrics and alerts) until the file is back; an agent that should check nothing
+    is restarted without the file."""
 
     def __init__(self, path: Path | None):
         self.path = path
         self.keys: list[bytes] = []
+        self.missing = False
         self._stamp = None
         self.refresh()
 
@@ -58,6 +65,13 @@ class KeyFile:
             return False
         self._stamp = stamp
         keys = read_keys(self.path)
+        if not keys and self.keys:
+            if not self.missing:
+                log.error("%s is gone or empty: the fabric's keys read before stay in use (restart the agent "
+                          "to run without keys)", self.path)
+            self.missing = True
+            return False
+        self.missing = False
         changed = keys != self.keys
         self.keys = keys
         return changed

@@ -64,6 +64,9 @@ RULES = [
      "{{ $labels.node }}: the verbs agent refused a local process ({{ $labels.what }}: a user over its caps on "
      "connections, QPs or questions, or out of file descriptors): a job misbehaving, or caps too small for it "
      "(the agent's log names the pid and uid)"),
+    ("RlbFabricKeyFileBad", "rlb_host_fabric_key_file_bad == 1", "1m", "critical",
+     "{{ $labels.node }}: the fabric's key file is gone, empty or unreadable: the agent goes on with the keys "
+     "it read before, but a restart would run it without them (put the file back, mode 600)"),
     ("RlbVerbsPeerMessagesLost",
      'rate(rlb_host_verbs_peer_messages_total{what="resent"}[5m]) > 10', "10m", "warning",
      "{{ $labels.node }}: the verbs agents' messages (UDP 4798) are being sent again more than 10 a second: "

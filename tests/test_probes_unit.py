@@ -171,6 +171,24 @@ def test_probe_key_files_are_read_checked_and_reread_when_they_change(tmp_path):
         KeyFile(path)
 
 
+def test_hold_a_key_file_that_goes_away_at_run_time_keeps_its_keys_and_says_so(tmp_path):
+    """Removing or emptying the file under a running agent is a fault (counted, alerted), not a
+    silent switch to unsigned messages; putting it back clears it."""
+    import os
+    from rlbhost.probekeys import KeyFile
+    path = tmp_path / "probe-key"
+    path.write_text("00" * 16 + "\n")
+    os.chmod(path, 0o600)
+    kf = KeyFile(path)
+    path.unlink()
+    assert not kf.refresh() and kf.keys == [bytes(16)] and kf.missing
+    path.write_text("")
+    os.chmod(path, 0o600)
+    assert not kf.refresh() and kf.keys == [bytes(16)] and kf.missing
+    path.write_text("22" * 16 + "\n")
+    assert kf.refresh() and kf.keys == [b"\x22" * 16] and not kf.missing
+
+
 SUBPORTS = {plane: [(f"eth-p{plane}-{k}", "02:00:00:00:0%d:0%d" % (k, plane), "02:00:00:00:01:01") for k in (1, 2)]
             for plane in (1, 2, 3, 4)}
 

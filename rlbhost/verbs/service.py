@@ -263,7 +263,7 @@ class VerbsService:
                                          "peer_questions": 0, "stale_questions": 0,
                                          "foreign_qps": 0, "behind": 0,
                                          "unauthenticated": 0, "resent": 0, "unacknowledged": 0,
-                                         "messages_sent": 0, "datagrams_sent": 0}
+                                         "messages_sent": 0, "datagrams_sent": 0, "key_file_bad": 0}
         self.kept: dict[str, int] = {k: 0 for k in P.KEEP if k != "none"}
         self.stop = threading.Event()
         self.listener: socket.socket | None = None
@@ -1353,7 +1353,9 @@ class VerbsService:
         try:
             if self.keys.refresh():
                 log.info("verbs: the fabric's keys reread from %s: %d key(s)", self.keys.path, len(self.keys.keys))
+            self.counters["key_file_bad"] = int(self.keys.missing)
         except ValueError as e:              # a half-edited file: the keys read before stay
+            self.counters["key_file_bad"] = 1
             log.warning("verbs: %s (the keys read before stay in use)", e)
 
     # ---- reporting ------------------------------------------------------------------------------
