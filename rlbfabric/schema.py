@@ -21,15 +21,14 @@ class Field:
     kind: str                      # int, bool, str, names (list of str), pair (2 str), table, nics
     lo: int | None = None
     hi: int | None = None
+    what: str = "a whole number"   # what an int is, in the message
 
     def problem(self, v) -> str | None:
         """Why v does not fit, or None."""
         k = self.kind
         if k == "int":
-            if isinstance(v, bool) or not isinstance(v, int):
-                return f"must be a whole number {self.lo}-{self.hi}"
-            if not self.lo <= v <= self.hi:
-                return f"must be {self.lo}-{self.hi}"
+            if isinstance(v, bool) or not isinstance(v, int) or not self.lo <= v <= self.hi:
+                return f"must be {self.what} {self.lo}-{self.hi}"
         elif k == "bool" and not isinstance(v, bool):
             return "must be true or false"
         elif k == "str" and not isinstance(v, str):
@@ -43,7 +42,7 @@ class Field:
         return None
 
 
-ASN = Field("int", 1, 65535)
+ASN = Field("int", 1, 65535, "a 2-byte AS number")
 BYTE = Field("int", 0, 255)
 NODE = {"name": Field("str"), "asn": ASN}
 

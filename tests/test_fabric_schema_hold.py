@@ -20,13 +20,13 @@ LAB = (ROOT / "lab" / "fabric.toml").read_text()
 
 @pytest.mark.parametrize("old,new,message", [
     ("link_mbps = 10000", 'link_mbps = "fast"', r':6: \[fabric\]: link_mbps "fast" must be a whole number'),
-    ("link_mbps = 10000", "link_mbps = -5", r":6: \[fabric\]: link_mbps -5 must be 1-"),
+    ("link_mbps = 10000", "link_mbps = -5", r":6: \[fabric\]: link_mbps -5 must be a whole number 1-"),
     ("pathbw_subtype = 0x88", 'pathbw_subtype = "x"', r":8: \[fabric\]: pathbw_subtype \"x\" must be a whole number 0-255"),
-    ("pathbw_subtype = 0x88", "pathbw_subtype = 300", r":8: \[fabric\]: pathbw_subtype 300 must be 0-255"),
+    ("pathbw_subtype = 0x88", "pathbw_subtype = 300", r":8: \[fabric\]: pathbw_subtype 300 must be a whole number 0-255"),
     ("bfd = true", 'bfd = "yes"', r":7: \[fabric\]: bfd \"yes\" must be true or false"),
     ("paths = 4", "pathz = 4", r":3: \[fabric\]: no field 'pathz' \(did you mean 'paths'\?\)"),
     ('hosts = ["h3", "h4"]', 'hosts = "h3"', r":30: \[\[leaf\]\] 2 \(l2\): hosts \"h3\" must be a list of names"),
-    ("asn = 65002", 'asn = "x"', r":29: \[\[leaf\]\] 2 \(l2\): asn \"x\" must be a whole number 1-65535"),
+    ("asn = 65002", 'asn = "x"', r":29: \[\[leaf\]\] 2 \(l2\): asn \"x\" must be a 2-byte AS number 1-65535"),
     ("asn = 65002", "asn = 65000", r"leaf l2 has AS 65000, as s\d does: a leaf's sessions to its spines are eBGP"),
     ("[[leaf]]\nname = \"l2\"", "[[leef]]\nname = \"l2\"", r":27: \[leef\]: no such table \(did you mean 'leaf'\?\)"),
 ])

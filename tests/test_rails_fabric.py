@@ -85,7 +85,7 @@ def test_rails_servers_name_their_nics_in_either_form_and_may_share_a_leaf():
     ('[[stripe]]\nleaves = ["l2", "l2"]\nservers = ["a1"]\n', r"a leaf is named for two rails"),
     ('[[server]]\nname = "b1"\nnics = { x0 = "l7" }\n', r"NIC x0 is cabled to 'l7', which is not a leaf"),
     ('[[server]]\nname = "b1"\nnics = {}\n', r"server b1 has no NICs"),
-    ('[[server]]\nname = "b1"\nnics = "l1"\n', r"nics must map each NIC to its leaf"),
+    ('[[server]]\nname = "b1"\nnics = "l1"\n', r"nics \"l1\" must map each NIC to its leaf"),
     ('[[server]]\nname = "h1"\nnics = { x0 = "l1" }\n', r"server name 'h1' used twice"),
     ('[[server]]\nname = "l2"\nnics = { x0 = "l1" }\n', r"server name 'l2' used twice"),
     ('[[stripe]]\nleaves = ["l2"]\nservers = ["a1"]\n[[stripe]]\nleaves = ["l3"]\nservers = ["a1"]\n',
