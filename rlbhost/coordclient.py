@@ -24,6 +24,8 @@ class CoordinatorClient:
                  memory_s: float = 3.0, fallback_s: float = 3.0, health: Health | None = None,
                  view: FabricView | None = None):
         self.dp, self.node, self.url = dp, node, url
+        if dp.swept is None:
+            dp.swept = {}             # the sweep keeps its idle QPs for this client from now on
         self.view = view              # the coordinator's link loads, for new verbs QPs
         self.period_s, self.memory_s, self.fallback_s = period_s, memory_s, fallback_s
         self.memory: dict[tuple[str, int, int], dict] = {}
@@ -38,7 +40,7 @@ class CoordinatorClient:
     def body(self) -> dict:
         now = time.monotonic()
         paths = {p.index: p for p in self.dp.paths() if p.valid}
-        swept, self.dp.swept = self.dp.swept, {}
+        swept, self.dp.swept = self.dp.swept or {}, {}
         mono_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for key, v in swept.items():          # gone idle since the last read
             if v["path"] in paths:

@@ -42,6 +42,7 @@ TC_EGRESS, TC_INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
 TC_PRIO, TC_HANDLE = 0xC0DE, 0x1
 IFA_F_TEMPORARY, IFA_F_DADFAILED, IFA_F_DEPRECATED, IFA_F_TENTATIVE = 0x01, 0x08, 0x20, 0x40   # if_addr.h
 DEFAULT_EXPIRY_MS = 200
+SWEPT_MAX = 65536     # idle QPs kept for the coordinator client between two of its reports
 DEFAULT_ROCE_PORT = ROCE_PORT
 WEIGHT_SCALE = 1000   # weights are stored as integers: 0.5 -> 500
 
@@ -133,9 +134,11 @@ class HostDataplane(PinnedState):
             self.component = _nic_component(nic)
         super().__init__(instance)
         self.fns = {}
-        # QPs the sweep removed as idle, for whoever keeps their memory (the coordinator client):
-        # a short burst can go idle and be swept between two of its reads
-        self.swept: dict[tuple[str, int, int], dict] = {}
+        # QPs the sweep removed as idle, for whoever keeps their memory (the coordinator client,
+        # which drains it at each report): a short burst can go idle and be swept between two of
+        # its reads. None while nobody reads it; never more than SWEPT_MAX (a reader that stalls
+        # loses the memory of the oldest idle QPs, not the host's memory)
+        self.swept: dict[tuple[str, int, int], dict] | None = None
         # the verbs service's choose-and-count and the sweep's recount of the active counters
         # exclude each other, so a QP placed through verbs is never counted out of a burst
         self.verbs_lock = threading.RLock()
@@ -737,7 +740,8 @@ class HostDataplane(PinnedState):
                 if now - v.last_ns >= expiry or v.wid not in entries:
                     if ct.delete(k):      # idle: re-assigned on its next packet anyway
                         self._adjust(v.wid, v.path, -1)
-                    self.swept[self._qp_id(k)] = {"path": v.path, "bytes": v.bytes, "last_ns": v.last_ns}
+                    if self.swept is not None and len(self.swept) < SWEPT_MAX:
+                        self.swept[self._qp_id(k)] = {"path": v.path, "bytes": v.bytes, "last_ns": v.last_ns}
                     continue
                 live[v.wid].append((k, v))
             for wid, (entry, eff) in entries.items():

@@ -164,7 +164,7 @@ class FakeHostDataplane:
     def __init__(self, host, qps):
         self._paths = [self.P(k - 1, k, addr(host, k)) for k in range(1, 5)]
         self._qps, self.placed = qps, {}
-        self.swept = {}
+        self.swept = None                 # as a host agent's, until a coordinator client reads it
 
     def paths(self):
         return self._paths
@@ -219,6 +219,17 @@ def test_client_reports_a_qp_the_sweep_removed_before_it_looked(coord):
     client = CoordinatorClient(dp, "h1", coord.url)
     assert client.report_once() == 1 and dp.swept == {}
     assert list(dp.placed) == [(addr("h3", 1), 50001, 5)]
+
+
+def test_hold_idle_qps_are_kept_only_for_a_client_that_reads_them(coord):
+    """Without a coordinator nobody drains the sweep's idle QPs, so a host agent keeps none (the
+    table grew with every QP ever idle before); a client turns the keeping on."""
+    from rlbhost.coordclient import CoordinatorClient
+    from rlbhost.dataplane import SWEPT_MAX
+    dp = FakeHostDataplane("h1", [])
+    assert dp.swept is None
+    CoordinatorClient(dp, "h1", coord.url)
+    assert dp.swept == {} and SWEPT_MAX >= 4096
 
 
 # ---- QPs placed through verbs (rlbhost/verbs/): fixed, and the loads a host places new ones by --------
