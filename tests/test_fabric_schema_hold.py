@@ -87,3 +87,14 @@ def test_hold_no_datagram_crashes_the_agents_message_parsers(data):
         P.parse_local(data)                           # what a library sends its agent
     except P.BadMessage:
         pass
+
+
+def test_hold_birds_log_in_memory_is_capped(tmp_path):
+    """bird logs into the run directory (tmpfs): past 8 MiB it moves to one backup, so a switch's
+    or GPU's bird never holds more than 16 MiB of memory in logs (bird itself parses the line:
+    test_fabric_config's test_every_rendered_config_parses_in_bird)."""
+    from rlbfabric.bird import conf
+    fab = load(ROOT / "lab" / "fabric.toml")
+    for node in ("l1", "s1"):
+        text = conf.render(fab, node, tmp_path)
+        assert f'log "{tmp_path}/{node}.bird.log" {8 << 20} "{tmp_path}/{node}.bird.log.1" all;' in text

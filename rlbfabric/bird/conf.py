@@ -39,10 +39,15 @@ def leaf_advertisements(fabric: Fabric, leaf: Node) -> dict[tuple[str, str], tup
     return out
 
 
+# bird's log lives in the run directory (memory on a switch): at this size it moves to one backup
+# and starts again, so it never holds more than twice this
+LOG_LIMIT = 8 << 20
+
+
 def _common(router_id: str, run_dir: Path, name: str, ecmp: bool = False) -> str:
     return f"""# rendered by rlbswitch bird-config for {name}: edit the fabric file, not this
 router id {router_id};
-log "{run_dir}/{name}.bird.log" all;
+log "{run_dir}/{name}.bird.log" {LOG_LIMIT} "{run_dir}/{name}.bird.log.1" all;
 debug protocols {{ states, events }};
 protocol device {{ scan time 1; }}
 protocol kernel {{
@@ -244,7 +249,7 @@ def render_gpu(fabric, gpu: str, run_dir: Path) -> str:
         for port in fabric.gpu_ports(gpu))
     return f"""# rendered by rlbhost bird-config for GPU {gpu}: edit the fabric file, not this
 router id 10.254.{g.index >> 8}.{g.index & 255};
-log "{run_dir}/{gpu}.bird.log" all;
+log "{run_dir}/{gpu}.bird.log" {LOG_LIMIT} "{run_dir}/{gpu}.bird.log.1" all;
 debug protocols {{ states, events }};
 protocol device {{ scan time 1; }}
 protocol direct {{ ipv6; interface "{LOOPBACK_DEVICE}"; }}
