@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
+
+from rlbcommon.secretfile import SecretFileError, read_secret
 
 from .errors import FabricError
 
@@ -33,7 +34,10 @@ class BgpSecurity:
             return check_password(self.password, "the lab's password")
         if not self.password_file or not os.path.exists(self.password_file):
             return None
-        text = Path(self.password_file).read_text().strip()
+        try:
+            text = read_secret(self.password_file, "BGP password file")
+        except SecretFileError as e:
+            raise FabricError(str(e)) from None
         return check_password(text, self.password_file) if text else None
 
 

@@ -301,6 +301,7 @@ def test_a_coordinator_etcd_refuses_says_so_once_waits_and_never_leads(etcd, coo
     /metrics says who leads and counts the refusals."""
     wrong = tmp_path / "wrong.password"
     wrong.write_text("not-the-password\n")
+    wrong.chmod(0o600)
     port = free_port()
     log = tmp_path / "coord-wrong.log"
     proc = subprocess.Popen(

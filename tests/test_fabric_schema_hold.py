@@ -98,3 +98,19 @@ def test_hold_birds_log_in_memory_is_capped(tmp_path):
     for node in ("l1", "s1"):
         text = conf.render(fab, node, tmp_path)
         assert f'log "{tmp_path}/{node}.bird.log" {8 << 20} "{tmp_path}/{node}.bird.log.1" all;' in text
+
+
+def test_hold_secret_files_others_can_read_are_refused(tmp_path):
+    """The BGP password and the etcd passwords are read only from files their owner alone can
+    read: a group- or world-readable one is an error naming the file and the fix."""
+    from rlbfabric.bgpsec import BgpSecurity
+    from rlbfabric.coord import etcdauth
+    f = tmp_path / "secret"
+    f.write_text("s3cret\n")
+    f.chmod(0o644)
+    with pytest.raises(FabricError, match=r"BGP password file .*secret is readable by others \(mode 0o644\): chmod 600"):
+        BgpSecurity(password_file=str(f)).secret()
+    with pytest.raises(ValueError, match="etcd password file .*readable by others"):
+        etcdauth.read_password(f)
+    f.chmod(0o600)
+    assert BgpSecurity(password_file=str(f)).secret() == "s3cret" == etcdauth.read_password(f)

@@ -18,6 +18,7 @@ from pathlib import Path
 from rlbcommon import certs
 from rlbcommon.etcd import FAILED_PRECONDITION, Etcd, EtcdError, EtcdUnavailable, tls_context
 from rlbcommon.paths import write_private
+from rlbcommon.secretfile import read_secret
 
 from ..base import Fabric
 from .keys import identities
@@ -31,11 +32,8 @@ def password_file(directory: Path, user: str) -> Path:
 
 
 def read_password(path: Path) -> str:
-    """A password file: one line; an error names the file."""
-    try:
-        text = path.read_text().strip()
-    except OSError as e:
-        raise ValueError(f"etcd password file {path}: {e.strerror}") from None
+    """A password file: one line, readable by its owner only; an error names the file."""
+    text = read_secret(path, "etcd password file")
     if not text:
         raise ValueError(f"etcd password file {path} is empty")
     return text
