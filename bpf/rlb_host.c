@@ -485,9 +485,27 @@ int rlb_host_ingress(struct __sk_buff *skb)
     return pass(RLBH_R_RESTORED);
 }
 
-/* Ports mode, each port's TC ingress: plane probes answered in the kernel (lib/echo.h). */
+/* The plane of the port a packet came in by, from the paths (ports mode: one a port, a plane's
+ * sub-ports consecutive); 0 for a port that is no path. */
+static __always_inline u8 port_plane(u32 ifindex)
+{
+    u32 zero = 0;
+    struct rlbh_config *cfg = config.lookup(&zero);
+    u32 group = cfg && cfg->group_size ? cfg->group_size : 1;
+#pragma unroll
+    for (u32 i = 0; i < RLBH_MAX_PATHS; i++) {
+        u32 k = i;
+        struct rlbh_path *p = paths.lookup(&k);
+        if (p && p->value && p->ifindex == ifindex)
+            return (p->value - 1) / group + 1;
+    }
+    return 0;
+}
+
+/* Ports mode, each port's TC ingress: plane probes answered in the kernel (lib/echo.h), for the
+ * plane of the port they came in by. */
 int rlb_host_echo(struct __sk_buff *skb)
 {
     u32 zero = 0;
-    return probe_echo(skb, echo_cfg.lookup(&zero));
+    return probe_echo(skb, echo_cfg.lookup(&zero), port_plane(skb->ifindex));
 }

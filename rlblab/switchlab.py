@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -52,14 +53,16 @@ class SwitchLab:
     def uplinks(self):
         return range(1, self.n + 1)
 
-    def start_agent(self, timeout: float = 30.0):
-        """Start `rlbswitch run` (attaching every port) and wait until it follows netlink."""
+    def start_agent(self, timeout: float = 30.0, extra: tuple[str, ...] = (), env: dict | None = None):
+        """Start `rlbswitch run` (attaching every port; `extra` arguments, `env` added to the
+        environment) and wait until it follows netlink."""
         ports = ["h1"] + [f"up{k}" for k in self.uplinks()]
         cmd = [*confined([sys.executable], AGENT_CAPS), "-m", "rlbswitch", "--netns", self.sw, "run", *ports,
-               "--metrics-port", "9471"] + (["--speed-mbps", str(self.speed)] if self.speed else [])
+               "--metrics-port", "9471"] + (["--speed-mbps", str(self.speed)] if self.speed else []) + list(extra)
         start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "a") as log_file:
-            self.agent = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+            self.agent = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
+                                          env={**os.environ, **(env or {})})
         deadline = time.time() + timeout
         while time.time() < deadline:
             if "following links" in self.log_path.read_text()[start:]:

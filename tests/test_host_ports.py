@@ -359,8 +359,11 @@ def probe_frame(kind=None, magic=None, zero_checksum=True, port=None, plane=3, d
 TC_ACT_UNSPEC = 2**32 - 1          # -1 as the test run's unsigned retval
 
 
-def echo(dp, frame):
-    r = prog_test_run(dp.load()["rlb_host_echo"].fd, frame)
+def echo(dp, frame, port="eth-p3-1"):
+    """The echo run on `frame` as it arrives by `port` (the test run's skb on that device)."""
+    ctx = bytearray(44)
+    struct.pack_into("<I", ctx, 40, dp.ifindex(port))       # struct __sk_buff's ifindex
+    r = prog_test_run(dp.load()["rlb_host_echo"].fd, frame, ctx=bytes(ctx))
     return r.retval, r.data
 
 
@@ -422,6 +425,22 @@ def test_a_signed_answer_carries_the_tag_the_prober_checks(signing, zero_checksu
     assert not prober.verify(LOOP_C, plane, seq, t_ns, tag)            # another GPU
     prober.keys = lambda: [bytes(16)]
     assert not prober.verify(LOOP_A, plane, seq, t_ns, tag)            # a key it does not hold
+
+
+def test_hold_the_echo_answers_for_the_plane_of_the_port_the_probe_came_in_by(signing):
+    """A probe that says plane 3 but arrives by a plane-2 port (a miscabled or misrouted link)
+    is answered for plane 2, signed so: the prober never counts it for plane 3. One arriving by
+    a port that is no path is not answered."""
+    from rlbhost import probes
+    rc, data = echo(signing, probe_frame(plane=3), port="eth-p2-2")
+    assert rc == TC_ACT_REDIRECT
+    head = 14 + 40 + 8
+    magic, kind, plane, sender, seq, t_ns, tag = struct.unpack(probes.FMT, data[head:head + probes.SIZE])
+    assert (kind, plane) == (probes.REPLY, 2)
+    prober = probes.Prober(7, LOOP_B, {1: LOOP_A}, probes.PROBE_PORT, dict, lambda *a: None, keys=lambda: [KEY])
+    assert prober.verify(LOOP_A, 2, seq, t_ns, tag) and not prober.verify(LOOP_A, 3, seq, t_ns, tag)
+    frame = probe_frame(plane=3)
+    assert echo(signing, frame, port="rlb0") == (TC_ACT_UNSPEC, frame)
 
 
 def test_the_echo_answers_only_probes_for_its_own_gpu(signing):

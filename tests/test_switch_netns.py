@@ -155,6 +155,46 @@ def test_agent_restart_keeps_forwarding_and_adopts_state(lab):
     assert "adopted pinned state" in lab.log_path.read_text()
 
 
+def test_switch_hold_a_hung_loop_restarts_the_agent_in_place_and_nothing_is_lost(lab):
+    """The switch agent's link follower hangs 2 s after start (a failpoint); with --hang-s 3 the
+    watchdog names it and the agent starts afresh in place (same pid), adopting its pinned state,
+    while pinned traffic crosses the switch the whole time: not a packet lost, the routes as
+    they were."""
+    clear(lab)
+    program_pinned(lab)
+    routes_before = json.loads(lab.cli("route", "show", "--json"))
+    flows = pinned_flows(lab, 52000)
+    result = {}
+    try:
+        lab.kill_agent()
+        start = lab.log_path.stat().st_size
+        lab.start_agent(extra=("--hang-s", "3"), env={"RLB_FAILPOINTS": "liveness=hang@2"})
+        pid = lab.agent.pid
+        before = lab.link_packets()
+
+        def sender():
+            result["sent"] = lab.send(flows, 6000, rate_pps=3000, burst=4)     # about 8 s
+        t = threading.Thread(target=sender)
+        t.start()
+        deadline = time.time() + 30
+        while "started afresh after a hung loop" not in lab.log_path.read_text()[start:]:
+            assert time.time() < deadline, lab.log_path.read_text()[start:][-2000:]
+            time.sleep(0.2)
+        t.join()
+        time.sleep(0.2)
+        after = lab.link_packets()
+        text = lab.log_path.read_text()[start:]
+        assert "loop liveness has not finished a round" in text
+        assert lab.agent.poll() is None and lab.agent.pid == pid                     # in place
+        got = {k: after[k] - before[k] for k in lab.uplinks()}
+        assert all(6000 <= got[k] <= 6000 + NOISE for k in lab.uplinks()), got     # nothing lost
+        assert json.loads(lab.cli("route", "show", "--json")) == routes_before
+        assert "adopted pinned state" in text[text.index("started afresh after a hung loop"):]
+    finally:
+        lab.kill_agent()
+        lab.start_agent()
+
+
 def test_route_apply_takes_back_what_route_show_prints(lab, tmp_path):
     """An operator's round trip: save the table, empty it, apply the file: the same routes, in one
     batch; --merge adds without removing; a bad file changes nothing."""

@@ -9,8 +9,11 @@
  * answer says the plane and this GPU's port work and never waits for this host's agent to be
  * scheduled (a busy agent answered late on one plane and not yet on another, which looked like a
  * silent plane). Everything else goes on untouched to the hook's next filter (TC_ACT_UNSPEC):
- * the port's ingress may carry the operator's own. */
-static __always_inline int probe_echo(struct __sk_buff *skb, struct rlbh_echo_cfg *ec)
+ * the port's ingress may carry the operator's own. The answer (and its tag) names `plane`, the
+ * plane of the port the probe came in by, not the one the probe claims: a probe that crossed
+ * another plane (a miscabled or misrouted link) never keeps the plane it claims alive; a port
+ * that is no path (plane 0) answers nothing. */
+static __always_inline int probe_echo(struct __sk_buff *skb, struct rlbh_echo_cfg *ec, u8 plane)
 {
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
     struct rlb_l3 l3 = {};
@@ -19,7 +22,7 @@ static __always_inline int probe_echo(struct __sk_buff *skb, struct rlbh_echo_cf
     struct udphdr *udp = l3.l4;
     struct rlbh_probe *pr = (void *)(udp + 1);
     if ((void *)(pr + 1) > end || udp->dest != htons(RLBH_PROBE_PORT) ||
-        pr->magic != htonl(RLBH_PROBE_MAGIC) || pr->kind != RLBH_PROBE_ASK)
+        pr->magic != htonl(RLBH_PROBE_MAGIC) || pr->kind != RLBH_PROBE_ASK || !plane)
         return TC_ACT_UNSPEC;
     if (ec && (ec->flags & RLBH_ECHO_OWN_ADDR)) {
         u64 d[2], own[2];
@@ -34,7 +37,7 @@ static __always_inline int probe_echo(struct __sk_buff *skb, struct rlbh_echo_cf
         u8 *w = (u8 *)m;
         __builtin_memcpy(w, &pr->seq, 4);
         __builtin_memcpy(w + 4, pr->t_ns, 8);
-        w[12] = pr->plane;
+        w[12] = plane;
         __builtin_memcpy(w + 13, &pr->sender, 2);
         w[15] = 0;
         __builtin_memcpy(w + 16, &l3.ip6->daddr, 16);
@@ -47,7 +50,7 @@ static __always_inline int probe_echo(struct __sk_buff *skb, struct rlbh_echo_cf
     __builtin_memcpy(addrs, &l3.ip6->daddr, 16);
     __builtin_memcpy(addrs + 16, &l3.ip6->saddr, 16);
     u16 old_word = *(u16 *)&pr->kind, csum = udp->check;
-    u8 answer[2] = {RLBH_PROBE_ANSWER, pr->plane};
+    u8 answer[2] = {RLBH_PROBE_ANSWER, plane};
     u16 new_word = *(u16 *)answer;
     /* Swapped fields of one size at even offsets leave every checksum as it was; only the kind
      * changes one (skb->csum through the store, the UDP checksum unless the probe sent zero). */
