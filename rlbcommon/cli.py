@@ -58,10 +58,11 @@ VERSION_OPTION = typer.Option(False, "--version", is_eager=True, callback=_print
                               help="Print the installed version and exit.")
 
 
-# every agent's TLS towards the fabric's etcd (rlbfabric etcd-tls issues both files)
 HANG_OPTION = typer.Option(HANG_S, "--hang-s", min=1.0, help="A loop of the agent that has not "
     "finished a round this long is hung: logged, and the agent starts afresh in place (the data plane "
     "forwards on from its pinned maps). The units' WatchdogSec= catches a process frozen whole.")
+
+# every agent's TLS towards the fabric's etcd (rlbfabric etcd-tls issues both files)
 ETCD_CA_OPTION = typer.Option(None, "--etcd-ca", help="With https:// --etcd URLs: the CA that signed "
                               "etcd's certificate (PEM; default: the system's CAs).")
 ETCD_CERT_OPTION = typer.Option(None, "--etcd-cert", help="With https:// --etcd URLs: this machine's "

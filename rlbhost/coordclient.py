@@ -40,7 +40,7 @@ class CoordinatorClient:
     def body(self) -> dict:
         now = time.monotonic()
         paths = {p.index: p for p in self.dp.paths() if p.valid}
-        swept, self.dp.swept = self.dp.swept or {}, {}
+        swept, self.dp.swept = self.dp.swept, {}
         mono_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for key, v in swept.items():          # gone idle since the last read
             if v["path"] in paths:

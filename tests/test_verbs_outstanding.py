@@ -30,7 +30,7 @@ def test_an_answer_to_any_copy_ends_the_wait_and_times_that_copy():
     assert len(o) == 1 and o.next_due() == RESEND_NS
     assert o.due(RESEND_NS - 1) == []
     [again] = o.due(RESEND_NS)
-    copy = o.resend(again, again.msg, RESEND_NS)
+    copy = o.resend(again, RESEND_NS)
     assert copy.id != 1 and o.get(1) is p and o.get(copy.id) is p and p.first_id == 1
     assert o.next_due() == 2 * RESEND_NS
     # the first copy's answer arrives late (3 ms): its round trip is 3 ms, not 1 ms from the second
@@ -49,7 +49,7 @@ def test_a_message_past_its_deadline_comes_back_once_no_longer_waiting():
         for p in o.due(t):
             got.append((t, p.first_id, p.done))
             if not p.done:
-                o.resend(p, p.msg, t)
+                o.resend(p, t)
         t += MS // 2
     expired = [g for g in got if g[2]]
     assert expired == [(5 * MS, 1, True)]
@@ -63,7 +63,7 @@ def test_copies_of_a_notification_slow_down_once_no_library_can_be_waiting():
     while t < 1000 * MS:
         t = o.next_due()
         [q] = o.due(t)
-        o.resend(q, q.msg, t)
+        o.resend(q, t)
         gaps.append(t - last)
         last = t
     assert set(gaps[:NOTIFY_FAST_NS // RESEND_NS]) == {RESEND_NS}

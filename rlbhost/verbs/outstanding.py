@@ -130,10 +130,11 @@ class Outstanding:
             out.append(p)
         return out
 
-    def resend(self, p: Pending, msg: P.PeerMsg, now: int) -> P.PeerMsg:
-        """The next copy of p (msg with a new id), and when the one after it goes: at the peer's
-        interval while the answer may still be awaited, then at doubling intervals."""
-        copy = replace(msg, id=secrets.randbits(63))
+    def resend(self, p: Pending, now: int, **changes) -> P.PeerMsg:
+        """The next copy of p (its message with a new id and `changes`), and when the one after
+        it goes: at the peer's interval while the answer may still be awaited, then at doubling
+        intervals."""
+        copy = replace(p.msg, id=secrets.randbits(63), **changes)
         p.msg = copy
         p.copies[copy.id] = now
         self.by_id[copy.id] = p

@@ -380,11 +380,10 @@ class VerbsService:
 
     def _nic_of_base(self, base: str) -> NicState | None:
         nic = self.by_base.get(base)
-        if nic is not None and self._view(nic).base_addr == base:
-            return nic
-        for n in self.nics.values():           # a base moved or new: every view fresh (at most every VIEW_S)
-            self._view(n)
-        nic = self.by_base.get(base)
+        if nic is None or self._view(nic).base_addr != base:
+            for n in self.nics.values():       # a base moved or new: every view fresh (at most every VIEW_S)
+                self._view(n)
+            nic = self.by_base.get(base)
         return nic if nic is not None and nic.view_at[1].base_addr == base else None
 
     def _local_of(self, nic: NicState, qpn: int) -> Local:
@@ -1156,11 +1155,11 @@ class VerbsService:
             if p.done:                                          # its time is up
                 p.on_reply(None)
                 continue
-            msg = p.msg
-            if msg.kind in ("ASK", "CHECK", "PATHS"):           # a question: its budget is what is left
-                msg = P.PeerMsg(**{**msg.__dict__, "budget_us": max(0, (p.deadline_ns - now) // 1000)})
+            # a question's budget is what is left of it
+            changes = ({"budget_us": max(0, (p.deadline_ns - now) // 1000)}
+                       if p.msg.kind in ("ASK", "CHECK", "PATHS") else {})
             self.counters["resent"] += 1
-            self._udp_send(self.pending.resend(p, msg, now), p.peer, p.src)
+            self._udp_send(self.pending.resend(p, now, **changes), p.peer, p.src)
 
     def _read_udp(self):
         for _ in range(MAX_UDP_BATCH):
