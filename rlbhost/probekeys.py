@@ -41,16 +41,21 @@ def read_keys(path: Path) -> list[bytes]:
 
 class KeyFile:
     """The key file as last read; reread when it changes. Once keys were read, a file that goes
-    away or empties is a fault, not a change: the keys read before stay in use (`missing` says
-    so, for the metrics and alerts) until the file is back; an agent that should check nothing
-    is restarted without the file."""
+    away, empties or cannot be read (half edited, mode too open) is a fault, not a change: the
+    keys read before stay in use (`bad` says so, for the metrics and alerts, until a good file is
+    read); an agent that should check nothing is restarted without the file."""
 
     def __init__(self, path: Path | None):
         self.path = path
         self.keys: list[bytes] = []
-        self.missing = False
+        self.missing = False           # gone or empty
+        self.unreadable = ""           # why the file as it is now cannot be read
         self._stamp = None
         self.refresh()
+
+    @property
+    def bad(self) -> bool:
+        return self.missing or bool(self.unreadable)
 
     def refresh(self) -> bool:
         """True when the keys changed."""
@@ -64,7 +69,12 @@ class KeyFile:
         if stamp == self._stamp:
             return False
         self._stamp = stamp
-        keys = read_keys(self.path)
+        try:
+            keys = read_keys(self.path)
+        except ProbeKeyError as e:
+            self.unreadable = str(e)   # until the file changes again: the next refresh sees the same stamp
+            raise
+        self.unreadable = ""
         if not keys and self.keys:
             if not self.missing:
                 log.error("%s is gone or empty: the fabric's keys read before stay in use (restart the agent "

@@ -186,7 +186,17 @@ def test_hold_a_key_file_that_goes_away_at_run_time_keeps_its_keys_and_says_so(t
     os.chmod(path, 0o600)
     assert not kf.refresh() and kf.keys == [bytes(16)] and kf.missing
     path.write_text("22" * 16 + "\n")
-    assert kf.refresh() and kf.keys == [b"\x22" * 16] and not kf.missing
+    assert kf.refresh() and kf.keys == [b"\x22" * 16] and not kf.missing and not kf.bad
+    # half edited: refused, the keys read before kept, and still bad when reread unchanged
+    import pytest
+    from rlbhost.probekeys import ProbeKeyError
+    path.write_text("22" * 8 + "\n")
+    with pytest.raises(ProbeKeyError):
+        kf.refresh()
+    assert kf.keys == [b"\x22" * 16] and kf.bad
+    assert not kf.refresh() and kf.bad
+    path.write_text("33" * 16 + "\n")
+    assert kf.refresh() and kf.keys == [b"\x33" * 16] and not kf.bad
 
 
 SUBPORTS = {plane: [(f"eth-p{plane}-{k}", "02:00:00:00:0%d:0%d" % (k, plane), "02:00:00:00:01:01") for k in (1, 2)]

@@ -1352,10 +1352,9 @@ class VerbsService:
         try:
             if self.keys.refresh():
                 log.info("verbs: the fabric's keys reread from %s: %d key(s)", self.keys.path, len(self.keys.keys))
-            self.counters["key_file_bad"] = int(self.keys.missing)
         except ValueError as e:              # a half-edited file: the keys read before stay
-            self.counters["key_file_bad"] = 1
             log.warning("verbs: %s (the keys read before stay in use)", e)
+        self.counters["key_file_bad"] = int(self.keys.bad)
 
     # ---- reporting ------------------------------------------------------------------------------
     def _count_kept(self, keep: str, n: int = 1):
