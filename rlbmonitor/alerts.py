@@ -67,6 +67,10 @@ RULES = [
     ("RlbFabricKeyFileBad", "rlb_host_fabric_key_file_bad == 1", "1m", "critical",
      "{{ $labels.node }}: the fabric's key file is gone, empty or unreadable: the agent goes on with the keys "
      "it read before, but a restart would run it without them (put the file back, mode 600)"),
+    ("RlbCoordHostOverQpLimit", "max(rlb_coord_etcd_hosts_over) > 0", "1m", "warning",
+     "{{ $value }} host(s) hold more QPs in etcd than a host may have placed (rlbcoord run --host-qps-max): "
+     "their new QPs are not placed and the coordinator keeps only a count of them (rlbcoord status names "
+     "them): a job far larger than planned, or a host misbehaving"),
     ("RlbVerbsPeerMessagesLost",
      'rate(rlb_host_verbs_peer_messages_total{what="resent"}[5m]) > 10', "10m", "warning",
      "{{ $labels.node }}: the verbs agents' messages (UDP 4798) are being sent again more than 10 a second: "

@@ -22,6 +22,7 @@ from rlbcommon import coordapi
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
 from rlbfabric.coord import etcdauth, etcdrun, keys
 from rlbfabric.coord.etcdrun import EtcdCoordination
+from rlbfabric.coord.metrics import EtcdCollector
 from rlbfabric.coord.service import Coordinator
 from rlbfabric.fabric import load
 from rlblab.etcdserver import EtcdServer
@@ -436,11 +437,47 @@ def test_a_host_writing_more_qps_than_the_limit_is_refused_once_and_read_whole_w
     said = [r.getMessage() for r in caplog.records if "report of h1 refused" in r.getMessage()]
     assert len(said) == 1 and "12 QPs: more than the 8" in said[0], said
     assert len(placements(etcd, "h1")) == 6 and len(coord.coord.hosts["h1"]["keys"]) == 6
+    with coord.lock:                                            # the copy counts them, keeps none
+        assert coord.reports["h1"]["qps"] == {} and sum(coord.reports["h1"]["over"].values()) == 13
+    assert coord.status()["hosts_over"] == ["h1"]
     within = {(h3, 50000 + i, i): {"path": 1, "active": True} for i in range(6, 14)}   # 6-11 written before
     h1.apply(qp_parts("h1", within), lease=lease)
     wait(lambda: set(placements(etcd, "h1")) == set(within), 5, "h1's 8 QPs placed")
     assert {k[1:] for k in coord.coord.hosts["h1"]["keys"]} == set(within)
-    assert "h1" not in coord._refused_hosts
+    assert "h1" not in coord._refused_hosts and coord.status()["hosts_over"] == []
+
+
+def test_hold_a_host_writing_far_more_qps_than_allowed_costs_the_coordinator_a_count(etcd, inproc):
+    """A host's etcd role bounds whose keys it writes, not how many QPs: h2 writes 40,000 (a host
+    may have 1,000 placed here). The coordinator's copy of etcd keeps a count per key of h2's, not
+    its QPs; h2's earlier placements stay, h1's are placed as before, the refusal is counted and
+    exported (rlb_coord_etcd_hosts_over, alert RlbCoordHostOverQpLimit)."""
+    coord = inproc
+    coord.coord.host_qps_max = 1000
+    h1, h2 = user(etcd, keys.host_user("h1")), user(etcd, keys.host_user("h2"))
+    l1, l2 = h1.lease_grant(10), h2.lease_grant(10)
+    write_host(h2, "h2", [("h4", 40000 + i, i, 1) for i in range(16)], l2)
+    wait(lambda: len(placements(etcd, "h2")) == 16, 5, "h2's 16 placements")
+    before = placements(etcd, "h2")
+    h4 = addr("h4", 1)
+    many = {(h4, 1024 + i % 60000, i): {"path": 1, "active": True} for i in range(40000)}
+    parts = qp_parts("h2", many)
+    assert len(parts) > 100                                     # written as a host writes them
+    items = list(parts.items())
+    for i in range(0, len(items), 64):                          # etcd takes 128 operations a txn
+        h2.apply(dict(items[i:i + 64]), lease=l2)
+    wait(lambda: coord.status()["hosts_over"] == ["h2"], 10, "h2 dropped from the copy")
+    write_host(h1, "h1", [("h3", 50000 + i, i, 1) for i in range(8)], l1)
+    wait(lambda: len(placements(etcd, "h1")) == 8, 5, "h1's 8 placements")
+    with coord.lock:
+        kept = sum(len(h["qps"]) for h in coord.reports.values())
+        counted = sum(coord.reports["h2"]["over"].values())
+    assert kept == 8 and counted >= 40000, (kept, counted)
+    assert placements(etcd, "h2") == before                    # its earlier state kept
+    assert len(coord.coord.hosts["h2"]["keys"]) == 16
+    assert coord.counters["hosts_over"] >= 1
+    got = {m.name: m.samples[0].value for m in EtcdCollector(coord.status).collect()}
+    assert got["rlb_coord_etcd_hosts_over"] == 1
 
 
 def test_placing_goes_on_while_etcd_holds_a_write_and_the_newest_placement_lands_last(etcd, inproc, monkeypatch):

@@ -111,7 +111,9 @@ class EtcdCoordination:
                          # CPU seconds of the follower (applying changes to the mirror) and the
                          # placer (solving, comparing with etcd's): most of the coordinator's
                          # cost (decoding the watch and sending the writes are not counted)
-                         "follow_cpu_s": 0.0, "place_cpu_s": 0.0}
+                         "follow_cpu_s": 0.0, "place_cpu_s": 0.0,
+                         "hosts_over": 0}                       # hosts dropped from the mirror for their QPs
+        self._reread: set[str] = set()                 # hosts within the limit again: read afresh
         self._down_logged = False
         self._refused_logged = ""
         self._compare_all = True                       # the next write compares every host
@@ -126,6 +128,7 @@ class EtcdCoordination:
             self.leaders, self.others, self._outside_due = {}, {}, True
             self.dirty = set(self.coord.hosts)         # hosts the model has and etcd may not
             self.dirty_report, self.dirty_qps = set(self.coord.hosts), {}   # read whole
+            self._reread = set()
             for kv in kvs:
                 self._put(kv.key, kv.value)
         return rev
@@ -146,13 +149,13 @@ class EtcdCoordination:
             return                                     # another shard's host
         try:
             if tree == "hosts":
-                h = self.reports.setdefault(node, {"report": None, "qps": {}, "keys": {}})
+                h = self.reports.setdefault(node, {"report": None, "qps": {}, "keys": {}, "over": None})
                 if rest == "report":
                     h["report"] = _object(value) if value is not None else None
                     self.dirty_report.add(node)
                 elif rest.startswith("qps/"):
                     self._qps(node, h, rest[4:], value)
-                if h["report"] is None and not h["qps"]:
+                if h["report"] is None and not h["qps"] and not h["over"]:
                     del self.reports[node]
                 self.dirty.add(node)
             elif tree == "placements":                # compared as text (keys.placement_parts)
@@ -219,6 +222,17 @@ class EtcdCoordination:
         whose value changed are marked to be read. A QP the host moved to another part is found
         in it, whichever of the two keys comes first."""
         new = keys.read_qps(name, value) if value is not None else {}
+        over = h["over"]
+        if over is not None:                           # only counted until it is within again
+            if new:
+                over[name] = len(new)
+            else:
+                over.pop(name, None)
+            if sum(over.values()) <= self.coord.host_qps_max:
+                self._reread.add(node)
+            else:
+                self._reread.discard(node)
+            return
         old = h["keys"].pop(name, {})
         if new:
             h["keys"][name] = new
@@ -236,6 +250,37 @@ class EtcdCoordination:
             else:
                 h["qps"][q] = v
             dirty.add(q)
+        if len(h["qps"]) > self.coord.host_qps_max:
+            self._drop(node, h)
+
+    def _drop(self, node: str, h: dict):
+        """A host over the QPs one host may have (rlbcoord run --host-qps-max) leaves the mirror:
+        each key's QPs are counted, not kept, until it is within again and is read afresh (the
+        etcd role bounds whose keys a host writes, not how many). The model keeps its earlier
+        state, as for a refused report."""
+        h["over"] = {name: len(part) for name, part in h["keys"].items()}
+        h["qps"], h["keys"] = {}, {}
+        self.dirty_qps.pop(node, None)
+        self.counters["hosts_over"] += 1
+
+    def _reread_within(self):
+        """Read again the QP keys of hosts that were over the limit and are within it now (the
+        follower, outside the lock: a get per host; a watch event older than the get puts an
+        older value back until the newer event comes, as any event does)."""
+        with self.lock:
+            nodes, self._reread = self._reread, set()
+        for node in nodes:
+            kvs, _ = self.etcd.get_prefix(keys.qps_prefix(node))
+            with self.lock:
+                h = self.reports.get(node)
+                if h is None or h["over"] is None or sum(h["over"].values()) > self.coord.host_qps_max:
+                    continue
+                h["over"] = None
+                for kv in kvs:
+                    self._put(kv.key, kv.value)
+                self.dirty.add(node)
+                self.dirty_report.add(node)
+            log.info("%s is within %d QPs again: its keys read afresh", node, self.coord.host_qps_max)
 
     def follow(self):
         """Keep the mirror current (every coordinator, leading or not); the leader places after
@@ -256,6 +301,8 @@ class EtcdCoordination:
                         for e in events:
                             self._put(e.kv.key, None if e.kind == "delete" else e.kv.value)
                         self.through = rev - 1           # the store's changes read so far
+                    if self._reread:
+                        self._reread_within()
                     self.wake.set()      # the placer takes whatever has come by then: one solve
                     self.heap.settle()
                     self.counters["follow_cpu_s"] += time.thread_time() - t
@@ -298,8 +345,11 @@ class EtcdCoordination:
                 return False
             now = time.time()
             batch, changes = {}, {}
+            over = {}
             for h in self.dirty - {""}:
-                if h not in self.reports:
+                if h in self.reports and self.reports[h]["over"] is not None:
+                    over[h] = self.coord.too_many(sum(self.reports[h]["over"].values()))
+                elif h not in self.reports:
                     batch[h] = None                    # its keys are gone (its lease ended)
                 elif (h in self.dirty_report or h in self._refused_hosts or not self.coord.knows(h)
                       or self.reports[h]["report"] is None):  # refused before: read whole again
@@ -329,10 +379,12 @@ class EtcdCoordination:
             except Exception as e:                     # Refused / BadRequest: counted by the model
                 log.warning("uplinks of %s refused: %s", switch, e)
         bad = self.coord.apply_reports(batch, changes)
+        self.coord.counters["bad"] += len(over)
+        bad.update(over)
         for host, why in bad.items():
             if host not in self._refused_hosts:        # once while it stays refused
                 log.warning("report of %s refused: %s", host, why)
-        self._refused_hosts = (self._refused_hosts - batch.keys() - changes.keys()) | bad.keys()
+        self._refused_hosts = (self._refused_hosts - batch.keys() - changes.keys() - over.keys()) | bad.keys()
         self.counters["batches"] += 1
         self.write_placements(through)
         return True
@@ -625,7 +677,8 @@ class EtcdCoordination:
         leaderless = sorted(set(range(1, self.shard.of + 1)) - led - {self.shard.index})
         return {"name": self.name, "leading": self.leading.is_set(), "leader": self.leader,
                 "shard": str(self.shard), "other_shards_without_leader": leaderless,
-                "hosts_in_etcd": len(self.reports), "counters": dict(self.counters)}
+                "hosts_in_etcd": len(self.reports), "counters": dict(self.counters),
+                "hosts_over": sorted(h for h, v in self.reports.items() if v["over"] is not None)}
 
 
 def _qp_body(q: keys.QpId, v: dict, now_wall: float) -> dict:

@@ -101,7 +101,9 @@ class EtcdCollector:
                  "permission)"),
                 ("follow_cpu_s", "rlb_coord_etcd_follow_cpu_seconds", "CPU spent following the tree"),
                 ("place_cpu_s", "rlb_coord_etcd_place_cpu_seconds", "CPU spent placing (solving, and "
-                 "comparing with what etcd holds)"))
+                 "comparing with what etcd holds)"),
+                ("hosts_over", "rlb_coord_etcd_hosts_dropped", "times a host's QP keys were dropped from "
+                 "the coordinator's copy of etcd for holding more QPs than --host-qps-max"))
 
     def __init__(self, status):
         self.status = status
@@ -116,7 +118,10 @@ class EtcdCollector:
         leaderless = gauge("rlb_coord_etcd_other_shards_without_leader", "the other shards of this "
                            "coordinator's count that no coordinator leads (their hosts' QPs are not placed)", [])
         leaderless.add_metric([], len(s.get("other_shards_without_leader", ())))
-        yield from (leading, hosts, leaderless)
+        over = gauge("rlb_coord_etcd_hosts_over", "hosts whose QP keys hold more QPs than a host may "
+                     "have placed (--host-qps-max): counted, not kept or placed, until within again", [])
+        over.add_metric([], len(s.get("hosts_over", ())))
+        yield from (leading, hosts, leaderless, over)
         for key, name, doc in self.COUNTERS:
             c = counter(name, doc, [])
             c.add_metric([], s["counters"][key])

@@ -152,13 +152,13 @@ class Coordinator:
                 n = len(have) - len(gone & have) + sum(1 for k in seen if k not in have)
                 if n > self.host_qps_max:
                     self.counters["bad"] += 1
-                    bad[host] = self._too_many(n)
+                    bad[host] = self.too_many(n)
                     continue
                 self._apply_changes(host, seen, gone)
             self._solve()
         return bad
 
-    def _too_many(self, n: int) -> str:
+    def too_many(self, n: int) -> str:
         return (f"{n} QPs: more than the {self.host_qps_max} a host may have placed (rlbcoord run "
                 "--host-qps-max); its earlier state kept")
 
@@ -247,7 +247,7 @@ class Coordinator:
             if got is not None:
                 seen[got[0]] = got[1]
         if len(seen) > self.host_qps_max:              # counted as a change's are: QPs in the fabric
-            raise BadRequest(self._too_many(len(seen)))
+            raise BadRequest(self.too_many(len(seen)))
         self._context[host] = context
         return seen
 
