@@ -150,6 +150,44 @@ static __always_inline int punt(struct pkt *pk, void *data_end)
     return -1;
 }
 
+/* ---- heartbeat: a neighbouring switch asks whether this data plane runs ------------------ */
+/* The ask goes back out of the port it came in by as an answer: MACs, addresses and UDP ports
+ * swapped (fields of one size at even offsets: the checksum stays), the kind changed (the
+ * checksum updated for that one word, RFC 1624). Called only for link-local packets from fabric
+ * ports, which are punted anyway: forwarded packets never pay for it. -1: not an ask. */
+static __always_inline int heartbeat_answer(struct pkt *pk, void *data_end)
+{
+    if (pk->l3.proto != IPPROTO_UDP || !is_link_local(pk->l3.ip6->daddr.in6_u.u6_addr8))
+        return -1;
+    struct udphdr *uh = pk->l3.l4;
+    struct rlb_heartbeat *hb = (void *)(uh + 1);
+    if ((void *)(hb + 1) > data_end || uh->dest != htons(RLB_HEARTBEAT_PORT) ||
+        hb->magic != htonl(RLB_HEARTBEAT_MAGIC) || hb->kind != RLB_HEARTBEAT_ASK || !uh->check ||
+        pk->l3.ip6->hop_limit != 255)   /* from one hop away only (GTSM) */
+        return -1;
+    struct ipv6hdr *ip6 = pk->l3.ip6;
+    struct ethhdr *eth = pk->l3.eth;
+    u8 mac[ETH_ALEN], addr[16];
+    __builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
+    __builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
+    __builtin_memcpy(eth->h_source, mac, ETH_ALEN);
+    __builtin_memcpy(addr, ip6->daddr.in6_u.u6_addr8, 16);
+    __builtin_memcpy(ip6->daddr.in6_u.u6_addr8, ip6->saddr.in6_u.u6_addr8, 16);
+    __builtin_memcpy(ip6->saddr.in6_u.u6_addr8, addr, 16);
+    u16 sport = uh->source;
+    uh->source = uh->dest;
+    uh->dest = sport;
+    u16 *word = (u16 *)&hb->kind, old = *word;
+    hb->kind = RLB_HEARTBEAT_ANSWER;
+    u32 sum = (u16)~uh->check + (u16)~old + *word;
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    uh->check = (u16)~sum ? (u16)~sum : 0xffff;   /* a computed zero goes as 0xffff (RFC 8200) */
+    ip6->hop_limit = 255;                          /* one hop only: the prober checks it (GTSM) */
+    count(RLB_R_EV_HEARTBEAT);
+    return XDP_TX;
+}
+
 /* ---- lookup: the exact /64 first, the trie for everything else ------------------------- */
 static __always_inline struct rlb_route *lookup(struct pkt *pk)
 {
@@ -444,8 +482,14 @@ int rlb_switch(struct xdp_md *ctx)
 
     /* punt */
     r = punt(&pk, data_end);
-    if (r >= 0)
+    if (r >= 0) {
+        if (r == RLB_R_PASS_LINK_LOCAL && !pk.edge) {
+            int a = heartbeat_answer(&pk, data_end);
+            if (a >= 0)
+                return a;
+        }
         return pass_edge(r, pk.edge);
+    }
 
     /* lookup */
     struct rlb_route *rt = lookup(&pk);

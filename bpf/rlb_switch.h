@@ -57,7 +57,27 @@ enum rlb_reason {
     RLB_R_EV_DLB_REASSIGN,    /* a known flow placed again (its flowlet ended or its member went) */
     RLB_R_EV_DLB_COLLISION,   /* flowlet set full of live flows: placed without an entry */
     RLB_R_EV_SPRAY_FALLBACK,  /* spray slot's member down: per-packet DLB among live members */
+    RLB_R_EV_HEARTBEAT,       /* a neighbouring switch's heartbeat answered (XDP_TX) */
     RLB_R_MAX,
+};
+
+/* Data-plane liveness between neighbouring switches (rlbswitch/heartbeat.py): a heartbeat is UDP
+ * to RLB_HEARTBEAT_PORT at the neighbour's link-local address, by a fabric port; the neighbour's
+ * rlb_switch answers it in XDP, out of the port it came in by. An answer says the program runs
+ * and the port moves packets, whatever bird and the agent are doing: a switch that keeps carrier
+ * but forwards nothing (hung) stops answering, while one whose bird restarts does not. */
+#define RLB_HEARTBEAT_PORT    4796
+#define RLB_HEARTBEAT_MAGIC   0x524c4248   /* "RLBH" */
+#define RLB_HEARTBEAT_ASK     1
+#define RLB_HEARTBEAT_ANSWER  2
+
+struct rlb_heartbeat {            /* a heartbeat's UDP payload (network order) */
+    u32 magic;
+    u8  kind;                     /* RLB_HEARTBEAT_ASK or RLB_HEARTBEAT_ANSWER */
+    u8  pad;
+    u16 port;                     /* the prober's port slot: which of its ports asked */
+    u32 seq;
+    u32 t_ns[2];                  /* the prober's send time (u64, network order) */
 };
 
 /* The slow path's policer: every packet handed to the kernel is charged to one bucket by its

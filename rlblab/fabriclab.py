@@ -267,10 +267,11 @@ class FabricLab:
                 raise TimeoutError(f"waited {timeout:g} s for {what}")
             time.sleep(0.2)
 
-    def start_agent(self, node: str):
+    def start_agent(self, node: str, extra: tuple[str, ...] = ()):
+        """A switch's agent; `extra`: more `rlbswitch run` options (a test's)."""
         cmd = [*confined([sys.executable], AGENT_CAPS), "-m", "rlbswitch", "--netns", self.ns(node), "run", *self.ports(node),
                "--fabric", str(self.fabric_file), "--node", node, "--run-dir", str(self.work),
-               "--speed-mbps", str(self.fabric.link_mbps)]
+               "--speed-mbps", str(self.fabric.link_mbps), *extra]
         if self.mode == "baseline":
             cmd += ["--control-only"]
         if self.monitor:

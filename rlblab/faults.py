@@ -1,10 +1,13 @@
 """Faults a lab injects: a silent drop, where carrier stays up and BGP and BFD (link-local) keep
 running but packets to one address die, the failure in the middle of a plane that only a
-data-plane health check sees. A small TC ingress program (this kernel has no flower or u32)."""
+data-plane health check sees (a small TC ingress program: this kernel has no flower or u32); and
+a hung switch, carrier up and nothing else."""
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
+import signal
 
 from rlbcommon import netns
 
@@ -59,4 +62,39 @@ class SilentDrop:
 
     def off(self):
         self._each("off")
+        self.bpf.cleanup()
+
+
+XDP_DROP_ALL = b"int drop_all(struct xdp_md *ctx) { return XDP_DROP; }"
+XDP_FLAGS_DRV_MODE = 1 << 2
+
+
+class HungSwitch:
+    """A switch that keeps carrier but does nothing: its bird and agent stopped (SIGSTOP, as a
+    machine whose CPUs are stuck) and its XDP program replaced by one that drops every frame, so
+    it forwards nothing, answers no BFD, BGP, ND or heartbeat. off() lets bird go on and starts
+    the agent afresh (it attaches its program again and adopts the pinned state)."""
+
+    def __init__(self, lab):
+        from bcc import BPF
+        self.lab, self.node = lab, None
+        self.bpf = BPF(text=XDP_DROP_ALL)
+        self.fn = self.bpf.load_func(b"drop_all", BPF.XDP)
+
+    def on(self, node: str):
+        from pyroute2 import IPRoute
+        self.node = node
+        os.killpg(self.lab.agents[node].pid, signal.SIGSTOP)
+        os.kill(self.lab.birds[node].proc.pid, signal.SIGSTOP)
+        with netns.inside(self.lab.ns(node)), IPRoute() as ipr:
+            for port in self.lab.ports(node):
+                idx = ipr.link_lookup(ifname=port)[0]
+                ipr.link("set", index=idx, xdp_fd=self.fn.fd, xdp_flags=XDP_FLAGS_DRV_MODE)
+
+    def off(self):
+        if self.node is not None:
+            os.kill(self.lab.birds[self.node].proc.pid, signal.SIGCONT)
+            os.killpg(self.lab.agents[self.node].pid, signal.SIGCONT)
+            self.lab.kill_agent(self.node)
+            self.lab.start_agent(self.node)
         self.bpf.cleanup()

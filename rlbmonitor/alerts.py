@@ -30,6 +30,9 @@ RULES = [
     ("RlbPathUnusable", "rlb_host_path_usable == 0", "1m", "warning",
      "{{ $labels.node }} {{ $labels.nic }}: path {{ $labels.path }} cannot carry traffic (no address, no carrier "
      "or no MAC)"),
+    ("RlbSwitchNeighbourSilent", "rlb_switch_neighbour_silent == 1", "10s", "critical",
+     "{{ $labels.node }} {{ $labels.interface }}: the switch on this port keeps carrier but its data plane "
+     "answers no heartbeat (hung, or its XDP program gone): the port is out of forwarding until it answers"),
     ("RlbDlbReassignmentStorm", 'rate(rlb_switch_packets_total{reason="ev_dlb_reassign"}[1m]) > 1000', "2m",
      "warning", "{{ $labels.node }}: flowlets reassigned {{ $value | humanize }}/s: ports flapping or "
      "quality bands set too tight"),

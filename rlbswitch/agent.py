@@ -20,6 +20,7 @@ from rlbfabric.coord import etcdauth, keys
 
 from .birdsync import BirdSync
 from .dataplane import DataplaneError, SwitchDataplane
+from .heartbeat import INTERVAL_MS, Heartbeat
 from .linkreport import EtcdUplinks, HttpUplinks, LinkReporter
 from .metrics import SwitchCollector
 from .watcher import Watcher
@@ -53,6 +54,7 @@ class SwitchOptions:
     etcd_password_file: Path | None = None
     etcd_ca: Path | None = None
     etcd_cert: Path | None = None
+    heartbeat_ms: int = INTERVAL_MS       # neighbours' data-plane liveness (heartbeat.py); 0: off
 
     def check(self, once: bool):
         """Refuse what the options cannot do together, before anything is attached."""
@@ -89,6 +91,15 @@ def attach_ports(dp: SwitchDataplane, opts: SwitchOptions) -> dict[str, dict]:
     return how
 
 
+def switch_facing_ports(dp: SwitchDataplane, fabric: Fabric, node: str) -> list[str]:
+    """The attached ports whose far end is a switch (the fabric file's links, not its hosts')."""
+    n = fabric.node(node)
+    edge = fabric.edge_ports(node)
+    attached = {p.ifname for p in dp.ports()}
+    return [p.ifname for p in fabric.ports_up(n) + fabric.ports_down(n)
+            if p.ifname not in edge and p.ifname in attached]
+
+
 class SwitchAgent:
     """The agent's loops over one data plane: started by start(), run() blocks on the netlink
     followers (the foreground) and returns False when one of them could not go on."""
@@ -98,6 +109,7 @@ class SwitchAgent:
         self.dp, self.opts, self.attached, self.health = dp, opts, attached, health
         self.sync: BirdSync | None = None
         self.runtime: AgentRuntime | None = None
+        self.heartbeat: Heartbeat | None = None
 
     def start(self):
         o = self.opts
@@ -109,16 +121,29 @@ class SwitchAgent:
             self.runtime.supervisor.start("bird-follower", self.sync.run)   # adoption included: restarted if it fails
             self.runtime.supervisor.exit_when_fatal()
             log.info("following bird2 at %s for %s", self.sync.bird.path, o.node)
+        reporter = None
         if o.coordinator or o.etcd:
             try:
                 publish = (HttpUplinks(o.coordinator, o.node) if o.coordinator else
                            EtcdUplinks(etcdauth.client(o.etcd, keys.switch_user(o.node), o.etcd_password_file,
                                                        o.etcd_ca, o.etcd_cert), o.node))
-                LinkReporter(self.sync.fabric, o.node, publish, self.runtime).start()
+                reporter = LinkReporter(self.sync.fabric, o.node, publish, self.runtime, silent=self.silent_ports)
+                reporter.start()
             except ValueError as e:
                 raise DataplaneError(str(e)) from None
+        fabric_ports = switch_facing_ports(self.dp, o.fabric, o.node) if o.fabric is not None else []
+        if not o.control_only and o.heartbeat_ms and fabric_ports:
+            self.heartbeat = Heartbeat(self.dp, fabric_ports, o.run_dir / f"{o.node}-heartbeat.json",
+                                       o.heartbeat_ms, changed=reporter.changed.set if reporter else None)
+            self.runtime.every("heartbeat", o.heartbeat_ms / 1000, self.heartbeat.round)
+            log.info("heartbeats every %d ms on %s", o.heartbeat_ms, ", ".join(fabric_ports))
         if o.metrics_port:
-            serve(SwitchCollector(self.dp, o.node_label, self.sync, self.health), o.metrics_port, o.metrics_addr)
+            serve(SwitchCollector(self.dp, o.node_label, self.sync, self.health, self.heartbeat),
+                  o.metrics_port, o.metrics_addr)
+
+    def silent_ports(self) -> set[str]:
+        """Fabric ports whose neighbour has stopped answering heartbeats (carrier up)."""
+        return {self.dp.ifname(i) for i in self.dp.silent_ports()}
 
     def run(self) -> bool:
         if self.opts.control_only:

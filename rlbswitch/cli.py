@@ -25,6 +25,7 @@ from rlbfabric.routes import MODES, NextHop, Route, RouteError
 from .agent import SwitchAgent, SwitchOptions, attach_ports, health_file
 from .routesync import why_file
 from .dataplane import DataplaneError, SwitchDataplane
+from .heartbeat import INTERVAL_MS
 
 log = logging.getLogger("rlbswitch")
 app, ctx = common.agent_app(__doc__, SwitchDataplane, log)
@@ -65,6 +66,11 @@ def run(
     etcd_ca: Optional[Path] = common.ETCD_CA_OPTION,
     etcd_cert: Optional[Path] = common.ETCD_CERT_OPTION,
     hang_s: float = common.HANG_OPTION,
+    heartbeat_ms: int = typer.Option(INTERVAL_MS, min=0, max=10000, help="Ask each neighbouring "
+        "switch's data plane this often whether it forwards (answered by its XDP program, not its "
+        "bird or agent); a neighbour that keeps carrier but misses 5 in a row is taken out of "
+        "forwarding until it answers again (0: off). Neighbours that never answered (other makes) "
+        "are not judged."),
 ):
     """Run the switch agent in the foreground: `attach` with the ports optional (adopted).
 
@@ -79,7 +85,7 @@ def run(
     opts = SwitchOptions([] if control_only else list(interfaces or []), generic, speed_mbps,
                          fabric_file, None, node, bird_socket, run_dir, control_only, resync_s,
                          coordinator, 0 if control_only else metrics_port, metrics_addr, ctx.node_label,
-                         etcd, etcd_password_file, etcd_ca, etcd_cert)
+                         etcd, etcd_password_file, etcd_ca, etcd_cert, heartbeat_ms)
     opts.check(once)
     opts.fabric = load(fabric_file) if fabric_file else None
     dp = ctx.dataplane()

@@ -99,6 +99,10 @@ class SwitchDataplane(PinnedState):
         super().__init__(instance)
         self.prog_fd = None
         self._names: dict[int, str] = {}   # ifindex -> name, for listings and scrapes
+        # a port forwards while its carrier is up and its neighbour answers heartbeats
+        # (heartbeat.py): the two are kept apart so that neither undoes the other
+        self._carrier: dict[int, bool] = {}
+        self._silent: set[int] = set()
         self._tables = None
 
     @property
@@ -295,18 +299,38 @@ class SwitchDataplane(PinnedState):
         """Liveness (and MTU) from netlink; returns True when the liveness changed. Under the
         port map's own lock only: a carrier loss must not wait for a route-model reload."""
         with self.locked_part("ports"):
+            self._carrier[ifindex] = up
+            return self._write_up(ifindex, up and ifindex not in self._silent, mtu)
+
+    def set_port_silent(self, ifindex: int, silent: bool) -> bool:
+        """Whether the neighbour on a port has stopped answering heartbeats (a switch that keeps
+        carrier but forwards nothing): a silent port is taken out of forwarding as a carrier loss
+        is, and given back when the neighbour answers again. Returns True when the port's
+        liveness changed."""
+        with self.locked_part("ports"):
+            (self._silent.add if silent else self._silent.discard)(ifindex)
             found = self.port_slot(ifindex)
             if found is None:
                 return False
-            slot, port = found
-            changed = bool(port.up) != up
-            if not changed and (not mtu or mtu == port.mtu):
-                return False
-            port.up = int(up)
-            if mtu:
-                port.mtu = mtu
-            self.maps["ports"].set(slot, port)
-            return changed
+            carrier = self._carrier.get(ifindex, bool(found[1].up) or not silent)
+            return self._write_up(ifindex, carrier and not silent, None)
+
+    def silent_ports(self) -> set[int]:
+        return set(self._silent)
+
+    def _write_up(self, ifindex: int, up: bool, mtu: int | None) -> bool:
+        found = self.port_slot(ifindex)
+        if found is None:
+            return False
+        slot, port = found
+        changed = bool(port.up) != up
+        if not changed and (not mtu or mtu == port.mtu):
+            return False
+        port.up = int(up)
+        if mtu:
+            port.mtu = mtu
+        self.maps["ports"].set(slot, port)
+        return changed
 
     def remove_port(self, ifindex: int) -> bool:
         """The interface is gone: its slot is freed, so nothing is ever sent to it again."""

@@ -59,12 +59,14 @@ class EtcdUplinks:
 
 class LinkReporter:
     def __init__(self, fabric: ClosFabric, node: str, publish: Callable[[dict], None], runtime: AgentRuntime,
-                 refresh_s: float = 2.0):
-        """publish(state): HttpUplinks or EtcdUplinks (CoordinatorError when it cannot)."""
+                 refresh_s: float = 2.0, silent: Callable[[], set[str]] = set):
+        """publish(state): HttpUplinks or EtcdUplinks (CoordinatorError when it cannot).
+        silent(): uplinks whose spine keeps carrier but answers no heartbeat (reported down)."""
         n = fabric.node(node)
         if n.role != "leaf":
             raise ValueError(f"{node} is a {n.role}: only leaves report uplinks")
         self.node, self.publish, self.refresh_s, self.runtime = node, publish, refresh_s, runtime
+        self.silent = silent
         self.ifnames = [p.ifname for p in fabric.ports_up(n)]
         self.up = {i: False for i in self.ifnames}      # the kernel's view, kept by the follower
         self.changed = threading.Event()                # wakes the sender at once
@@ -98,7 +100,8 @@ class LinkReporter:
         """Tell the coordinator (a change, or the refresh). Unreachable: logged once, tried again
         at the next change or refresh."""
         self.changed.clear()      # what changes from here on wakes the next round
-        state = dict(self.up)
+        silent = self.silent()
+        state = {i: up and i not in silent for i, up in self.up.items()}
         try:
             self.publish(state)
         except coordapi.CoordinatorError as e:

@@ -7,8 +7,8 @@ from .dataplane import SwitchDataplane
 
 
 class SwitchCollector:
-    def __init__(self, dp: SwitchDataplane, node: str, sync=None, health=None):
-        self.dp, self.node, self.sync, self.health = dp, node, sync, health
+    def __init__(self, dp: SwitchDataplane, node: str, sync=None, health=None, heartbeat=None):
+        self.dp, self.node, self.sync, self.health, self.heartbeat = dp, node, sync, health, heartbeat
 
     def collect(self):
         s = self.dp.stats()
@@ -55,6 +55,8 @@ class SwitchCollector:
         yield from (*fams.values(), up, cap, nh_p, nh_b, reasons, routes, policed, rate)
         if self.health is not None:
             yield from self.health.metrics("rlb_switch", self.node)
+        if self.heartbeat is not None:
+            yield from self._heartbeat()
         if self.sync is not None:
             st = self.sync.stats
             sess = gauge("rlb_switch_bgp_session_up", "BGP sessions (1 = Established)", ["node", "session"])
@@ -79,6 +81,22 @@ class SwitchCollector:
             for name, n in sorted(st.get("refused", {}).items()):
                 refused.add_metric([self.node, name], n)
             yield from (sess, lat, syncs, errs, hold, restarts, bad, refused)
+
+
+    def _heartbeat(self):
+        silent = gauge("rlb_switch_neighbour_silent", "1 while the switch on this port keeps carrier but its "
+                       "data plane answers no heartbeat: the port is out of forwarding", ["node", "interface"])
+        silences = counter("rlb_switch_neighbour_silences", "times the switch on this port stopped answering "
+                           "heartbeats with carrier up", ["node", "interface"])
+        rtt = gauge("rlb_switch_neighbour_heartbeat_rtt_seconds", "round trip of the last heartbeat answered",
+                    ["node", "interface"])
+        for ifname, st in sorted(self.heartbeat.status().items()):
+            if not st["judged"]:
+                continue                       # another make, or not found yet: nothing to say
+            silent.add_metric([self.node, ifname], int(st["silent"]))
+            silences.add_metric([self.node, ifname], st["silences"])
+            rtt.add_metric([self.node, ifname], st["rtt_us"] / 1e6)
+        yield from (silent, silences, rtt)
 
 
 def sessions_up(protocols: dict[str, str]) -> dict[str, bool]:
