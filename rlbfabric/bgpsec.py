@@ -19,6 +19,13 @@ from rlbcommon.secretfile import SecretFileError, read_secret
 from .errors import FabricError
 
 DEFAULT_PASSWORD_FILE = "/etc/rlb/bgp-password"
+# BGP graceful restart (RFC 4724), `graceful_restart_s` in [fabric]: how long peers keep a
+# restarting switch's routes. Sized to a bird restart (systemd's 1 s, a start, sessions up and
+# converged: 1-3 s measured here, more with a full table), not longer: the window is also how
+# long a switch whose bird stays down keeps attracting traffic by its stale routes. A switch that
+# hangs whole (carrier up, nothing forwarded) is not left to it: its neighbours' heartbeats take
+# it out within half a second (rlbswitch/heartbeat.py).
+GRACEFUL_RESTART_S = 10
 MD5_MAX_KEY = 80            # TCP_MD5SIG_MAXKEYLEN
 
 

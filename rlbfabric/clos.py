@@ -10,7 +10,7 @@ from rlbcommon.constants import POLICIES
 
 from . import addrplan, bgpsec
 from .base import NAME, SWITCH_ROLES, FabricError, Link, Node, Port, kind, node_name_asn
-from .bgpsec import BgpSecurity
+from .bgpsec import GRACEFUL_RESTART_S, BgpSecurity
 from .servers import Nic, parse_servers
 
 # A server with several NICs sends what it originates from a NIC's addresses out of that NIC: a
@@ -43,10 +43,8 @@ class ClosFabric:
     linkbw_subtype: int = 0x89
     bfd_ms: int = 50      # BFD tx/rx interval (x3 to detect); emulated VMs need slower timers
     # BGP graceful restart (RFC 4724): how long peers keep a restarting switch's routes, and how
-    # long an agent keeps what is programmed while its bird restarts. Long enough for bird to
-    # start, find its neighbours and converge (seconds here; a loaded switch with a full table
-    # takes longer), short enough that a switch whose bird stays down is routed around soon.
-    graceful_restart_s: int = 30
+    # long an agent keeps what is programmed while its bird restarts (bgpsec.GRACEFUL_RESTART_S)
+    graceful_restart_s: int = GRACEFUL_RESTART_S
     bgp: BgpSecurity = field(default_factory=BgpSecurity)     # GTSM, TCP MD5 (bgpsec.py)
     # servers with several NICs (servers.py): {endpoint (<server>-<nic>, one of hosts): its NIC}
     nics: dict[str, Nic] = field(default_factory=dict)
@@ -376,7 +374,7 @@ def parse(data: dict, where: str = "fabric") -> ClosFabric:
     bfd_ms = f.get("bfd_ms", 50)
     if not isinstance(bfd_ms, int) or not 10 <= bfd_ms <= 10000:
         raise FabricError(f"{where}: bfd_ms {bfd_ms!r}: an interval in ms, 10 to 10000")
-    gr_s = f.get("graceful_restart_s", 30)
+    gr_s = f.get("graceful_restart_s", GRACEFUL_RESTART_S)
     if not isinstance(gr_s, int) or not 1 <= gr_s <= 4095:
         raise FabricError(f"{where}: graceful_restart_s {gr_s!r}: seconds, 1 to 4095 (RFC 4724's 12 bits)")
     prefix = f.get("prefix", "fc00")

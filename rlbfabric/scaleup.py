@@ -39,7 +39,7 @@ from rlbcommon.cheader import constants
 from rlbcommon.constants import POLICIES
 
 from . import bgpsec
-from .bgpsec import BgpSecurity
+from .bgpsec import GRACEFUL_RESTART_S, BgpSecurity
 from .base import (GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Link, Node, OneHostAMachine, Port, kind,
                    node_name_asn, one_hextet_prefix)
 
@@ -68,7 +68,7 @@ class ScaleupFabric(OneHostAMachine):
     plane_mbps: dict[str, int]
     spray_gpus: set[str]
     bfd_ms: int = 50
-    graceful_restart_s: int = 30
+    graceful_restart_s: int = GRACEFUL_RESTART_S
     linkbw_subtype: int = 0x89
     parallel: int = 1
     kind: ClassVar[str] = "scaleup"
@@ -263,5 +263,5 @@ def parse(data: dict, where: str = "fabric") -> ScaleupFabric:
             raise FabricError(f"{where}: {key} is for leaf-spine fabrics; a scale-up fabric has subports")
     return ScaleupFabric(planes, gpus, m, prefix, policy, int(f.get("link_mbps", 10000)),
                          bool(f.get("bfd", True)), int(f.get("pathbw_subtype", 0x88)), plane_mbps, spray,
-                         bfd_ms, int(f.get("graceful_restart_s", 30)), int(f.get("linkbw_subtype", 0x89)),
+                         bfd_ms, int(f.get("graceful_restart_s", GRACEFUL_RESTART_S)), int(f.get("linkbw_subtype", 0x89)),
                          bgp=bgpsec.parse(f, where))

@@ -50,7 +50,7 @@ def test_leaf_config_carries_the_traps_found_on_2_0_12():
     assert 'import where net ~ [ fc00:1:1::/61{64,64}, fc00:1:2::/61{64,64} ]; import limit 8 action restart' in spine
     assert "receive limit 80 action restart" in spine and "import all" not in spine + conf
     assert "ttl security on;" in spine and "ttl security on;" in conf
-    assert "graceful restart on; graceful restart time 30; bfd graceful;" in spine
+    assert "graceful restart on; graceful restart time 10; bfd graceful;" in spine
     assert "neighbor fe80::1 as 65000;" in birdconf.render_neighbors(fab, fab.node("l1"), {"s1": "fe80::1"})
 
 
