@@ -12,7 +12,7 @@ from .certs import CertCollector
 
 log = logging.getLogger(__name__)
 
-__all__ = ["serve", "counter", "gauge"]
+__all__ = ["serve", "counter", "gauge", "table_fill"]
 
 
 def serve(collector, port: int, addr: str = "127.0.0.1") -> CollectorRegistry:
@@ -31,3 +31,17 @@ def counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
 
 def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def table_fill(prefix: str, rows: list[tuple[list[str], str, int, int]], labels: list[str]):
+    """Entries, capacity and fill ratio of bounded tables (maps, caches): `rows` of (label values,
+    table, entries, capacity). A full table refuses or evicts what comes next, so each is watched
+    (alert RlbTableNearlyFull on <prefix>_table_fill_ratio)."""
+    entries = gauge(f"{prefix}_table_entries", "entries in a bounded table", [*labels, "table"])
+    cap = gauge(f"{prefix}_table_capacity", "entries the table can hold", [*labels, "table"])
+    ratio = gauge(f"{prefix}_table_fill_ratio", "entries over capacity", [*labels, "table"])
+    for values, table, n, size in rows:
+        entries.add_metric([*values, table], n)
+        cap.add_metric([*values, table], size)
+        ratio.add_metric([*values, table], n / size if size else 0.0)
+    return entries, cap, ratio

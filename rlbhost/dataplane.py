@@ -970,8 +970,14 @@ class HostDataplane(PinnedState):
                           "weight": default["weights"].get(p.value, 0.0),
                           "active_qps": sum(1 for q in qps if q["active"] and q["path"] == p.index) + on,
                           "verbs_qps": on, **stats["paths"][p.index]})
-        return {"config": self.config(), "paths": paths, "weights": self.weights(),
-                "reasons": stats["reasons"]}
+        weights = self.weights()
+        # bounded tables, counted from what was read above (no walk of its own); the LRU ones
+        # evict their oldest QP when full, the others refuse the next
+        tables = {"conntrack": (len(qps), C["RLBH_CT_ENTRIES"]), "weights": (len(weights), C["RLBH_MAX_WEIGHTS"]),
+                  "placements": (len(self.placements()), C["RLBH_PLACEMENTS"]),
+                  "verbs": (2 * len(verbs), C["RLBH_VERBS_ENTRIES"])}      # a send and a receive entry each
+        return {"config": self.config(), "paths": paths, "weights": weights,
+                "reasons": stats["reasons"], "tables": tables}
 
     def verbs_rows(self) -> list[dict]:
         """Every QP (and UD address handle) placed through verbs, for `rlbhost qps`."""

@@ -2,7 +2,7 @@
 `nic` label: a GPU server's fabric NIC ('' on a host with one NIC), whose paths are its own."""
 from __future__ import annotations
 
-from rlbcommon.metrics import counter, gauge
+from rlbcommon.metrics import counter, gauge, table_fill
 
 from .dataplane import HostDataplane
 
@@ -28,6 +28,7 @@ class HostCollector:
         events = counter("rlb_host_packets", "packets by reason; assignments, releases, rewrites",
                          ["node", "nic", "reason"])
         placed = gauge("rlb_host_placements", "QPs with a coordinator placement", ["node", "nic"])
+        fill = []
         for dp in self.dps:
             s = dp.status()
             per_destination = s["config"]["mode"] == "ports"   # GPUs weight per peer; ::/0 is unused
@@ -42,7 +43,9 @@ class HostCollector:
             for name, v in s["reasons"].items():
                 events.add_metric([self.node, dp.label, name], v)
             placed.add_metric([self.node, dp.label], len(dp.placements()))
+            fill += [([self.node, dp.label], t, n, size) for t, (n, size) in s["tables"].items()]
         yield from (*fams.values(), qps, weight, usable, events)
+        yield from table_fill("rlb_host", fill, ["node", "nic"])
         if self.health is not None:
             yield from self.health.metrics("rlb_host", self.node)
         yield placed

@@ -33,6 +33,9 @@ RULES = [
     ("RlbSwitchNeighbourSilent", "rlb_switch_neighbour_silent == 1", "10s", "critical",
      "{{ $labels.node }} {{ $labels.interface }}: the switch on this port keeps carrier but its data plane "
      "answers no heartbeat (hung, or its XDP program gone): the port is out of forwarding until it answers"),
+    ("RlbTableNearlyFull", '{__name__=~"rlb_(switch|host)_table_fill_ratio"} > 0.9', "5m", "warning",
+     "{{ $labels.node }} {{ $labels.nic }}: table {{ $labels.table }} is {{ $value | humanizePercentage }} full: "
+     "past it routes, next hops or neighbours are refused, or the oldest QPs' paths evicted (conntrack)"),
     ("RlbDlbReassignmentStorm", 'rate(rlb_switch_packets_total{reason="ev_dlb_reassign"}[1m]) > 1000', "2m",
      "warning", "{{ $labels.node }}: flowlets reassigned {{ $value | humanize }}/s: ports flapping or "
      "quality bands set too tight"),

@@ -302,6 +302,18 @@ class SwitchDataplane(PinnedState):
             self._carrier[ifindex] = up
             return self._write_up(ifindex, up and ifindex not in self._silent, mtu)
 
+    def tables_fill(self) -> dict[str, tuple[int, int]]:
+        """{table: (entries, capacity)} of every bounded table: the routing model's counts (no
+        map walk), the neighbours' map walked (directly connected hosts: small)."""
+        t = self.tables
+        return {"routes": (len(t.routes), C["RLB_MAX_ROUTES"]),
+                "nexthops": (len(t.nh_by_id), C["RLB_MAX_NEXTHOPS"] - 1),       # id 0 is "none"
+                "groups": (len(t.group_by_id), C["RLB_MAX_GROUPS"] - 1),
+                "neighbours": (sum(1 for _ in self.maps["neighbors"].keys()), C["RLB_MAX_NEIGHBORS"]),
+                "ports": (len(self.port_slots()), C["RLB_MAX_PORTS"]),
+                # /64 routes beyond it are answered by the trie: slower, not lost
+                "exact64": (len(t.exact), (1 << C["RLB_EXACT_BITS"]) * C["RLB_EXACT_WAYS"])}
+
     def set_port_silent(self, ifindex: int, silent: bool) -> bool:
         """Whether the neighbour on a port has stopped answering heartbeats (a switch that keeps
         carrier but forwards nothing): a silent port is taken out of forwarding as a carrier loss

@@ -1,7 +1,7 @@
 """Switch metrics, read from the BPF maps at scrape time."""
 from __future__ import annotations
 
-from rlbcommon.metrics import counter, gauge
+from rlbcommon.metrics import counter, gauge, table_fill
 
 from .dataplane import SwitchDataplane
 
@@ -53,6 +53,8 @@ class SwitchCollector:
             policed.add_metric([self.node, name], b["dropped"])
             rate.add_metric([self.node, name], b["rate"])
         yield from (*fams.values(), up, cap, nh_p, nh_b, reasons, routes, policed, rate)
+        yield from table_fill("rlb_switch", [([self.node], t, n, size)
+                                             for t, (n, size) in self.dp.tables_fill().items()], ["node"])
         if self.health is not None:
             yield from self.health.metrics("rlb_switch", self.node)
         if self.heartbeat is not None:

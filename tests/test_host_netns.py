@@ -210,3 +210,7 @@ def test_metrics_on_loopback(lab):
     tx = [line for line in body.splitlines() if line.startswith("rlb_host_path_tx_packets_total")]
     assert len(tx) == 4 and all(float(line.split()[-1]) > 0 for line in tx)
     assert 'rlb_host_packets_total{nic="",node="rlbhn-h1",reason="rewritten"}' in body
+    fill = {line.split('table="')[1].split('"')[0]: float(line.split()[-1]) for line in body.splitlines()
+            if line.startswith("rlb_host_table_entries{")}
+    assert fill["conntrack"] >= 4 and fill["weights"] >= 1 and set(fill) == {"conntrack", "weights", "placements", "verbs"}
+    assert 'rlb_host_table_capacity{nic="",node="rlbhn-h1",table="conntrack"} 65536.0' in body

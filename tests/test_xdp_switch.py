@@ -12,6 +12,7 @@ from rlbcommon import packets as P
 from rlbcommon.testrun import XDP_PASS, XDP_REDIRECT
 from rlbfabric.routes import NextHop, Route
 from rlbswitch.exact import key_of
+from rlbswitch.metrics import SwitchCollector
 
 from .conftest import roce
 
@@ -683,3 +684,20 @@ def test_a_port_removed_and_made_again_gets_the_program_back(fresh):
     assert link.get("xdp", {}).get("prog", {}).get("id") or link.get("xdp")
     m = dp.maps["port_class"]
     assert m.get(m.key_type(new)).value == 1    # a host port still
+
+
+def test_every_bounded_table_reports_its_fill(fresh):
+    """Routes, next hops, groups, neighbours, ports and the exact table: entries against their
+    capacity, as the metrics export them (alert RlbTableNearlyFull past 90 %)."""
+    xdp = fresh
+    nh = lambda k: NextHop.parse(xdp.nh(k))
+    xdp.dp.apply_routes([Route(f"fc00:5:0:{i:x}::/64", "weighted", [nh(0), nh(1 + i % 3)]) for i in range(30)],
+                        merge=True)
+    fill = xdp.dp.tables_fill()
+    assert fill["routes"] == (30, 262144) and fill["exact64"] == (30, 65536 * 4)
+    assert fill["nexthops"][0] == 4 and fill["groups"][0] == 3 and fill["ports"] == (4, 256)
+    assert fill["neighbours"][1] == 16384
+    got = {(m.name, s.labels.get("table")): s.value for m in SwitchCollector(xdp.dp, "t").collect()
+           for s in m.samples if m.name.startswith("rlb_switch_table")}
+    assert got[("rlb_switch_table_entries", "routes")] == 30
+    assert got[("rlb_switch_table_fill_ratio", "groups")] == 3 / 1023
