@@ -27,7 +27,9 @@ BPF_TABLE_PINNED("percpu_array", u32, u32, spray_seq, 1, PIN(spray_seq));
 BPF_XDP_REDIRECT_MAP("devmap:" PIN(tx_ports), int, tx_ports, RLB_MAX_PORTS);
 BPF_TABLE_PINNED("hash", u32, u32, port_class, RLB_MAX_PORTS, PIN(port_class));
 BPF_TABLE_PINNED("array", u32, struct rlb_police_cfg, police_cfg, RLB_P_MAX, PIN(police_cfg));
-BPF_TABLE_PINNED("percpu_array", u32, struct rlb_police_state, police, RLB_P_MAX, PIN(police));
+BPF_TABLE_PINNED("percpu_array", u32, struct rlb_police_state, police_port, RLB_MAX_PORTS * RLB_P_MAX,
+                 PIN(police_port));
+BPF_TABLE_PINNED("lru_hash", struct rlb_in6, u64, neigh_pending, RLB_NEIGH_PENDING, PIN(neigh_pending));
 
 #include "lib/stats.h"
 
@@ -53,13 +55,14 @@ static __always_inline u32 police_bucket(u32 reason, u32 edge)
     }
 }
 
-/* 1: within the bucket's rate (or the bucket does not police); 0: drop. */
-static __always_inline int police_ok(u32 bucket)
+/* 1: within the rate of the bucket of the port at `slot` (or the bucket does not police); 0: drop. */
+static __always_inline int police_ok(u32 bucket, u32 slot)
 {
     struct rlb_police_cfg *c = police_cfg.lookup(&bucket);
     if (!c || !c->interval_ns)
         return 1;
-    struct rlb_police_state *st = police.lookup(&bucket);
+    u32 idx = (slot & (RLB_MAX_PORTS - 1)) * RLB_P_MAX + bucket;
+    struct rlb_police_state *st = police_port.lookup(&idx);
     if (!st)
         return 1;
     u64 now = bpf_ktime_get_ns();
@@ -72,10 +75,10 @@ static __always_inline int police_ok(u32 bucket)
     return 1;
 }
 
-/* Hand the packet to the kernel, within its bucket's rate. */
-static __always_inline int pass_edge(u32 reason, u32 edge)
+/* Hand the packet to the kernel, within its bucket's rate on port `slot`. */
+static __always_inline int pass_at(u32 reason, u32 edge, u32 slot)
 {
-    if (!police_ok(police_bucket(reason, edge)))
+    if (!police_ok(police_bucket(reason, edge), slot))
         return XDP_DROP;
     count(reason);
     return XDP_PASS;
@@ -86,6 +89,7 @@ static __always_inline int pass_edge(u32 reason, u32 edge)
 struct pkt {
     struct rlb_l3 l3;
     u32 edge;          /* came in on a host port (port_class): its punts have buckets of their own */
+    u32 slot;          /* the port it came in on (port_class): whose buckets its punts spend */
     struct rlb_config *cfg;
     u64 now;
     u32 len;
@@ -420,9 +424,9 @@ static __always_inline int forward(struct pkt *pk, u32 slot, struct rlb_port *po
                                    const u8 *dmac, const u8 *smac, u32 nh_id)
 {
     if (port->mtu && pk->len - ETH_HLEN > port->mtu)
-        return pass_edge(RLB_R_PASS_TOO_BIG, pk->edge);
+        return pass_at(RLB_R_PASS_TOO_BIG, pk->edge, pk->slot);
     if (tx_ports.redirect_map(slot, XDP_PASS) != XDP_REDIRECT)
-        return pass_edge(RLB_R_PASS_NO_PORT, pk->edge);    /* the interface went away under us */
+        return pass_at(RLB_R_PASS_NO_PORT, pk->edge, pk->slot);    /* the interface went away under us */
     struct ethhdr *eth = pk->l3.eth;
     __builtin_memcpy(eth->h_dest, dmac, ETH_ALEN);
     __builtin_memcpy(eth->h_source, smac, ETH_ALEN);
@@ -440,19 +444,33 @@ static __always_inline int forward(struct pkt *pk, u32 slot, struct rlb_port *po
     return XDP_REDIRECT;
 }
 
+/* For a neighbour not resolved yet: the kernel resolves it (an NS) and holds the packet. Charged
+ * to the port it leads to; a new address to that port's new-neighbour bucket as well. */
+static __always_inline int neigh_miss(struct pkt *pk, u32 port_slot, struct rlb_in6 *dst)
+{
+    u64 now = bpf_ktime_get_ns();
+    u64 *since = neigh_pending.lookup(dst);
+    if (!since || now - *since > RLB_NEIGH_PENDING_NS) {
+        if (!police_ok(RLB_P_NEIGH_NEW, port_slot))
+            return XDP_DROP;
+        neigh_pending.update(dst, &now);
+    }
+    return pass_at(RLB_R_PASS_NEIGH_MISS, pk->edge, port_slot);
+}
+
 static __always_inline int forward_connected(struct pkt *pk, struct rlb_route *rt)
 {
     struct rlb_in6 dkey;
     __builtin_memcpy(dkey.addr, pk->l3.ip6->daddr.in6_u.u6_addr8, 16);
     struct rlb_neighbor *n = neighbors.lookup(&dkey);
     if (!n || n->ifindex != rt->ifindex)
-        return pass_edge(RLB_R_PASS_NEIGH_MISS, pk->edge);
+        return neigh_miss(pk, rt->port, &dkey);
     u32 slot = rt->port;
     struct rlb_port *port = ports.lookup(&slot);
     if (!port || port->ifindex != rt->ifindex || !rt->ifindex)
-        return pass_edge(RLB_R_PASS_NO_PORT, pk->edge);
+        return pass_at(RLB_R_PASS_NO_PORT, pk->edge, pk->slot);
     if (!port->up)
-        return pass_edge(RLB_R_PASS_NO_NEXTHOP, pk->edge);
+        return pass_at(RLB_R_PASS_NO_NEXTHOP, pk->edge, pk->slot);
     u8 dmac[6], smac[6];
     __builtin_memcpy(dmac, n->dmac, 6);
     __builtin_memcpy(smac, port->mac, 6);
@@ -467,18 +485,22 @@ int rlb_switch(struct xdp_md *ctx)
     pk.len = data_end - data;
     u32 in = ctx->ingress_ifindex;
     u32 *cls = port_class.lookup(&in);
-    pk.edge = cls && *cls == RLB_PORT_EDGE;
+    if (cls) {
+        pk.edge = (*cls & RLB_CLASS_MASK) == RLB_PORT_EDGE;
+        u32 s = *cls >> RLB_CLASS_SLOT_SHIFT;
+        pk.slot = s ? s - 1 : 0;
+    }
 
     /* parse */
     int r = parse_ipv6(data, data_end, &pk.l3);
     if (r == RLB_PARSE_NOT_IPV6)
-        return pass_edge(RLB_R_PASS_NOT_IPV6, pk.edge);  /* IPv4, ARP, VLANs: the kernel's business */
+        return pass_at(RLB_R_PASS_NOT_IPV6, pk.edge, pk.slot);  /* IPv4, ARP, VLANs: the kernel's business */
     if (r != RLB_PARSE_OK)
-        return pass_edge(RLB_R_PASS_MALFORMED, pk.edge);
+        return pass_at(RLB_R_PASS_MALFORMED, pk.edge, pk.slot);
     u32 zero = 0;
     pk.cfg = config.lookup(&zero);
     if (!pk.cfg)
-        return pass_edge(RLB_R_PASS_NO_ROUTE, pk.edge);
+        return pass_at(RLB_R_PASS_NO_ROUTE, pk.edge, pk.slot);
 
     /* punt */
     r = punt(&pk, data_end);
@@ -488,13 +510,13 @@ int rlb_switch(struct xdp_md *ctx)
             if (a >= 0)
                 return a;
         }
-        return pass_edge(r, pk.edge);
+        return pass_at(r, pk.edge, pk.slot);
     }
 
     /* lookup */
     struct rlb_route *rt = lookup(&pk);
     if (!rt)
-        return pass_edge(RLB_R_PASS_NO_ROUTE, pk.edge);
+        return pass_at(RLB_R_PASS_NO_ROUTE, pk.edge, pk.slot);
 
     /* select */
     u32 nh = 0, dlb_group = 0;
@@ -502,7 +524,7 @@ int rlb_switch(struct xdp_md *ctx)
     struct rlb_nexthop *nhp = 0;
     switch (rt->mode) {
     case RLB_MODE_LOCAL:
-        return pass_edge(RLB_R_PASS_LOCAL, pk.edge);
+        return pass_at(RLB_R_PASS_LOCAL, pk.edge, pk.slot);
     case RLB_MODE_CONNECTED:
         return forward_connected(&pk, rt);
     case RLB_MODE_PINNED:
@@ -535,7 +557,7 @@ int rlb_switch(struct xdp_md *ctx)
         }
         break;
     default:
-        return pass_edge(RLB_R_PASS_NO_ROUTE, pk.edge);
+        return pass_at(RLB_R_PASS_NO_ROUTE, pk.edge, pk.slot);
     }
     if (dlb_group) {
         hash_packet(&pk);      /* again after weighted: one path for the verifier */
@@ -543,7 +565,7 @@ int rlb_switch(struct xdp_md *ctx)
         nhp = group_dlb(dlb_group, &pk, &port, &nh);
     }
     if (!nhp || !port)
-        return pass_edge(RLB_R_PASS_NO_NEXTHOP, pk.edge);
+        return pass_at(RLB_R_PASS_NO_NEXTHOP, pk.edge, pk.slot);
 
     /* forward */
     return forward(&pk, nhp->port, port, nhp->dmac, nhp->smac, nh);

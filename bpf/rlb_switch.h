@@ -81,24 +81,40 @@ struct rlb_heartbeat {            /* a heartbeat's UDP payload (network order) *
 };
 
 /* The slow path's policer: every packet handed to the kernel is charged to one bucket by its
- * reason and the class of the port it came in on, so a flood from a host (TTL-1 packets, TCP 179
- * to any address, traffic to unresolved neighbours) is dropped here, in XDP, before it can starve
- * the switch's BGP, BFD and ND with its fabric neighbours, which have a bucket of their own.
- * Per CPU (no atomics): a bucket lets through `rate` packets a second on each CPU, bursts of
+ * reason, the class of the port it came in on and that port itself, so a flood from a host (TTL-1
+ * packets, TCP 179 to any address, traffic to unresolved neighbours) is dropped here, in XDP,
+ * before it can starve the switch's BGP, BFD and ND with its fabric neighbours (buckets of their
+ * own) or the other hosts' control traffic (each port its own budget). A packet for a neighbour
+ * not resolved yet is charged to the port it leads to, not the one it came by: a flood of made-up
+ * addresses in one host's /64 (from anywhere in the fabric) spends that host port's budget. Per CPU
+ * (no atomics): a bucket lets through `rate` packets a second on each CPU and port, bursts of
  * `burst` (GCRA: a theoretical arrival time advanced by 1/rate per packet). */
 enum rlb_police {
     RLB_P_FABRIC_CONTROL = 0, /* BGP, BFD, ND, link-local from fabric ports: protected */
     RLB_P_EDGE_CONTROL,       /* the same kinds from host ports */
     RLB_P_HOP_LIMIT,          /* hop limit expired: the kernel answers Time Exceeded */
-    RLB_P_NEIGH_MISS,         /* to a neighbour not resolved yet: the kernel resolves it */
+    RLB_P_NEIGH_MISS,         /* to a neighbour being resolved: the kernel holds the packet */
     RLB_P_OTHER,              /* everything else the kernel must see */
+    RLB_P_NEIGH_NEW,          /* to an address not being resolved yet: a new neighbour entry */
     RLB_P_MAX,
 };
+
+/* Addresses the kernel was handed a packet for, to resolve, recently (neigh_pending): further
+ * packets to one are charged to its port's miss bucket; a new one costs the kernel a neighbour
+ * entry for the resolution's seconds (3 solicitations 1 s apart), so it is charged to the port's
+ * new-neighbour bucket too. The table is machine-wide in Linux (every namespace's entries count
+ * towards gc_thresh3): made-up addresses must not fill it. */
+#define RLB_NEIGH_PENDING     8192
+#define RLB_NEIGH_PENDING_NS  3000000000ULL
 
 enum rlb_port_class {
     RLB_PORT_FABRIC = 0,      /* towards another switch (the default: no entry) */
     RLB_PORT_EDGE   = 1,      /* towards a host */
 };
+/* port_class values: the class in the low byte, the port's slot + 1 above it (0: not known, an
+ * entry written before slots were: its punts are charged to slot 0's buckets) */
+#define RLB_CLASS_MASK        0xff
+#define RLB_CLASS_SLOT_SHIFT  8
 
 struct rlb_police_cfg {
     u64 interval_ns;          /* 1e9 / rate; 0: this bucket does not police */

@@ -18,6 +18,7 @@ from rlbcommon.runtime import AgentRuntime
 from rlbfabric.base import Fabric
 from rlbfabric.coord import etcdauth, keys
 
+from . import neightable
 from .birdsync import BirdSync
 from .dataplane import DataplaneError, SwitchDataplane
 from .heartbeat import INTERVAL_MS, Heartbeat
@@ -113,6 +114,8 @@ class SwitchAgent:
 
     def start(self):
         o = self.opts
+        if not o.control_only:
+            neightable.size_for(len(self.dp.ports()), self.dp.C["RLB_MAX_NEIGHBORS"])
         if o.fabric is not None:
             self.sync = BirdSync(self.dp, o.fabric, o.node, o.bird_socket or str(o.run_dir / f"{o.node}.ctl"),
                                  o.run_dir, resync_s=o.resync_s, program=not o.control_only,

@@ -333,9 +333,12 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
     for k, v in s["reasons"].items():
         if v:
             typer.echo(f"  {k:<24}{v:>12}")
-    typer.echo("\nslow path policer (per CPU)")
+    typer.echo("\nslow path policer (per CPU and port)")
     for k, b in s.get("police", {}).items():
         typer.echo(f"  {k:<16}{b['rate']:>9}/s burst {b['burst']:<7} dropped {b['dropped']}")
+    for port, drops in s.get("police_by_port", {}).items():
+        if any(drops.values()):
+            typer.echo(f"  dropped on {port}: " + ", ".join(f"{k} {v}" for k, v in drops.items() if v))
     typer.echo("\nagent loops" + ("" if s["agent_loops"] else ": no agent has run here"))
     for line in health.describe(s["agent_loops"]):
         typer.echo(line)

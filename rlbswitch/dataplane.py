@@ -51,8 +51,11 @@ POLICE.pop(C["RLB_P_MAX"], None)
 # Traffic to a neighbour not resolved yet, and what the kernel forwards when no member is
 # usable (a failover's first milliseconds), is legitimate at a flow's start: those buckets take
 # a flow's first burst (a test lost 293 of 400 packets to a new host at burst 100).
+# Per port since each port has buckets of its own. A new neighbour (an address not being resolved)
+# costs the kernel an entry for seconds: 100/s a port (burst 50) leaves at most some 350 a port
+# pending, where a host port has a handful of addresses.
 POLICE_DEFAULTS = {"fabric_control": (20000, 2000), "edge_control": (2000, 200), "hop_limit": (500, 50),
-                   "neigh_miss": (20000, 5000), "other": (10000, 1000)}
+                   "neigh_miss": (20000, 5000), "other": (10000, 1000), "neigh_new": (100, 50)}
 DEFAULT_SPEED_MBPS = 10_000
 
 
@@ -144,21 +147,47 @@ class SwitchDataplane(PinnedState):
         v.tolerance_ns = v.interval_ns * burst
         m.set(ids[bucket], v)
 
-    def police(self) -> dict[str, dict]:
-        """Per bucket: rate and burst per CPU, packets dropped (summed over CPUs)."""
+    def police(self, by_port: dict | None = None) -> dict[str, dict]:
+        """Per bucket: rate and burst per CPU and port, packets dropped (summed over CPUs and
+        ports; `by_port`: a police_by_port() already read)."""
+        by_port = self.police_by_port() if by_port is None else by_port
         out = {}
         for bid, name in POLICE.items():
             c = self.maps["police_cfg"].get(bid)
+            if c is None:                      # a bucket the pinned map predates
+                continue
             rate = 10**9 // c.interval_ns if c.interval_ns else 0
-            dropped = sum(r.dropped for r in self.maps["police"].get_percpu(bid))
             out[name] = {"rate": rate, "burst": c.tolerance_ns // c.interval_ns if c.interval_ns else 0,
-                         "dropped": dropped}
+                         "dropped": sum(d.get(name, 0) for d in by_port.values())}
         return out
 
-    def set_port_class(self, ifindex: int, edge: bool):
-        """A host port's punts are policed apart from the fabric's own control traffic."""
+    def police_by_port(self) -> dict[str, dict[str, int]]:
+        """{port: {bucket: packets dropped}} of the registered ports (summed over CPUs)."""
+        m, n = self.maps["police_port"], C["RLB_P_MAX"]
+        out = {}
+        for ifindex, (slot, _) in self.port_slots().items():
+            out[self.ifname(ifindex)] = {name: sum(r.dropped for r in m.get_percpu(slot * n + bid))
+                                         for bid, name in POLICE.items()}
+        return out
+
+    def set_port_class(self, ifindex: int, edge: bool | None, slot: int | None = None):
+        """A host port's punts are policed apart from the fabric's own control traffic (edge None:
+        the class it has); the entry also names the port's slot, whose buckets its punts spend."""
         m = self.maps["port_class"]
-        m.set(m.key_type(ifindex), m.leaf_type(C["RLB_PORT_EDGE"] if edge else C["RLB_PORT_FABRIC"]))
+        key = m.key_type(ifindex)
+        if edge is None:
+            old = m.get(key)
+            cls = (old.value & C["RLB_CLASS_MASK"]) if old is not None else C["RLB_PORT_FABRIC"]
+        else:
+            cls = C["RLB_PORT_EDGE"] if edge else C["RLB_PORT_FABRIC"]
+        if slot is None:
+            found = self.port_slot(ifindex)
+            slot = found[0] if found is not None else -1
+        m.set(key, m.leaf_type(cls | (slot + 1) << C["RLB_CLASS_SLOT_SHIFT"]))
+
+    def port_is_edge(self, ifindex: int) -> bool:
+        v = self.maps["port_class"].get(ifindex)
+        return v is not None and (v.value & C["RLB_CLASS_MASK"]) == C["RLB_PORT_EDGE"]
 
     def close(self):
         super().close()
@@ -241,8 +270,7 @@ class SwitchDataplane(PinnedState):
         if generic:
             log.warning("%s: generic (skb) XDP: correct but slow; use a driver with native XDP", ifname)
         self.register_port(ifindex, speed_mbps)
-        if edge is not None:
-            self.set_port_class(ifindex, edge)
+        self.set_port_class(ifindex, edge)
         log.info("attached to %s (ifindex %d, %s%s)", ifname, ifindex, "generic" if generic else "native",
                  ", a host port" if edge else "")
 
@@ -287,6 +315,7 @@ class SwitchDataplane(PinnedState):
                 port.speed_mbps = speed
             self.maps["tx_ports"].set(slot, self.maps["tx_ports"].leaf_type(ifindex))
             ports.set(slot, port)
+            self.set_port_class(ifindex, None, slot)    # its punts spend this slot's buckets
             if ifindex not in slots:
                 self.tables.port_moved(ifindex, slot)   # next hops made before it was (re)attached
 
@@ -566,6 +595,8 @@ class SwitchDataplane(PinnedState):
         for rid, name in REASONS.items():
             if name == "max":
                 continue
-            reasons[name] = sum(r.value for r in self.maps["reasons"].get_percpu(rid))
+            reasons[name] = sum(r.value for r in self.maps["reasons"].get_percpu(rid))   # [] past a pinned map's end
         reasons["forwarded"] = sum(p["tx_packets"] for p in ports)   # counted once, per port
-        return {"ports": ports, "nexthops": nexthops, "reasons": reasons, "police": self.police()}
+        by_port = self.police_by_port()
+        return {"ports": ports, "nexthops": nexthops, "reasons": reasons, "police": self.police(by_port),
+                "police_by_port": by_port}

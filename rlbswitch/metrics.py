@@ -52,7 +52,13 @@ class SwitchCollector:
         for name, b in s.get("police", {}).items():
             policed.add_metric([self.node, name], b["dropped"])
             rate.add_metric([self.node, name], b["rate"])
-        yield from (*fams.values(), up, cap, nh_p, nh_b, reasons, routes, policed, rate)
+        by_port = counter("rlb_switch_port_punts_dropped", "packets for the kernel dropped by the policer, "
+                          "per port and bucket (a port's flood spends its own buckets)", ["node", "interface", "bucket"])
+        for port, drops in s.get("police_by_port", {}).items():
+            for name, n in drops.items():
+                if n:
+                    by_port.add_metric([self.node, port, name], n)
+        yield from (*fams.values(), up, cap, nh_p, nh_b, reasons, routes, policed, rate, by_port)
         yield from table_fill("rlb_switch", [([self.node], t, n, size)
                                              for t, (n, size) in self.dp.tables_fill().items()], ["node"])
         if self.health is not None:

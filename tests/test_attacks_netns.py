@@ -227,3 +227,104 @@ def _police(lab, node: str) -> dict:
         return dp.police()
     finally:
         dp.close()
+
+
+# ---- made-up addresses in a host's /64 ---------------------------------------------------------
+NEIGH_FLOOD_SRC = rb"""
+#include <uapi/linux/bpf.h>
+struct tmpl { u8 b[96]; };
+BPF_ARRAY(flood_tmpl, struct tmpl, 1);
+BPF_PERCPU_ARRAY(flood_n, u32, 1);
+/* live frames to made-up addresses: the destination's low 32 bits count up */
+int xdp_neigh_flood(struct xdp_md *ctx)
+{
+    void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+    u32 zero = 0;
+    struct tmpl *t = flood_tmpl.lookup(&zero);
+    u32 *n = flood_n.lookup(&zero);
+    if (!t || !n || data + 96 > end)
+        return XDP_ABORTED;
+    __builtin_memcpy(data, t->b, 96);
+    u32 v = ++*n;
+    __builtin_memcpy(data + 50, &v, 4);
+    return XDP_TX;
+}
+"""
+
+
+def neighbours_on(lab, node: str, dev: str) -> int:
+    out = subprocess.run(["ip", "-n", lab.ns(node), "-6", "neigh", "show", "dev", dev],
+                         capture_output=True, text=True).stdout
+    return len(out.splitlines())
+
+
+@pytest.mark.parametrize("policer", ["off", "on"])
+def test_hold_made_up_addresses_in_a_hosts_prefix_do_not_fill_the_neighbour_table(lab, policer):
+    """h2 sends to made-up addresses in h3's /64 as fast as the kernel makes frames: each asks l2's
+    kernel for a neighbour entry (an NS, seconds pending), and Linux's table is one for the
+    machine. Meanwhile l2 forgets h3 (its entries flushed) and h1 sends to h3. With the policer
+    off the table fills and h3 cannot be resolved again: h1's packets die. With it on, new
+    addresses are charged to h3's port's new-neighbour bucket (100/s): the table keeps room,
+    h3 is resolved at once and h1's packets arrive."""
+    import ctypes as ct
+    import threading
+    from bcc import BPF
+    from rlbcommon import packets as P
+    from rlbcommon.testrun import live_frames
+    from rlblab import topo
+    from rlbswitch.dataplane import POLICE_DEFAULTS, SwitchDataplane
+    src, victim = lab.host_addresses("h2")[1], lab.host_addresses("h3")[1]
+    made_up = str(ipaddress.IPv6Network(f"{victim}/64", strict=False).network_address + (0xABCD << 32))
+    dmac, smac = topo.mac(lab.ns("l2"), "eth-h2"), topo.mac(lab.ns("h2"), "eth0")
+    frame = P.roce_frame(src, made_up, 50000, 7, dmac=dmac, smac=smac, payload_len=0)[:96].ljust(96, b"\0")
+    bpf = BPF(text=NEIGH_FLOOD_SRC)
+    fn = bpf.load_func(b"xdp_neigh_flood", BPF.XDP)
+    t = bpf[b"flood_tmpl"].Leaf()
+    ct.memmove(ct.addressof(t.b), frame, 96)
+    bpf[b"flood_tmpl"][ct.c_int(0)] = t
+    with netns.inside(lab.ns("h2")):
+        ifindex = socket.if_nametoindex("eth0")
+    dp = SwitchDataplane(lab.ns("l2"))
+    if policer == "off":
+        for bucket in ("neigh_new", "neigh_miss"):
+            dp.set_police(bucket, 0, 1)
+    drops0 = dp.police()["neigh_new"]["dropped"]
+    stop, sent, most = threading.Event(), [0], [0]
+
+    def flood():
+        with netns.inside(lab.ns("h2")):
+            while not stop.is_set():
+                live_frames(fn.fd, frame, 100_000, ifindex)
+                sent[0] += 100_000
+
+    def watch():
+        while not stop.is_set():
+            most[0] = max(most[0], neighbours_on(lab, "l2", "eth-h3"))
+            time.sleep(0.2)
+
+    threads = [threading.Thread(target=flood, daemon=True), threading.Thread(target=watch, daemon=True)]
+    t0 = time.time()
+    for th in threads:
+        th.start()
+    try:
+        time.sleep(1.5)
+        subprocess.run(["ip", "-n", lab.ns("l2"), "-6", "neigh", "flush", "dev", "eth-h3"], check=True)
+        got = h1_to_h3_during(lab, 500, 1000, lambda: None, seed=9, lead_s=0.2)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join()
+        bpf.cleanup()
+        for bucket in ("neigh_new", "neigh_miss"):
+            dp.set_police(bucket, *POLICE_DEFAULTS[bucket])
+        drops = dp.police()["neigh_new"]["dropped"] - drops0
+        dp.close()
+    elapsed = time.time() - t0
+    print(f"\npolicer {policer}: {sent[0]} made-up frames in {elapsed:.1f} s; l2's neighbours on eth-h3 "
+          f"at most {most[0]}; h1 -> h3 {got[1]}/{got[0]}; new-neighbour drops {drops}")
+    limit = int(open("/proc/sys/net/ipv6/neigh/default/gc_thresh3").read())   # the machine's table
+    if policer == "on":                 # (burst 50 + 100/s x 3 s pending) a CPU, of 2
+        assert got[1] >= 0.98 * got[0] and most[0] <= 700 and drops > 0
+    else:                               # the attack is real: the table fills, h3 is lost
+        assert got[1] < 0.5 * got[0] and most[0] > 0.85 * limit, (limit, most)
+    time.sleep(4)                       # the made-up entries fail and go before the next test
