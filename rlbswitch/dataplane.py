@@ -52,10 +52,10 @@ POLICE.pop(C["RLB_P_MAX"], None)
 # usable (a failover's first milliseconds), is legitimate at a flow's start: those buckets take
 # a flow's first burst (a test lost 293 of 400 packets to a new host at burst 100).
 # Per port since each port has buckets of its own. A new neighbour (an address not being resolved)
-# costs the kernel an entry for seconds: 100/s a port (burst 50) leaves at most some 350 a port
-# pending, where a host port has a handful of addresses.
+# costs the kernel an entry for seconds (pending 3 s, then failed until collected): 50/s a port
+# and CPU (burst 20) keeps a flood to a few hundred entries, where a host port has a handful.
 POLICE_DEFAULTS = {"fabric_control": (20000, 2000), "edge_control": (2000, 200), "hop_limit": (500, 50),
-                   "neigh_miss": (20000, 5000), "other": (10000, 1000), "neigh_new": (100, 50)}
+                   "neigh_miss": (20000, 5000), "other": (10000, 1000), "neigh_new": (50, 20)}
 DEFAULT_SPEED_MBPS = 10_000
 
 
