@@ -192,6 +192,17 @@ static __always_inline int heartbeat_answer(struct pkt *pk, void *data_end)
     return XDP_TX;
 }
 
+/* BGP (TCP 179 either way) to a link-local address from further than one hop, with GTSM on. */
+static __always_inline int gtsm_refuses(struct pkt *pk, void *data_end)
+{
+    if (!(pk->cfg->flags & RLB_CFG_GTSM) || pk->l3.proto != IPPROTO_TCP || pk->l3.ip6->hop_limit == 255)
+        return 0;
+    struct tcphdr *th = pk->l3.l4;
+    if ((void *)(th + 1) > data_end)
+        return 0;
+    return th->source == htons(179) || th->dest == htons(179);
+}
+
 /* ---- lookup: the exact /64 first, the trie for everything else ------------------------- */
 static __always_inline struct rlb_route *lookup(struct pkt *pk)
 {
@@ -505,10 +516,16 @@ int rlb_switch(struct xdp_md *ctx)
     /* punt */
     r = punt(&pk, data_end);
     if (r >= 0) {
-        if (r == RLB_R_PASS_LINK_LOCAL && !pk.edge) {
-            int a = heartbeat_answer(&pk, data_end);
-            if (a >= 0)
-                return a;
+        if (r == RLB_R_PASS_LINK_LOCAL) {
+            if (!pk.edge) {
+                int a = heartbeat_answer(&pk, data_end);
+                if (a >= 0)
+                    return a;
+            }
+            if (gtsm_refuses(&pk, data_end)) {
+                count(RLB_R_DROP_GTSM);
+                return XDP_DROP;
+            }
         }
         return pass_at(r, pk.edge, pk.slot);
     }

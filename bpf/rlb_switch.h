@@ -58,6 +58,7 @@ enum rlb_reason {
     RLB_R_EV_DLB_COLLISION,   /* flowlet set full of live flows: placed without an entry */
     RLB_R_EV_SPRAY_FALLBACK,  /* spray slot's member down: per-packet DLB among live members */
     RLB_R_EV_HEARTBEAT,       /* a neighbouring switch's heartbeat answered (XDP_TX) */
+    RLB_R_DROP_GTSM,          /* BGP to a link-local address below hop limit 255 (RLB_CFG_GTSM) */
     RLB_R_MAX,
 };
 
@@ -252,7 +253,13 @@ struct rlb_config {
     u32 hash_seed;
     u32 roce_port;            /* UDP port whose BTH dest QP enters the hash, default 4791 */
     u32 default_band_bytes;   /* used when a port has none */
-    u32 flags;
+    u32 flags;                /* RLB_CFG_* */
 };
+
+/* GTSM (RFC 5082) in the data plane: BGP to a link-local address arrives only at hop limit 255.
+ * bird sets the minimum hop count on a passive session's socket after accepting it, and a
+ * peer's first segments queued before that were read (tested: an OPEN at hop limit 254 reached
+ * bird); here no such packet reaches the kernel. Set from the fabric's ttl_security. */
+#define RLB_CFG_GTSM  1
 
 #endif

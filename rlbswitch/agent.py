@@ -116,6 +116,8 @@ class SwitchAgent:
         o = self.opts
         if not o.control_only:
             neightable.size_for(len(self.dp.ports()), self.dp.C["RLB_MAX_NEIGHBORS"])
+            if o.fabric is not None:
+                self.dp.set_gtsm(o.fabric.bgp.ttl_security)
         if o.fabric is not None:
             self.sync = BirdSync(self.dp, o.fabric, o.node, o.bird_socket or str(o.run_dir / f"{o.node}.ctl"),
                                  o.run_dir, resync_s=o.resync_s, program=not o.control_only,

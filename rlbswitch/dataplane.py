@@ -225,6 +225,14 @@ class SwitchDataplane(PinnedState):
                 checked_set(cfg, k, v, DataplaneError)
             self.maps["config"].set(0, cfg)
 
+    def set_gtsm(self, on: bool):
+        """BGP to a link-local address only at hop limit 255, dropped in XDP otherwise (the
+        fabric's ttl_security; bird alone lets a passive session's first segments through)."""
+        with self.locked():
+            cfg = self.maps["config"].get(0)
+            cfg.flags = (cfg.flags | C["RLB_CFG_GTSM"]) if on else (cfg.flags & ~C["RLB_CFG_GTSM"])
+            self.maps["config"].set(0, cfg)
+
     # ---- ports ----------------------------------------------------------------------
     def ifname(self, ifindex: int) -> str:
         """Interface name, remembered per index: a route listing or a scrape asks for the same

@@ -342,3 +342,76 @@ def test_hold_made_up_addresses_in_a_hosts_prefix_do_not_fill_the_neighbour_tabl
         assert got[1] >= 0.98 * got[0] and most[0] < 0.6 * limit and drops > 0, (limit, most)
     else:                               # the attack is real: the table fills, h3 is lost
         assert got[1] < 0.5 * got[0] and most[0] > 0.85 * limit, (limit, most)
+
+
+# ---- GTSM against a real listener ---------------------------------------------------------------
+GTSM_SRC = "fe80::6a75:2"
+
+
+def _bgp_answers(lab, hops: int) -> list | None:
+    """From a second link-local address of l2 on its s1 link: a TCP connection to s1's bird (port
+    179), signed with the lab's MD5 password, sent with hop limit `hops`, and a BGP OPEN on it.
+    Returns the types of the BGP messages bird sent back within 3 s (1 OPEN, (3, code, subcode)
+    NOTIFICATION, 4 KEEPALIVE), None without a handshake."""
+    import struct
+    from rlblab import topo
+    peer = topo.link_local(lab.ns("s1"), "eth-l2")
+    key = lab.fabric.bgp.password.encode()
+    with netns.inside(lab.ns("l2")):
+        ifindex = socket.if_nametoindex("eth-s1")
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS, hops)
+            addr = struct.pack("=H", socket.AF_INET6) + struct.pack("!HI", 179, 0) + \
+                socket.inet_pton(socket.AF_INET6, peer) + struct.pack("=I", ifindex)
+            md5 = addr.ljust(128, b"\0") + struct.pack("=BBHi", 0, 0, len(key), 0) + key.ljust(80, b"\0")
+            s.setsockopt(socket.IPPROTO_TCP, 14, md5)          # TCP_MD5SIG
+            s.bind((GTSM_SRC, 0, 0, ifindex))
+            s.settimeout(3.0)
+            try:
+                s.connect((peer, 179, 0, ifindex))
+            except OSError:
+                return None                                     # no handshake at all
+            asn = lab.fabric.node("l2").asn
+            s.sendall(b"\xff" * 16 + struct.pack("!HBBHH4sB", 29, 1, 4, asn, 9, bytes([10, 255, 0, 99]), 0))
+            got, deadline = b"", time.time() + 3.0
+            while time.time() < deadline:
+                try:
+                    chunk = s.recv(4096)
+                except (socket.timeout, ConnectionResetError):    # bird closes after a NOTIFICATION
+                    break
+                if not chunk:
+                    break
+                got += chunk
+        finally:
+            s.close()
+    types = []
+    while len(got) >= 19:
+        length, kind = struct.unpack("!HB", got[16:19])
+        types.append(kind if kind != 3 else (3, got[19], got[20]))   # a NOTIFICATION's error code, subcode
+        got = got[length:]
+    return types
+
+
+def test_gtsm_refuses_a_bgp_peer_further_than_one_hop(lab):
+    """Sessions run with TTL security (GTSM, RFC 5082). bird alone sets the minimum hop count on
+    a passive session's socket after accepting it, so a peer's OPEN at hop limit 254 was read
+    (and answered "capability missing"); the switch's XDP now drops BGP to a link-local address
+    below 255: no handshake at all at 254, counted; at 255 bird reads the OPEN and answers."""
+    subprocess.run(["ip", "-n", lab.ns("l2"), "addr", "add", f"{GTSM_SRC}/64", "dev", "eth-s1", "nodad"],
+                   check=True)
+    gtsm = lambda: sum(v for k, v in metric(lab, "s1", "rlb_switch_packets_total").items()
+                       if 'reason="drop_gtsm"' in k)
+    before = gtsm()
+    try:
+        far, near = _bgp_answers(lab, 254), _bgp_answers(lab, 255)
+    finally:
+        subprocess.run(["ip", "-n", lab.ns("l2"), "addr", "del", f"{GTSM_SRC}/64", "dev", "eth-s1"])
+        for name in re.findall(r"^(l2_\d+)\s", birdc(lab, "s1", "show", "protocols"), re.M):
+            if GTSM_SRC in birdc(lab, "s1", "show", "protocols", "all", name):
+                birdc(lab, "s1", "disable", name)      # the session our test peer spawned, and its BFD
+    after = gtsm()
+    print(f"\nbird's answers at hop limit 254: {far}, at 255: {near}; dropped by GTSM {after - before}")
+    assert far is None and after > before
+    assert near and (3, 2, 7) in near                       # bird read our OPEN: capability missing
+    wait_bfd_up(lab, "s1", 3)

@@ -84,3 +84,19 @@ def test_rate_zero_turns_a_bucket_off_and_bad_settings_are_refused(policed):
         policed.dp.set_police("bgp", 10, 1)
     with pytest.raises(DataplaneError, match="burst"):
         policed.dp.set_police("other", 10, 0)
+
+
+@pytest.mark.parametrize("gtsm, hops, want", [(True, 254, XDP_DROP), (True, 255, XDP_PASS),
+                                              (False, 254, XDP_PASS), (True, 64, XDP_DROP)])
+def test_gtsm_drops_bgp_to_a_link_local_address_from_further_than_one_hop(fresh, gtsm, hops, want):
+    from rlbcommon import packets as P
+    fresh.dp.set_gtsm(gtsm)
+    try:
+        tcp = bytearray(20)
+        tcp[0:2], tcp[2:4], tcp[12], tcp[13] = (40000).to_bytes(2, "big"), (179).to_bytes(2, "big"), 0x50, 0x02
+        frame = P.ipv6_frame("fe80::2", "fe80::1", 6, bytes(tcp), hop_limit=hops)
+        before = fresh.reasons().get("drop_gtsm", 0)
+        assert from_port(fresh, 0, frame) == want
+        assert fresh.reasons().get("drop_gtsm", 0) - before == (want == XDP_DROP)
+    finally:
+        fresh.dp.set_gtsm(False)
