@@ -3,7 +3,8 @@
 `units` renders the systemd units an operator installs on a switch, a GPU host or the coordinator;
 `net` is the boot-time link setup those units run; `prometheus` the scrape configuration of every
 agent of the fabric; `etcd-tls` the etcd certificates and `etcd-users` the etcd identities of
-every machine (docs/operations.md walks through them)."""
+every machine; `host-keys` the keys each pair of machines shares (docs/operations.md walks through
+them)."""
 from __future__ import annotations
 
 import re
@@ -16,6 +17,7 @@ from rlbcommon import cli as common
 from rlbcommon.etcd import EtcdError
 from rlbfabric.scrape import fabric_scrape_config, read_addresses
 
+from . import hostkeys
 from .coord import etcdauth, etcdtls
 from .coord.shards import Shard
 
@@ -198,6 +200,28 @@ def etcd_tls(
         raise typer.BadParameter(str(e), param_hint="--server") from None
     typer.echo(f"{len(written)} files issued in {out} (CA {etcdtls.ca_file(out)}); "
                f"etcd: {' '.join(map(str, etcdtls.server_files(out)))}")
+
+
+@app.command("host-keys")
+def host_keys(
+    fabric: Path = typer.Option(..., help=FABRIC_HELP),
+    master: Path = typer.Option(..., help="The master key: 32 or more hex digits, mode 600, kept on this "
+                                "machine only (make one: umask 077; openssl rand -hex 32 > master.key)."),
+    out: Path = typer.Option(Path("/etc/rlb/host-keys"), "-o", "--out", help="Directory for one "
+                             "<machine>.key per host or server (0700; files 0600)."),
+):
+    """Give every pair of machines a key of its own, for the verbs agents' messages.
+
+    Each machine's file holds the keys it shares with every other one, so a host whose file
+    leaks can be impersonated, but no other: its messages are checked with the key of its pair
+    alone. Install each <machine>.key as that machine's --fabric-key file (it may keep a
+    fabric-wide key line while the rollout is in progress; remove it everywhere afterwards). Run
+    again when the fabric grows: the same master gives the same keys.
+
+    Example: rlbfabric host-keys --fabric /etc/rlb/fabric.toml --master /root/rlb-master.key -o /root/rlb-host-keys
+    """
+    written = hostkeys.write(load(fabric), master, out)
+    typer.echo(f"{len(written)} key files in {out}: copy each to its machine as /etc/rlb/probe-key (mode 600)")
 
 
 def main():

@@ -102,7 +102,7 @@ def fabric_keys(path: Path | None, without: str) -> KeyFile:
         keys = KeyFile(path)
     except ProbeKeyError as e:
         raise HostError(str(e)) from None
-    if path is not None and not keys.keys:
+    if path is not None and not keys.keys and not keys.pairs:
         log.warning("no keys at %s: %s", path, without)
     return keys
 

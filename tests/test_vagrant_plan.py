@@ -594,7 +594,7 @@ def test_the_lab_key_is_the_same_on_every_vm_of_a_fabric_and_readable_by_root_on
     write_lab_key(fab, tmp_path / "b")
     fab.write_text(fab.read_text() + "\n# another fabric\n")
     write_lab_key(fab, tmp_path / "c")
-    a, b, c = (read_keys(tmp_path / n) for n in "abc")
+    a, b, c = (read_keys(tmp_path / n)[0] for n in "abc")
     assert len(a) == 1 and len(a[0]) == 16 and a == b != c
     assert (tmp_path / "a").stat().st_mode & 0o777 == 0o600
 

@@ -40,11 +40,11 @@ class VLab:
     sysfs: dict[int, Path]
     gid: dict[int, dict[int, int]]          # host -> {path: RoCE v2 GID index}
     tmp: Path
-    key: Path                               # the fabric's keys: the agents seal what they say
+    keys: dict[int, Path]                   # each host's key file: the agents seal what they say
     agent_args: tuple[str, ...] = ()
 
     def start(self, host: int):
-        self.lab.start_agent(host, "--fabric-key", str(self.key), *self.agent_args,
+        self.lab.start_agent(host, "--fabric-key", str(self.keys[host]), *self.agent_args,
                              env={"RLB_SYSFS_INFINIBAND": str(self.sysfs[host])})
 
     def rows(self, host: int) -> list[dict]:
@@ -52,6 +52,11 @@ class VLab:
 
     def status(self, host: int) -> dict:
         return json.loads(self.lab.cli(host, "verbs", "status", "--json"))["service"]
+
+
+def write_keys(path: Path, text: str):
+    path.write_text(text)
+    path.chmod(0o600)
 
 
 def verbs_lab(tmp_path_factory, name: str, *agent_args: str):
@@ -63,10 +68,10 @@ def verbs_lab(tmp_path_factory, name: str, *agent_args: str):
         lab.up()
         sysfs = {k: tmp / f"sys-h{k}" for k in (1, 2)}
         gid = {k: fake_sysfs(sysfs[k], lab.addresses(k)) for k in (1, 2)}
-        key = tmp / "fabric-key"
-        key.write_text(KEY.hex() + "\n")
-        key.chmod(0o600)
-        vl = VLab(lab, built, sysfs, gid, tmp, key, agent_args)
+        keys = {k: tmp / f"fabric-key-h{k}" for k in (1, 2)}
+        for key in keys.values():
+            write_keys(key, KEY.hex() + "\n")
+        vl = VLab(lab, built, sysfs, gid, tmp, keys, agent_args)
         for k in (1, 2):
             vl.start(k)
         yield vl
@@ -416,6 +421,60 @@ def test_verbs_peer_messages_without_the_fabrics_key_or_replayed_are_refused(v):
         assert split(agreed(a, b)) == {1: 1, 2: 1, 3: 1, 4: 1}
     finally:
         a.close(), b.close()
+    wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
+
+
+def test_hold_a_host_with_keys_per_pair_can_speak_only_as_itself(v):
+    """Each pair of hosts shares a key of its own (rlbfabric host-keys): h1 and h2 share K12, and
+    h2 shares K23 with a third host h3. From h1's base address (so the source check passes), a
+    message sealed with K23 (what h3, or whoever has h3's file, holds) or with the fabric-wide key
+    h2 no longer has is refused by h2 and counted; one sealed with K12 is taken; the pairs agreed
+    meanwhile are sealed with K12 and agree."""
+    import ipaddress as ip
+    import socket as so
+    from rlbcommon import netns
+    from rlbhost.verbs import protocol as P
+    from rlbhost.verbs.peerauth import seal
+    k12, k23 = bytes([0x12] * 16), bytes([0x23] * 16)
+    net = lambda host: ip.IPv6Network(f"{v.lab.base(host)}/48", strict=False)
+    logs = {k: v.lab.work / f"agent-h{k}.log" for k in (1, 2)}
+
+    def reread(what: str):
+        at = {k: p.stat().st_size for k, p in logs.items()}
+        return lambda: all(what in p.read_text()[at[k]:] for k, p in logs.items())
+
+    before = v.status(2)["counters"]
+    done = reread("0 fabric-wide")
+    write_keys(v.keys[1], f"{net(2)} {k12.hex()}\n")
+    write_keys(v.keys[2], f"{net(1)} {k12.hex()}\nfd33:3:3::/48 {k23.hex()}\n")
+    try:
+        wait_for("both reread", done, timeout=10)
+        used = [P.PeerMsg("USED", a_base=v.lab.base(1), a_qpn=0x979 - i, b_base=v.lab.base(2), b_qpn=0x978 - i,
+                          path=1).encode() for i in range(3)]
+        with netns.inside(v.lab.h[1]):
+            s = so.socket(so.AF_INET6, so.SOCK_DGRAM)
+            s.bind((v.lab.base(1), 0))
+        try:
+            now = int(time.time() * 1000)
+            for data in (seal(used[0], k23, now), seal(used[1], KEY, now), seal(used[2], k12, now)):
+                s.sendto(data, (v.lab.base(2), VERBS_PORT))
+        finally:
+            s.close()
+        seen = []
+        wait_for("counted", lambda: seen.append(v.status(2)["counters"]) or
+                 seen[-1]["peer_questions"] >= before["peer_questions"] + 1)
+        assert seen[-1]["unauthenticated"] == before["unauthenticated"] + 2, (before, seen[-1])
+        assert seen[-1]["peer_questions"] == before["peer_questions"] + 1
+        a, b = pair(v, 4, first=1)           # agreement goes on under the pair's key
+        try:
+            assert split(agreed(a, b)) == {1: 1, 2: 1, 3: 1, 4: 1}
+        finally:
+            a.close(), b.close()
+    finally:
+        done = reread("1 fabric-wide, 0 shared")
+        for k in (1, 2):
+            write_keys(v.keys[k], KEY.hex() + "\n")
+        wait_for("both back on the fabric's key", done, timeout=10)
     wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
 
 

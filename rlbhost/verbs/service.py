@@ -1110,9 +1110,9 @@ class VerbsService:
         """The round's messages, as few datagrams as fit them (one seal, one send, one receive
         at the peer for many messages: under a burst that is most of the work saved)."""
         outbox, self.outbox = self.outbox, {}
-        key = self.keys.keys[0] if self.keys.keys else None
         for (peer, src), messages in outbox.items():
             self.counters["messages_sent"] += len(messages)
+            key = self.keys.to_seal(peer)            # the key shared with that peer, else the fabric's
             for body in P.pack_peer(messages, P.DATAGRAM_MAX - SEAL_MAX):
                 data = seal(body, key) if key else body
                 try:
@@ -1176,8 +1176,12 @@ class VerbsService:
                     sec, nsec = struct.unpack("qq", cdata[:16])
                     arrived = sec * 1_000_000_000 + nsec
             try:
-                # aged at arrival (the kernel's stamp), not after waiting in this socket
-                data = self.unsealer.open(data, self.keys.keys, arrived // 1_000_000)
+                # only the keys shared with the sender (a host that leaked its file speaks only
+                # as itself); aged at arrival (the kernel's stamp), not after waiting in this socket
+                keys = self.keys.to_check(src[0])
+                if keys is None:
+                    raise P.BadMessage("no key is shared with this sender")
+                data = self.unsealer.open(data, keys, arrived // 1_000_000)
             except P.BadMessage as e:
                 self.counters["unauthenticated"] += 1
                 log.debug("verbs: refused a message from %s: %s", src[0], e)
@@ -1351,7 +1355,8 @@ class VerbsService:
     def _reread_keys(self):
         try:
             if self.keys.refresh():
-                log.info("verbs: the fabric's keys reread from %s: %d key(s)", self.keys.path, len(self.keys.keys))
+                log.info("verbs: the fabric's keys reread from %s: %d fabric-wide, %d shared with a host",
+                         self.keys.path, len(self.keys.keys), len(self.keys.pairs))
         except ValueError as e:              # a half-edited file: the keys read before stay
             log.warning("verbs: %s (the keys read before stay in use)", e)
         self.counters["key_file_bad"] = int(self.keys.bad)
