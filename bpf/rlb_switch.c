@@ -156,8 +156,8 @@ static __always_inline int punt(struct pkt *pk, void *data_end)
 
 /* ---- heartbeat: a neighbouring switch asks whether this data plane runs ------------------ */
 /* The ask goes back out of the port it came in by as an answer: MACs, addresses and UDP ports
- * swapped (fields of one size at even offsets: the checksum stays), the kind changed (the
- * checksum updated for that one word, RFC 1624). Called only for link-local packets from fabric
+ * swapped (fields of one size at even offsets: the checksum stays), the kind changed (a
+ * checksum, if the ask carried one, updated for that one word, RFC 1624). Called only for link-local packets from fabric
  * ports, which are punted anyway: forwarded packets never pay for it. -1: not an ask. */
 static __always_inline int heartbeat_answer(struct pkt *pk, void *data_end)
 {
@@ -166,7 +166,7 @@ static __always_inline int heartbeat_answer(struct pkt *pk, void *data_end)
     struct udphdr *uh = pk->l3.l4;
     struct rlb_heartbeat *hb = (void *)(uh + 1);
     if ((void *)(hb + 1) > data_end || uh->dest != htons(RLB_HEARTBEAT_PORT) ||
-        hb->magic != htonl(RLB_HEARTBEAT_MAGIC) || hb->kind != RLB_HEARTBEAT_ASK || !uh->check ||
+        hb->magic != htonl(RLB_HEARTBEAT_MAGIC) || hb->kind != RLB_HEARTBEAT_ASK ||
         pk->l3.ip6->hop_limit != 255)   /* from one hop away only (GTSM) */
         return -1;
     struct ipv6hdr *ip6 = pk->l3.ip6;
@@ -183,10 +183,13 @@ static __always_inline int heartbeat_answer(struct pkt *pk, void *data_end)
     uh->dest = sport;
     u16 *word = (u16 *)&hb->kind, old = *word;
     hb->kind = RLB_HEARTBEAT_ANSWER;
-    u32 sum = (u16)~uh->check + (u16)~old + *word;
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    uh->check = (u16)~sum ? (u16)~sum : 0xffff;   /* a computed zero goes as 0xffff (RFC 8200) */
+    if (uh->check) {   /* the prober sends none (RFC 6936): a checksum left partial by a NIC's
+                        * offload would be wrong here; one that came complete is kept right */
+        u32 sum = (u16)~uh->check + (u16)~old + *word;
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        uh->check = (u16)~sum ? (u16)~sum : 0xffff;   /* a computed zero goes as 0xffff (RFC 8200) */
+    }
     ip6->hop_limit = 255;                          /* one hop only: the prober checks it (GTSM) */
     count(RLB_R_EV_HEARTBEAT);
     return XDP_TX;

@@ -136,8 +136,10 @@ class SwitchAgent:
                 reporter.start()
             except ValueError as e:
                 raise DataplaneError(str(e)) from None
-        fabric_ports = switch_facing_ports(self.dp, o.fabric, o.node) if o.fabric is not None else []
-        if not o.control_only and o.heartbeat_ms and fabric_ports:
+        # control only: no data plane to take a port out of, nor to answer the neighbours'
+        fabric_ports = (switch_facing_ports(self.dp, o.fabric, o.node)
+                        if o.fabric is not None and not o.control_only and o.heartbeat_ms else [])
+        if fabric_ports:
             self.heartbeat = Heartbeat(self.dp, fabric_ports, o.run_dir / f"{o.node}-heartbeat.json",
                                        o.heartbeat_ms, changed=reporter.changed.set if reporter else None)
             self.runtime.every("heartbeat", o.heartbeat_ms / 1000, self.heartbeat.round)

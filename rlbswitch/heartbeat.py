@@ -46,6 +46,7 @@ MISS = 5                                  # asks in a row unanswered: silent (0.
 BACK = 3                                  # answers in a row: alive again
 FIND_EVERY = 10                           # rounds between looks for an unknown or silent neighbour
 SO_TIMESTAMPNS = SCM_TIMESTAMPNS = 35     # <asm-generic/socket.h>; Python names neither
+UDP_NO_CHECK6_TX, UDP_NO_CHECK6_RX = 101, 102   # <linux/udp.h>
 
 
 @dataclass
@@ -83,6 +84,10 @@ class Heartbeat:
         self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS, 255)
         self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVHOPLIMIT, 1)
         self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)   # arrival time: the round trip
+        # no UDP checksum either way (RFC 6936): an ask whose checksum a NIC's offload left to
+        # finish (virtio, veth) would come back answered with a wrong one and be dropped here
+        self.sock.setsockopt(socket.SOL_UDP, UDP_NO_CHECK6_TX, 1)
+        self.sock.setsockopt(socket.SOL_UDP, UDP_NO_CHECK6_RX, 1)
         self.sock.bind(("::", 0))
         self.sock.setblocking(False)
 
