@@ -277,8 +277,7 @@ class SwitchDataplane(PinnedState):
                                  f"support it: retry with --generic (slower, a fallback)") from e
         if generic:
             log.warning("%s: generic (skb) XDP: correct but slow; use a driver with native XDP", ifname)
-        self.register_port(ifindex, speed_mbps)
-        self.set_port_class(ifindex, edge)
+        self.register_port(ifindex, speed_mbps, edge)
         log.info("attached to %s (ifindex %d, %s%s)", ifname, ifindex, "generic" if generic else "native",
                  ", a host port" if edge else "")
 
@@ -293,10 +292,11 @@ class SwitchDataplane(PinnedState):
     def port_slot(self, ifindex: int) -> tuple[int, object] | None:
         return self.port_slots().get(ifindex)
 
-    def register_port(self, ifindex: int, speed_mbps: int | None = None):
+    def register_port(self, ifindex: int, speed_mbps: int | None = None, edge: bool | None = None):
         """Make a port usable as ingress and egress: port state, devmap slot, counters.
         speed_mbps overrides what ethtool reports (veths claim 10 Gb/s whatever they carry);
-        it sizes the port's DLB quality bands. Without it a re-registration keeps the bands."""
+        it sizes the port's DLB quality bands. Without it a re-registration keeps the bands.
+        edge: its class (set_port_class; None keeps the one it has)."""
         with self.locked(), self.locked_part("ports"):
             ports = self.maps["ports"]
             slots = self.port_slots()
@@ -323,7 +323,7 @@ class SwitchDataplane(PinnedState):
                 port.speed_mbps = speed
             self.maps["tx_ports"].set(slot, self.maps["tx_ports"].leaf_type(ifindex))
             ports.set(slot, port)
-            self.set_port_class(ifindex, None, slot)    # its punts spend this slot's buckets
+            self.set_port_class(ifindex, edge, slot)    # its punts spend this slot's buckets
             if ifindex not in slots:
                 self.tables.port_moved(ifindex, slot)   # next hops made before it was (re)attached
 

@@ -137,7 +137,8 @@ class Heartbeat:
 
     def _judge(self):
         """Silent: MISS asks unanswered in a row; alive again: BACK answers in a row."""
-        carrier = {p.ifindex: p.up or p.ifindex in self.dp.silent_ports() for p in self.dp.ports()}
+        silent = self.dp.silent_ports()
+        carrier = {p.ifindex: p.up or p.ifindex in silent for p in self.dp.ports()}
         judged = [n for n in self.ports.values() if n.answered and n.peer and carrier.get(n.ifindex)]
         missing = {n.ifindex for n in judged if self.seq - n.last_seq >= MISS}
         if len(judged) > 1 and missing == {n.ifindex for n in judged}:
