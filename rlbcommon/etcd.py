@@ -465,4 +465,9 @@ def _refusal(status: int, raw: bytes) -> EtcdError:
         body = {"message": f"HTTP {status}: {raw[:300].decode(errors='replace').strip()}"}
     if not isinstance(body, dict):
         body = {}
-    return EtcdError(int(body.get("code", 2)), body.get("message") or body.get("error") or f"HTTP {status}")
+    if isinstance(body.get("error"), dict):    # a stream's refusal: {"error": {"grpc_code": ..}}
+        body = body["error"]
+    code = body.get("code", body.get("grpc_code"))
+    if code is None:                           # no gRPC code: the HTTP status says enough
+        code = UNAVAILABLE if status == 503 else 2
+    return EtcdError(int(code), body.get("message") or body.get("error") or f"HTTP {status}")

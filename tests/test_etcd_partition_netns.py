@@ -148,6 +148,14 @@ def test_a_watch_on_a_member_cut_off_from_its_cluster_ends_and_goes_on_through_a
         assert writer.get("/part/from-agent").value == b"2"
         lease = fresh.lease_grant(5)
         assert fresh.lease_keepalive(lease) > 0            # a host's lease stays alive through m1
+        # a watch opened first at the cut-off member: m3 refuses the stream ("no leader", inside
+        # an {"error": ...} body) and the open goes on to m1 (this refusal once ended the loop)
+        late = Follower(Etcd(urls, timeout=2), "/part/", rev + 1)
+        try:
+            wait(lambda: "/part/from-agent" in late.seen, 10, "a watch opened while m3 is cut off")
+            assert late.client.endpoints[late.client._good] != cluster["m3"].url
+        finally:
+            late.stop.set()
     finally:
         follower.stop.set()
         heal("m3")

@@ -103,3 +103,17 @@ def test_the_request_cost_bench_compares_clear_and_tls():
     for cells in rows.values():              # etcd / client in clear, etcd / client over TLS, ratio
         assert cells[1] == "/" and cells[4] == "/" and cells[6].endswith("x")
         assert float(cells[0]) > 0 and float(cells[3]) > 0
+
+
+def test_a_streams_no_leader_refusal_reads_as_unavailable():
+    """The gateway wraps a stream's refusal in {"error": {...}} with `grpc_code`: read as any other
+    (a member without a leader is UNAVAILABLE, so the client goes on to the next member; read as
+    UNKNOWN, it ended the agent's watch loop: the partition test's failure in CI)."""
+    raw = (b'{"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader",'
+           b'"http_status":"Service Unavailable"}}')
+    err = etcdmod._refusal(503, raw)
+    assert err.code == etcdmod.UNAVAILABLE and str(err) == "etcdserver: no leader"
+    plain = etcdmod._refusal(400, b'{"error":"etcdserver: key not found","code":5,"message":"etcdserver: key not found"}')
+    assert plain.code == 5 and str(plain) == "etcdserver: key not found"
+    assert etcdmod._refusal(503, b"upstream gone").code == etcdmod.UNAVAILABLE
+    assert etcdmod._refusal(500, b"boom").code == 2
