@@ -29,7 +29,6 @@
 #define DADDR_OFF  (ETH_HLEN + 24)
 #define UDP_OFF    (ETH_HLEN + 40)
 #define UCSUM_OFF  (UDP_OFF + 6)
-#include "lib/echo.h"
 
 BPF_TABLE_PINNED("array", u32, struct rlbh_config, config, 1, PIN(config));
 BPF_TABLE_PINNED("array", u32, struct rlbh_path, paths, RLBH_MAX_PATHS, PIN(paths));
@@ -58,6 +57,9 @@ BPF_TABLE_PINNED("percpu_array", u32, u64, reasons, RLBH_R_MAX, PIN(reasons));
  * loses carrier is out of use before the agent has even read the event. */
 BPF_TABLE_PINNED("array", u32, u32, port_down, 1, PIN(port_down));
 BPF_TABLE_PINNED("array", u32, struct rlbh_echo_cfg, echo_cfg, 1, PIN(echo_cfg));
+BPF_TABLE_PINNED7("lpm_trie", struct rlbh_lpm_key, struct rlbh_key, echo_keys, RLBH_ECHO_KEYS,
+                  PIN(echo_keys), BPF_F_NO_PREALLOC);
+#include "lib/echo.h"
 
 struct parsed {
     u8  saddr[16] __attribute__((aligned(8)));
@@ -507,5 +509,19 @@ static __always_inline u8 port_plane(u32 ifindex)
 int rlb_host_echo(struct __sk_buff *skb)
 {
     u32 zero = 0;
-    return probe_echo(skb, echo_cfg.lookup(&zero), port_plane(skb->ifindex));
+    u8 plane = port_plane(skb->ifindex);
+    struct rlbh_echo_cfg *ec = echo_cfg.lookup(&zero);
+    struct rlb_l3 l3 = {};
+    struct rlbh_probe *pr = probe_to_answer(skb, ec, plane, &l3);
+    if (!pr)
+        return TC_ACT_UNSPEC;   /* on to the hook's next filter */
+    struct rlbh_lpm_key who = {.prefixlen = 128};
+    __builtin_memcpy(who.addr, &l3.ip6->saddr, 16);
+    struct rlbh_key fabric_wide, *key = echo_keys.lookup(&who);
+    if (!key && ec && (ec->flags & RLBH_ECHO_SIGN)) {
+        fabric_wide.k0 = ec->k0;
+        fabric_wide.k1 = ec->k1;
+        key = &fabric_wide;
+    }
+    return probe_answer(skb, &l3, pr, plane, key);
 }

@@ -146,11 +146,19 @@ struct rlbh_probe {               /* a probe's UDP payload (network order) */
 };
 
 /* The echo's settings: answer only probes addressed to this GPU's loopback, and sign answers
- * with the fabric's probe key (tag over seq, send time, plane, sender, then the probe's
+ * with the key shared with the prober, else the fabric's probe key (tag over seq, send time, plane, sender, then the probe's
  * destination and source addresses: 48 bytes), so a spoofed answer cannot keep a dead plane up.
  * Two keys: the prober accepts either while a new one rolls out; the echo signs with key 0. */
 #define RLBH_ECHO_OWN_ADDR  1
 #define RLBH_ECHO_SIGN      2
+/* Keys shared with one prober each (echo_keys: its prefix -> key), from the GPU's key file
+ * (rlbfabric host-keys): an answer to a prober with a key of its own is signed with that key, so a
+ * GPU whose file leaked can answer only as itself; one without, with echo_cfg's fabric-wide key. */
+#define RLBH_ECHO_KEYS      4096    /* one per peer GPU, as weight entries */
+struct rlbh_key {
+    u64 k0;                       /* as two little-endian words */
+    u64 k1;
+};
 struct rlbh_echo_cfg {
     u8  addr[16];                 /* this GPU's loopback */
     u64 k0;                       /* the signing key, as two little-endian words */

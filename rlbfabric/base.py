@@ -97,6 +97,10 @@ class Fabric(Protocol):
 
     def machine_of(self, host: str) -> str: ...
 
+    def source_prefixes(self, machine: str) -> list[ipaddress.IPv6Network]:
+        """Where a machine's signed messages (verbs agents', probe answers) come from: what the
+        keys it shares with others are filed under (rlbfabric host-keys); [] when it signs none."""
+
     def node(self, name: str) -> Node: ...
 
     def is_gpu(self, node: str) -> bool: ...

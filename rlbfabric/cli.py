@@ -210,11 +210,12 @@ def host_keys(
     out: Path = typer.Option(Path("/etc/rlb/host-keys"), "-o", "--out", help="Directory for one "
                              "<machine>.key per host or server (0700; files 0600)."),
 ):
-    """Give every pair of machines a key of its own, for the verbs agents' messages.
+    """Give every pair of machines a key of its own, for the verbs agents' messages (leaf-spine)
+    and the GPUs' plane-probe answers (scale-up).
 
     Each machine's file holds the keys it shares with every other one, so a host whose file
-    leaks can be impersonated, but no other: its messages are checked with the key of its pair
-    alone. Install each <machine>.key as that machine's --fabric-key file (it may keep a
+    leaks can be impersonated, but no other: its messages (a GPU's probe answers, signed in the
+    kernel) are checked with the key of its pair alone. Install each <machine>.key as that machine's --fabric-key file (it may keep a
     fabric-wide key line while the rollout is in progress; remove it everywhere afterwards). Run
     again when the fabric grows: the same master gives the same keys.
 

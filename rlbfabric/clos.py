@@ -176,6 +176,10 @@ class ClosFabric:
     def machine_of(self, host: str) -> str:
         return self.nics[host].server if host in self.nics else host
 
+    def source_prefixes(self, machine: str) -> list[ipaddress.IPv6Network]:
+        """The /48 of each of a machine's NICs (every path's /64 is in it)."""
+        return [self.host_prefixes(*self.leaf_of_host(h))[0].supernet(new_prefix=48) for h in self.endpoints(machine)]
+
     def is_server(self, machine: str) -> bool:
         return machine in self.servers
 

@@ -1,16 +1,16 @@
-"""Keys shared by each pair of machines, for the verbs agents' messages (rlbhost/probekeys.py reads
-them): derived from a master key that stays on the operator's machine, so a host holds only the
-keys of the pairs it is in and a leaked file lets its reader speak as that host alone.
+"""Keys shared by each pair of machines, for the verbs agents' messages and the scale-up GPUs' probe
+answers (rlbhost/probekeys.py reads them): derived from a master key that stays on the operator's
+machine, so a host holds only the keys of the pairs it is in and a leaked file lets its reader
+speak as that host alone.
 
     key(a, b) = HMAC-SHA256(master, "rlb-pair" 0 min(a, b) 0 max(a, b))[:16]
 
-Each machine's file has one line per NIC of every other machine: the NIC's /48 (every path's
-addresses and the base address of that NIC) and the key of the pair."""
+Each machine's file has one line per source prefix of every other machine (Fabric.source_prefixes:
+a NIC's /48 holding every path's addresses, a scale-up GPU's loopback) and the key of the pair."""
 from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 from pathlib import Path
 
 from rlbcommon.paths import private_dir, write_private
@@ -40,21 +40,12 @@ def pair_key(master: bytes, a: str, b: str) -> bytes:
     return hmac.new(master, b"rlb-pair\0" + lo.encode() + b"\0" + hi.encode(), hashlib.sha256).digest()[:16]
 
 
-def nic_prefixes(fabric, machine: str) -> list[ipaddress.IPv6Network]:
-    """The /48 of each of a machine's NICs (leaf-spine fabrics: every path's /64 in it)."""
-    out = []
-    for host in fabric.endpoints(machine):
-        leaf, port = fabric.leaf_of_host(host)
-        out.append(fabric.host_prefixes(leaf, port)[0].supernet(new_prefix=48))
-    return out
-
-
 def files(fabric, master: bytes) -> dict[str, str]:
     """{machine: its key file's text}."""
-    if not fabric.paths_by_address:
-        raise FabricError(f"host keys are for the verbs agents of leaf-spine fabrics, not a {fabric.kind} fabric")
     machines = list(fabric.machines)
-    nets = {m: nic_prefixes(fabric, m) for m in machines}
+    nets = {m: fabric.source_prefixes(m) for m in machines}
+    if not any(nets.values()):
+        raise FabricError(f"the machines of a {fabric.kind} fabric sign nothing: no host keys to make")
     out = {}
     for me in machines:
         lines = [f"# {me}: keys shared with each other machine (rlbfabric host-keys)"]

@@ -109,6 +109,9 @@ class RailOnlyFabric(OneHostAMachine):
 
     loopback = address          # what QPs run between, as on the other fabric kinds
 
+    def source_prefixes(self, machine: str) -> list[ipaddress.IPv6Network]:
+        return []               # its GPUs sign nothing (no probes, no verbs agents)
+
     def domain_net(self, d: int) -> ipaddress.IPv6Network:
         return ipaddress.IPv6Network(f"{self.prefix}:{d:x}::/64")
 

@@ -172,6 +172,10 @@ class ScaleupFabric(OneHostAMachine):
     def loopback_net(self, gpu: str) -> ipaddress.IPv6Network:
         return ipaddress.IPv6Network(f"{self.loopback(gpu)}/128")
 
+    def source_prefixes(self, machine: str) -> list[ipaddress.IPv6Network]:
+        """A GPU probes and answers from its loopback."""
+        return [self.loopback_net(self.gpu(machine).name)]
+
     def loopback_prefix(self) -> ipaddress.IPv6Network:
         """Every GPU loopback: what a GPU routes to its loopback device."""
         return ipaddress.IPv6Network(f"{self.prefix}:0:ff::/64")

@@ -266,19 +266,44 @@ class HostDataplane(PinnedState):
         log.info("attached to %s (TC egress, ports mode, loopback %s%s)", device, loopback,
                  f"; probe echo on {len(ports)} ports" if echo else "")
 
-    def set_echo(self, loopback: str, key: bytes | None):
-        """The probe echo answers only probes to this GPU's loopback, and signs its answers
-        with `key` (16 bytes; None: unsigned)."""
+    def set_echo(self, loopback: str, key: bytes | None, pairs: list[tuple[ipaddress.IPv6Network, bytes]] = ()):
+        """The probe echo answers only probes to this GPU's loopback and signs an answer with the
+        key shared with the prober (`pairs`: (prober's prefix, key), the first key of a prefix
+        listed twice), else with `key` (16 bytes; None: unsigned). The pair table is made what
+        `pairs` says, writing only the entries that differ."""
+        want: dict[ipaddress.IPv6Network, bytes] = {}
+        for net, k in [*pairs, *([(None, key)] if key is not None else [])]:
+            if len(k) != 16:
+                raise HostError("a probe key is 16 bytes")
+            if net is not None:
+                want.setdefault(ipaddress.IPv6Network(net), k)
+        if len(want) > C["RLBH_ECHO_KEYS"]:
+            raise HostError(f"{len(want)} probers with keys of their own: the echo holds {C['RLBH_ECHO_KEYS']}")
+        km = self.maps["echo_keys"]
+        have = {ipaddress.IPv6Network((bytes(k.addr), k.prefixlen)): struct.pack("<QQ", v.k0, v.k1)
+                for k, v in km.items()}
+        for net in set(have) - set(want):
+            km.delete(self._lpm_key(km, net))
+        for net, k in want.items():
+            if have.get(net) != k:
+                v = km.leaf_type()
+                v.k0, v.k1 = struct.unpack("<QQ", k)
+                km.set(self._lpm_key(km, net), v)
         m = self.maps["echo_cfg"]
         v = m.leaf_type()
         v.addr[:] = ipaddress.IPv6Address(loopback).packed
         v.flags = C["RLBH_ECHO_OWN_ADDR"]
         if key is not None:
-            if len(key) != 16:
-                raise HostError("a probe key is 16 bytes")
             v.k0, v.k1 = struct.unpack("<QQ", key)
             v.flags |= C["RLBH_ECHO_SIGN"]
         m.set(0, v)
+
+    @staticmethod
+    def _lpm_key(m, net: ipaddress.IPv6Network):
+        k = m.key_type()
+        k.prefixlen = net.prefixlen
+        k.addr[:] = net.network_address.packed
+        return k
 
     def _attach_echo(self, ifindexes):
         fn = self.load()[ECHO]
@@ -975,7 +1000,8 @@ class HostDataplane(PinnedState):
         # evict their oldest QP when full, the others refuse the next
         tables = {"conntrack": (len(qps), C["RLBH_CT_ENTRIES"]), "weights": (len(weights), C["RLBH_MAX_WEIGHTS"]),
                   "placements": (len(self.placements()), C["RLBH_PLACEMENTS"]),
-                  "verbs": (2 * len(verbs), C["RLBH_VERBS_ENTRIES"])}      # a send and a receive entry each
+                  "verbs": (2 * len(verbs), C["RLBH_VERBS_ENTRIES"]),      # a send and a receive entry each
+                  "echo_keys": (sum(1 for _ in self.maps["echo_keys"].keys()), C["RLBH_ECHO_KEYS"])}
         return {"config": self.config(), "paths": paths, "weights": weights,
                 "reasons": stats["reasons"], "tables": tables}
 

@@ -83,13 +83,14 @@ class Prober:
                  ports: Callable[[], dict[int, list[tuple[str, str, str]]]],
                  on_change: Callable[[int, int, bool], None], interval: float = INTERVAL_MS / 1000,
                  dead_after: float = DEAD_MS / 1000, on_round: Callable[[], None] | None = None,
-                 keys: Callable[[], list[bytes]] | None = None, settle_s: float = SETTLE_S):
+                 keys: Callable[[str], list[bytes] | None] | None = None, settle_s: float = SETTLE_S):
         self.me, self.loopback, self.peers, self.port = me, loopback, peers, port
         self.ports, self.on_change = ports, on_change
         self.on_round = on_round or (lambda: None)     # a round done (the agent's Health)
-        # the fabric's probe keys (rlbhost/probekeys.py): an answer counts only with a tag one of
-        # them makes; none: answers are taken unsigned, as from an echo without a key
-        self.keys = keys or (lambda: [])
+        # keys(peer's loopback): the keys its answers must be signed with (KeyFile.to_check: the
+        # ones shared with that peer, else the fabric-wide ones); [] takes answers unsigned, as
+        # from an echo without a key; None refuses every answer from it
+        self.keys = keys or (lambda peer: [])
         self.rejected = {"tag": 0, "stale": 0, "unknown": 0, "overflow": 0}
         self.interval, self.dead_after, self.settle_s = interval, dead_after, settle_s
         self._live: dict[int, tuple[str, ...]] = {}       # plane -> its live ports last round
@@ -262,9 +263,11 @@ class Prober:
             self._answered(st, seq, time.monotonic(), (time.monotonic_ns() - t_ns) / 1e9)
 
     def verify(self, peer: str, plane: int, seq: int, t_ns: int, tag: bytes) -> bool:
-        """The answer's tag is what the peer's echo makes with one of the fabric's keys over
-        this probe (its round, send time, plane, our number, the peer's and our loopbacks)."""
-        keys = self.keys()
+        """The answer's tag is what the peer's echo makes with one of the keys this host holds for
+        it over this probe (its round, send time, plane, our number, the peer's and our loopbacks)."""
+        keys = self.keys(peer)
+        if keys is None:
+            return False
         if not keys:
             return True
         msg = (struct.pack("!IQBHx", seq, t_ns, plane, self.me)

@@ -67,7 +67,7 @@ class ScaleupGpuAgent:
         self.keys = keys or KeyFile(None)
         self.prober = Prober(fabric.gpu(gpu).index, self.loopback, self.peers, PROBE_PORT, self.live_ports,
                              self._probe_verdict, probe_ms / 1000, probe_dead_ms / 1000,
-                             on_round=lambda: self.health.ok("probes"), keys=lambda: self.keys.keys)
+                             on_round=lambda: self.health.ok("probes"), keys=self.keys.to_check)
         self.supervisor = self.runtime.supervisor
         self.last_weights: dict[str, dict[int, float]] = {}
         self._pathbw_text = None
@@ -209,15 +209,17 @@ class ScaleupGpuAgent:
 
     # ---- the loop -------------------------------------------------------------------------
     def set_echo(self):
-        """The echo answers only probes to our loopback and signs with the first key."""
-        self.dp.set_echo(self.loopback, self.keys.keys[0] if self.keys.keys else None)
+        """The echo answers only probes to our loopback and signs with the key shared with the
+        prober, else the first fabric-wide key."""
+        self.dp.set_echo(self.loopback, self.keys.keys[0] if self.keys.keys else None, self.keys.pairs)
 
     def step(self):
         """One pass. bird's I/O (the include, `birdc configure`, reading routes) runs outside
         the lock, so a probe verdict never waits behind it."""
         if self.keys.refresh():
             self.set_echo()
-            log.info("probe keys reread from %s: %d key(s)", self.keys.path, len(self.keys.keys))
+            log.info("probe keys reread from %s: %d fabric-wide, %d shared with one peer each", self.keys.path,
+                     len(self.keys.keys), len(self.keys.pairs))
         with self.lock:
             if time.monotonic() >= self._next_resync:     # netlink events keep it current between
                 self._read_carrier()

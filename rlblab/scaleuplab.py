@@ -15,6 +15,7 @@ from pathlib import Path
 from rlbcommon import netns
 from rlbcommon.constants import ROCE_PORT
 from rlbcommon.paths import write_private
+from rlbfabric import hostkeys
 from rlbfabric.base import add_loopback_device
 from rlbfabric.base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL
 from rlbfabric.bird.conf import initial_includes, render
@@ -67,18 +68,21 @@ class ScaleupLab(ScaleupView, FabricLab):
         bird.start()
         self.birds[node] = bird
 
-    @property
-    def probe_key(self) -> Path:
-        """The lab's probe key (one per lab, as an operator's fabric has one): written once."""
-        path = self.work / "probe-key"
+    def probe_key(self, gpu: str) -> Path:
+        """`gpu`'s key file: the keys it shares with each other GPU (rlbfabric host-keys, from a
+        master key made once per lab), as an operator's fabric has them: written once."""
+        path = self.work / "host-keys" / f"{gpu}.key"
         if not path.exists():
-            write_private(path, secrets.token_hex(16) + "\n")
+            master = self.work / "host-keys-master"
+            if not master.exists():
+                write_private(master, secrets.token_hex(32) + "\n")
+            hostkeys.write(self.fabric, master, path.parent)
         return path
 
     def start_host_agent(self, gpu: str):
         cmd = [*confined([sys.executable], AGENT_CAPS), "-m", "rlbhost", "--netns", self.ns(gpu), "attach", LOOPBACK_DEVICE,
                "--fabric", str(self.fabric_file), "--node", gpu, "--run-dir", str(self.work),
-               "--probe-key", str(self.probe_key)]
+               "--probe-key", str(self.probe_key(gpu))]
         cmd += ["--metrics-addr", self.mgmt_addr(gpu)] if self.monitor else ["--metrics-port", "0"]
         self._spawn(gpu, cmd, "following planes")
 

@@ -27,7 +27,7 @@ def test_each_pair_shares_one_key_and_each_file_holds_only_its_own_pairs():
     k_ab = hostkeys.pair_key(MASTER, a, b)
     assert k_ab == hostkeys.pair_key(MASTER, b, a) != hostkeys.pair_key(bytes(32), a, b)
     # a's file: one line per NIC of b, each b's NIC /48 with the pair's key; none of a's own
-    assert {net for net, _ in pairs[a]} == {str(n) for n in hostkeys.nic_prefixes(FABRIC, b)}
+    assert {net for net, _ in pairs[a]} == {str(n) for n in FABRIC.source_prefixes(b)}
     assert {key for _, key in pairs[a]} == {key for _, key in pairs[b]} == {k_ab.hex()}
     assert len(pairs[a]) == len(FABRIC.endpoints(b)) == 2
 
@@ -79,6 +79,47 @@ def test_the_command_writes_private_files_and_refuses_a_master_others_can_read(t
     assert (tmp_path / "out").stat().st_mode & 0o777 == 0o700
 
 
-def test_a_fabric_without_addresses_per_path_has_no_host_keys():
-    with pytest.raises(FabricError, match="leaf-spine"):
-        hostkeys.files(load(ROOT / "lab" / "scaleup-small.toml"), MASTER)
+def test_scaleup_gpus_share_a_key_per_pair_filed_under_each_peers_loopback():
+    """A scale-up GPU's file: one line per other GPU, its loopback /128 and the pair's key (what
+    the GPU's echo signs that peer's probe answers with, and what its prober checks with)."""
+    fab = load(ROOT / "lab" / "scaleup-small.toml")
+    files = hostkeys.files(fab, MASTER)
+    a, b = fab.machines[:2]
+    lines = dict(read_lines(files[a]))
+    assert set(lines) == {f"{fab.loopback(g)}/128" for g in fab.machines if g != a}
+    assert lines[f"{fab.loopback(b)}/128"] == hostkeys.pair_key(MASTER, a, b).hex()
+
+
+def test_a_fabric_whose_machines_sign_nothing_has_no_host_keys():
+    from rlbfabric.railonly import RailOnlyFabric
+    fab = RailOnlyFabric(domains=2, rails=2, prefix="fd70", rail_mbps=100_000, domain_mbps=900_000,
+                         delta=0.1, tau_s=1.0)
+    with pytest.raises(FabricError, match="sign nothing"):
+        hostkeys.files(fab, MASTER)
+
+
+def test_a_gpu_with_a_leaked_file_cannot_answer_probes_for_another(tmp_path):
+    """g3's file leaked: its keys sign answers "from g2" to g1's probe exactly as an echo would.
+    g1 checks g2's answers with the g1-g2 key alone, so none is taken; the real echo's is."""
+    import socket
+    import struct
+    from rlbcommon.siphash import siphash24
+    from rlbhost import probes
+    fab = load(ROOT / "lab" / "scaleup-small.toml")
+    g1, g2, g3 = fab.machines[:3]
+    files = hostkeys.files(fab, MASTER)
+    path = tmp_path / "g1.key"
+    path.write_text(files[g1])
+    path.chmod(0o600)
+    prober = probes.Prober(1, fab.loopback(g1), {2: fab.loopback(g2)}, probes.PROBE_PORT, dict,
+                           lambda *a: None, keys=KeyFile(path).to_check)
+    seq, t_ns, plane = 77, 123456789, 2
+    msg = (struct.pack("!IQBHx", seq, t_ns, plane, 1) + socket.inet_pton(socket.AF_INET6, fab.loopback(g2))
+           + socket.inet_pton(socket.AF_INET6, fab.loopback(g1)))
+
+    def tag(key: bytes) -> bytes:
+        return siphash24(key, msg).to_bytes(8, "little")
+    leaked = [bytes.fromhex(k) for _, k in read_lines(files[g3])]
+    assert len(leaked) == len(fab.machines) - 1
+    assert not any(prober.verify(fab.loopback(g2), plane, seq, t_ns, tag(k)) for k in leaked)
+    assert prober.verify(fab.loopback(g2), plane, seq, t_ns, tag(hostkeys.pair_key(MASTER, g1, g2)))

@@ -418,13 +418,52 @@ def test_a_signed_answer_carries_the_tag_the_prober_checks(signing, zero_checksu
     assert (kind, plane, sender, seq, t_ns) == (probes.REPLY, 3, 7, 1234, 99) and tag != probes.NO_TAG
     assert data[head - 2:head] == b"\0\0"          # a zero UDP checksum, which the prober accepts
     prober = probes.Prober(7, LOOP_B, {1: LOOP_A}, probes.PROBE_PORT, dict, lambda *a: None,
-                           keys=lambda: [bytes(16), KEY])
+                           keys=lambda peer: [bytes(16), KEY])
     assert prober.verify(LOOP_A, plane, seq, t_ns, tag)
     assert not prober.verify(LOOP_A, plane, seq + 1, t_ns, tag)        # another round
     assert not prober.verify(LOOP_A, 2, seq, t_ns, tag)                # another plane
     assert not prober.verify(LOOP_C, plane, seq, t_ns, tag)            # another GPU
-    prober.keys = lambda: [bytes(16)]
+    prober.keys = lambda peer: [bytes(16)]
     assert not prober.verify(LOOP_A, plane, seq, t_ns, tag)            # a key it does not hold
+
+
+def test_hold_the_echo_signs_with_the_key_shared_with_the_prober(signing):
+    """Keys per pair (rlbfabric host-keys): the answer to a prober with a key of its own is
+    signed with that key alone, so a GPU that holds only its own pairs' keys (a leaked file) can
+    answer only as itself; a prober without one gets the fabric-wide key. The prober checks
+    with what it holds for the answering peer (KeyFile.to_check)."""
+    import ipaddress
+    from rlbhost import probes
+    from rlbhost.probekeys import KeyFile
+    pair_ab, pair_cb = bytes(range(16, 32)), bytes(range(32, 48))
+    net = ipaddress.IPv6Network(f"{LOOP_B}/128")
+    signing.set_echo(LOOP_A, KEY, [(net, pair_ab), (ipaddress.IPv6Network(f"{LOOP_C}/128"), pair_cb)])
+    assert signing.status()["tables"]["echo_keys"][0] == 2
+    head = 14 + 40 + 8
+
+    def answered():
+        rc, data = echo(signing, probe_frame())
+        assert rc == TC_ACT_REDIRECT
+        return struct.unpack(probes.FMT, data[head:head + probes.SIZE])[3:]
+
+    sender, seq, t_ns, tag = answered()
+    b_holds = KeyFile(None)
+    b_holds.pairs = [(ipaddress.IPv6Network(f"{LOOP_A}/128"), pair_ab)]
+    b_holds._by_net, b_holds._lengths = {b_holds.pairs[0][0]: [pair_ab]}, [128]
+    prober = probes.Prober(7, LOOP_B, {1: LOOP_A}, probes.PROBE_PORT, dict, lambda *a: None, keys=b_holds.to_check)
+    assert prober.verify(LOOP_A, 3, seq, t_ns, tag)
+    prober.keys = lambda peer: [KEY, pair_cb]          # the fabric-wide key or another pair's: no
+    assert not prober.verify(LOOP_A, 3, seq, t_ns, tag)
+    # the pair's entry removed (and only the entries that differ rewritten): the fabric-wide key
+    signing.set_echo(LOOP_A, KEY, [(ipaddress.IPv6Network(f"{LOOP_C}/128"), pair_cb)])
+    assert [k.prefixlen for k in signing.maps["echo_keys"].keys()] == [128]
+    sender, seq, t_ns, tag = answered()
+    prober.keys = lambda peer: [KEY]
+    assert prober.verify(LOOP_A, 3, seq, t_ns, tag)
+    prober.keys = lambda peer: None                    # a peer this host has no key for: refused
+    assert not prober.verify(LOOP_A, 3, seq, t_ns, tag)
+    signing.set_echo(LOOP_A, KEY)
+    assert not list(signing.maps["echo_keys"].keys())
 
 
 def test_hold_the_echo_answers_for_the_plane_of_the_port_the_probe_came_in_by(signing):
@@ -437,7 +476,7 @@ def test_hold_the_echo_answers_for_the_plane_of_the_port_the_probe_came_in_by(si
     head = 14 + 40 + 8
     magic, kind, plane, sender, seq, t_ns, tag = struct.unpack(probes.FMT, data[head:head + probes.SIZE])
     assert (kind, plane) == (probes.REPLY, 2)
-    prober = probes.Prober(7, LOOP_B, {1: LOOP_A}, probes.PROBE_PORT, dict, lambda *a: None, keys=lambda: [KEY])
+    prober = probes.Prober(7, LOOP_B, {1: LOOP_A}, probes.PROBE_PORT, dict, lambda *a: None, keys=lambda peer: [KEY])
     assert prober.verify(LOOP_A, 2, seq, t_ns, tag) and not prober.verify(LOOP_A, 3, seq, t_ns, tag)
     frame = probe_frame(plane=3)
     assert echo(signing, frame, port="rlb0") == (TC_ACT_UNSPEC, frame)
@@ -457,7 +496,7 @@ def test_spoofed_stale_and_replayed_answers_never_keep_a_plane_up():
     from rlbhost import probes
     from rlbcommon.siphash import siphash24
     prober = probes.Prober(7, LOOP_B, {1: LOOP_A}, probes.PROBE_PORT, lambda: {3: [("x", "m", "m")]},
-                           lambda *a: None, keys=lambda: [KEY])
+                           lambda *a: None, keys=lambda peer: [KEY])
     prober._send = lambda *a: True       # the frame "left": sockets are not the point here
     prober._round(0.0)
     st = prober.state[(1, 3)]

@@ -1,6 +1,7 @@
 /* The probe echo of a GPU's ports (ports mode): rlb_host.c's rlb_host_echo program is this, with
- * its config. Expects the host's offsets (SADDR_OFF, UDP_OFF, UCSUM_OFF), rlb_host.h, parse.h and
- * siphash.h included before it. */
+ * its config and key tables. Expects the host's offsets (SADDR_OFF, UDP_OFF, UCSUM_OFF), rlb_host.h,
+ * parse.h and siphash.h included before it. The caller looks the key up (bcc rewrites map calls in
+ * the program's own file only): probe_to_answer, then the key for l3's source, then probe_answer. */
 #ifndef RLB_ECHO_H
 #define RLB_ECHO_H
 
@@ -13,26 +14,35 @@
  * plane of the port the probe came in by, not the one the probe claims: a probe that crossed
  * another plane (a miscabled or misrouted link) never keeps the plane it claims alive; a port
  * that is no path (plane 0) answers nothing. */
-static __always_inline int probe_echo(struct __sk_buff *skb, struct rlbh_echo_cfg *ec, u8 plane)
+static __always_inline struct rlbh_probe *probe_to_answer(struct __sk_buff *skb, struct rlbh_echo_cfg *ec,
+                                                          u8 plane, struct rlb_l3 *l3)
 {
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
-    struct rlb_l3 l3 = {};
-    if (parse_ipv6(data, end, &l3) != RLB_PARSE_OK || l3.proto != IPPROTO_UDP)
-        return TC_ACT_UNSPEC;
-    struct udphdr *udp = l3.l4;
+    if (parse_ipv6(data, end, l3) != RLB_PARSE_OK || l3->proto != IPPROTO_UDP)
+        return 0;
+    struct udphdr *udp = l3->l4;
     struct rlbh_probe *pr = (void *)(udp + 1);
     if ((void *)(pr + 1) > end || udp->dest != htons(RLBH_PROBE_PORT) ||
         pr->magic != htonl(RLBH_PROBE_MAGIC) || pr->kind != RLBH_PROBE_ASK || !plane)
-        return TC_ACT_UNSPEC;
+        return 0;
     if (ec && (ec->flags & RLBH_ECHO_OWN_ADDR)) {
         u64 d[2], own[2];
-        __builtin_memcpy(d, &l3.ip6->daddr, 16);
+        __builtin_memcpy(d, &l3->ip6->daddr, 16);
         __builtin_memcpy(own, ec->addr, 16);
         if (d[0] != own[0] || d[1] != own[1])
-            return TC_ACT_UNSPEC; /* another GPU's probe, misdelivered: no answer from here */
+            return 0; /* another GPU's probe, misdelivered: no answer from here */
     }
+    return pr;
+}
+
+/* The answer to probe `pr` (probe_to_answer's), signed with `key` (NULL: unsigned): the key
+ * shared with the prober, else the fabric-wide one. */
+static __always_inline int probe_answer(struct __sk_buff *skb, struct rlb_l3 *l3, struct rlbh_probe *pr,
+                                        u8 plane, const struct rlbh_key *key)
+{
+    struct udphdr *udp = l3->l4;
     u64 tag = 0;
-    if (ec && (ec->flags & RLBH_ECHO_SIGN)) {
+    if (key) {
         u64 m[SIP_WORDS];
         u8 *w = (u8 *)m;
         __builtin_memcpy(w, &pr->seq, 4);
@@ -40,15 +50,15 @@ static __always_inline int probe_echo(struct __sk_buff *skb, struct rlbh_echo_cf
         w[12] = plane;
         __builtin_memcpy(w + 13, &pr->sender, 2);
         w[15] = 0;
-        __builtin_memcpy(w + 16, &l3.ip6->daddr, 16);
-        __builtin_memcpy(w + 32, &l3.ip6->saddr, 16);
-        tag = siphash24_words(ec->k0, ec->k1, m);
+        __builtin_memcpy(w + 16, &l3->ip6->daddr, 16);
+        __builtin_memcpy(w + 32, &l3->ip6->saddr, 16);
+        tag = siphash24_words(key->k0, key->k1, m);
     }
     u8 macs[12], addrs[32];
-    __builtin_memcpy(macs, l3.eth->h_source, 6);
-    __builtin_memcpy(macs + 6, l3.eth->h_dest, 6);
-    __builtin_memcpy(addrs, &l3.ip6->daddr, 16);
-    __builtin_memcpy(addrs + 16, &l3.ip6->saddr, 16);
+    __builtin_memcpy(macs, l3->eth->h_source, 6);
+    __builtin_memcpy(macs + 6, l3->eth->h_dest, 6);
+    __builtin_memcpy(addrs, &l3->ip6->daddr, 16);
+    __builtin_memcpy(addrs + 16, &l3->ip6->saddr, 16);
     u16 old_word = *(u16 *)&pr->kind, csum = udp->check;
     u8 answer[2] = {RLBH_PROBE_ANSWER, plane};
     u16 new_word = *(u16 *)answer;
