@@ -65,6 +65,13 @@ HANG_OPTION = typer.Option(HANG_S, "--hang-s", min=1.0, help="A loop of the agen
 # every agent's TLS towards the fabric's etcd (rlbfabric etcd-tls issues both files)
 ETCD_CA_OPTION = typer.Option(None, "--etcd-ca", help="With https:// --etcd URLs: the CA that signed "
                               "etcd's certificate (PEM; default: the system's CAs).")
+COORDINATOR_CA_OPTION = typer.Option(None, "--coordinator-ca", help="With an https:// --coordinator: the CA "
+                                     "that signed its certificate (rlbfabric etcd-tls's ca.pem; default: "
+                                     "the system's CAs).")
+COORDINATOR_CERT_OPTION = typer.Option(None, "--coordinator-cert", help="With an https:// --coordinator: this "
+                                       "machine's certificate and key in one PEM file (mode 600; rlbfabric "
+                                       "etcd-tls's <user>.pem): a coordinator that checks them takes this "
+                                       "machine's reports only.")
 ETCD_CERT_OPTION = typer.Option(None, "--etcd-cert", help="With https:// --etcd URLs: this machine's "
                                 "client certificate and its key in one PEM file (mode 600), for an etcd "
                                 "that asks for one (--client-cert-auth).")

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from .tls import client_context
+
 log = logging.getLogger(__name__)
 
 # gRPC status codes etcd answers with (google.golang.org/grpc/codes)
@@ -110,20 +112,11 @@ class Event:
 
 
 def tls_context(ca: Path | None = None, cert: Path | None = None) -> ssl.SSLContext:
-    """How a client checks etcd's members: against `ca` (None: the system's CAs), names or
-    addresses as in the URL; `cert`: a PEM file with this client's certificate and its key,
-    for an etcd that asks for one. ValueError names the file that cannot be used."""
+    """How a client checks etcd's members (rlbcommon/tls.py), errors naming etcd."""
     try:
-        ctx = ssl.create_default_context(cafile=str(ca) if ca else None)
-    except (OSError, ssl.SSLError) as e:
-        raise ValueError(f"etcd CA file {ca}: {getattr(e, 'strerror', None) or e}") from None
-    if cert is not None:
-        try:
-            ctx.load_cert_chain(str(cert))
-        except (OSError, ssl.SSLError) as e:
-            raise ValueError(f"etcd client certificate {cert}: {getattr(e, 'strerror', None) or e} "
-                             "(one PEM file: the certificate, then its private key)") from None
-    return ctx
+        return client_context(ca, cert)
+    except ValueError as e:
+        raise ValueError(f"etcd {e}") from None
 
 
 class Etcd:

@@ -181,6 +181,10 @@ def etcd_tls(
                                      "--etcd URLs write it (repeat for each member)."),
     out: Path = typer.Option(Path("/etc/rlb/etcd"), "-o", "--out", help="Directory for the CA, etcd's "
                              "certificate and one <user>.pem per machine (0700; keys 0600)."),
+    coordinator: Optional[List[str]] = typer.Option(None, help="An HTTP coordinator's address or DNS "
+                                                    "name, as the agents' https:// --coordinator URL "
+                                                    "writes it (repeat): coordinator-server.pem for "
+                                                    "rlbcoord run --tls-cert."),
 ):
     """Issue the fabric's etcd certificates, for a site without a PKI of its own: a CA, a server
     certificate for the etcd members, a client certificate for every host, every switch, the
@@ -192,12 +196,20 @@ def etcd_tls(
     etcd server.pem, server.key and ca.pem (--cert-file, --key-file, --trusted-ca-file,
     --client-cert-auth); copy ca.pem and each machine's <user>.pem to it (docs/operations.md).
 
+    The same CA and machine certificates serve an HTTP coordinator over HTTPS (--coordinator: its
+    certificate too): it then takes each machine's reports only from that machine.
+
     Example: rlbfabric etcd-tls --fabric /etc/rlb/fabric.toml --server 10.0.0.2 --server 10.0.0.3 -o /root/rlb-etcd
     """
     try:
         written = etcdtls.issue(load(fabric), out, server)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--server") from None
+    if coordinator:
+        try:
+            written += etcdtls.issue_coordinator(out, coordinator)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--coordinator") from None
     typer.echo(f"{len(written)} files issued in {out} (CA {etcdtls.ca_file(out)}); "
                f"etcd: {' '.join(map(str, etcdtls.server_files(out)))}")
 

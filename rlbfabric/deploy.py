@@ -59,6 +59,8 @@ ETCD_PASSWORD_FILE = Path("/etc/rlb/etcd.password")
 # with https:// etcd URLs: the CA of etcd's certificate and the machine's own (rlbfabric etcd-tls)
 ETCD_CA_FILE = Path("/etc/rlb/etcd-ca.pem")
 ETCD_CERT_FILE = Path("/etc/rlb/etcd.pem")
+# an https:// coordinator URL: the same CA and machine certificate, and the coordinator's own
+COORDINATOR_TLS_FILE = Path("/etc/rlb/coordinator-server.pem")
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,17 @@ class Coordination:
         """What rlbhost attach and a leaf's rlbswitch run are given."""
         if self.etcd:
             return self.etcd_args()
-        return f" --coordinator {unit_arg(self.url)}" if self.url else ""
+        if not self.url:
+            return ""
+        tls = (f" --coordinator-ca {unit_arg(self.ca_file)} --coordinator-cert {unit_arg(self.cert_file)}"
+               if self.url.startswith("https://") else "")
+        return f" --coordinator {unit_arg(self.url)}{tls}"
+
+    def coordinator_args(self) -> str:
+        """What an HTTP coordinator is given: over https://, its certificate and the machines' CA."""
+        if self.url and self.url.startswith("https://"):
+            return f" --tls-cert {unit_arg(COORDINATOR_TLS_FILE)} --tls-ca {unit_arg(self.ca_file)}"
+        return ""
 
     def etcd_args(self) -> str:
         tls = f" --etcd-ca {unit_arg(self.ca_file)} --etcd-cert {unit_arg(self.cert_file)}" if "https://" in self.etcd else ""
@@ -280,9 +292,11 @@ def coordinator_unit(fabric_file: Path, listen: str, site: Site = Site(),
     if coordination.etcd:
         etcd = coordination.etcd_args() + (f" --name {name}" if name else "") + (
             f" --shard {shard}" if shard != "1/1" else "")
+    else:
+        etcd = coordination.coordinator_args()
     return {"rlb-coord": f"""[Unit]
 {NO_START_LIMIT}
-Description=RLB fabric coordinator (QP placements for the whole fabric{", on etcd" if etcd else ""})
+Description=RLB fabric coordinator (QP placements for the whole fabric{", on etcd" if coordination.etcd else ""})
 After={" ".join(("network-online.target", *after))}
 [Service]
 ExecStart={site.bin}/rlbcoord run --fabric {fabric_file} --listen {listen}{etcd}

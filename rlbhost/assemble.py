@@ -6,6 +6,7 @@ Adding a fabric kind adds an assembler; nothing here names one."""
 from __future__ import annotations
 
 import logging
+import ssl
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ class Options:
     etcd_ca: Path | None = None         # with an https:// --etcd: the CA of its certificate
     etcd_cert: Path | None = None       # ... and this host's (certificate and key, one file)
     etcd_lease_s: int = 3               # its keys' lease: how long a dead host's QPs stay placed
+    coordinator_tls: ssl.SSLContext | None = None   # with an https:// --coordinator (coordapi.client_tls)
 
     @property
     def interface(self) -> str:

@@ -17,7 +17,7 @@ from typing import List, Optional
 
 import typer
 
-from rlbcommon import cli as common, health as loops
+from rlbcommon import cli as common, coordapi, health as loops
 from rlbcommon.constants import METRICS_PORT, RUN_DIR, VERBS_GROUP
 from rlbcommon.health import Health
 from rlbcommon.metrics import serve
@@ -75,6 +75,8 @@ def run(
         "(default: the host name)."),
     coordinator: Optional[str] = typer.Option(None, help="The fabric coordinator's URL, e.g. "
         "http://[fd00:99::1]:9473: QPs are reported to it and new or idle QPs take its placements."),
+    coordinator_ca: Optional[Path] = common.COORDINATOR_CA_OPTION,
+    coordinator_cert: Optional[Path] = common.COORDINATOR_CERT_OPTION,
     etcd: Optional[str] = typer.Option(None, help="Instead of --coordinator: the fabric's etcd "
         "(comma-separated client URLs, e.g. http://[fd00:99::1]:2379): this host's QPs are written "
         "there as they change, under its own user, and its placements watched."),
@@ -137,10 +139,15 @@ def run(
     interfaces = list(interfaces or []) or _attached(dp, fab, node)
     if coordinator and etcd:
         raise typer.BadParameter("--coordinator or --etcd, not both: the coordinator runs on one or the other")
+    try:
+        coordinator_tls = coordapi.client_tls(coordinator, coordinator_ca, coordinator_cert)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--coordinator-ca/--coordinator-cert") from None
     opts = Options(interfaces, node, path_field, base_path, expiry_ms, roce_port or [],
                    coordinator, etcd, etcd_password_file, report_ms, qp_memory_s, run_dir, probe_ms,
                    probe_dead_ms, probe_key, carrier_rt_priority, tc, verbs, verbs_group, once,
-                   etcd_ca=etcd_ca, etcd_cert=etcd_cert, etcd_lease_s=etcd_lease_s)
+                   etcd_ca=etcd_ca, etcd_cert=etcd_cert, etcd_lease_s=etcd_lease_s,
+                   coordinator_tls=coordinator_tls)
     health = Health(health_file(dp.instance), hang_s)
     if not once:
         Watchdog(health, log).start()      # systemd hears from it while the programs compile, too

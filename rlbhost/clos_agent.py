@@ -217,7 +217,8 @@ def assemble(dp: HostDataplane, fabric: ClosFabric | None, opts: Options, health
         loop = f"coordinator-{nic.ifname}" if nic.label else "coordinator"
         if opts.coordinator:
             clients.append(CoordinatorClient(nic.dp, nic.host, opts.coordinator, opts.report_ms / 1000,
-                                             opts.qp_memory_s, health=health, view=views.get(nic.ifname)))
+                                             opts.qp_memory_s, health=health, view=views.get(nic.ifname),
+                                             tls=opts.coordinator_tls))
         elif etcd is not None:
             clients.append(EtcdCoordinatorClient(nic.dp, nic.host, etcd, opts.report_ms / 1000, opts.qp_memory_s,
                                                  health=health, view=views.get(nic.ifname), lease=lease))

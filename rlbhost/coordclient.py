@@ -7,6 +7,7 @@ dropped and the local rule decides alone; nothing in flight is ever moved."""
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
 
@@ -22,8 +23,8 @@ log = logging.getLogger(__name__)
 class CoordinatorClient:
     def __init__(self, dp: HostDataplane, node: str, url: str, period_s: float = 0.25,
                  memory_s: float = 3.0, fallback_s: float = 3.0, health: Health | None = None,
-                 view: FabricView | None = None):
-        self.dp, self.node, self.url = dp, node, url
+                 view: FabricView | None = None, tls: ssl.SSLContext | None = None):
+        self.dp, self.node, self.url, self.tls = dp, node, url, tls
         if dp.swept is None:
             dp.swept = {}             # the sweep keeps its idle QPs for this client from now on
         self.view = view              # the coordinator's link loads, for new verbs QPs
@@ -71,7 +72,7 @@ class CoordinatorClient:
     def report_once(self) -> int:
         """One round trip; returns the number of placements written."""
         sent = time.monotonic()
-        reply = coordapi.call(self.url, coordapi.REPORT.format(self.node), self.body())
+        reply = coordapi.call(self.url, coordapi.REPORT.format(self.node), self.body(), tls=self.tls)
         if self.view is not None:
             self.view.answered(reply.get("links"), sent)
         index = {p.value: p.index for p in self.dp.paths() if p.valid}

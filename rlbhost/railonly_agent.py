@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
 from pathlib import Path
 
@@ -61,8 +62,9 @@ def direct(src: Gpu, dst: Gpu) -> Decision:
 
 class RailGpuAgent:
     def __init__(self, dp: HostDataplane, fabric: RailOnlyFabric, gpu: str, coordinator: str | None,
-                 health: Health | None = None, period_s: float = 0.1, why_file: Path | None = None):
-        self.dp, self.fabric, self.gpu, self.coordinator = dp, fabric, gpu, coordinator
+                 health: Health | None = None, period_s: float = 0.1, why_file: Path | None = None,
+                 tls: ssl.SSLContext | None = None):
+        self.dp, self.fabric, self.gpu, self.coordinator, self.tls = dp, fabric, gpu, coordinator, tls
         self.me = fabric.gpu(gpu)
         self.runtime = AgentRuntime(log, health)
         self.health, self.stop = self.runtime.health, self.runtime.stop
@@ -127,7 +129,8 @@ class RailGpuAgent:
                        "up": bool(self.carrier.get(ifname, False))}
                 for part, ifname in (("rail", RAIL_IF), ("domain", DOMAIN_IF))}
         try:
-            self.table = coordapi.call(self.coordinator, coordapi.GPU_LOAD.format(self.gpu), body, timeout=0.5)
+            self.table = coordapi.call(self.coordinator, coordapi.GPU_LOAD.format(self.gpu), body, timeout=0.5,
+                                       tls=self.tls)
             self.table_at = time.monotonic()
             self.health.ok("registry")
         except coordapi.CoordinatorError as e:
@@ -239,7 +242,8 @@ def why_file(instance: str) -> Path:
 @HOST_AGENTS.register("rail-only")
 def assemble(dp: HostDataplane, fabric: RailOnlyFabric, opts: Options, health: Health) -> Assembled:
     on_loopback_device(dp, opts)
-    agent = attach(dp, fabric, opts.node, opts.coordinator, health=health, why_file=why_file(dp.instance))
+    agent = attach(dp, fabric, opts.node, opts.coordinator, health=health, why_file=why_file(dp.instance),
+                   tls=opts.coordinator_tls)
     apply_config(dp, opts)
     return Assembled(agent, f"attached to {opts.interface} (ports mode): rail-only: {len(agent.hops)} first hops, "
                      f"address {fabric.address(opts.node)}", {"rails": agent})

@@ -265,7 +265,7 @@ def coordinator(name: str = typer.Option("rlb", help="Lab name."),
         raise typer.BadParameter(f"lab {name} runs without a coordinator")
     if not getattr(lab, "etcd", False):
         with netns.inside(lab.ns("mon")):
-            coord_cli.status(lab.coordinator_url, as_json)
+            coord_cli.status(lab.coordinator_url, as_json, getattr(lab, "coordinator_ca", None))
         return
     leaders = lab.leading_coordinators() or [next(iter(lab.coordinator_urls()))]
     for key in leaders:                # one a shard: each places its leaves' hosts

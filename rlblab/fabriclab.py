@@ -46,7 +46,7 @@ class FabricLab:
 
     def __init__(self, fabric_file: str | Path, name: str = "rlbf", hosts_agent: bool = True,
                  mode: str = "rlb", shape: bool = False, monitor: bool = False, coordinator: bool = True,
-                 etcd: bool = False, shards: int = 1):
+                 etcd: bool = False, shards: int = 1, coordinator_tls: bool = False):
         """mode "rlb": XDP switches fed by bird, rlbhost on hosts. mode "baseline": the same
         fabric as people run it today: bird merges equal paths into kernel ECMP routes, the
         kernel forwards with fib_multipath_hash_policy=1, no XDP, no rlbhost.
@@ -60,7 +60,9 @@ class FabricLab:
         it: TLS only, each machine with a client certificate of the lab's CA (rlbfabric
         etcd-tls), its password its identity.
         shards (with etcd): placement split over that many shards of the leaves (rlbcoord run
-        --shard K/N), two coordinators each, one of which leads its shard."""
+        --shard K/N), two coordinators each, one of which leads its shard.
+        coordinator_tls (over HTTP): HTTPS, each host and leaf showing its machine certificate
+        of the lab's CA (rlbfabric etcd-tls --coordinator), so each reports for itself alone."""
         if mode not in ("rlb", "baseline"):
             raise ValueError(f"mode {mode!r}: rlb or baseline")
         self.fabric_file = Path(fabric_file).resolve()
@@ -70,6 +72,9 @@ class FabricLab:
         self.hosts_agent = hosts_agent and mode == "rlb"
         self.coordinator = coordinator and self.hosts_agent
         self.etcd = etcd and self.coordinator
+        self.coordinator_tls = coordinator_tls and self.coordinator and not self.etcd
+        if self.coordinator_tls and monitor:
+            raise ValueError("coordinator_tls with monitor: the lab's Prometheus scrapes the coordinator over http")
         if shards != 1 and not self.etcd:
             raise ValueError("shards of placement need the coordinator on etcd")
         self.shards = shards
@@ -124,7 +129,24 @@ class FabricLab:
     @property
     def coordinator_url(self) -> str:
         """The coordinator's API (with etcd: the first one's; leader_url() finds the leader)."""
-        return url_for(f"{self.MGMT}1")
+        return url_for(f"{self.MGMT}1", https=self.coordinator_tls)
+
+    @property
+    def coord_creds(self) -> Path:
+        """With coordinator_tls: the lab's CA, the machines' and the coordinator's certificates."""
+        return self.work / "coord-creds"
+
+    @property
+    def coordinator_ca(self) -> Path | None:
+        return etcdtls.ca_file(self.coord_creds) if self.coordinator_tls else None
+
+    def coordinator_args(self, user: str) -> list[str]:
+        """What an agent reporting over HTTP as `user` is given."""
+        args = ["--coordinator", self.coordinator_url]
+        if self.coordinator_tls:
+            args += ["--coordinator-ca", str(self.coordinator_ca),
+                     "--coordinator-cert", str(etcdtls.client_file(self.coord_creds, user))]
+        return args
 
     def coordinator_urls(self) -> dict[str, str]:
         if not self.etcd:
@@ -279,7 +301,7 @@ class FabricLab:
         if self.etcd and self.fabric.node(node).role == "leaf":
             cmd += self.etcd_args(keys.switch_user(node))
         elif self.coordinator and self.fabric.node(node).role == "leaf":
-            cmd += ["--coordinator", self.coordinator_url]
+            cmd += self.coordinator_args(keys.switch_user(node))
         self._spawn(node, cmd, "following links")
 
     def start_host_agent(self, host: str):
@@ -292,7 +314,7 @@ class FabricLab:
         if self.etcd:
             cmd += [*self.etcd_args(keys.host_user(host)), "--report-ms", "100"]
         elif self.coordinator:
-            cmd += ["--coordinator", self.coordinator_url]
+            cmd += self.coordinator_args(keys.host_user(host))
         self._spawn(host, cmd, "following addresses")
 
     def start_etcd(self):
@@ -324,6 +346,12 @@ class FabricLab:
                 args += [*self.etcd_args(keys.COORDINATOR_USER), "--name", name, "--lease-ttl-s", "1"]
                 if self.shards > 1:
                     args += ["--shard", str(self.shard_of(name))]
+            elif self.coordinator_tls:
+                if not etcdtls.coordinator_file(self.coord_creds).exists():
+                    etcdtls.issue(self.fabric, self.coord_creds, [f"{self.MGMT}1"])
+                    etcdtls.issue_coordinator(self.coord_creds, [f"{self.MGMT}1"])
+                args += ["--tls-cert", str(etcdtls.coordinator_file(self.coord_creds)),
+                         "--tls-ca", str(self.coordinator_ca)]
             self._spawn(key, ["ip", "netns", "exec", self.ns("mon"), *confined(args, COORDINATOR_CAPS)],
                         "listening on")
 
@@ -331,12 +359,13 @@ class FabricLab:
         """The coordinator's status (with etcd: the leader's, or `key`'s)."""
         with netns.inside(self.ns("mon")):
             urls = self.coordinator_urls()
+            tls = coordapi.client_tls(self.coordinator_url, self.coordinator_ca)
             if key is not None:
-                return coordapi.call(urls[key], coordapi.STATUS)
+                return coordapi.call(urls[key], coordapi.STATUS, tls=tls)
             statuses = []
             for k, url in urls.items():
                 try:
-                    statuses.append(coordapi.call(url, coordapi.STATUS, timeout=1.0))
+                    statuses.append(coordapi.call(url, coordapi.STATUS, timeout=1.0, tls=tls))
                 except coordapi.CoordinatorError:
                     continue
             if not statuses:

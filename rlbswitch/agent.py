@@ -7,10 +7,12 @@ test or a lab can run the same agent. Stopping it leaves forwarding running from
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlbcommon import coordapi
 from rlbcommon.constants import RUN_DIR
 from rlbcommon.health import Health
 from rlbcommon.metrics import serve
@@ -56,6 +58,9 @@ class SwitchOptions:
     etcd_ca: Path | None = None
     etcd_cert: Path | None = None
     heartbeat_ms: int = INTERVAL_MS       # neighbours' data-plane liveness (heartbeat.py); 0: off
+    coordinator_ca: Path | None = None    # with an https:// coordinator: its CA, this switch's certificate
+    coordinator_cert: Path | None = None
+    coordinator_tls: ssl.SSLContext | None = None     # made from the two by check()
 
     def check(self, once: bool):
         """Refuse what the options cannot do together, before anything is attached."""
@@ -67,6 +72,10 @@ class SwitchOptions:
             raise DataplaneError("--coordinator or --etcd, not both: the coordinator runs on one or the other")
         if (self.etcd_ca or self.etcd_cert) and not self.etcd:
             raise DataplaneError("--etcd-ca and --etcd-cert go with --etcd")
+        try:
+            self.coordinator_tls = coordapi.client_tls(self.coordinator, self.coordinator_ca, self.coordinator_cert)
+        except ValueError as e:
+            raise DataplaneError(str(e)) from None
         if once and not self.interfaces:
             raise DataplaneError("--once: name the ports to attach")
         if (self.fabric_file is None) != (self.node is None):
@@ -129,7 +138,7 @@ class SwitchAgent:
         reporter = None
         if o.coordinator or o.etcd:
             try:
-                publish = (HttpUplinks(o.coordinator, o.node) if o.coordinator else
+                publish = (HttpUplinks(o.coordinator, o.node, o.coordinator_tls) if o.coordinator else
                            EtcdUplinks(etcdauth.client(o.etcd, keys.switch_user(o.node), o.etcd_password_file,
                                                        o.etcd_ca, o.etcd_cert), o.node))
                 reporter = LinkReporter(self.sync.fabric, o.node, publish, self.runtime, silent=self.silent_ports)

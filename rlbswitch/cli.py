@@ -58,6 +58,8 @@ def run(
     coordinator: Optional[str] = typer.Option(None, help="A leaf: tell the fabric coordinator at "
         "this URL (e.g. http://[fd00:99::1]:9473) which uplinks are up, so it never places QPs on "
         "a dead one. Needs --fabric and --node."),
+    coordinator_ca: Optional[Path] = common.COORDINATOR_CA_OPTION,
+    coordinator_cert: Optional[Path] = common.COORDINATOR_CERT_OPTION,
     etcd: Optional[str] = typer.Option(None, help="A leaf, instead of --coordinator: write its uplinks "
         "to the fabric's etcd (comma-separated client URLs) under its own user, where the "
         "coordinators read them."),
@@ -85,7 +87,8 @@ def run(
     opts = SwitchOptions([] if control_only else list(interfaces or []), generic, speed_mbps,
                          fabric_file, None, node, bird_socket, run_dir, control_only, resync_s,
                          coordinator, 0 if control_only else metrics_port, metrics_addr, ctx.node_label,
-                         etcd, etcd_password_file, etcd_ca, etcd_cert, heartbeat_ms)
+                         etcd, etcd_password_file, etcd_ca, etcd_cert, heartbeat_ms, coordinator_ca,
+                         coordinator_cert)
     opts.check(once)
     opts.fabric = load(fabric_file) if fabric_file else None
     dp = ctx.dataplane()

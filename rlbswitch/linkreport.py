@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 from typing import Callable
 
@@ -29,11 +30,11 @@ def link_up(flags: int) -> bool:
 class HttpUplinks:
     """The coordinator's HTTP API: every refresh is a report."""
 
-    def __init__(self, url: str, node: str):
-        self.url, self.node = url, node
+    def __init__(self, url: str, node: str, tls: ssl.SSLContext | None = None):
+        self.url, self.node, self.tls = url, node, tls
 
     def __call__(self, state: dict[str, bool]):
-        coordapi.call(self.url, coordapi.LINKS.format(self.node), {"ports": state})
+        coordapi.call(self.url, coordapi.LINKS.format(self.node), {"ports": state}, tls=self.tls)
 
 
 class EtcdUplinks:

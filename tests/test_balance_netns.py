@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rlbcommon import netns
+from rlbcommon import coordapi, netns
 from rlbfabric import balance, workloads
+from rlbfabric.coord import etcdtls, keys
 from rlbhost.dataplane import HostDataplane
 from rlblab.fabricgen import make_fabric
 from rlblab.matrix import FORGET_S, run_matrix
@@ -24,7 +25,7 @@ LAB = Path(__file__).resolve().parent.parent / "lab"
 
 @pytest.fixture(scope="module")
 def default():
-    with fabric_lab(LAB / "fabric.toml", "rlbbd") as lab:
+    with fabric_lab(LAB / "fabric.toml", "rlbbd", coordinator_tls=True) as lab:   # HTTPS, a certificate each
         yield lab
 
 
@@ -49,6 +50,22 @@ def test_default_fabric_local_rule_and_coordinator_reach_the_best(default, kind,
     print(f"\n{kind} x{per_conn}: best {best}, local (burst 1) {r.figures(0)}, coordinated {r.figures(1)}")
     for got in (r.figures(1), r.figures(0)):   # coordinated; and the local rule, exact here too
         assert got[0] <= best[0] + 0.05 and got[1] <= best[1] + 0.05, (got, best)
+
+
+def test_hold_over_https_every_host_reports_for_itself_alone(default):
+    """The default lab's coordinator serves HTTPS and reads each reporter from its certificate
+    (the balance tests above ran through it): every host and leaf got in with its own, and a
+    report about h1 shown with h2's certificate is refused."""
+    s = default.coordinator_status()
+    assert set(s["hosts"]) == set(default.hosts)
+    assert s["http"]["identity"] == 0 and s["http"]["handshake"] == 0
+    assert not s["dead_links"]                       # the leaves' link reports got in too
+    h2 = etcdtls.client_file(default.coord_creds, keys.host_user("h2"))
+    with netns.inside(default.ns("mon")):
+        tls = coordapi.client_tls(default.coordinator_url, default.coordinator_ca, h2)
+        with pytest.raises(coordapi.CoordinatorError, match="403"):
+            coordapi.call(default.coordinator_url, coordapi.REPORT.format("h1"), {"paths": {}, "qps": []}, tls=tls)
+    assert default.coordinator_status()["http"]["identity"] == 1
 
 
 def diagnose(lab, unplaced: dict) -> str:

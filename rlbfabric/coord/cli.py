@@ -16,6 +16,7 @@ from typing import Optional
 import typer
 
 from rlbcommon import cli as common, coordapi
+from rlbcommon import tls as tlsmod
 from rlbcommon.heap import Heap
 from rlbfabric.fabric import FabricError, load
 
@@ -67,6 +68,13 @@ def run(
     host_qps_max: int = typer.Option(service.HOST_QPS_MAX, min=1, help="The QPs of one host placed at "
                                      "most: a host reporting more is refused (its earlier state kept, its "
                                      "QPs on its local rule) and logged."),
+    tls_cert: Optional[Path] = typer.Option(None, help="Serve HTTPS with this certificate and its key in "
+                                            "one PEM file (mode 600; rlbfabric etcd-tls --coordinator "
+                                            "issues coordinator-server.pem)."),
+    tls_ca: Optional[Path] = typer.Option(None, help="With --tls-cert: the CA of the machines' "
+                                          "certificates (rlbfabric etcd-tls's ca.pem). A report is then "
+                                          "taken only from the machine it is about; status and metrics "
+                                          "stay readable without a certificate."),
 ):
     """Run the coordinator in the foreground: the command of the rlb-coord unit.
 
@@ -99,10 +107,18 @@ def run(
         except ValueError as e:
             raise CoordError(str(e)) from None
         runner = EtcdCoordination(coord, client, name, lease_ttl_s=lease_ttl_s, shard=part)
+    if tls_ca and not tls_cert:
+        raise CoordError("--tls-ca goes with --tls-cert (clients' certificates are read over HTTPS only)")
+    try:
+        tls = tlsmod.server_context(tls_cert, tls_ca) if tls_cert else None
+    except ValueError as e:
+        raise CoordError(str(e)) from None
+    if tls_cert and not tls_ca and runner is None:
+        log.warning("HTTPS without --tls-ca: reports are taken from anybody who reaches %s", listen)
     try:
         server = make_server(coord, listen, port, exposition(coord, runner.status if runner else None),
                              reports=runner is None,
-                             extra_status=runner.status if runner else None)
+                             extra_status=runner.status if runner else None, tls=tls)
     except OSError as e:
         raise CoordError(f"cannot listen on {coordapi.url_for(listen, port)}: {e.strerror}") from None
     stop = threading.Event()
@@ -127,7 +143,9 @@ def run(
     if runner is None:                 # with etcd, leases end hosts
         threading.Thread(target=expire, name="expire", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    log.info("%s from %s; listening on %s", coord.summary(), fabric, coordapi.url_for(listen, port))
+    log.info("%s from %s; listening on %s%s", coord.summary(), fabric,
+             coordapi.url_for(listen, port, https=tls is not None),
+             "; reports only with their machine's certificate" if tls_ca else "")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -144,11 +162,17 @@ def run(
 
 @app.command()
 def status(url: str = typer.Option(DEFAULT_URL, help=URL_HELP),
-           as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")):
+           as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+           ca: Optional[Path] = typer.Option(None, help="With an https:// URL: the CA of the "
+                                             "coordinator's certificate (default: the system's CAs).")):
     """What the coordinator holds: hosts reporting, QPs, load per link, balance (or h-scores).
 
     Example: rlbcoord status --url http://[fd00:99::1]:9473 --json"""
-    s = coordapi.call(url, coordapi.STATUS)
+    try:
+        tls = coordapi.client_tls(url, ca)
+    except ValueError as e:
+        raise CoordError(str(e)) from None
+    s = coordapi.call(url, coordapi.STATUS, tls=tls)
     if as_json:
         typer.echo(json.dumps(s, indent=2))
         return

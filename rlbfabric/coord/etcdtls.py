@@ -15,7 +15,9 @@ Files, in the directory given (mode 700; keys mode 600):
     ca.pem, ca.key            the CA (keep ca.key off the machines, like root's password)
     server.pem, server.key    etcd's --cert-file and --key-file (also its client side: etcd's
                               gateway connects to its own gRPC port with them)
-    <user>.pem                a client's certificate and key in one file (--etcd-cert)"""
+    <user>.pem                a client's certificate and key in one file (--etcd-cert; also
+                              --coordinator-cert: the coordinator reads the machine from OU)
+    coordinator-server.pem    the coordinator's HTTPS certificate and key (rlbcoord run --tls-cert)"""
 from __future__ import annotations
 
 import ipaddress
@@ -48,6 +50,29 @@ def client_file(directory: Path, user: str) -> Path:
 
 def server_files(directory: Path) -> tuple[Path, Path]:
     return directory / "server.pem", directory / "server.key"
+
+
+def coordinator_file(directory: Path) -> Path:
+    """The coordinator's HTTPS certificate and key, one file (rlbcoord run --tls-cert)."""
+    return directory / "coordinator-server.pem"
+
+
+def issue_coordinator(directory: Path, servers: list[str]) -> list[str]:
+    """The coordinator's HTTPS certificate for `servers` (its addresses or names, as the agents'
+    --coordinator URLs write them), from the CA issue() made; again when the names change."""
+    ca, ca_key = ca_file(directory), directory / "ca.key"
+    if not ca.exists() or not ca_key.exists():
+        raise ValueError(f"no CA in {directory}: issue the fabric's certificates first")
+    alt = ",".join(_alt_name(s) for s in servers)
+    f = coordinator_file(directory)
+    if f.exists() and _alt_names(f) == _alt_names_of(alt):
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        c, k = Path(tmp) / "c.pem", Path(tmp) / "c.key"
+        _leaf(directory, ca, ca_key, f"/O={O}/OU=coordinator", f"subjectAltName={alt}\nextendedKeyUsage=serverAuth",
+              c, k)
+        write_private(f, c.read_text() + k.read_text())
+    return [str(f)]
 
 
 def issue(fabric: Fabric | None, directory: Path, servers: list[str]) -> list[str]:

@@ -1,10 +1,13 @@
 """What any exposed HTTP server needs, for the coordinator's: a bounded number of connections
 served at once (one past it is answered 503 and closed, not given a thread), a read and idle
 timeout per connection, a per-client request rate (429 past it), and a body read only with a
-strict Content-Length (no chunked bodies, no negative or oversized lengths)."""
+strict Content-Length (no chunked bodies, no negative or oversized lengths); over TLS, each
+handshake in its connection's own thread and time."""
 from __future__ import annotations
 
 import logging
+import ssl
+import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -73,14 +76,23 @@ class GuardedServer(ThreadingHTTPServer):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self.slots = threading.BoundedSemaphore(self.max_connections)
-        self.counters = {"busy": 0, "rate": 0, "length": 0}
+        self.counters = {"busy": 0, "rate": 0, "length": 0, "identity": 0, "handshake": 0}
         self.limiter = RateLimiter(RATE_PER_S, BURST)
+
+    def use_tls(self, ctx: ssl.SSLContext):
+        """Serve HTTPS: each connection's handshake runs in its own thread, within its idle
+        timeout (a client that stalls the handshake holds one slot, never the accept loop)."""
+        self.socket = ctx.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+        self.tls = True
+
+    tls = False
 
     def process_request(self, request, client_address):
         if not self.slots.acquire(blocking=False):
             self.counters["busy"] += 1
             try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                if not self.tls:                 # over TLS an answer needs the handshake: just close
+                    request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             except OSError:
                 pass
             self.shutdown_request(request)
@@ -96,3 +108,15 @@ class GuardedServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self.slots.release()
+
+    def handle_error(self, request, client_address):
+        """A failed TLS handshake (no certificate of the CA, a port scan) or a peer gone mid-request
+        is counted and logged in one line, not as a traceback."""
+        err = sys.exc_info()[1]
+        if isinstance(err, ssl.SSLError):
+            self.counters["handshake"] += 1
+            log.info("TLS handshake with %s failed: %s", client_address[0], getattr(err, "reason", None) or err)
+        elif isinstance(err, OSError):
+            log.debug("connection from %s: %s", client_address[0], err)
+        else:
+            super().handle_error(request, client_address)

@@ -236,6 +236,19 @@ def switch_user(switch: str) -> str:
     return f"rlb-switch-{switch}"
 
 
+# what a coordinator HTTP report is about (POST /v1/<tree>/<name>/...) -> whose it is
+REPORTERS = {"hosts": lambda fabric, name: host_user(fabric.machine_of(name)),
+             "gpus": lambda fabric, name: host_user(fabric.machine_of(name)),
+             "switches": lambda fabric, name: switch_user(name)}
+
+
+def reporter(fabric: Fabric, tree: str, name: str) -> str | None:
+    """The identity (certificate unit, etcd user) a report about `name` must come from; None for
+    a path that is no report."""
+    rule = REPORTERS.get(tree)
+    return rule(fabric, name) if rule else None
+
+
 @dataclass(frozen=True)
 class Grant:
     prefix: str

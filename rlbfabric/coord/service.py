@@ -10,6 +10,7 @@ import ipaddress
 import json
 import logging
 import math
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,10 +18,11 @@ from socket import AF_INET6
 from typing import Callable
 
 from rlbcommon import coordapi
+from rlbcommon import tls as tlsmod
 from rlbcommon.ipv6 import ipv6_int
 
 from .. import balance
-from . import COORDINATORS, httpguard
+from . import COORDINATORS, httpguard, keys
 from ..clos import ClosFabric
 from ..policy.placement import DOWN, UP
 from ..policy.qpplacer import QpInfo, QpPlacer
@@ -500,11 +502,15 @@ def _lookup(tables, addr: ipaddress.IPv6Address) -> dict[int, float]:
 
 def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
                 metrics: Callable[[], bytes] | None = None, reports: bool = True,
-                extra_status: Callable[[], dict] | None = None) -> ThreadingHTTPServer:
+                extra_status: Callable[[], dict] | None = None,
+                tls: ssl.SSLContext | None = None) -> ThreadingHTTPServer:
     """An HTTP server for the API (serve_forever() to run it): `coord` is the Coordinator of a
     leaf-spine fabric or the HRegistry of a rail-only one (hregistry.py). reports False: status
     and metrics only (with etcd, reports come from there, each writer known by its user);
-    extra_status adds its dict under "etcd"."""
+    extra_status adds its dict under "etcd". `tls` (rlbcommon.tls.server_context): HTTPS; one
+    that checks clients' certificates takes a report only from the machine it is about
+    (keys.reporter: its certificate's unit), status and metrics from anybody."""
+    identities = tls is not None and tls.verify_mode != ssl.CERT_NONE
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "rlbcoord"
@@ -516,6 +522,21 @@ def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
             self.server.counters["rate"] += 1
             self.close_connection = True
             self._send(429, {"error": f"more than {httpguard.RATE_PER_S:g} requests a second from {self.client_address[0]}"})
+            return False
+
+        def _identified(self, tree: str, name: str) -> bool:
+            """The client's certificate names the machine the report is about (one the fabric
+            does not know is refused by the report itself)."""
+            want = keys.reporter(coord.fabric, tree, name)
+            got = tlsmod.peer_unit(self.connection)
+            if want is None or got == want:
+                return True
+            self.server.counters["identity"] += 1
+            self.close_connection = True
+            log.warning("refused %s from %s: its certificate is %s's, not %s's", self.path, self.address_string(),
+                        got or "nobody", want)
+            self._send(403, {"error": f"a report about {name} is taken only with {want}'s certificate, "
+                                      f"not {got or 'none'}"})
             return False
 
         def log_message(self, fmt, *args):
@@ -561,6 +582,8 @@ def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
                 self._send(403, {"error": "this coordinator takes reports through etcd (rlbhost --etcd, "
                                           "rlbswitch --etcd), where each writer is known"})
                 return
+            if identities and len(parts) == 4 and not self._identified(parts[1], parts[2]):
+                return
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if len(parts) == 4 and parts[:2] == ["v1", "hosts"] and parts[3] == "report":
@@ -583,4 +606,7 @@ def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
     cls = httpguard.GuardedServer
     if ":" in addr:
         cls = type("GuardedServer6", (cls,), {"address_family": AF_INET6})
-    return cls((addr, port), Handler)
+    server = cls((addr, port), Handler)
+    if tls is not None:
+        server.use_tls(tls)
+    return server
