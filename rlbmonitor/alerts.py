@@ -73,6 +73,11 @@ RULES = [
     ("RlbFabricKeyFileBad", "rlb_host_fabric_key_file_bad == 1", "1m", "critical",
      "{{ $labels.node }}: the fabric's key file is gone, empty or unreadable: the agent goes on with the keys "
      "it read before, but a restart would run it without them (put the file back, mode 600)"),
+    ("RlbCoordReportWithoutIdentity", "increase(rlb_coord_http_refused_total{why=~\"identity|handshake\"}[5m]) > 0",
+     "0m", "warning",
+     "the coordinator refused {{ $value }} report(s) or handshake(s) in 5 min: a machine reporting for "
+     "another, without its certificate, or with one of another CA (its log names the client and whose "
+     "certificate it showed)"),
     ("RlbCoordHostOverQpLimit", "max(rlb_coord_etcd_hosts_over) > 0", "1m", "warning",
      "{{ $value }} host(s) hold more QPs in etcd than a host may have placed (rlbcoord run --host-qps-max): "
      "their new QPs are not placed and the coordinator keeps only a count of them (rlbcoord status names "

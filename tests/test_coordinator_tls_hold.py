@@ -5,6 +5,7 @@ handshake; a client that stalls its handshake holds one connection, not the serv
 certificates, the real server on loopback, the agents' own client (coordapi)."""
 from __future__ import annotations
 
+import http.client
 import socket
 import ssl
 import subprocess
@@ -71,6 +72,10 @@ def test_hold_a_report_is_taken_only_with_its_own_machines_certificate(pki, serv
     status = coordapi.call(server.url, coordapi.STATUS, tls=as_machine(pki, None))   # no certificate needed
     assert status["hosts"]["h1"]["qps"] == 1 and "h2" not in status["hosts"]
     assert status["http"]["identity"] == 3
+    conn = http.client.HTTPSConnection("::1", server.server_address[1], context=as_machine(pki, None), timeout=5)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    assert 'rlb_coord_http_refused_total{why="identity"} 3.0' in text and "rlb_coord_hosts 1.0" in text
     # a leaf's link report with the leaf's own certificate; with a host's, refused
     ports = {p.ifname: True for p in FABRIC.ports_up(FABRIC.node("l1"))}
     coordapi.call(server.url, coordapi.LINKS.format("l1"), {"ports": ports}, tls=as_machine(pki, keys.switch_user("l1")))

@@ -12,6 +12,11 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
+from prometheus_client import generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from rlbcommon.metrics import counter
+
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 64           # connections served at once (each is a thread)
@@ -120,3 +125,24 @@ class GuardedServer(ThreadingHTTPServer):
             log.debug("connection from %s: %s", client_address[0], err)
         else:
             super().handle_error(request, client_address)
+
+
+class _Refusals:
+    def __init__(self, counters: dict):
+        self.counters = counters
+
+    def collect(self):
+        c = counter("rlb_coord_http_refused", "HTTP requests and connections the coordinator refused, by "
+                    "why: busy (connections at the bound), rate (a client past its rate), length (no "
+                    "strict Content-Length), identity (a report shown with another machine's "
+                    "certificate, or none), handshake (TLS failed: a certificate of another CA)", ["why"])
+        for why, n in self.counters.items():
+            c.add_metric([why], n)
+        yield c
+
+
+def exposition(counters: dict) -> bytes:
+    """The server's refusals in Prometheus text, appended to the coordinator's own /metrics."""
+    registry = CollectorRegistry()
+    registry.register(_Refusals(dict(counters)))
+    return generate_latest(registry)

@@ -562,7 +562,8 @@ def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
             elif self.path == "/healthz":
                 self._send(200, {"ok": True})
             elif self.path == "/metrics" and metrics:
-                self._send(200, body=metrics(), ctype="text/plain; version=0.0.4")
+                self._send(200, body=metrics() + httpguard.exposition(self.server.counters),
+                           ctype="text/plain; version=0.0.4")
             else:
                 self._send(404, {"error": f"no {self.path}"})
 
