@@ -116,6 +116,44 @@ def test_juniper_fig13_lost_pinned_path_falls_back_to_dlb():
     assert single.route.mode == "pinned"          # one path: nothing to balance
 
 
+def test_a_spine_that_drops_aigp_still_gets_its_prefixes_pinned_by_colour():
+    """An FRR 8.4 spine (or any without AIGP) on s2: prefix 2 arrives with its colour on every
+    path and AIGP on none. The leaf's uplink of colour 2 is eth-s2: pinned there, the others its
+    backups. With s2's path gone too: DLB (the pinned path really is lost). Where a path carries
+    AIGP, AIGP decides as before."""
+    ports = {k: f"eth-s{k}" for k in range(1, 5)}
+    paths = [bgp("fc00:1:1:2::/64", s, colour=2, best=(s == 1)) for s in range(1, 5)]
+    c = compile_prefix("fc00:1:1:2::/64", paths, "dpf", lambda i: 1.25e9, colour_port=ports.get)
+    assert c.route.mode == "pinned" and c.route.nexthops[0].ifname == "eth-s2"
+    assert sorted(b.ifname for b in c.route.backups) == ["eth-s1", "eth-s3", "eth-s4"] and "by colour 2" in c.why
+    gone = [p for p in paths if p.iface != "eth-s2"]
+    lost = compile_prefix("fc00:1:1:2::/64", gone, "dpf", lambda i: 1.25e9, colour_port=ports.get)
+    assert lost.route.mode == "dlb" and len(lost.route.nexthops) == 3
+    aigp = [bgp("fc00:1:1:2::/64", s, colour=2, aigp=1 if s == 3 else None) for s in range(1, 5)]
+    assert compile_prefix("fc00:1:1:2::/64", aigp, "dpf", lambda i: 1.25e9,
+                          colour_port=ports.get).route.nexthops[0].ifname == "eth-s3"
+    # without a colour rule (a spine's own routes): DLB as before
+    assert compile_prefix("fc00:1:1:2::/64", paths, "dpf", lambda i: 1.25e9).route.mode == "dlb"
+
+
+def test_a_leaf_pins_by_colour_through_its_uplink_of_that_colour():
+    """compile_for_node on a leaf of the lab's 4-spine fabric: colour k is the uplink to spine
+    k (the port the originating leaf gives AIGP); a 2x2 fabric folds colours 3 and 4 onto its
+    two spines as port_id does."""
+    from pathlib import Path
+    from rlbfabric.fabric import load
+    from rlbfabric.policy.compiler import colour_ports
+    lab = Path(__file__).resolve().parent.parent / "lab"
+    fab = load(lab / "fabric.toml")
+    leaf = fab.leaves[0]
+    port = colour_ports(fab, leaf)
+    assert [port(k) for k in range(1, 5)] == [p.ifname for p in fab.ports_up(leaf)]
+    assert [fab.spine_for_path(leaf, k).name for k in range(1, 5)] == [p.peer.name for p in fab.ports_up(leaf)]
+    small = load(lab / "fabric-2x2.toml")
+    sp = colour_ports(small, small.leaves[0])
+    assert [sp(k) for k in range(1, 5)] == [sp(1), sp(2), sp(1), sp(2)] and sp(1) != sp(2)
+
+
 def test_fare_3_stage_weights_follow_the_slower_link():
     """§4.1: L8 weights each spine's route by min(link to that spine, path bandwidth)."""
     gbps = 1.25e8

@@ -54,6 +54,24 @@ def test_leaf_config_carries_the_traps_found_on_2_0_12():
     assert "neighbor fe80::1 as 65000;" in birdconf.render_neighbors(fab, fab.node("l1"), {"s1": "fe80::1"})
 
 
+@pytest.mark.parametrize("name", ["fabric.toml", "fabric-5stage.toml", "fabric-parallel.toml"])
+def test_every_fabric_port_sends_router_advertisements_as_nobodys_default_router(name):
+    """Unnumbered peers of other makes (FRR's `neighbor IF interface`) learn a switch's
+    link-local address from its RAs: every fabric port of every switch sends them with lifetime
+    0; a leaf's host ports keep the SLAAC ones (hosts' default router, with prefixes)."""
+    import re
+    fab = fabric.load(LAB / name)
+    for node in fab.switches:
+        conf = birdconf.render(fab, node.name, Path("/run/rlb"))
+        fabric_ports = {p.ifname for p in (*fab.ports_up(node), *fab.ports_down(node))
+                        if p.peer.role != "host"} if node.role != "leaf" else {p.ifname for p in fab.ports_up(node)}
+        lifetime0 = set(re.findall(r'interface "([^"]+)" \{ min ra interval 3; max ra interval 4; default lifetime 0; \}', conf))
+        assert lifetime0 == fabric_ports, (node.name, lifetime0 ^ fabric_ports)
+        if node.role == "leaf":
+            for _, _, ifname in fab.host_ports(node):
+                assert f'interface "{ifname}" {{ min ra interval 3; max ra interval 4; }};' in conf
+
+
 def test_five_stage_topology():
     fab = fabric.load(LAB / "fabric-5stage.toml")
     assert fab.stages == 5

@@ -1,7 +1,9 @@
 """bird2 configuration for one node, rendered from the fabric description.
 
-Leaves: radv on host ports (bird 2.0.12 advertises the prefixes of the addresses on the
-interface, so the leaf's gateway address per prefix is part of the plan), prefix k exported to
+Every fabric port sends router advertisements with lifetime 0 (FABRIC_RA: unnumbered peers
+learn the switch's link-local address from them). Leaves: radv on host ports (bird 2.0.12
+advertises the prefixes of the addresses on the interface, so the leaf's gateway address per
+prefix is part of the plan), prefix k exported to
 every uplink with colour k and, only towards the spine of colour k, AIGP (igp_metric >= 2^31
 suppresses AIGP: unset(bgp_aigp) does not, and a direct route's implicit metric 0 would pin the
 prefix to the wrong spine), FARE path bandwidth originated at its maximum. Neighbours are in an
@@ -57,6 +59,17 @@ protocol kernel {{
   ipv6 {{ import none; export where source = RTS_BGP; }};
 }}
 """
+
+
+# Router advertisements on fabric links, as the specification's BGP auto-discovery has them:
+# a peer configured the standard unnumbered way (FRR's `neighbor IF interface`, most vendors')
+# learns this switch's link-local address from them. Router lifetime 0: nobody's default router;
+# a fabric port has no prefix to advertise (link-local only).
+FABRIC_RA = "min ra interval 3; max ra interval 4; default lifetime 0;"
+
+
+def _fabric_radv(ifnames: list[str]) -> str:
+    return "\n".join(f'  interface "{i}" {{ {FABRIC_RA} }};' for i in ifnames)
 
 
 def _bfd(fabric: Fabric, pattern: str) -> str:
@@ -148,8 +161,8 @@ def render_leaf(fabric: Fabric, leaf: Node, run_dir: Path, baseline: bool = Fals
         for k, net in enumerate(fabric.host_prefixes(leaf, port), start=1):
             cases.append(f"  if net = {net} then k = {k};")
     ifs = ", ".join(f'"{ifname}"' for _, _, ifname in hports)
-    radv = "\n".join(f'  interface "{ifname}" {{ min ra interval 3; max ra interval 4; }};'
-                     for _, _, ifname in hports)
+    radv = "\n".join([*(f'  interface "{ifname}" {{ min ra interval 3; max ra interval 4; }};'
+                        for _, _, ifname in hports), _fabric_radv([p.ifname for p in fabric.ports_up(leaf)])])
     hi = pathbw_hi(fabric.pathbw_subtype, leaf.asn)
     port_of_k = "\n".join(f"  if k = {k} then uplink_k = {fabric.port_id(k, leaf)};"
                           for k in range(1, fabric.paths + 1))
@@ -209,8 +222,12 @@ template bgp superspine {{
 }}
 include "{neighbors_file(run_dir, spine.name)}";   # super-spines: written by the agent
 """
+    fabric_ports = [p.ifname for p in (*fabric.ports_down(spine), *fabric.ports_up(spine))]
     return _common(f"10.255.{100 + spine.pod}.{spine.plane}", run_dir, spine.name, ecmp=baseline) + f"""{_bfd(fabric, "eth-*")}
 include "{pathbw_file(run_dir, spine.name)}";   # FARE: written by the agent
+protocol radv {{
+{_fabric_radv(fabric_ports)}
+}}
 
 template bgp leaf {{
   local as {spine.asn};
@@ -224,6 +241,9 @@ template bgp leaf {{
 def render_superspine(fabric: Fabric, ss: Node, run_dir: Path, baseline: bool = False) -> str:
     return _common(f"10.255.200.{ss.index}", run_dir, ss.name, ecmp=baseline) + f"""{_bfd(fabric, "eth-*")}
 include "{pathbw_file(run_dir, ss.name)}";   # FARE link bandwidth: written by the agent
+protocol radv {{
+{_fabric_radv([p.ifname for p in fabric.ports_down(ss)])}
+}}
 
 template bgp spine {{
   local as {ss.asn};
