@@ -38,6 +38,12 @@ class Node:
     hosts: list[str] = field(default_factory=list)
     pod: int = 1
     plane: int = 0                # spines: position in the pod; super-spines: given
+    daemon: str = "bird"          # its routing daemon: bird (with rlbswitch), or frr (ROUTING_DAEMONS)
+
+
+# what a switch's BGP runs on: bird, fed to XDP by rlbswitch; or FRR, a spine of another make
+# (the kernel forwards; rlbfabric/frr renders its config)
+ROUTING_DAEMONS = ("bird", "frr")
 
 
 @dataclass(frozen=True)

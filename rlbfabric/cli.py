@@ -3,8 +3,8 @@
 `units` renders the systemd units an operator installs on a switch, a GPU host or the coordinator;
 `net` is the boot-time link setup those units run; `prometheus` the scrape configuration of every
 agent of the fabric; `etcd-tls` the etcd certificates and `etcd-users` the etcd identities of
-every machine; `host-keys` the keys each pair of machines shares (docs/operations.md walks through
-them)."""
+every machine; `host-keys` the keys each pair of machines shares; `frr-config` FRR's
+configuration for a spine of another make (docs/operations.md walks through them)."""
 from __future__ import annotations
 
 import re
@@ -15,6 +15,7 @@ import typer
 
 from rlbcommon import cli as common
 from rlbcommon.etcd import EtcdError
+from rlbcommon.paths import write_private
 from rlbfabric.scrape import fabric_scrape_config, read_addresses
 
 from . import hostkeys
@@ -24,6 +25,7 @@ from .coord.shards import Shard
 from .deploy import ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_PASSWORD_FILE, Coordination, Site, XdpMode, coordinator_unit, net as net_setup, \
     units as node_units
 from .fabric import FabricError, load
+from .frr.conf import render_spine as render_frr_spine
 
 app = common.program_app(__doc__)
 FABRIC_HELP = "The fabric description (TOML)."
@@ -84,6 +86,43 @@ def units(
             typer.echo(f"wrote {out / f'{name}.service'}")
         else:
             typer.echo(f"# {name}.service\n{text}")
+
+
+@app.command("frr-config")
+def frr_config(
+    fabric: Path = typer.Option(..., help=FABRIC_HELP),
+    node: str = typer.Option(..., help="The spine's name in the fabric file (daemon = \"frr\" there)."),
+    log: Path = typer.Option(Path("/var/log/frr/frr.log"), help="Where FRR logs."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="File to write (mode 600: it holds the BGP "
+                                       "password; default: print it)."),
+):
+    """Render FRR's configuration for a spine of another make in an RLB fabric.
+
+    What such a spine needs beside RLB's switches: unnumbered sessions to its leaves the standard
+    way (each leaf's link-local address from its router advertisements), the fabric's BGP
+    password, GTSM and fast timers, BFD at the fabric's interval, each leaf's prefixes only, and
+    multipath; the colour and FARE path-bandwidth communities pass through it (docs/operations.md,
+    "A spine of another make").
+
+    Example: rlbfabric frr-config --fabric /etc/rlb/fabric.toml --node s1 -o /etc/frr/frr.conf
+    """
+    fab = load(fabric)
+    try:
+        sw = fab.node(node)
+    except FabricError as e:
+        raise typer.BadParameter(str(e), param_hint="--node") from None
+    if sw.role != "spine":
+        raise typer.BadParameter(f"{node} is a {sw.role}: FRR is supported on spines (leaves run bird and rlbswitch)",
+                                 param_hint="--node")
+    try:
+        text = render_frr_spine(fab, sw, log)
+    except ValueError as e:
+        raise FabricError(str(e)) from None
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    write_private(out, text)
+    typer.echo(f"wrote {out}")
 
 
 @app.command()

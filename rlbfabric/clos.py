@@ -9,7 +9,7 @@ from typing import ClassVar
 from rlbcommon.constants import POLICIES
 
 from . import addrplan, bgpsec
-from .base import NAME, SWITCH_ROLES, FabricError, Link, Node, Port, kind, node_name_asn
+from .base import NAME, ROUTING_DAEMONS, SWITCH_ROLES, FabricError, Link, Node, Port, kind, node_name_asn
 from .bgpsec import GRACEFUL_RESTART_S, BgpSecurity
 from .servers import Nic, parse_servers
 
@@ -323,7 +323,10 @@ def parse(data: dict, where: str = "fabric") -> ClosFabric:
             plane = n.get("plane", 0)
             if role == "superspine" and (not isinstance(plane, int) or plane < 1):
                 raise FabricError(f"{where}: super-spine {name} needs a plane (1, 2, ...)")
-            out.append(Node(name, role, asn, i, list(hosts), pod if role != "superspine" else 0, plane))
+            daemon = n.get("daemon", "bird")
+            if daemon not in ROUTING_DAEMONS:
+                raise FabricError(f"{where}: {name}: daemon {daemon!r}: one of {', '.join(ROUTING_DAEMONS)}")
+            out.append(Node(name, role, asn, i, list(hosts), pod if role != "superspine" else 0, plane, daemon))
     if not spines or not leaves:
         raise FabricError(f"{where}: needs at least one [[spine]] and one [[leaf]]")
     above = {n.asn: n.name for n in spines + supers}

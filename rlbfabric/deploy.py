@@ -197,6 +197,8 @@ ExecStart={site.bin}/rlbfabric net {args}
 [Install]
 WantedBy=multi-user.target
 """}
+    if r in SWITCH_ROLES and fabric.node(node).daemon == "frr":
+        return out          # a spine of another make: its own FRR (rlbfabric frr-config), the kernel forwarding
     if r in SWITCH_ROLES:
         ports = " ".join(fabric.switch_ports(fabric.node(node)))
         mbps = fabric.switch_port_mbps(node)

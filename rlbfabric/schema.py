@@ -55,7 +55,7 @@ CLOS: dict[str, tuple[bool, dict[str, Field] | None]] = {
         "graceful_restart_s": Field("int", 1, 4095), "ttl_security": Field("bool"),
         "bgp_password_file": Field("str")}),
     "superspine": (True, {**NODE, "plane": Field("int", 1, 64)}),
-    "spine": (True, {**NODE, "pod": Field("int", 1, 4096)}),
+    "spine": (True, {**NODE, "pod": Field("int", 1, 4096), "daemon": Field("str")}),
     "leaf": (True, {**NODE, "pod": Field("int", 1, 4096), "hosts": Field("names")}),
     "link": (True, {"between": Field("pair"), "mbps": Field("int", 1, 100_000_000)}),
     "policy": (False, None),

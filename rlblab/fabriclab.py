@@ -26,12 +26,14 @@ from rlbfabric.coord import etcdauth, etcdtls, keys
 from rlbfabric.coord.shards import Shard
 from rlbfabric.deploy import AGENT_CAPS, COORDINATOR_CAPS, confined
 from rlbfabric.fabric import Fabric, load
+from rlbfabric.frr.conf import render_spine as render_frr_spine
 from rlbfabric.scrape import scrape_config
 from rlbhost.dataplane import HostDataplane
 from rlbmonitor.alerts import write as write_rules
 
 from . import topo
 from .bird import Bird
+from .frr import Frr, stop_all as frr_stop_all
 from .etcdserver import EtcdServer, data_dir
 from .traffic import Flow, QpRun, open_raw, send
 from .workdir import lab_dir
@@ -84,6 +86,7 @@ class FabricLab:
         self.coordinators = [f"c{i}" for i in range(1, 2 * shards + 1)]
         self.work = lab_dir(name)
         self.birds: dict[str, Bird] = {}
+        self.frrs: dict[str, Frr] = {}     # spines of another make (daemon = "frr")
         self.agents: dict[str, subprocess.Popen] = {}
 
     def ns(self, node: str) -> str:
@@ -231,6 +234,9 @@ class FabricLab:
                     for cmd in self.fabric.nic_routing(h, i):
                         run(self.ns(server), *cmd)
         for sw in self.switches:
+            if self.fabric.node(sw.name).daemon == "frr":
+                self.start_frr(sw.name)
+                continue
             for inc, body in initial_includes(self.fabric, sw, self.work).items():
                 inc.write_text(body)   # overwritten: an earlier lab's neighbours are stale
             bird = Bird(self.ns(sw.name), render(self.fabric, sw.name, self.work, self.mode == "baseline"),
@@ -243,6 +249,14 @@ class FabricLab:
             for m in self.machines:
                 self.start_host_agent(m)
         return self
+
+    def start_frr(self, node: str):
+        """A spine of another make: FRR with the configuration rlbfabric renders for it; the kernel
+        forwards, nothing of RLB runs there."""
+        frr = Frr(self.ns(node), self.name, node, bfd=self.fabric.bfd)
+        frr.write(render_frr_spine(self.fabric, self.fabric.node(node), frr.log))
+        frr.start()
+        self.frrs[node] = frr
 
     def _namespaces_up(self, keep_addr_on_down: bool = False):
         """A clean start: every namespace, DAD off (fast restore on link-up), the management
@@ -424,11 +438,13 @@ class FabricLab:
         for b in self.birds.values():
             b.stop()
         self.birds = {}
+        frr_stop_all(self.name)           # also an earlier process's: FRR's daemons run detached
+        self.frrs = {}
         for b in self.work.glob("*.ctl") if self.work.exists() else []:
             b.unlink(missing_ok=True)
         # etcd's store and the lab's keys have no use once it is down (the next up makes fresh
         # ones), and etcd's WAL alone is 64 MB of /run's memory; the logs stay, to read what happened
-        for d in (data_dir(self.work), self.etcd_creds):
+        for d in (data_dir(self.work), self.etcd_creds, self.coord_creds):
             shutil.rmtree(d, ignore_errors=True)
         existing = set(topo.list_ns())
         for sw in self.switches:

@@ -8,8 +8,9 @@ APT_PKGS=(python3-bpfcc python3-venv linux-headers-amd64 bird2 ethtool iproute2 
           gcc libc6-dev libibverbs-dev    # these three: the verbs library (librlbverbs.so)
           openssl)                        # rlbfabric etcd-tls: the etcd certificates
 # without recommends: Prometheus for the dashboard tests (no exporters), etcd for the coordinator's
-# shared state (the labs start their own members)
-APT_LEAN=(prometheus etcd-server)
+# shared state (the labs start their own members), FRR for spines of another make (the labs start
+# their own daemons in a spine's namespace)
+APT_LEAN=(prometheus etcd-server frr)
 
 log() { echo "[bootstrap] $*"; }
 
@@ -34,6 +35,10 @@ if [ ${#missing[@]} -gt 0 ] || [ ${#lean[@]} -gt 0 ]; then
   if [[ " ${lean[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ]; then
     systemctl disable --now etcd >/dev/null 2>&1 || true
     log "etcd-server installed; its default service disabled (the labs start their own)"
+  fi
+  if [[ " ${lean[*]} " == *" frr "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now frr >/dev/null 2>&1 || true
+    log "frr installed; its default service disabled (the labs start their own)"
   fi
 fi
 
