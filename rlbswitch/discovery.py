@@ -1,7 +1,9 @@
 """A leaf's neighbour discovery: the link-local address of the peer on each uplink, found by an
 echo request to all-nodes on the port and the source of the reply that comes back on that port
-(not whatever the neighbour table holds). bird2's BGP on link-local needs it (one active side
-with a known neighbour address)."""
+(not whatever the neighbour table holds); a peer that ignores echoes to a multicast address (a
+switch of another make, net.ipv6.icmp.echo_ignore_multicast) is found as the standard unnumbered
+BGP does, by its router advertisement, asked for with a router solicitation. bird2's BGP on
+link-local needs it (one active side with a known neighbour address)."""
 from __future__ import annotations
 
 import contextlib
@@ -44,6 +46,41 @@ def echo_peer(ifname: str, ifindex: int, own: set[str], timeout: float = 0.3) ->
     return None
 
 
+ICMP6_RS, ICMP6_RA = 133, 134
+IPV6_RECVHOPLIMIT, IPV6_HOPLIMIT = 51, 52       # linux/in6.h (not in Python's socket module)
+
+
+def router_peer(ifname: str, ifindex: int, own: set[str], timeout: float = 0.5) -> str | None:
+    """Who sends a router advertisement on this port when asked (a router solicitation to
+    all-routers): its link-local source, or None. RFC 4861 both ways: the solicitation leaves with
+    hop limit 255 and an advertisement counts only if it arrived with 255 (it was not routed)."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6) as s:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_LOOP, 0)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
+        s.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1)
+        with contextlib.suppress(OSError):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
+        s.settimeout(timeout)
+        try:
+            s.sendto(struct.pack("!BBHI", ICMP6_RS, 0, 0, 0), ("ff02::2", 0, 0, ifindex))
+        except OSError:
+            return None
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            s.settimeout(left)
+            try:
+                data, anc, _, (src, _, _, scope) = s.recvmsg(1500, socket.CMSG_SPACE(4))
+            except (socket.timeout, OSError):
+                return None
+            hops = next((struct.unpack("i", d[:4])[0] for level, kind, d in anc
+                         if level == socket.IPPROTO_IPV6 and kind == IPV6_HOPLIMIT), None)
+            src = src.split("%")[0]
+            if (len(data) >= 16 and data[0] == ICMP6_RA and hops == 255 and scope == ifindex
+                    and src.lower().startswith("fe80:") and src not in own):
+                return src
+    return None
+
+
 class NeighbourDiscovery:
     def __init__(self, dp: SwitchDataplane, fabric: Fabric, node: Node):
         self.dp, self.fabric, self.node = dp, fabric, node
@@ -58,8 +95,10 @@ class NeighbourDiscovery:
                 continue
             with self.dp.netlink() as ipr:
                 own = {a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=socket.AF_INET6, index=ifindex)}
-            addr = echo_peer(port.ifname, ifindex, own)
+            addr, how = echo_peer(port.ifname, ifindex, own), "answered an echo"
+            if not addr and port.bgp_name not in self.found:
+                addr, how = router_peer(port.ifname, ifindex, own), "advertised itself as a router"
             if addr and self.found.get(port.bgp_name) != addr:
-                log.info("%s: peer %s answered on %s", port.bgp_name, addr, port.ifname)
+                log.info("%s: peer %s %s on %s", port.bgp_name, addr, how, port.ifname)
                 self.found[port.bgp_name] = addr
         return dict(self.found)
