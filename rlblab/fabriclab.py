@@ -41,7 +41,8 @@ from .workdir import lab_dir
 
 class FabricLab:
     KIND = "clos"
-    OPTIONS = ("hosts_agent", "mode", "shape", "monitor", "coordinator", "etcd", "shards")    # what open_lab passes on
+    OPTIONS = ("hosts_agent", "mode", "shape", "monitor", "coordinator", "etcd", "shards",    # what open_lab passes on
+               "coordinator_tls")
     ETCD_PORT = 2379
     MGMT = "fd00:99::"
     HOST_IF = "eth0"      # where rlbhost is attached on a host
