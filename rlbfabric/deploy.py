@@ -288,20 +288,20 @@ def coordinator_unit(fabric_file: Path, listen: str, site: Site = Site(),
     """rlb-coord: over HTTP, or on etcd (any number of machines run it, `name` unique among them:
     one leads; `shard` K/N: one of N shards of placement, coord/shards.py). `after`: units of the
     same machine it waits for (the lab's etcd)."""
-    etcd = ""
+    extra = ""
     if shard != "1/1" and not coordination.etcd:
         raise FabricError("a coordinator's shard goes with etcd: over HTTP one coordinator places everything")
     if coordination.etcd:
-        etcd = coordination.etcd_args() + (f" --name {name}" if name else "") + (
+        extra = coordination.etcd_args() + (f" --name {name}" if name else "") + (
             f" --shard {shard}" if shard != "1/1" else "")
     else:
-        etcd = coordination.coordinator_args()
+        extra = coordination.coordinator_args()
     return {"rlb-coord": f"""[Unit]
 {NO_START_LIMIT}
 Description=RLB fabric coordinator (QP placements for the whole fabric{", on etcd" if coordination.etcd else ""})
 After={" ".join(("network-online.target", *after))}
 [Service]
-ExecStart={site.bin}/rlbcoord run --fabric {fabric_file} --listen {listen}{etcd}
+ExecStart={site.bin}/rlbcoord run --fabric {fabric_file} --listen {listen}{extra}
 {RESTART}
 {HARDENING}
 {capabilities(COORDINATOR_CAPS)}
