@@ -212,6 +212,7 @@ def test_metrics_on_loopback(lab):
     assert 'rlb_host_packets_total{nic="",node="rlbhn-h1",reason="rewritten"}' in body
     fill = {line.split('table="')[1].split('"')[0]: float(line.split()[-1]) for line in body.splitlines()
             if line.startswith("rlb_host_table_entries{")}
-    assert set(fill) == {"conntrack", "weights", "placements", "verbs"}      # (the QPs may be swept by now)
+    assert set(fill) == {"conntrack", "weights", "placements", "verbs", "echo_keys"}   # (the QPs may be swept by now)
+    assert fill["echo_keys"] == 0          # a host of a leaf-spine fabric answers no plane probes
     assert 'rlb_host_table_capacity{nic="",node="rlbhn-h1",table="conntrack"} 65536.0' in body
     assert 'rlb_host_table_capacity{nic="",node="rlbhn-h1",table="verbs"} 131072.0' in body
