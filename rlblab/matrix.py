@@ -19,6 +19,8 @@ from rlbfabric import balance
 from . import topo
 
 BURST_GAP_S = 1.2     # > conntrack expiry (200 ms) + two coordinator report periods (250 ms)
+PLACED_WAIT_S = 10.0  # placements later than the gap (a loaded machine): waited for this long at most
+IDLE_AFTER_S = 0.3    # then the conntrack expiry (200 ms) passes, so the QPs take them
 FORGET_S = 3.5        # > the hosts' QP memory (3 s): an earlier matrix's QPs have left the coordinator
 
 
@@ -114,6 +116,11 @@ def run_matrix(lab, connections: list[tuple[str, str]], qps_per_connection: int 
             if b:
                 time.sleep(gap_s)
                 if watch:
+                    # on a loaded machine the placements can land after the gap: wait for them
+                    # (the event burst 2 depends on), then for the QPs to go idle again so they
+                    # take them (hosts apply placements to new and idle QPs only)
+                    if watch.t1 is None and watch.wait(PLACED_WAIT_S):
+                        time.sleep(IDLE_AFTER_S)
                     out.placed_after_s = watch.stop()
                     out.unplaced = {h: n for h, n in watch.missing.items() if n}
                     watch = None
@@ -164,6 +171,11 @@ class PlacementWatch:
                     self.t1 = time.monotonic()
                     return
             time.sleep(0.02)
+
+    def wait(self, timeout: float) -> bool:
+        """True once every QP has its placement (False: not within timeout)."""
+        self.thread.join(timeout)
+        return self.t1 is not None
 
     def stop(self) -> float | None:
         self.done.set()

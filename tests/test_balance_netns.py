@@ -280,6 +280,6 @@ def test_uneven_fabric_coordinated_reaches_the_best_by_utilisation(uneven, kind,
     print(f"\n{kind} x{per_conn}{f', churn {churn} s' if churn else ''}: best {best}, local (burst 1) "
           f"{r.figures(0)}, coordinated {r.figures(1)}, ECMP mean {ecmp}")
     got = r.figures(1)
-    assert got[0] <= best[0] + 0.05 and got[1] <= best[1] + 0.05, (got, best)
+    assert got[0] <= best[0] + 0.05 and got[1] <= best[1] + 0.05, (got, best, r.placed_after_s, r.unplaced)
     local = r.figures(0)
     assert local[0] <= ecmp[0] and local[1] <= ecmp[1], (local, ecmp)
