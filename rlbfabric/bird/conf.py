@@ -211,6 +211,11 @@ def _dynamic(fabric, ports, template: str, imports=None) -> str:
     return "\n".join(out)
 
 
+def spine_router_id(spine: Node) -> str:
+    """A spine's router id, whichever daemon runs it (rlbfabric/frr renders FRR's with it)."""
+    return f"10.255.{100 + spine.pod}.{spine.plane}"
+
+
 def render_spine(fabric: Fabric, spine: Node, run_dir: Path, baseline: bool = False) -> str:
     up = ""
     if fabric.uplinks(spine):
@@ -223,7 +228,7 @@ template bgp superspine {{
 include "{neighbors_file(run_dir, spine.name)}";   # super-spines: written by the agent
 """
     fabric_ports = [p.ifname for p in (*fabric.ports_down(spine), *fabric.ports_up(spine))]
-    return _common(f"10.255.{100 + spine.pod}.{spine.plane}", run_dir, spine.name, ecmp=baseline) + f"""{_bfd(fabric, "eth-*")}
+    return _common(spine_router_id(spine), run_dir, spine.name, ecmp=baseline) + f"""{_bfd(fabric, "eth-*")}
 include "{pathbw_file(run_dir, spine.name)}";   # FARE: written by the agent
 protocol radv {{
 {_fabric_radv(fabric_ports)}

@@ -19,15 +19,9 @@ import ipaddress
 from pathlib import Path
 
 from ..base import Node
-from ..bgpsec import MD5_MAX_KEY
-from ..bird.conf import announced
+from ..bird.conf import announced, spine_router_id
 
 KEEPALIVE_S, HOLD_S, CONNECT_S = 1, 3, 1
-
-
-def router_id(spine: Node) -> str:
-    """The same router id bird would have had on this spine."""
-    return f"10.255.{100 + spine.pod}.{spine.plane}"
 
 
 def _prefix_list(name: str, pats: list[str]) -> list[str]:
@@ -48,9 +42,7 @@ def render_spine(fabric, spine: Node, log: Path) -> str:
     logging to `log`."""
     if fabric.uplinks(spine):
         raise ValueError(f"{spine.name}: an FRR spine with super-spines above is not supported (3-stage only)")
-    secret = fabric.bgp.secret()
-    if secret is not None and (len(secret) > MD5_MAX_KEY or '"' in secret):
-        raise ValueError("the BGP password cannot go into FRR's configuration")
+    secret = fabric.bgp.secret()          # checked there: printable, no quote, at most 80 bytes
     lines = ["! rendered by rlbfabric frr-config for " + spine.name + ": edit the fabric file, not this",
              "frr defaults datacenter", f"hostname {spine.name}",
              f"log file {log} informational", "!"]
@@ -58,7 +50,7 @@ def render_spine(fabric, spine: Node, log: Path) -> str:
     for p in ports:
         # bgpd turns RAs on for an interface neighbour itself; the interval as our switches send
         lines += [f"interface {p.ifname}", " ipv6 nd ra-interval 3", " no ipv6 nd suppress-ra", "!"]
-    lines += [f"router bgp {spine.asn}", f" bgp router-id {router_id(spine)}",
+    lines += [f"router bgp {spine.asn}", f" bgp router-id {spine_router_id(spine)}",
               " no bgp ebgp-requires-policy", " no bgp default ipv4-unicast",
               " bgp bestpath as-path multipath-relax", f" timers bgp {KEEPALIVE_S} {HOLD_S}",
               f" bgp graceful-restart restart-time {fabric.graceful_restart_s}"]

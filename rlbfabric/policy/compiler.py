@@ -62,10 +62,8 @@ def compile_prefix(net: str, paths: list[BirdPath], policy: str, link_bw: Callab
         on_port = [i for i, p in enumerate(usable) if port is not None and p.iface == port]
         if on_port:
             best = min(on_port, key=lambda i: (not usable[i].best, i))
-            backups = [h for i, h in enumerate(hops) if i != best]
-            return Compiled(Route(net, "pinned", [hops[best]], backups),
-                            f"pinned to {usable[best].proto} by colour {colour} (no AIGP on any path: a "
-                            f"spine that drops it), {len(backups)} DLB backups")
+            return _pinned(net, hops, best, f"pinned to {usable[best].proto} by colour {colour} (no AIGP on "
+                                            "any path: a spine that drops it)")
         if len(usable) > 1:
             # the pinned path is gone: Juniper falls back to DLB over the remaining paths
             return Compiled(Route(net, "dlb", hops), f"DLB over {len(hops)} paths: no AIGP path, none by "
@@ -73,11 +71,9 @@ def compile_prefix(net: str, paths: list[BirdPath], policy: str, link_bw: Callab
     if policy == "dpf":
         best = min(range(len(usable)), key=lambda i: (
             usable[i].aigp if usable[i].aigp is not None else INFINITE, not usable[i].best, i))
-        backups = [h for i, h in enumerate(hops) if i != best]
         p = usable[best]
-        why = (f"pinned to {p.proto} (AIGP {p.aigp}, colour {p.colours or '-'})"
-               if p.aigp is not None else f"pinned to {p.proto} (bird's best; no AIGP)")
-        return Compiled(Route(net, "pinned", [hops[best]], backups), why + f", {len(backups)} DLB backups")
+        return _pinned(net, hops, best, f"pinned to {p.proto} (AIGP {p.aigp}, colour {p.colours or '-'})"
+                       if p.aigp is not None else f"pinned to {p.proto} (bird's best; no AIGP)")
     if policy == "dlb":
         return Compiled(Route(net, "dlb", hops), f"DLB over {len(hops)} paths")
     if policy in ("fare", "spray"):
@@ -96,6 +92,12 @@ def compile_prefix(net: str, paths: list[BirdPath], policy: str, link_bw: Callab
     if policy == "ecmp":
         return Compiled(Route(net, "ecmp", hops), f"ECMP over {len(hops)} paths")
     raise ValueError(f"policy {policy!r}: choose one of {', '.join(POLICIES)}")
+
+
+def _pinned(net: str, hops: list[NextHop], best: int, why: str) -> Compiled:
+    """hops[best] pinned, the others its DLB backup group."""
+    backups = [h for i, h in enumerate(hops) if i != best]
+    return Compiled(Route(net, "pinned", [hops[best]], backups), f"{why}, {len(backups)} DLB backups")
 
 
 def compile_all(paths: Iterable[BirdPath], policy_for: Callable[[str], str],
