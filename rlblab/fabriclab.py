@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from pyroute2 import IPRoute
+
 from rlbcommon import coordapi, netns
 from rlbcommon.coordapi import url_for
 from rlbcommon.etcd import Etcd
@@ -29,6 +31,7 @@ from rlbfabric.fabric import Fabric, load
 from rlbfabric.frr.conf import render_spine as render_frr_spine
 from rlbfabric.scrape import scrape_config
 from rlbhost.dataplane import HostDataplane
+from rlbswitch.dataplane import SwitchDataplane
 from rlbmonitor.alerts import write as write_rules
 
 from . import topo
@@ -519,22 +522,48 @@ class FabricLab:
                 out.add(r["dst"])
         return out
 
-    def spine_packets(self, from_leaf: str) -> dict[str, int]:
-        """Packets each spine of the leaf's pod received from it (the spine port's kernel counters)."""
-        leaf = self.fabric.node(from_leaf)
-        return {s.name: topo.counters(self.ns(s.name), f"eth-{from_leaf}")["rx_packets"]
-                for s in self.fabric.pod_spines(leaf.pod)}
+    def xdp_forwards(self, node: str) -> bool:
+        """The switch's packets are forwarded by rlbswitch's XDP program, not by its kernel."""
+        return self.mode == "rlb" and self.fabric.node(node).daemon != "frr"
 
-    def rx_packets(self, node: str, from_node: str) -> int:
-        return topo.counters(self.ns(node), f"eth-{from_node}")["rx_packets"]
+    def sent(self, node: str) -> dict[str, dict[str, int]]:
+        """Per port of a switch, the data bytes and packets it sent into the link. An XDP switch:
+        its program's own per-port counters (rlb_switch.c port_stats: every frame it forwarded,
+        nothing else). Kernel counters would add the switch's control traffic (BGP, BFD, ND,
+        RAs, heartbeats), whose share of a window moves with the machine's load: the CI runs'
+        221 packets where at most 220 were allowed, 1.01 for 1.00. Where the kernel forwards
+        (baseline, FRR spines) there are no others: the kernel's, control traffic included."""
+        ns = self.ns(node)
+        if not self.xdp_forwards(node):
+            return {i: {"bytes": c["tx_bytes"], "packets": c["tx_packets"]}
+                    for i, c in topo.link_counters(ns).items()}
+        with netns.inside(ns), IPRoute() as ipr:
+            names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+        dp = SwitchDataplane(ns)
+        try:
+            out = {}
+            for ifindex, (slot, _) in dp.port_slots().items():
+                rows = dp.maps["port_stats"].get_percpu(slot)
+                out[names.get(ifindex, str(ifindex))] = {"bytes": sum(r.tx_bytes for r in rows),
+                                                          "packets": sum(r.tx_packets for r in rows)}
+            return out
+        finally:
+            dp.close()
+
+    def spine_packets(self, from_leaf: str) -> dict[str, int]:
+        """Data packets the leaf sent each spine of its pod (sent())."""
+        leaf, out, got = self.fabric.node(from_leaf), self.sent(from_leaf), {}
+        for p in self.fabric.ports_up(leaf):       # parallel links to a spine: their sum
+            got[p.peer.name] = got.get(p.peer.name, 0) + out[p.ifname]["packets"]
+        return got
 
     # ---- traffic ----------------------------------------------------------------------
     def link_counts(self, leaf: str) -> dict[str, int]:
-        """Bytes each of the leaf's uplinks carried (the spine side's kernel rx counters), keyed
-        by spine, or spine-link with parallel links."""
-        n = self.fabric.node(leaf)
-        return {p.peer.name + (f"-{p.link}" if self.fabric.parallel > 1 else ""):
-                topo.counters(self.ns(p.peer.name), p.peer_ifname)["rx_bytes"] for p in self.fabric.ports_up(n)}
+        """Data bytes each of the leaf's uplinks carried (sent()), keyed by spine, or spine-link
+        with parallel links."""
+        n, out = self.fabric.node(leaf), self.sent(leaf)
+        return {p.peer.name + (f"-{p.link}" if self.fabric.parallel > 1 else ""): out[p.ifname]["bytes"]
+                for p in self.fabric.ports_up(n)}
 
     def qp_frames_sender(self, src_host: str):
         """A raw socket on the host's NIC: frames go out as a NIC would send them (through TC

@@ -16,7 +16,6 @@ from rlbcommon import netns
 from rlbcommon.packets import ROCE_PORT, roce_frame
 from rlbfabric import balance
 
-from . import topo
 
 BURST_GAP_S = 1.2     # > conntrack expiry (200 ms) + two coordinator report periods (250 ms)
 PLACED_WAIT_S = 10.0  # placements later than the gap (a loaded machine): waited for this long at most
@@ -53,15 +52,16 @@ class MatrixRun:
 
 
 def link_bytes(lab) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-    """Bytes so far on every leaf's uplinks (received by the spine) and downlinks (sent by the
-    spine), in uplink (colour) order."""
+    """Data bytes so far on every leaf's uplinks and downlinks, in uplink (colour) order, each
+    read at the sending end (FabricLab.sent: the control traffic left out where XDP forwards).
+    Every switch is read once."""
+    at = {sw: lab.sent(sw) for sw in {n.name for lf in lab.fabric.leaves
+                                      for n in (lf, *(p.peer for p in lab.fabric.ports_up(lf)))}}
     up, down = {}, {}
     for lf in lab.fabric.leaves:
-        up[lf.name], down[lf.name] = [], []
-        for p in lab.fabric.ports_up(lf):
-            c = topo.counters(lab.ns(p.peer.name), p.peer_ifname)
-            up[lf.name].append(c["rx_bytes"])
-            down[lf.name].append(c["tx_bytes"])
+        ports = lab.fabric.ports_up(lf)
+        up[lf.name] = [at[lf.name][p.ifname]["bytes"] for p in ports]
+        down[lf.name] = [at[p.peer.name][p.peer_ifname]["bytes"] for p in ports]
     return up, down
 
 

@@ -118,19 +118,11 @@ def send_qps(lab, n_qps, packets, rate=None, during=None):
     return sent, len(rx.seen), {s: after[s] - before[s] for s in after}
 
 
-def control_rate(lab, seconds: float = 1.0) -> dict[str, float]:
-    """Packets per second each spine receives from l1 with no QP traffic (BGP, BFD, ND)."""
-    before = lab.spine_packets("l1")
-    time.sleep(seconds)
-    after = lab.spine_packets("l1")
-    return {s: (after[s] - before[s]) / seconds for s in after}
-
-
 def test_traffic_follows_the_pinning(lab):
     sent, got, spines = send_qps(lab, 2, 200)
     assert got == sent == 400
     # rlbhost put one QP on each path; the leaf pinned path k to spine k
-    assert 200 <= spines["s1"] <= 220 and 200 <= spines["s2"] <= 220, spines   # + ND/BGP/BFD
+    assert spines == {"s1": 200, "s2": 200}      # data packets only: BGP, BFD, ND and RAs left out
 
 
 def test_link_down_moves_the_prefix_to_its_backup(lab):
@@ -187,16 +179,9 @@ def test_bird_fed_agent_restart_adopts_and_keeps_forwarding(lab):
         time.sleep(0.3)
         lab.start_agent("l1")
 
-    idle = control_rate(lab)
-    t0 = time.monotonic()
     sent, got, spines = send_qps(lab, 2, 1000, rate=1000, during=restart)
-    took = time.monotonic() - t0
     assert got == sent == 2000                       # nothing lost across kill and restart
-    # each QP stayed on its spine: 1000 each, plus the control traffic of the time it took (BFD
-    # at 50 ms, keepalives: the idle rate just measured, which a loaded machine stretches) and
-    # the restarted agent's neighbour discovery; a QP moved mid-way shifts hundreds
-    for s, n in spines.items():
-        assert 1000 <= n <= 1000 + idle[s] * took * 1.5 + 40, (spines, idle, took)
+    assert spines == {"s1": 1000, "s2": 1000}        # each QP stayed on its spine
     after = lab.routes("l1")
     assert {p: (r["mode"], r.get("nexthop", {}).get("via")) for p, r in after.items()} == \
         {p: (r["mode"], r.get("nexthop", {}).get("via")) for p, r in before.items()}
