@@ -75,19 +75,12 @@ static __always_inline int police_ok(u32 bucket, u32 slot)
     return 1;
 }
 
-/* Hand the packet to the kernel, within its bucket's rate on port `slot`. */
-static __always_inline int pass_at(u32 reason, u32 edge, u32 slot)
-{
-    if (!police_ok(police_bucket(reason, edge), slot))
-        return XDP_DROP;
-    count(reason);
-    return XDP_PASS;
-}
-
 /* What the stages pass along. The flow hash is computed only by the modes that need it
  * (a pinned route whose primary is up never does). */
 struct pkt {
     struct rlb_l3 l3;
+    u32 in;            /* ingress ifindex */
+    u32 classed;       /* edge and slot are known (classify) */
     u32 edge;          /* came in on a host port (port_class): its punts have buckets of their own */
     u32 slot;          /* the port it came in on (port_class): whose buckets its punts spend */
     struct rlb_config *cfg;
@@ -99,6 +92,37 @@ struct pkt {
     u32 spray;         /* per-packet choice: DLB without flowlets, ties by the packet's seq */
     u32 seq;
 };
+
+/* The ingress port's class and slot (port_class, a hash map): looked up only for packets that
+ * go to the kernel, so forwarded ones never pay for it. */
+static __always_inline void classify(struct pkt *pk)
+{
+    if (pk->classed)
+        return;
+    pk->classed = 1;
+    u32 *cls = port_class.lookup(&pk->in);
+    if (cls) {
+        pk->edge = (*cls & RLB_CLASS_MASK) == RLB_PORT_EDGE;
+        u32 s = *cls >> RLB_CLASS_SLOT_SHIFT;
+        pk->slot = s ? s - 1 : 0;
+    }
+}
+
+/* Hand the packet to the kernel, within the rate of its bucket on port `slot`. */
+static __always_inline int pass_at(u32 reason, struct pkt *pk, u32 slot)
+{
+    if (!police_ok(police_bucket(reason, pk->edge), slot))
+        return XDP_DROP;
+    count(reason);
+    return XDP_PASS;
+}
+
+/* Hand the packet to the kernel, charged to the port it came in by. */
+static __always_inline int pass(u32 reason, struct pkt *pk)
+{
+    classify(pk);
+    return pass_at(reason, pk, pk->slot);
+}
 
 static __always_inline void hash_packet(struct pkt *pk)
 {
@@ -438,9 +462,9 @@ static __always_inline int forward(struct pkt *pk, u32 slot, struct rlb_port *po
                                    const u8 *dmac, const u8 *smac, u32 nh_id)
 {
     if (port->mtu && pk->len - ETH_HLEN > port->mtu)
-        return pass_at(RLB_R_PASS_TOO_BIG, pk->edge, pk->slot);
+        return pass(RLB_R_PASS_TOO_BIG, pk);
     if (tx_ports.redirect_map(slot, XDP_PASS) != XDP_REDIRECT)
-        return pass_at(RLB_R_PASS_NO_PORT, pk->edge, pk->slot);    /* the interface went away under us */
+        return pass(RLB_R_PASS_NO_PORT, pk);    /* the interface went away under us */
     struct ethhdr *eth = pk->l3.eth;
     __builtin_memcpy(eth->h_dest, dmac, ETH_ALEN);
     __builtin_memcpy(eth->h_source, smac, ETH_ALEN);
@@ -462,6 +486,7 @@ static __always_inline int forward(struct pkt *pk, u32 slot, struct rlb_port *po
  * to the port it leads to; a new address to that port's new-neighbour bucket as well. */
 static __always_inline int neigh_miss(struct pkt *pk, u32 port_slot, struct rlb_in6 *dst)
 {
+    classify(pk);
     u64 now = bpf_ktime_get_ns();
     u64 *since = neigh_pending.lookup(dst);
     if (!since || now - *since > RLB_NEIGH_PENDING_NS) {
@@ -469,7 +494,7 @@ static __always_inline int neigh_miss(struct pkt *pk, u32 port_slot, struct rlb_
             return XDP_DROP;
         neigh_pending.update(dst, &now);
     }
-    return pass_at(RLB_R_PASS_NEIGH_MISS, pk->edge, port_slot);
+    return pass_at(RLB_R_PASS_NEIGH_MISS, pk, port_slot);
 }
 
 static __always_inline int forward_connected(struct pkt *pk, struct rlb_route *rt)
@@ -482,9 +507,9 @@ static __always_inline int forward_connected(struct pkt *pk, struct rlb_route *r
     u32 slot = rt->port;
     struct rlb_port *port = ports.lookup(&slot);
     if (!port || port->ifindex != rt->ifindex || !rt->ifindex)
-        return pass_at(RLB_R_PASS_NO_PORT, pk->edge, pk->slot);
+        return pass(RLB_R_PASS_NO_PORT, pk);
     if (!port->up)
-        return pass_at(RLB_R_PASS_NO_NEXTHOP, pk->edge, pk->slot);
+        return pass(RLB_R_PASS_NO_NEXTHOP, pk);
     u8 dmac[6], smac[6];
     __builtin_memcpy(dmac, n->dmac, 6);
     __builtin_memcpy(smac, port->mac, 6);
@@ -497,28 +522,23 @@ int rlb_switch(struct xdp_md *ctx)
     void *data_end = (void *)(long)ctx->data_end;
     struct pkt pk = {};
     pk.len = data_end - data;
-    u32 in = ctx->ingress_ifindex;
-    u32 *cls = port_class.lookup(&in);
-    if (cls) {
-        pk.edge = (*cls & RLB_CLASS_MASK) == RLB_PORT_EDGE;
-        u32 s = *cls >> RLB_CLASS_SLOT_SHIFT;
-        pk.slot = s ? s - 1 : 0;
-    }
+    pk.in = ctx->ingress_ifindex;
 
     /* parse */
     int r = parse_ipv6(data, data_end, &pk.l3);
     if (r == RLB_PARSE_NOT_IPV6)
-        return pass_at(RLB_R_PASS_NOT_IPV6, pk.edge, pk.slot);  /* IPv4, ARP, VLANs: the kernel's business */
+        return pass(RLB_R_PASS_NOT_IPV6, &pk);  /* IPv4, ARP, VLANs: the kernel's business */
     if (r != RLB_PARSE_OK)
-        return pass_at(RLB_R_PASS_MALFORMED, pk.edge, pk.slot);
+        return pass(RLB_R_PASS_MALFORMED, &pk);
     u32 zero = 0;
     pk.cfg = config.lookup(&zero);
     if (!pk.cfg)
-        return pass_at(RLB_R_PASS_NO_ROUTE, pk.edge, pk.slot);
+        return pass(RLB_R_PASS_NO_ROUTE, &pk);
 
     /* punt */
     r = punt(&pk, data_end);
     if (r >= 0) {
+        classify(&pk);
         if (r == RLB_R_PASS_LINK_LOCAL) {
             if (!pk.edge) {
                 int a = heartbeat_answer(&pk, data_end);
@@ -530,13 +550,13 @@ int rlb_switch(struct xdp_md *ctx)
                 return XDP_DROP;
             }
         }
-        return pass_at(r, pk.edge, pk.slot);
+        return pass(r, &pk);
     }
 
     /* lookup */
     struct rlb_route *rt = lookup(&pk);
     if (!rt)
-        return pass_at(RLB_R_PASS_NO_ROUTE, pk.edge, pk.slot);
+        return pass(RLB_R_PASS_NO_ROUTE, &pk);
 
     /* select */
     u32 nh = 0, dlb_group = 0;
@@ -544,7 +564,7 @@ int rlb_switch(struct xdp_md *ctx)
     struct rlb_nexthop *nhp = 0;
     switch (rt->mode) {
     case RLB_MODE_LOCAL:
-        return pass_at(RLB_R_PASS_LOCAL, pk.edge, pk.slot);
+        return pass(RLB_R_PASS_LOCAL, &pk);
     case RLB_MODE_CONNECTED:
         return forward_connected(&pk, rt);
     case RLB_MODE_PINNED:
@@ -577,7 +597,7 @@ int rlb_switch(struct xdp_md *ctx)
         }
         break;
     default:
-        return pass_at(RLB_R_PASS_NO_ROUTE, pk.edge, pk.slot);
+        return pass(RLB_R_PASS_NO_ROUTE, &pk);
     }
     if (dlb_group) {
         hash_packet(&pk);      /* again after weighted: one path for the verifier */
@@ -585,7 +605,7 @@ int rlb_switch(struct xdp_md *ctx)
         nhp = group_dlb(dlb_group, &pk, &port, &nh);
     }
     if (!nhp || !port)
-        return pass_at(RLB_R_PASS_NO_NEXTHOP, pk.edge, pk.slot);
+        return pass(RLB_R_PASS_NO_NEXTHOP, &pk);
 
     /* forward */
     return forward(&pk, nhp->port, port, nhp->dmac, nhp->smac, nh);
