@@ -16,6 +16,7 @@ test: setup
 bench: setup
 	.venv/bin/python bench/wire_bench.py
 	.venv/bin/python bench/xdp_bench.py
+	.venv/bin/python bench/route_cli.py
 
 # The Vagrant lab (opt-in, not in CI): VMs under libvirt; about an hour each here under software emulation.
 vagrant-deps:
