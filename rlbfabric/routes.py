@@ -7,6 +7,7 @@ Text forms, as the CLI takes them:
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import dataclass, field
@@ -31,36 +32,43 @@ class NextHop:
 
     @classmethod
     def parse(cls, text: str) -> "NextHop":
-        spec, weight = text, 1
-        if "=" in text:
-            spec, _, w = text.rpartition("=")
-            try:
-                weight = int(w)
-            except ValueError:
-                raise RouteError(f"next hop {text!r}: weight {w!r} is not a whole number") from None
-            if not 1 <= weight <= U32_MAX:
-                raise RouteError(f"next hop {text!r}: weight must be at least 1 and at most {U32_MAX}")
-        if "%" in spec:
-            addr, _, ifname = spec.partition("%")
-            try:
-                gw = ipaddress.IPv6Address(addr)
-            except ValueError:
-                raise RouteError(f"next hop {text!r}: {addr!r} is not an IPv6 address") from None
-            nh = cls(ifname, gateway=str(gw), weight=weight)
-        elif "@" in spec:
-            ifname, _, mac = spec.partition("@")
-            if not _MAC.match(mac):
-                raise RouteError(f"next hop {text!r}: {mac!r} is not a MAC address")
-            nh = cls(ifname, mac=mac.lower(), weight=weight)
-        else:
-            raise RouteError(f"next hop {text!r}: use ADDRESS%IFACE or IFACE@MAC (optionally =WEIGHT)")
-        if not _IFNAME.match(nh.ifname):
-            raise RouteError(f"next hop {text!r}: {nh.ifname!r} is not an interface name")
-        return nh
+        return _parse_nexthop(cls, text)
 
     def __str__(self) -> str:
         base = f"{self.gateway}%{self.ifname}" if self.gateway else f"{self.ifname}@{self.mac}"
         return base if self.weight == 1 else f"{base}={self.weight}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_nexthop(cls, text: str) -> NextHop:
+    """NextHop.parse, remembered: a table of routes names a few next hops many times (16384
+    pinned routes with three backups each name four), and a NextHop is frozen."""
+    spec, weight = text, 1
+    if "=" in text:
+        spec, _, w = text.rpartition("=")
+        try:
+            weight = int(w)
+        except ValueError:
+            raise RouteError(f"next hop {text!r}: weight {w!r} is not a whole number") from None
+        if not 1 <= weight <= U32_MAX:
+            raise RouteError(f"next hop {text!r}: weight must be at least 1 and at most {U32_MAX}")
+    if "%" in spec:
+        addr, _, ifname = spec.partition("%")
+        try:
+            gw = ipaddress.IPv6Address(addr)
+        except ValueError:
+            raise RouteError(f"next hop {text!r}: {addr!r} is not an IPv6 address") from None
+        nh = cls(ifname, gateway=str(gw), weight=weight)
+    elif "@" in spec:
+        ifname, _, mac = spec.partition("@")
+        if not _MAC.match(mac):
+            raise RouteError(f"next hop {text!r}: {mac!r} is not a MAC address")
+        nh = cls(ifname, mac=mac.lower(), weight=weight)
+    else:
+        raise RouteError(f"next hop {text!r}: use ADDRESS%IFACE or IFACE@MAC (optionally =WEIGHT)")
+    if not _IFNAME.match(nh.ifname):
+        raise RouteError(f"next hop {text!r}: {nh.ifname!r} is not an interface name")
+    return nh
 
 
 @dataclass
