@@ -320,7 +320,10 @@ class SwitchTables:
         return v
 
     def _write_route(self, net: ipaddress.IPv6Network, rt: _Route):
-        self.dp.maps["routes"].set(self._lpm_key(net), self._route_value(rt))
+        """The trie's entry; returns the value written (the exact table takes the same)."""
+        value = self._route_value(rt)
+        self.dp.maps["routes"].set(self._lpm_key(net), value)
+        return value
 
     # ---- the exact /64 table ---------------------------------------------------------------
     # exact64 holds a /64 route exactly when no longer prefix lies inside it: then the /64 is
@@ -329,9 +332,9 @@ class SwitchTables:
     def _slash64(net: ipaddress.IPv6Network) -> ipaddress.IPv6Network | None:
         return net.supernet(new_prefix=64) if net.prefixlen > 64 else (net if net.prefixlen == 64 else None)
 
-    def _fast_update(self, net: ipaddress.IPv6Network, delta: int):
+    def _fast_update(self, net: ipaddress.IPv6Network, delta: int, value=None):
         """After net was added (delta 1), changed (0) or removed (-1): bring its /64's exact
-        entry in line."""
+        entry in line. value: net's route value, when the caller has just built it."""
         n64 = self._slash64(net)
         if n64 is None:
             return
@@ -341,7 +344,7 @@ class SwitchTables:
                 del self._longer[n64]
         rt = self.routes.get(n64)
         if rt is not None and n64 not in self._longer:
-            self.exact.put(n64, self._route_value(rt))
+            self.exact.put(n64, value if value is not None and n64 == net else self._route_value(rt))
         else:
             self.exact.remove(n64)
 
@@ -478,7 +481,7 @@ class SwitchTables:
                         continue
                     rt.owner = owner
                     try:
-                        self._write_route(net, rt)                     # step 3: the switch-over
+                        value = self._write_route(net, rt)             # step 3: the switch-over
                     except OSError as e:           # the route table is full: nothing of it stays
                         self._release(rt)
                         err = RouteError(f"{net}: route table full ({e.strerror or e})")
@@ -487,7 +490,7 @@ class SwitchTables:
                         ch.failed[str(net)] = str(err)
                         continue
                     self.routes[net] = rt
-                    self._fast_update(net, 0 if cur is not None else 1)
+                    self._fast_update(net, 0 if cur is not None else 1, value)
                     if cur is not None:
                         self._release(cur)                           # steps 4, 5
                     (ch.changed if cur is not None else ch.added).append(str(net))
