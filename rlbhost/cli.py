@@ -23,7 +23,7 @@ from rlbcommon.health import Health
 from rlbcommon.metrics import serve
 from rlbcommon.paths import write_private
 from rlbcommon.watchdog import Watchdog
-from rlbfabric.bird.conf import initial_includes, render
+from rlbfabric.bird.conf import prepare as prepare_bird
 from rlbfabric.bird.ctl import BirdError
 from rlbfabric.fabric import FabricError, load
 
@@ -297,15 +297,9 @@ def bird_config(
         raise HostError(f"{node!r} is not a GPU of a scale-up fabric in {fabric_file}")
     if bfd_ms:
         fab.bfd_ms = bfd_ms
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for inc, body in initial_includes(fab, node, run_dir).items():
-        if not inc.exists():
-            inc.write_text(body)
-    text = render(fab, node, run_dir)
-    if not fab.bgp.secret():
-        where = fab.bgp.password_file or "the file bgp_password_file names"
-        typer.echo(f"note: BGP sessions without TCP MD5: put one shared secret in {where} on every switch "
-                   f"and GPU (docs/operations.md)", err=True)
+    text, _, note = prepare_bird(fab, node, run_dir)
+    if note:
+        typer.echo(note, err=True)
     if out:
         write_private(out, text)      # it may hold the BGP password
         typer.echo(f"wrote {out} (GPU {node})")

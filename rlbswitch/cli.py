@@ -17,7 +17,7 @@ from rlbcommon.constants import METRICS_PORT
 from rlbcommon.health import Health
 from rlbcommon.paths import write_private
 from rlbcommon.watchdog import Watchdog
-from rlbfabric.bird.conf import initial_includes, render
+from rlbfabric.bird.conf import prepare as prepare_bird
 from rlbfabric.bird.ctl import BirdError
 from rlbfabric.fabric import FabricError, load
 from rlbfabric.routes import MODES, NextHop, Route, RouteError
@@ -288,17 +288,10 @@ def bird_config(
     fab = load(fabric_file)
     if bfd_ms:
         fab.bfd_ms = bfd_ms
-    text = render(fab, node, run_dir)
     n = fab.node(node)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    incs = initial_includes(fab, n, run_dir)
-    for inc, body in incs.items():
-        if not inc.exists():   # the agent's discoveries survive a bird restart
-            inc.write_text(body)
-    if not fab.bgp.secret():
-        where = fab.bgp.password_file or "the file bgp_password_file names"
-        typer.echo(f"note: BGP sessions without TCP MD5: put one shared secret in {where} on every switch "
-                   f"and GPU (docs/operations.md)", err=True)
+    text, incs, note = prepare_bird(fab, node, run_dir)
+    if note:
+        typer.echo(note, err=True)
     if out:
         write_private(out, text)      # it may hold the BGP password
         typer.echo(f"wrote {out} ({n.role} {node}); includes {', '.join(str(i) for i in incs)}")

@@ -403,3 +403,21 @@ function pathbw_export()
   return true;
 }}
 """
+
+
+def prepare(fabric: Fabric, node: str, run_dir: Path) -> tuple[str, list[Path], str | None]:
+    """What `bird-config` does on a switch or a GPU: bird.conf's text, the includes it names
+    (written where missing: what the agent found before outlives a bird restart), and a note for
+    the operator when the sessions would run without TCP MD5."""
+    text = render(fabric, node, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    incs = initial_includes(fabric, node, run_dir)
+    for inc, body in incs.items():
+        if not inc.exists():
+            inc.write_text(body)
+    note = None
+    if not fabric.bgp.secret():
+        where = fabric.bgp.password_file or "the file bgp_password_file names"
+        note = (f"note: BGP sessions without TCP MD5: put one shared secret in {where} on every "
+                f"switch and GPU (docs/operations.md)")
+    return text, list(incs), note
