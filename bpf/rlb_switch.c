@@ -79,8 +79,7 @@ static __always_inline int police_ok(u32 bucket, u32 slot)
  * (a pinned route whose primary is up never does). */
 struct pkt {
     struct rlb_l3 l3;
-    u32 in;            /* ingress ifindex */
-    u32 classed;       /* edge and slot are known (classify) */
+    u32 in;            /* ingress ifindex: classify() turns it into edge and slot */
     u32 edge;          /* came in on a host port (port_class): its punts have buckets of their own */
     u32 slot;          /* the port it came in on (port_class): whose buckets its punts spend */
     struct rlb_config *cfg;
@@ -97,9 +96,6 @@ struct pkt {
  * go to the kernel, so forwarded ones never pay for it. */
 static __always_inline void classify(struct pkt *pk)
 {
-    if (pk->classed)
-        return;
-    pk->classed = 1;
     u32 *cls = port_class.lookup(&pk->in);
     if (cls) {
         pk->edge = (*cls & RLB_CLASS_MASK) == RLB_PORT_EDGE;
@@ -550,7 +546,7 @@ int rlb_switch(struct xdp_md *ctx)
                 return XDP_DROP;
             }
         }
-        return pass(r, &pk);
+        return pass_at(r, &pk, pk.slot);
     }
 
     /* lookup */

@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-from pyroute2 import IPRoute
-
 from rlbcommon import coordapi, netns
 from rlbcommon.coordapi import url_for
 from rlbcommon.etcd import Etcd
@@ -527,26 +525,20 @@ class FabricLab:
         return self.mode == "rlb" and self.fabric.node(node).daemon != "frr"
 
     def sent(self, node: str) -> dict[str, dict[str, int]]:
-        """Per port of a switch, the data bytes and packets it sent into the link. An XDP switch:
-        its program's own per-port counters (rlb_switch.c port_stats: every frame it forwarded,
-        nothing else). Kernel counters would add the switch's control traffic (BGP, BFD, ND,
-        RAs, heartbeats), whose share of a window moves with the machine's load: the CI runs'
-        221 packets where at most 220 were allowed, 1.01 for 1.00. Where the kernel forwards
-        (baseline, FRR spines) there are no others: the kernel's, control traffic included."""
+        """Per port of a switch, the data it sent into the link (tx_packets, tx_bytes). An XDP
+        switch: its program's own per-port counters (SwitchDataplane.port_tx: every frame it
+        forwarded, nothing else). Kernel counters would add the switch's control traffic (BGP,
+        BFD, ND, RAs, heartbeats), whose share of a window moves with the machine's load: the CI
+        runs' 221 packets where at most 220 were allowed, 1.01 for 1.00. Where the kernel
+        forwards (baseline, FRR spines) there are no others: the kernel's, control traffic
+        included."""
         ns = self.ns(node)
         if not self.xdp_forwards(node):
-            return {i: {"bytes": c["tx_bytes"], "packets": c["tx_packets"]}
-                    for i, c in topo.link_counters(ns).items()}
-        with netns.inside(ns), IPRoute() as ipr:
-            names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+            return topo.link_counters(ns)
         dp = SwitchDataplane(ns)
         try:
-            out = {}
-            for ifindex, (slot, _) in dp.port_slots().items():
-                rows = dp.maps["port_stats"].get_percpu(slot)
-                out[names.get(ifindex, str(ifindex))] = {"bytes": sum(r.tx_bytes for r in rows),
-                                                          "packets": sum(r.tx_packets for r in rows)}
-            return out
+            with netns.inside(ns):             # the ports' names are the namespace's
+                return dp.port_tx()
         finally:
             dp.close()
 
@@ -554,7 +546,7 @@ class FabricLab:
         """Data packets the leaf sent each spine of its pod (sent())."""
         leaf, out, got = self.fabric.node(from_leaf), self.sent(from_leaf), {}
         for p in self.fabric.ports_up(leaf):       # parallel links to a spine: their sum
-            got[p.peer.name] = got.get(p.peer.name, 0) + out[p.ifname]["packets"]
+            got[p.peer.name] = got.get(p.peer.name, 0) + out[p.ifname]["tx_packets"]
         return got
 
     # ---- traffic ----------------------------------------------------------------------
@@ -562,7 +554,7 @@ class FabricLab:
         """Data bytes each of the leaf's uplinks carried (sent()), keyed by spine, or spine-link
         with parallel links."""
         n, out = self.fabric.node(leaf), self.sent(leaf)
-        return {p.peer.name + (f"-{p.link}" if self.fabric.parallel > 1 else ""): out[p.ifname]["bytes"]
+        return {p.peer.name + (f"-{p.link}" if self.fabric.parallel > 1 else ""): out[p.ifname]["tx_bytes"]
                 for p in self.fabric.ports_up(n)}
 
     def qp_frames_sender(self, src_host: str):

@@ -60,8 +60,8 @@ def link_bytes(lab) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
     up, down = {}, {}
     for lf in lab.fabric.leaves:
         ports = lab.fabric.ports_up(lf)
-        up[lf.name] = [at[lf.name][p.ifname]["bytes"] for p in ports]
-        down[lf.name] = [at[p.peer.name][p.peer_ifname]["bytes"] for p in ports]
+        up[lf.name] = [at[lf.name][p.ifname]["tx_bytes"] for p in ports]
+        down[lf.name] = [at[p.peer.name][p.peer_ifname]["tx_bytes"] for p in ports]
     return up, down
 
 

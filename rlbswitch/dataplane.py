@@ -581,15 +581,18 @@ class SwitchDataplane(PinnedState):
                 out[link["index"]] = {"rx_packets": st["rx_packets"], "rx_bytes": st["rx_bytes"]}
         return out
 
-    def stats(self) -> dict:
-        def percpu_sum(m, key, fields):
-            rows = m.get_percpu(key)
-            return {f: sum(getattr(r, f) for r in rows) for f in fields}
+    def port_tx(self, slots: dict | None = None) -> dict[str, dict[str, int]]:
+        """{interface: its tx_packets and tx_bytes}: what the program forwarded into each port
+        (port_stats, summed over CPUs), nothing the kernel sent."""
+        return {p.ifname: _percpu_sum(self.maps["port_stats"], p.tx_slot, ("tx_packets", "tx_bytes"))
+                for p in self.ports(slots)}
 
+    def stats(self) -> dict:
         slots, rx, no_rx = self.port_slots(), self._rx_counters(), {"rx_packets": 0, "rx_bytes": 0}
+        tx = self.port_tx(slots)
         ports = []
         for p in self.ports(slots):
-            s = percpu_sum(self.maps["port_stats"], p.tx_slot, ("tx_packets", "tx_bytes"))
+            s = tx[p.ifname]
             ports.append({"interface": p.ifname, "ifindex": p.ifindex, "up": p.up,
                           "speed_mbps": p.speed_mbps, "mtu": p.mtu, **rx.get(p.ifindex, no_rx), **s})
         nexthops = []
@@ -597,7 +600,7 @@ class SwitchDataplane(PinnedState):
         port_map = {i: p for i, (_, p) in slots.items()}
         for i, nh in enumerate(nhs):
             if i and nh is not None and nh.flags & NH_VALID:
-                s = percpu_sum(self.maps["nh_stats"], i, ("packets", "bytes"))
+                s = _percpu_sum(self.maps["nh_stats"], i, ("packets", "bytes"))
                 nexthops.append({**self._nh_state(nhs, port_map, i), **s})
         reasons = {}
         for rid, name in REASONS.items():
@@ -608,3 +611,9 @@ class SwitchDataplane(PinnedState):
         by_port = self.police_by_port()
         return {"ports": ports, "nexthops": nexthops, "reasons": reasons, "police": self.police(by_port),
                 "police_by_port": by_port}
+
+
+def _percpu_sum(m, key, fields) -> dict[str, int]:
+    """A per-CPU map's entry, each field summed over the CPUs."""
+    rows = m.get_percpu(key)
+    return {f: sum(getattr(r, f) for r in rows) for f in fields}
