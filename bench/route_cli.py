@@ -18,6 +18,11 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rlbcommon import netns  # noqa: E402
+from rlblab import topo  # noqa: E402
+
 NH = [f"p{k}@02:00:00:00:01:0{k}" for k in range(4)]
 
 
@@ -39,18 +44,16 @@ def rlbswitch(*args: str) -> float:
 
 def apply_once(path: Path) -> float:
     ns = f"rlbrc{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
+    topo.add_ns(ns)
     try:
-        for k in range(4):
-            subprocess.run(["ip", "-n", ns, "link", "add", f"p{k}", "type", "veth", "peer", "name", f"q{k}"], check=True)
-            for dev in (f"p{k}", f"q{k}"):
-                subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
+        with netns.inside(ns):
+            topo.veth_ports(4)
         rlbswitch("--netns", ns, "attach", "--once", "p0", "p1", "p2", "p3")
         return rlbswitch("--netns", ns, "route", "apply", str(path))
     finally:
         subprocess.run([sys.executable, "-m", "rlbswitch", "--netns", ns, "detach", "--all"], cwd=ROOT,
                        capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns])
+        topo.del_ns(ns)
 
 
 def main() -> int:

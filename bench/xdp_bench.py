@@ -73,7 +73,6 @@ def measure(repeat: int = 250, rounds: int = 300, groups=("switch", "host", "por
     from bcc import BPF
     ns = f"rlbbench-{uuid.uuid4().hex[:6]}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
-    args = argparse.Namespace(repeat=repeat, rounds=rounds)
     out = {}
     try:
         with netns.inside(ns):
@@ -84,11 +83,11 @@ def measure(repeat: int = 250, rounds: int = 300, groups=("switch", "host", "por
             gpu = HostDataplane(f"{ns}-gpu")          # a host is in one mode: a second instance
             try:
                 if "switch" in groups:
-                    out["switch"] = dict(run_cases(args, ref, dp))
+                    out["switch"] = dict(run_cases(ref, dp, repeat, rounds))
                 if "host" in groups:
-                    out["host"] = dict(run_host_cases(args, ref, host))
+                    out["host"] = dict(run_host_cases(ref, host, rounds))
                 if "ports" in groups:
-                    out["ports"] = dict(run_ports_cases(args, ref, gpu))
+                    out["ports"] = dict(run_ports_cases(ref, gpu, repeat, rounds))
             finally:
                 dp.destroy()
                 host.destroy()
@@ -135,7 +134,7 @@ def main() -> int:
     return 1 if args.check and over_record(now, record, WARN) else 0
 
 
-def run_cases(args, ref, dp) -> list[tuple[str, float]]:
+def run_cases(ref, dp, repeat: int, rounds: int) -> list[tuple[str, float]]:
     """Set up one route per mode and time each case."""
     from bcc import BPF
     empty = ref.load_func(b"xdp_empty", BPF.XDP).fd
@@ -172,10 +171,10 @@ def run_cases(args, ref, dp) -> list[tuple[str, float]]:
         ("rlb connected host", dp.prog_fd, frame("fc00:9::5"), XDP_REDIRECT),
         ("rlb no route (to kernel)", dp.prog_fd, frame("fd00::1"), XDP_PASS),
     ]
-    return ns_per_packet(cases, args.repeat, args.rounds)
+    return ns_per_packet(cases, repeat, rounds)
 
 
-def run_host_cases(args, ref, host) -> list[tuple[str, float]]:
+def run_host_cases(ref, host, rounds: int) -> list[tuple[str, float]]:
     """The host programs with four paths; QPs already placed (the steady state)."""
     from bcc import BPF
     a = {k: f"fc00:1:1:{k}::a" for k in range(1, 5)}
@@ -192,10 +191,10 @@ def run_host_cases(args, ref, host) -> list[tuple[str, float]]:
     # Repeats run on one buffer: after the first, the packet already carries path (or base)
     # addresses and would take a cheaper exit. So one packet per run for all three, the
     # reference included; per-run timer overhead is in every figure alike.
-    return ns_per_packet([(name, fd, frame, 0) for name, fd, frame in cases], 1, args.rounds * 5)
+    return ns_per_packet([(name, fd, frame, 0) for name, fd, frame in cases], 1, rounds * 5)
 
 
-def run_ports_cases(args, ref, gpu) -> list[tuple[str, float]]:
+def run_ports_cases(ref, gpu, repeat: int, rounds: int) -> list[tuple[str, float]]:
     """A scale-up GPU's egress in ports mode: 4 planes x 2 sub-ports, a QP already placed on its
     sub-port (the steady state), and a reorder-tolerant peer sprayed per packet."""
     from bcc import BPF
@@ -220,7 +219,7 @@ def run_ports_cases(args, ref, gpu) -> list[tuple[str, float]]:
     cases = [("TC parse+redirect", redirect, qp), ("rlbhost ports (placed QP)", egress, qp),
              ("rlbhost ports (spray)", egress, spray)]
     return ns_per_packet([(name, fd, frame, TC_ACT_REDIRECT) for name, fd, frame in cases],
-                         args.repeat, args.rounds)
+                         repeat, rounds)
 
 
 def report(args, results, now, record):
