@@ -35,7 +35,7 @@ from rlbcommon.constants import VERBS_PORT  # noqa: E402
 from rlbhost.verbs.paths import socket_path  # noqa: E402
 from rlblab import topo  # noqa: E402
 from rlblab.hostlab import HostLab  # noqa: E402
-from tests.verbs_tools import app_env, app_lines, build_all, fake_sysfs, rtrs  # noqa: E402
+from tests.verbs_tools import agent_env, app_env, app_lines, build_all, fake_sysfs, rtrs  # noqa: E402
 
 
 def start(lab, built, sysfs, gid, host, n, qpn, dest, preload, timeout_ms, log):
@@ -118,7 +118,7 @@ def main():
         sysfs = {k: tmp / f"sys-h{k}" for k in (1, 2)}
         gid = {k: fake_sysfs(sysfs[k], lab.addresses(k)) for k in (1, 2)}
         for k in (1, 2):
-            lab.start_agent(k, env={"RLB_SYSFS_INFINIBAND": str(sysfs[k])})
+            lab.start_agent(k, env=agent_env(sysfs[k]))
         n = args.qps
         cases = [("without the library", False, 1, (1, 2), 0)]
         for loss in ([0, args.loss] if args.loss else [0]):

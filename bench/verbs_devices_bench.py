@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.verbs_bench import counts, figures  # noqa: E402 - as the one-device bench reads them
 from rlbhost.verbs.paths import socket_path  # noqa: E402
 from rlblab.hostlab import HostLab  # noqa: E402
-from tests.verbs_tools import app_env, app_lines, build_all, fake_sysfs, rtrs  # noqa: E402
+from tests.verbs_tools import agent_env, app_env, app_lines, build_all, fake_sysfs, rtrs  # noqa: E402
 
 FIRST_QPN = {1: 0x1000, 2: 0x200000}        # every device of a server numbers from here
 
@@ -113,7 +113,7 @@ def main():
         gid = {(k, d): fake_sysfs(sysfs[k], lab.addresses(k, d), dev=f"stub{d}", netdev=lab.nic(d))
                for k in (1, 2) for d in range(args.devices)}
         for k in (1, 2):
-            lab.start_agent(k, env={"RLB_SYSFS_INFINIBAND": str(sysfs[k])}, timeout=300)
+            lab.start_agent(k, env=agent_env(sysfs[k]), timeout=300)
         for devices in (1, args.devices):
             time.sleep(2)
             before = {h: counts(lab, h) for h in (1, 2)}

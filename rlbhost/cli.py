@@ -471,6 +471,11 @@ def verbs_status(as_json: bool = typer.Option(False, "--json", help="Machine-rea
         c = s["counters"]
         typer.echo(f"verbs: socket {s['socket']}, RDMA ports {', '.join(s['ports']) or 'none'}, "
                    f"{s['clients']} processes, {s['qps']} QPs known")
+        if "qp_owners" in s:
+            refused = {k: c.get(f"{k}_qps", 0) for k in ("foreign", "unknown", "released")}
+            typer.echo(f"QP owners: {s['qp_owners']}; claims refused: {refused['foreign']} another's, "
+                       f"{refused['unknown']} not the kernel's; let go when the kernel had them no more: "
+                       f"{refused['released']}")
         if len(s.get("nics", {})) > 1:
             for n, e in s["nics"].items():
                 typer.echo(f"  NIC {n}: RDMA ports {', '.join(e['ports']) or 'none'}, {e['qps']} QPs, placed "

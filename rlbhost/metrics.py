@@ -131,6 +131,7 @@ class HostCollector:
         bad.add_metric([n, "client"], c["refused_clients"])
         bad.add_metric([n, "stale_question"], c["stale_questions"])
         bad.add_metric([n, "foreign_qp"], c["foreign_qps"])
+        bad.add_metric([n, "unknown_qp"], c["unknown_qps"])            # a QP the kernel does not have
         bad.add_metric([n, "behind"], c["behind"])
         bad.add_metric([n, "unauthenticated"], c["unauthenticated"])
         bad.add_metric([n, "question"], c["refused_questions"])      # a user over its caps
@@ -146,6 +147,9 @@ class HostCollector:
                        "that carried them (a round's messages for one peer go together)", ["node", "what"])
         sent.add_metric([n, "message"], c["messages_sent"])
         sent.add_metric([n, "datagram"], c["datagrams_sent"])
+        released = counter("rlb_host_verbs_released_qps", "QPs let go because the kernel no longer has "
+                           "them (destroyed without a word reaching the agent)", ["node"])
+        released.add_metric([n], c.get("released_qps", 0))
         clients = gauge("rlb_host_verbs_clients", "processes connected to the verbs socket", ["node"])
         clients.add_metric([n], v["clients"])
         qps = gauge("rlb_host_verbs_qps", "QPs of processes with the verbs library, known to the agent, per "

@@ -23,7 +23,7 @@ from rlbhost.verbs.paths import socket_path, table_path
 from rlblab import topo
 from rlblab.hostlab import HostLab
 
-from .verbs_tools import Built, app_env, app_lines, build_all, fake_sysfs, rtrs, table_lookup
+from .verbs_tools import Built, agent_env, app_env, app_lines, build_all, fake_sysfs, rtrs, table_lookup
 
 pytestmark = pytest.mark.netns
 KEY = bytes(range(16))
@@ -56,7 +56,7 @@ def r(tmp_path_factory):
         key.write_text(KEY.hex() + "\n")
         key.chmod(0o600)
         for k in (1, 2):
-            lab.start_agent(k, "--fabric-key", str(key), env={"RLB_SYSFS_INFINIBAND": str(sysfs[k])})
+            lab.start_agent(k, "--fabric-key", str(key), env=agent_env(sysfs[k]))
         yield Rails(lab, built, sysfs, gid, tmp)
     finally:
         lab.down()

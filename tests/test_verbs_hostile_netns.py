@@ -3,8 +3,9 @@ namespace lab of tests/test_verbs_netns.py: each gets a bounded, counted refusal
 job's QPs on the same host are placed as before.
 
 The hostile processes run as user nobody (65534); the socket's group is a group made for the test
-(and removed after). Not here: a user squatting another user's QP numbers, which needs the kernel's
-word on who owns a QP (rdma netlink's resource tracking: no RDMA in this kernel)."""
+(and removed after). Whose QP is whose is the kernel's word (rdma netlink's resource tracking); this
+kernel has no RDMA, so the stand-in libibverbs keeps the table the agent reads instead
+(tests/verbs_tools.py qp_table), as the kernel would: each QP under the thread that made it."""
 from __future__ import annotations
 
 import grp
@@ -23,7 +24,8 @@ from rlbhost.verbs import protocol as P
 from rlbhost.verbs import service as S
 from rlbhost.verbs.paths import socket_path
 
-from .test_verbs_netns import VLab, agreed, pair, split, verbs_lab, wait_for
+from .test_verbs_netns import App, VLab, agreed, pair, split, verbs_lab, wait_for
+from .verbs_tools import kernel_drops, kernel_has, qp_table
 
 pytestmark = pytest.mark.netns
 GROUP = "rlbtest-verbs"
@@ -131,6 +133,7 @@ def test_verbs_hostile_deadlines_far_off_are_worked_on_for_2_s_at_most(v):
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         far = now + 11 * 86400 * 10**9
         for i in range(256):
+            kernel_has(v.sysfs[1], 0x700 + i, os.getpid())      # this process's QPs, as the kernel says
             s.send(f"INIT stub0 1 {0x700 + i}".encode())
             s.send(f"RTR {i + 1} stub0 1 {0x700 + i} {v.gid[1][1]} {ours} {theirs} {0x800 + i} {far} "
                    f"{60 * 10**9}".encode())
@@ -145,8 +148,94 @@ def test_verbs_hostile_deadlines_far_off_are_worked_on_for_2_s_at_most(v):
         assert resent < 256 * 80
     finally:
         s.close()
+        for i in range(256):
+            kernel_drops(v.sysfs[1], 0x700 + i)
         v.start(2)
     wait_for("the questions' QPs gone", lambda: not v.rows(1))
+
+
+SQUAT = """
+path, version, first, n, sgid_index, ours, theirs = sys.argv[1:8]
+first, n = int(first, 0), int(n)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(path)
+s.send(("HELLO %s %d 0" % (version, os.getpid())).encode())
+s.recv(4096)
+seq = 0
+for line in sys.stdin:                # each line: claim the QP numbers and ask a path for each
+    answers = []
+    for q in range(first, first + n):
+        seq += 1
+        s.send(("INIT stub0 1 %d" % q).encode())
+        s.send(("RTR %d stub0 1 %d %s %s %s %d %d 1000000000" % (seq, q, sgid_index, ours, theirs, q + 0x100,
+                time.clock_gettime_ns(time.CLOCK_MONOTONIC) + 10**9)).encode())
+        answers.append(s.recv(4096).decode().split()[0])
+    print(json.dumps({"answers": answers}), flush=True)
+"""
+
+
+def test_verbs_hostile_squatting_another_users_qp_numbers_gets_nothing(v):
+    """QP numbers are predictable. nobody claims root's job's numbers before the job makes its QPs
+    (the kernel has no such QPs) and again after (the kernel says the job's thread made them), and
+    stays connected: every claim is refused and counted, and the job is placed as before. Without
+    the kernel's word the first claim held the numbers and the job was refused as foreign."""
+    before = counters(v, 1)
+    squat = subprocess.Popen(nobody(SQUAT, str(socket_path(v.lab.h[1])), str(P.VERSION), "0x100", "8",
+                                    str(v.gid[1][1]), v.lab.base(1), v.lab.base(2)),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def claim() -> list[str]:
+        squat.stdin.write("go\n")
+        squat.stdin.flush()
+        return json.loads(squat.stdout.readline())["answers"]
+
+    try:
+        assert claim() == ["KEEP"] * 8                      # before: no such QPs
+        a = App(v, 1, 8, 0x100, 0x200)                       # the job's QPs made, at INIT
+        assert claim() == ["KEEP"] * 8                      # after: the job's
+        b = App(v, 2, 8, 0x200, 0x100)
+        try:
+            for app in (a, b):
+                app.p.stdin.write("go\n")
+                app.p.stdin.flush()
+            a.out = [a.p.stdout.readline() for _ in range(8)]
+            b.out = [b.p.stdout.readline() for _ in range(8)]
+            assert split(agreed(a, b)) == {1: 2, 2: 2, 3: 2, 4: 2}
+        finally:
+            a.close(), b.close()
+    finally:
+        squat.stdin.close()
+        squat.wait(timeout=10)
+    after = counters(v, 1)
+    # each claim is an INIT and a question, each refused: 8 QPs x 2 before, and as many after
+    assert after["unknown_qps"] - before["unknown_qps"] == 16
+    assert after["foreign_qps"] - before["foreign_qps"] == 16
+    text = v.lab.cli(1, "verbs", "status")
+    assert f"QP owners: the table in {qp_table(v.sysfs[1])}: devices stub0;" in text, text
+    wait_for("the QPs gone", lambda: not v.rows(1) and not v.rows(2))
+
+
+def test_verbs_hostile_a_qp_the_kernel_no_longer_has_is_let_go(v):
+    """Two QPs placed, then gone from the kernel's table while their process lives on and says
+    nothing (its GONE lost, or never sent): the agent lets them go at its next look (every
+    second), their decisions with them, and counts them."""
+    before = counters(v, 1)
+    a, b = pair(v, 2, None)
+    try:
+        agreed(a, b)
+        assert sorted(r["qp"] for r in v.rows(1)) == [0x100, 0x101]
+        t0 = time.monotonic()
+        for q in (0x100, 0x101):
+            kernel_drops(v.sysfs[1], q)
+        wait_for("let go", lambda: not v.rows(1), timeout=5)
+        took = time.monotonic() - t0
+        print(f"2 QPs gone from the kernel: let go after {took:.2f} s")
+        assert a.p.poll() is None                           # the process lives: nothing was said
+        assert len(v.rows(2)) == 2                          # the peer's QPs are the peer's
+    finally:
+        a.close(), b.close()
+    assert counters(v, 1)["released_qps"] - before["released_qps"] == 2
+    wait_for("the QPs gone", lambda: not v.rows(2))
 
 
 NEVER_READS = """

@@ -27,7 +27,7 @@ from rlblab import topo
 from rlblab.hostlab import HostLab
 from rlblab.traffic import QpSender
 
-from .verbs_tools import Built, app_env, app_lines, build_all, fake_sysfs, rtrs, table_lookup
+from .verbs_tools import Built, agent_env, app_env, app_lines, build_all, fake_sysfs, rtrs, table_lookup
 
 pytestmark = pytest.mark.netns
 KEY = bytes(range(16))
@@ -45,7 +45,7 @@ class VLab:
 
     def start(self, host: int):
         self.lab.start_agent(host, "--fabric-key", str(self.keys[host]), *self.agent_args,
-                             env={"RLB_SYSFS_INFINIBAND": str(self.sysfs[host])})
+                             env=agent_env(self.sysfs[host]))
 
     def rows(self, host: int) -> list[dict]:
         return [q for q in json.loads(self.lab.cli(host, "qps", "--json")) if q.get("source") == "verbs"]

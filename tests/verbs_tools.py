@@ -1,7 +1,8 @@
 """What the verbs tests and the verbs benchmark build and run: the library (as `rlbhost verbs
 install` builds it), a stand-in libibverbs with no device (tests/verbs/stub_ibverbs.c), and a
 verbs program linked against it or loading it with dlopen + dlvsym (tests/verbs/verbs_app.c);
-a fake /sys/class/infiniband that both the stub and the agent read GIDs from."""
+a fake /sys/class/infiniband that both the stub and the agent read GIDs from, and beside it the
+kernel's QP table (whose QP is whose) that the stub keeps and the agent checks claims against."""
 from __future__ import annotations
 
 import ipaddress
@@ -44,9 +45,32 @@ def build_all(out: Path, defines: tuple[str, ...] = ()) -> Built:
     return Built(lib, stub, out / "app_linked", out / "app_dlopen")
 
 
+def qp_table(sysfs: Path) -> Path:
+    """Beside a fake sysfs tree, the kernel's QP table of its devices as the stub keeps it
+    (<device>/<QP number in hex>: the creating thread's id; rlbhost/verbs/kernelqps.py ResDir)."""
+    return sysfs.with_name(sysfs.name + "-qps")
+
+
+def kernel_has(sysfs: Path, qpn: int, task: int, dev: str = "stub0"):
+    """A QP the kernel has, made by thread `task` (as a process's ibv_create_qp would leave it)."""
+    (qp_table(sysfs) / dev / f"{qpn:x}").write_text(f"{task}\n")
+
+
+def kernel_drops(sysfs: Path, qpn: int, dev: str = "stub0"):
+    """The QP destroyed (as ibv_destroy_qp or the process's end would)."""
+    (qp_table(sysfs) / dev / f"{qpn:x}").unlink(missing_ok=True)
+
+
+def agent_env(sysfs: Path) -> dict[str, str]:
+    """An agent's environment to read GIDs from the fake tree and QP owners from the stub's table."""
+    return {"RLB_SYSFS_INFINIBAND": str(sysfs), "RLB_RDMA_RES_DIR": str(qp_table(sysfs))}
+
+
 def fake_sysfs(root: Path, addrs: dict[int, str], dev: str = "stub0", netdev: str = "eth0") -> dict[int, int]:
     """A GID table as rxe makes one: a link-local GID, then each address twice (RoCE v1 at an
-    odd index, v2 at the even one after it). Returns {path: RoCE v2 GID index}."""
+    odd index, v2 at the even one after it), and the device's (empty) QP table. Returns {path:
+    RoCE v2 GID index}."""
+    (qp_table(root) / dev).mkdir(parents=True, exist_ok=True)
     base = root / dev / "ports" / "1"
     for d in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
         (base / d).mkdir(parents=True, exist_ok=True)
@@ -66,7 +90,7 @@ def fake_sysfs(root: Path, addrs: dict[int, str], dev: str = "stub0", netdev: st
 def app_env(built: Built, sysfs: Path, log: Path, qpn: int, socket: Path | None, preload: bool = True,
             **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RLB_VERBS", "STUB_", "LD_PRELOAD"))}
-    env.update({"STUB_SYSFS": str(sysfs), "STUB_LOG": str(log), "STUB_QPN": hex(qpn),
+    env.update({"STUB_SYSFS": str(sysfs), "STUB_RES": str(qp_table(sysfs)), "STUB_LOG": str(log), "STUB_QPN": hex(qpn),
                 "LD_LIBRARY_PATH": str(built.stub_dir)})
     if preload:
         env["LD_PRELOAD"] = str(built.lib)

@@ -82,6 +82,7 @@ from ..gids import GidTable
 from ..probekeys import KeyFile
 from . import protocol as P
 from .advice import FabricView
+from .kernelqps import MISSING, KernelQps
 from .outstanding import Outstanding, Pending
 from .peerauth import SEAL_MAX, Unsealer, seal
 from .table import DecisionTable
@@ -165,6 +166,7 @@ class LocalQp:
     nic: str = ""                  # the fabric NIC its RDMA port is on ('' if none)
     uid: int = -1                  # whose (-1: adopted after a restart)
     asked: bool = False            # a peer was asked about it (it may hold a path for it)
+    at: float = 0.0                # when it was registered (monotonic; 0: adopted after a restart)
 
     @property
     def qpn(self) -> int:
@@ -226,8 +228,9 @@ class VerbsService:
     def __init__(self, dps: dict[str, HostDataplane], socket_path: Path, port: int = VERBS_PORT,
                  group: str | None = None, gids: GidTable | None = None, health: Health | None = None,
                  status_path: Path | None = None, advice: dict[str, FabricView] | None = None,
-                 table_path: Path | None = None, keys: KeyFile | None = None):
-        """`dps`: {fabric NIC: its data plane}; `advice`: the coordinator's view from each NIC."""
+                 table_path: Path | None = None, keys: KeyFile | None = None, kernel: KernelQps | None = None):
+        """`dps`: {fabric NIC: its data plane}; `advice`: the coordinator's view from each NIC;
+        `kernel`: the kernel's word on QPs (read from rdma netlink when not given)."""
         self.nics = {ifname: NicState(ifname, dp, (advice or {}).get(ifname)) for ifname, dp in dps.items()}
         self.socket_path, self.port = Path(socket_path), port
         self.instance = next(iter(dps.values())).instance
@@ -237,6 +240,7 @@ class VerbsService:
         self.table: DecisionTable | None = None
         self.group, self.status_path = group, status_path
         self.gids = gids or GidTable(list(self.nics))
+        self.kernel = kernel or KernelQps.open()
         self.health = health or Health()
         self.sel = selectors.DefaultSelector()
         self.clients: dict[socket.socket, Client] = {}
@@ -261,7 +265,7 @@ class VerbsService:
                                          "placed_ah": 0, "disagreements": 0, "bad_messages": 0,
                                          "refused_clients": 0, "refused_questions": 0, "accept_failed": 0,
                                          "peer_questions": 0, "stale_questions": 0,
-                                         "foreign_qps": 0, "behind": 0,
+                                         "foreign_qps": 0, "unknown_qps": 0, "released_qps": 0, "behind": 0,
                                          "unauthenticated": 0, "resent": 0, "unacknowledged": 0,
                                          "messages_sent": 0, "datagrams_sent": 0, "key_file_bad": 0}
         self.kept: dict[str, int] = {k: 0 for k in P.KEEP if k != "none"}
@@ -309,9 +313,9 @@ class VerbsService:
             self.table = DecisionTable(self.table_path)
             self.table.clear()
         self._adopt()
-        log.info("verbs: answering on %s (%s), agreeing with peers on UDP %d; NICs %s; RDMA ports %s",
-                 self.socket_path, self.access, self.port,
-                 ", ".join(self.nics), ", ".join(f"{d}/{p}" for d, p in self.gids.served()) or "none yet")
+        log.info("verbs: answering on %s (%s), agreeing with peers on UDP %d; NICs %s; RDMA ports %s; "
+                 "QP owners: %s", self.socket_path, self.access, self.port, ", ".join(self.nics),
+                 ", ".join(f"{d}/{p}" for d, p in self.gids.served()) or "none yet", self.kernel.describe())
 
     def _restrict(self, path: Path) -> str:
         """The socket's owners: root and the verbs group (0660); every user only if asked for
@@ -349,6 +353,7 @@ class VerbsService:
         if self.table is not None:        # the file stays: jobs that mapped it keep it, the next agent reuses it
             self.table.close()
             self.table = None
+        self.kernel.close()
 
     def _adopt(self):
         """QPs placed before a restart keep their entries (and the pairs decided here stay
@@ -471,7 +476,22 @@ class VerbsService:
     def start(self) -> threading.Thread:
         t = threading.Thread(target=self.run, name="verbs", daemon=True)
         t.start()
+        if self.kernel.available:
+            threading.Thread(target=self._watch_kernel, name="verbs-kernel", daemon=True).start()
         return t
+
+    def _watch_kernel(self):
+        """Every REAP_EVERY_S, the kernel's QPs of every device, for _reap to let go of the QPs
+        it no longer has."""
+        name_this_thread("verbs-kernel")
+        self.health.expect("verbs-kernel")
+        while not self.stop.wait(REAP_EVERY_S):
+            failpoints.check("verbs-kernel")
+            try:
+                self.kernel.look()
+                self.health.ok("verbs-kernel")
+            except Exception as e:
+                self.health.failed("verbs-kernel", e, log)
 
     def shutdown(self):
         self.stop.set()
@@ -613,11 +633,28 @@ class VerbsService:
             self._gone(c, m)
 
     def _register(self, c: Client, dev: str, port: int, qpn: int) -> LocalQp | None:
-        """The client's QP (None: a live process of another owns it; a process may speak only
-        for its own QPs)."""
+        """The client's QP (None: another process owns it, or the kernel has no such QP; a process
+        may speak only for its own QPs). Where the kernel tracks the device its word decides;
+        elsewhere the first live claimant holds the number."""
         local = (dev, port, qpn)
         lq = self.local.get(local)
-        if lq is not None and (lq.pid, lq.start) != (c.pid, c.start):
+        if lq is not None and (lq.pid, lq.start) == (c.pid, c.start):
+            return lq
+        owner = self.kernel.owner(dev, qpn, c.pid)
+        if owner == MISSING:
+            self.counters["unknown_qps"] += 1
+            log.warning("verbs: pid %d (uid %d) spoke for %s, which the kernel does not have: ignored",
+                        c.pid, c.uid, qp_text(local))
+            return None
+        if owner is not None and owner != c.pid:
+            self.counters["foreign_qps"] += 1
+            log.warning("verbs: pid %d (uid %d) spoke for %s, which the kernel says pid %d made: ignored",
+                        c.pid, c.uid, qp_text(local), owner)
+            return None
+        if lq is not None and owner == c.pid:
+            self._forget_qp(local)        # the kernel's owner speaks: an earlier claim was not its
+            lq = None
+        if lq is not None:
             if lq.start is not None and proc_start(lq.pid) == lq.start:
                 self.counters["foreign_qps"] += 1
                 log.warning("verbs: pid %d (uid %d) spoke for %s, which pid %d holds: ignored",
@@ -635,7 +672,7 @@ class VerbsService:
             if old is not None and time.monotonic() - old[1].at > REUSED_AFTER_S:
                 self._forget_qp(local)        # a keep answered for an earlier QP of this number
             nic = self._nic_of_port(dev, port)
-            lq = LocalQp(local, c.pid, c.start, nic.ifname if nic else "", c.uid)
+            lq = LocalQp(local, c.pid, c.start, nic.ifname if nic else "", c.uid, at=time.monotonic())
             self._index(lq)
             c.qpns.add(local)
             self.per_uid[c.uid]["qps"] += 1
@@ -1024,9 +1061,19 @@ class VerbsService:
                 self.table.remove(*local, got[0][2], got[0][1])
 
     def _reap(self):
-        """QPs of processes that ended without destroying them; keeps answered long ago."""
+        """QPs the kernel no longer has (destroyed, their GONE lost), QPs of processes that ended
+        without destroying them; keeps answered long ago."""
+        looked_at, present = self.kernel.seen or (0.0, {})
         alive: dict[int, bool] = {}
         for local, lq in list(self.local.items()):
+            has = present.get(local[0])
+            if has is not None and local[2] not in has and lq.at < looked_at:   # (not one made since)
+                self.counters["released_qps"] += 1
+                log.info("verbs: %s of pid %d is gone from the kernel: released", qp_text(local), lq.pid)
+                self._forget_qp(local)
+                for c in self.clients.values():     # its process may live on: no longer its QP
+                    c.qpns.discard(local)
+                continue
             if lq.pid not in alive:
                 alive[lq.pid] = lq.start is not None and proc_start(lq.pid) == lq.start
             if not alive[lq.pid]:
@@ -1373,6 +1420,7 @@ class VerbsService:
             return {"socket": str(self.socket_path), "clients": len(self.clients),
                     "qps": len(self.local), "pairs": len(self.decisions), "pending": len(self.pending),
                     "ports": [f"{d}/{p}" for d, p in self.gids.served()],
+                    "qp_owners": self.kernel.describe(),
                     "nics": {n.ifname: {"label": n.dp.label,
                                         "ports": [f"{d}/{p}" for d, p in self.gids.ports_on(n.ifname)],
                                         "qps": on_nic[n.ifname],

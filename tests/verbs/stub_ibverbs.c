@@ -4,7 +4,10 @@
  *   STUB_SYSFS   a tree laid out as /sys/class/infiniband (the device's GID table is read there)
  *   STUB_DEVICE  the device's name (default stub0)
  *   STUB_QPN     the first QP number (default 0x100)
- *   STUB_REFUSE  a GID index the device refuses at RTR (EINVAL), as hardware may */
+ *   STUB_REFUSE  a GID index the device refuses at RTR (EINVAL), as hardware may
+ *   STUB_RES     the kernel's QP table as the agent reads it in tests (RLB_RDMA_RES_DIR): each QP
+ *                made is <STUB_RES>/<device>/<QP number in hex> holding the creating thread's id
+ *                (the task rdma netlink names), removed when it is destroyed */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -87,6 +90,16 @@ int ibv_dealloc_pd(struct ibv_pd *pd)
     return 0;
 }
 
+/* The QP's entry in the kernel's table (STUB_RES); 0: no table kept */
+static int res_path(struct ibv_qp *qp, char *out, size_t n)
+{
+    const char *root = getenv("STUB_RES");
+    if (!root)
+        return 0;
+    snprintf(out, n, "%s/%s/%x", root, qp->context->device->name, qp->qp_num);
+    return 1;
+}
+
 struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
     struct ibv_qp *qp = calloc(1, sizeof(*qp));
@@ -95,6 +108,14 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
     qp->qp_num = next_qpn++;
     qp->qp_type = attr->qp_type;
     qp->state = IBV_QPS_RESET;
+    char path[512];
+    if (res_path(qp, path, sizeof(path))) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dprintf(fd, "%d\n", gettid());
+            close(fd);
+        }
+    }
     return qp;
 }
 
@@ -136,6 +157,9 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 int ibv_destroy_qp(struct ibv_qp *qp)
 {
     record("DESTROY qpn=%u", qp->qp_num);
+    char path[512];
+    if (res_path(qp, path, sizeof(path)))
+        unlink(path);
     free(qp);
     return 0;
 }
