@@ -38,27 +38,77 @@ class Lease:
     """The lease a machine's keys live under, one for all its NICs' clients: each keepalive costs
     the etcd leader about half a millisecond (docs/operations.md), so a server of eight NICs
     keeps one lease alive, not eight. A new lease (the old one ended) has a new generation: each
-    client then writes everything again under it."""
+    client then writes everything again under it.
+
+    Kept alive by a thread of its own, on its own connection, a third of the lease after the
+    last keepalive was sent (at once after a slow answer), and again within RETRY_S after one
+    that got no answer: a slow etcd (a write taking seconds) never holds a keepalive back behind
+    the clients' writes, and a keepalive that timed out is not the lease's end (it may well have
+    reached etcd). The lease has ended when etcd says so (a keepalive answered with no time
+    left), or after twice its time without an answer; only then is a new one granted. The
+    clients learn that etcd is not answering from keep(): it raises while the last keepalive got
+    no answer and none sent in the last two thirds of the lease was answered (a slow answer is
+    an answer: a lease renewed every 2.5 s of a 3 s lease holds)."""
+
+    RETRY_S = 0.2                      # after a keepalive that got no answer
 
     def __init__(self, etcd: Etcd, ttl_s: int):
         self.etcd, self.ttl_s = etcd, ttl_s
-        self.id, self.generation, self.kept_alive = 0, 0, 0.0
+        self.id, self.generation = 0, 0
+        self.kept_alive = 0.0             # when the last answered keepalive (or the grant) was sent
+        self.ended = False
+        self.failing = False              # the last keepalive got no answer
         self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.keepalives = self.unanswered = 0
 
     def keep(self, who: str) -> tuple[int, int]:
-        """(lease id, generation), kept alive every third of its time, granted anew once ended."""
+        """(lease id, generation): granted at first and anew once ended; EtcdUnavailable while
+        etcd does not answer keepalives."""
         with self.lock:
-            now = time.monotonic()
-            if self.id and now - self.kept_alive < self.ttl_s / 3:
-                return self.id, self.generation
-            if self.id and self.etcd.lease_keepalive(self.id) > 0:
-                self.kept_alive = now
+            if self.id and not self.ended:
+                silent = time.monotonic() - self.kept_alive
+                if self.failing and silent > self.ttl_s * 2 / 3:
+                    raise EtcdUnavailable(f"no keepalive of lease {self.id:x} answered for {silent:.1f} s")
                 return self.id, self.generation
             if self.id:
                 log.warning("etcd lease %x of %s ended: writing everything again", self.id, who)
+            sent = time.monotonic()
             self.id = self.etcd.lease_grant(self.ttl_s)
-            self.kept_alive, self.generation = now, self.generation + 1
+            self.kept_alive, self.generation, self.ended, self.failing = sent, self.generation + 1, False, False
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._keep_alive, name="etcd-lease", daemon=True)
+                self._thread.start()
             return self.id, self.generation
+
+    def _keep_alive(self):
+        due = time.monotonic() + self.ttl_s / 3
+        while not self.stop.wait(max(0.0, due - time.monotonic())):
+            with self.lock:
+                lease, since = (0, 0.0) if self.ended else (self.id, self.kept_alive)
+            if not lease:
+                due = time.monotonic() + self.ttl_s / 3
+                continue
+            sent = time.monotonic()
+            self.keepalives += 1
+            try:
+                left = self.etcd.lease_keepalive(lease)
+            except EtcdError as e:            # no answer in time, or refused: again soon
+                self.unanswered += 1
+                log.info("etcd lease %x: keepalive not answered (%s)", lease, e)
+                left = None
+            with self.lock:
+                if self.id != lease:
+                    continue
+                self.failing = left is None
+                if left is not None and left > 0:
+                    self.kept_alive, due = sent, sent + self.ttl_s / 3
+                elif left is not None or time.monotonic() - since >= 2 * self.ttl_s:
+                    self.ended = True         # etcd says it is gone, or it surely is by now
+                    due = time.monotonic() + self.ttl_s / 3
+                else:
+                    due = time.monotonic() + self.RETRY_S
 
 
 class EtcdCoordinatorClient(CoordinatorClient):

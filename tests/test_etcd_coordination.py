@@ -8,10 +8,12 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -224,14 +226,16 @@ def test_the_host_client_writes_changes_only_and_applies_watched_placements(etcd
         assert client.report_once() == 1
         time.sleep(0.3)
         assert sorted(dp.placed.values()) == [0, 1, 2, 3]        # nothing moved for it
-        client.etcd = client.leases.etcd = Etcd("http://127.0.0.1:1", timeout=0.2)   # etcd gone: seen at
-        client.leases.kept_alive = 0.0                           # the next keepalive (a third of the lease)
+        client.etcd = client.leases.etcd = Etcd("http://127.0.0.1:1", timeout=0.2)   # etcd gone: seen
+        wait(lambda: client.leases.failing, 3, "a keepalive unanswered")     # at the next keepalive
+        client.leases.kept_alive -= 3.0                          # (and none answered for 2/3 of the lease)
         with pytest.raises(coordapi.CoordinatorError):
             client.report_once()
         client._failed(coordapi.CoordinatorError("gone"))
         assert dp.placed == {} and client.counters["fallbacks"] == 1
     finally:
         client.stop.set()
+        client.leases.stop.set()
 
 
 def test_a_host_with_many_qps_writes_them_in_parts_that_split_and_merge(etcd):
@@ -340,6 +344,99 @@ def _answers(fn) -> bool:
         return False
 
 
+class SlowProxy:
+    """TCP in front of etcd that holds each request `delay_s` before passing it on, answers at
+    once: an etcd on an overloaded machine (the VM lab's `mon` took seconds)."""
+
+    def __init__(self, target: str, delay_s: float):
+        self.target = urllib.parse.urlsplit(target)
+        self.delay_s = delay_s
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                u = socket.create_connection((self.target.hostname, self.target.port))
+            except OSError:                  # etcd stopped (the module's end)
+                c.close()
+                continue
+            threading.Thread(target=self._pump, args=(c, u, self.delay_s), daemon=True).start()
+            threading.Thread(target=self._pump, args=(u, c, 0.0), daemon=True).start()
+
+    def _pump(self, src, dst, delay_s):
+        """Bytes from src to dst; with a delay, each whole HTTP request held delay_s."""
+        buf = b""
+        try:
+            while data := src.recv(65536):
+                if not delay_s:
+                    dst.sendall(data)
+                    continue
+                buf += data
+                while (end := buf.find(b"\r\n\r\n")) >= 0:
+                    head = buf[:end].decode("latin-1").lower()
+                    length = next((int(h.split(":", 1)[1]) for h in head.split("\r\n")
+                                   if h.startswith("content-length:")), 0)
+                    if len(buf) < end + 4 + length:
+                        break
+                    request, buf = buf[:end + 4 + length], buf[end + 4 + length:]
+                    self.held += 1
+                    time.sleep(delay_s)
+                    dst.sendall(request)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                s.close()
+
+    def close(self):
+        self.sock.close()
+
+
+def test_a_host_whose_etcd_answers_slowly_keeps_its_lease_and_writes_only_changes(etcd):
+    """Every request to etcd held 1.6 s, more than half the host's 3 s lease, its writes as slow
+    as its keepalives: over 12 s of rounds, each writing a QP's new path, the host keeps its first
+    lease (never writing everything again) and no round fails. The keepalive used to be sent by
+    the report loop between writes: every 3.2 s here, and the lease ended each time."""
+    from rlbhost.etcdclient import EtcdCoordinatorClient
+    live = [{"peer": addr("h3", 1), "sport": 50000 + i, "qp": i, "path": 0, "idle_ms": 1, "active": True,
+             "bytes": 10} for i in range(4)]
+    dp = FakeHostDataplane("h1", live)
+    proxy = SlowProxy(etcd.url, 1.6)
+    slow = Etcd(proxy.url, keys.host_user("h1"),
+                etcdauth.read_password(etcdauth.password_file(etcd.creds, keys.host_user("h1"))), timeout=3.0)
+    client = EtcdCoordinatorClient(dp, "h1", slow, lease_ttl_s=3)
+    failed, rounds, t0 = 0, 0, time.monotonic()
+    try:
+        while time.monotonic() - t0 < 12:
+            live[rounds % 4]["path"] = (live[rounds % 4]["path"] + 1) % 4      # news every round
+            try:
+                client.report_once()
+            except coordapi.CoordinatorError as e:
+                failed += 1
+                print("round failed:", e)
+            rounds += 1
+        lease = client.leases
+        print(f"{rounds} rounds in 12 s, {client.counters['writes']} keys written, leases {client.counters['leases']}, "
+              f"keepalives {lease.keepalives} ({lease.unanswered} unanswered), {proxy.held} requests held")
+        assert failed == 0 and client.counters["leases"] == 1 and lease.unanswered == 0
+        assert lease.keepalives >= 5                             # every 1.6 s, not every 3.2
+        assert client.counters["writes"] <= rounds + 2           # the report and a QP key at first, then one a round
+        assert user(etcd, keys.host_user("h1")).lease_keepalive(lease.id) > 0     # the first lease, alive
+    finally:
+        client.stop.set()
+        client.leases.stop.set()
+        proxy.close()
+
+
 def test_a_host_etcd_refuses_asks_again_only_after_a_second(etcd):
     """Each authentication costs etcd a password hash: a host with a wrong password (or before
     authentication is on) must not ask ten times a second."""
@@ -357,6 +454,7 @@ def test_a_host_etcd_refuses_asks_again_only_after_a_second(etcd):
         assert client.counters["refusals"] == 2
     finally:
         client.stop.set()
+        client.leases.stop.set()
 
 
 @pytest.fixture
