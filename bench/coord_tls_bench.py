@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rlbcommon import coordapi  # noqa: E402
-from rlbfabric.coord import etcdtls, keys  # noqa: E402
+from rlbcoord import etcdtls, keys  # noqa: E402
 from rlbfabric.fabric import load  # noqa: E402
 
 FABRIC = ROOT / "lab" / "fabric.toml"
@@ -31,8 +31,8 @@ SERVER = r'''
 import sys
 from pathlib import Path
 from rlbcommon.tls import server_context
-from rlbfabric.coord import etcdtls
-from rlbfabric.coord.service import Coordinator, make_server
+from rlbcoord import etcdtls
+from rlbcoord.service import Coordinator, make_server
 from rlbfabric.fabric import load
 d, tls = Path(sys.argv[2]), sys.argv[3] == "1"
 c = Coordinator(load(Path(sys.argv[1])), host_timeout_s=60)

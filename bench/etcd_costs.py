@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rlbcommon.etcd import Etcd, _b64, prefix_end, tls_context  # noqa: E402
-from rlbfabric.coord import etcdauth, etcdtls  # noqa: E402
+from rlbcoord import etcdauth, etcdtls  # noqa: E402
 from rlblab.etcdserver import EtcdServer  # noqa: E402
 
 

@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rlbcommon.etcd import Etcd, tls_context  # noqa: E402
 from rlbfabric import workloads  # noqa: E402
 from rlbfabric.policy import localrule  # noqa: E402
-from rlbfabric.coord import keys  # noqa: E402
-from rlbfabric.coord import etcdrun, etcdtls  # noqa: E402
-from rlbfabric.coord.etcdrun import EtcdCoordination  # noqa: E402
-from rlbfabric.coord.service import Coordinator  # noqa: E402
-from rlbfabric.coord.shards import Shard  # noqa: E402
+from rlbcoord import keys  # noqa: E402
+from rlbcoord import etcdrun, etcdtls  # noqa: E402
+from rlbcoord.etcdrun import EtcdCoordination  # noqa: E402
+from rlbcoord.service import Coordinator  # noqa: E402
+from rlbcoord.shards import Shard  # noqa: E402
 from rlblab.etcdserver import EtcdServer  # noqa: E402
 
 from placement_sim import model_fabric  # noqa: E402

@@ -111,7 +111,7 @@ def timing(fabric, rnd, qps_per_host: int):
 def report_cost(fabric, rnd, qps_per_host: int, rounds: int = 3) -> float:
     """Seconds the coordinator's model spends on one host's report (validation, update, solve,
     answer; no HTTP), every host reporting its QPs in turn as the agents do."""
-    from rlbfabric.coord.service import Coordinator
+    from rlbcoord.service import Coordinator
     coord = Coordinator(fabric)
     hosts = fabric.hosts
     iid = {h: i + 1 for i, h in enumerate(hosts)}

@@ -69,9 +69,9 @@ class Fabric(Protocol):
     # lab; else GPUs whose ports hang off a loopback device
     paths_by_address: ClassVar[bool]
     # a fabric-wide service the hosts report to: the QP coordinator or the h-score registry
-    # (rlbfabric/coord: COORDINATORS)
+    # (rlbcoord: COORDINATORS)
     coordinated: ClassVar[bool]
-    # rlbfabric.deploy renders its systemd units (and so the VM lab can run it)
+    # rlbdeploy.units renders its systemd units (and so the VM lab can run it)
     rendered_units: ClassVar[bool]
 
     def summary(self) -> str:

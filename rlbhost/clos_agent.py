@@ -17,7 +17,7 @@ from rlbcommon.health import Health
 from rlbcommon.runtime import AgentRuntime
 from rlbfabric.policy import localrule
 from rlbfabric.clos import ClosFabric
-from rlbfabric.coord import etcdauth, keys
+from rlbcoord import etcdauth, keys
 
 from .assemble import HOST_AGENTS, Assembled, Options, apply_config, verbs_service
 from .coordclient import CoordinatorClient

@@ -23,7 +23,7 @@ import time
 from rlbcommon import coordapi
 from rlbcommon.etcd import Etcd, EtcdCompacted, EtcdError, EtcdUnavailable
 from rlbcommon.health import Health
-from rlbfabric.coord import keys
+from rlbcoord import keys
 
 from .coordclient import CoordinatorClient
 from .dataplane import HostDataplane

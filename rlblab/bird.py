@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from rlbcommon.paths import write_private
-from rlbfabric.deploy import BIRD_CAPS, confined
+from rlbdeploy.units import BIRD_CAPS, confined
 
 
 class Bird:
@@ -27,7 +27,7 @@ class Bird:
             raise RuntimeError(f"bird config {self.conf} invalid: {check.stderr.strip()}")
         self.sock.unlink(missing_ok=True)    # a killed bird leaves its socket behind
         with open(self.log, "a") as log:
-            # bounded as its unit bounds it (rlbfabric/deploy.py)
+            # bounded as its unit bounds it (rlbdeploy/units.py)
             self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, *confined(
                 ["bird", "-f", "-c", str(self.conf), "-s", str(self.sock)], BIRD_CAPS)],
                 stdout=log, stderr=subprocess.STDOUT)

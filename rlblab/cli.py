@@ -16,7 +16,7 @@ from rlbcommon.netns import run
 from rlbcommon.paths import PIN_ROOT, RUN_DIR
 from rlbfabric import workloads
 from rlbfabric.bird.ctl import BirdClient, BirdError
-from rlbfabric.coord import cli as coord_cli
+from rlbcoord import cli as coord_cli
 from rlbfabric.fabric import FabricError
 
 from . import demo as clos_demo, switchdemo, topo

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable, tls_context
-from rlbfabric.coord import etcdauth, etcdtls
+from rlbcoord import etcdauth, etcdtls
 
 ETCD = "etcd"
 NAME = "rlb"                       # a lab's one member

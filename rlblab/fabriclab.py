@@ -22,12 +22,12 @@ from rlbcommon.coordapi import url_for
 from rlbcommon.etcd import Etcd
 from rlbcommon.netns import run
 from rlbfabric.bird.conf import initial_includes, render
-from rlbfabric.coord import etcdauth, etcdtls, keys
-from rlbfabric.coord.shards import Shard
-from rlbfabric.deploy import AGENT_CAPS, COORDINATOR_CAPS, confined
+from rlbcoord import etcdauth, etcdtls, keys
+from rlbcoord.shards import Shard
+from rlbdeploy.units import AGENT_CAPS, COORDINATOR_CAPS, confined
 from rlbfabric.fabric import Fabric, load
 from rlbfabric.frr.conf import render_spine as render_frr_spine
-from rlbfabric.scrape import scrape_config
+from rlbdeploy.scrape import scrape_config
 from rlbhost.dataplane import HostDataplane
 from rlbswitch.dataplane import SwitchDataplane
 from rlbmonitor.alerts import write as write_rules
@@ -356,7 +356,7 @@ class FabricLab:
             name = key.split("-", 1)[-1]
             if which is not None and name != which:
                 continue
-            args = [sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(self.fabric_file),
+            args = [sys.executable, "-m", "rlbcoord.cli", "run", "--fabric", str(self.fabric_file),
                     "--listen", f"{self.MGMT}1", "--port", url.rsplit(":", 1)[1]]
             if self.etcd:
                 args += [*self.etcd_args(keys.COORDINATOR_USER), "--name", name, "--lease-ttl-s", "1"]

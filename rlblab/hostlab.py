@@ -17,7 +17,7 @@ import sys
 import time
 
 from rlbcommon.netns import run
-from rlbfabric.deploy import AGENT_CAPS, confined
+from rlbdeploy.units import AGENT_CAPS, confined
 
 from . import topo
 from .bird import Bird, radv_config

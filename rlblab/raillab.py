@@ -21,7 +21,7 @@ from rlbcommon.netns import run
 from rlbcommon.constants import ROCE_PORT
 from rlbfabric.railonly import (LOOPBACK_DEVICE, RAIL_IF, gpu_net_commands, rail_net_commands,
                                 rail_routes)
-from rlbfabric.deploy import AGENT_CAPS, confined
+from rlbdeploy.units import AGENT_CAPS, confined
 from rlbfabric.base import add_loopback_device
 
 from . import topo

@@ -15,11 +15,11 @@ from pathlib import Path
 from rlbcommon import netns
 from rlbcommon.constants import ROCE_PORT
 from rlbcommon.paths import write_private
-from rlbfabric import hostkeys
+from rlbdeploy import hostkeys
 from rlbfabric.base import add_loopback_device
 from rlbfabric.base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL
 from rlbfabric.bird.conf import initial_includes, render
-from rlbfabric.deploy import AGENT_CAPS, confined
+from rlbdeploy.units import AGENT_CAPS, confined
 
 from . import topo
 from .bird import Bird

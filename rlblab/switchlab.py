@@ -15,7 +15,7 @@ import sys
 import time
 
 from rlbcommon import netns
-from rlbfabric.deploy import AGENT_CAPS, confined
+from rlbdeploy.units import AGENT_CAPS, confined
 from rlbswitch.dataplane import SwitchDataplane
 
 from . import topo

@@ -18,7 +18,7 @@ from rlbcommon.health import Health
 from rlbcommon.metrics import serve
 from rlbcommon.runtime import AgentRuntime
 from rlbfabric.base import Fabric
-from rlbfabric.coord import etcdauth, keys
+from rlbcoord import etcdauth, keys
 
 from . import neightable
 from .birdsync import BirdSync

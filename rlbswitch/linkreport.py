@@ -17,7 +17,7 @@ from rlbcommon import coordapi
 from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable
 from rlbcommon.runtime import AgentRuntime
 from rlbfabric.clos import ClosFabric
-from rlbfabric.coord import keys
+from rlbcoord import keys
 
 log = logging.getLogger(__name__)
 IFF_UP, IFF_LOWER_UP = 0x1, 0x10000

@@ -12,7 +12,7 @@ import pytest
 
 from rlbcommon import coordapi, netns
 from rlbfabric import balance, workloads
-from rlbfabric.coord import etcdtls, keys
+from rlbcoord import etcdtls, keys
 from rlbhost.dataplane import HostDataplane
 from rlblab.fabricgen import make_fabric
 from rlblab.matrix import FORGET_S, run_matrix

@@ -10,7 +10,7 @@ import tomllib
 import pytest
 
 from rlbfabric import balance, workloads
-from rlbfabric.coord.service import Coordinator
+from rlbcoord.service import Coordinator
 from rlbfabric.fabric import parse
 from rlbfabric.policy.placement import DOWN, UP
 from rlbfabric.policy.qpplacer import QpInfo, QpPlacer

@@ -16,8 +16,8 @@ from rlbcommon.paths import PIN_ROOT
 
 from .conftest import scratch_netns
 
-PROGRAMS = {"rlbswitch": "rlbswitch.cli", "rlbhost": "rlbhost.cli", "rlbcoord": "rlbfabric.coord.cli",
-            "rlblab": "rlblab.cli", "rlbfabric": "rlbfabric.cli"}
+PROGRAMS = {"rlbswitch": "rlbswitch.cli", "rlbhost": "rlbhost.cli", "rlbcoord": "rlbcoord.cli",
+            "rlblab": "rlblab.cli", "rlbfabric": "rlbdeploy.cli"}
 # what shows state (not what changes it): each must offer --json
 SHOW = {"rlbswitch": ["status", "config", "route show"],
         "rlbhost": ["status", "qps", "paths", "config", "why", "weights show", "verbs status"],

@@ -1,4 +1,4 @@
-"""A host's placements and QPs as etcd values (rlbfabric/coord/keys.py): a few keys per host,
+"""A host's placements and QPs as etcd values (rlbcoord/keys.py): a few keys per host,
 read back exactly, older per-QP keys still understood, anything else refused; the coordinator's
 mirror of a host's QP keys as they are rewritten."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rlbfabric.coord import keys
-from rlbfabric.coord.etcdrun import EtcdCoordination
-from rlbfabric.coord.service import Coordinator
+from rlbcoord import keys
+from rlbcoord.etcdrun import EtcdCoordination
+from rlbcoord.service import Coordinator
 from rlbfabric.fabric import load
 
 FABRIC_FILE = Path(__file__).resolve().parent.parent / "lab" / "fabric.toml"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from rlbcommon import coordapi
-from rlbfabric.coord.service import Coordinator, make_server
-from rlbfabric.coord.metrics import exposition
+from rlbcoord.service import Coordinator, make_server
+from rlbcoord.metrics import exposition
 from rlbfabric.fabric import load
 
 FABRIC = load(Path(__file__).resolve().parent.parent / "lab" / "fabric.toml")

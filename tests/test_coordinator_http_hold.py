@@ -1,4 +1,4 @@
-"""The coordinator's HTTP server holds against bad framing and floods (rlbfabric/coord/httpguard.py),
+"""The coordinator's HTTP server holds against bad framing and floods (rlbcoord/httpguard.py),
 on its real server over loopback: a negative, missing, chunked or oversized Content-Length is
 refused without reading a body; idle connections are cut off after the idle time; connections
 past the bound are answered 503 at once and the server serves again when they go; one client past
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from rlbcommon import coordapi
-from rlbfabric.coord import httpguard
-from rlbfabric.coord.metrics import exposition
-from rlbfabric.coord.service import Coordinator, make_server
+from rlbcoord import httpguard
+from rlbcoord.metrics import exposition
+from rlbcoord.service import Coordinator, make_server
 from rlbfabric.fabric import load
 
 FABRIC = load(Path(__file__).resolve().parent.parent / "lab" / "fabric.toml")

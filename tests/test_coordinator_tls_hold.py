@@ -18,9 +18,9 @@ import pytest
 
 from rlbcommon import coordapi
 from rlbcommon.tls import server_context
-from rlbfabric.coord import etcdtls, httpguard, keys
-from rlbfabric.coord.metrics import exposition
-from rlbfabric.coord.service import Coordinator, make_server
+from rlbcoord import etcdtls, httpguard, keys
+from rlbcoord.metrics import exposition
+from rlbcoord.service import Coordinator, make_server
 
 from .test_coordinator import FABRIC, report
 
@@ -123,7 +123,7 @@ def test_an_http_url_with_a_certificate_is_refused_and_plain_http_is_not_served(
 
 
 def test_the_units_carry_the_certificates_for_an_https_coordinator():
-    from rlbfabric.deploy import Coordination, coordinator_unit, units
+    from rlbdeploy.units import Coordination, coordinator_unit, units
     coord = Coordination(url="https://[fd00:99::1]:9473")
     host = units(FABRIC, Path("/etc/rlb/fabric.toml"), "h1", "fd00:99::11", coord)["rlb-host"]
     assert "--coordinator-ca /etc/rlb/etcd-ca.pem --coordinator-cert /etc/rlb/etcd.pem" in host
@@ -135,6 +135,6 @@ def test_the_units_carry_the_certificates_for_an_https_coordinator():
 
 
 def test_the_coordinator_command_refuses_a_ca_without_a_certificate(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(ROOT / "lab" / "fabric.toml"),
+    r = subprocess.run([sys.executable, "-m", "rlbcoord.cli", "run", "--fabric", str(ROOT / "lab" / "fabric.toml"),
                         "--port", "1", "--tls-ca", str(tmp_path / "ca.pem")], capture_output=True, text=True)
     assert r.returncode != 0 and "--tls-ca goes with --tls-cert" in r.stderr + r.stdout

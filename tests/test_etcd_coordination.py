@@ -22,10 +22,10 @@ import pytest
 
 from rlbcommon import coordapi
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
-from rlbfabric.coord import etcdauth, etcdrun, keys
-from rlbfabric.coord.etcdrun import EtcdCoordination
-from rlbfabric.coord.metrics import EtcdCollector
-from rlbfabric.coord.service import Coordinator
+from rlbcoord import etcdauth, etcdrun, keys
+from rlbcoord.etcdrun import EtcdCoordination
+from rlbcoord.metrics import EtcdCollector
+from rlbcoord.service import Coordinator
 from rlbfabric.fabric import load
 from rlblab.etcdserver import EtcdServer
 
@@ -67,7 +67,7 @@ class Coord:
         self.port = free_port()
         self.log = work / f"coord-{name}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(fabric_file),
+            [sys.executable, "-m", "rlbcoord.cli", "run", "--fabric", str(fabric_file),
              "--listen", "::1", "--port", str(self.port), "--etcd", etcd.url, "--name", name,
              "--lease-ttl-s", "1", *args,
              "--etcd-password-file", str(etcdauth.password_file(etcd.creds, keys.COORDINATOR_USER))],
@@ -310,7 +310,7 @@ def test_a_coordinator_etcd_refuses_says_so_once_waits_and_never_leads(etcd, coo
     port = free_port()
     log = tmp_path / "coord-wrong.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(FABRIC_FILE), "--listen", "::1",
+        [sys.executable, "-m", "rlbcoord.cli", "run", "--fabric", str(FABRIC_FILE), "--listen", "::1",
          "--port", str(port), "--etcd", etcd.url, "--name", "cw", "--etcd-password-file", str(wrong)],
         stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -625,7 +625,7 @@ def test_link_loads_go_at_most_every_quarter_second_and_the_last_ones_arrive(etc
     rewrite them every batch. 12 hosts' writes 20 ms apart make a dozen batches; the loads of
     each leaf are written at most once per LINKS_EVERY_S of it, and the last ones, held back,
     still arrive: etcd ends with the model's loads."""
-    from rlbfabric.coord.etcdrun import LINKS_EVERY_S
+    from rlbcoord.etcdrun import LINKS_EVERY_S
     coord = inproc
     before, batches = coord.counters["links_written"], coord.counters["batches"]
     h1 = user(etcd, keys.host_user("h1"))

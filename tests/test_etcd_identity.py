@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError, prefix_end
-from rlbfabric.coord import etcdauth, keys
+from rlbcoord import etcdauth, keys
 from rlbfabric.fabric import load
 from rlblab.etcdserver import EtcdServer
 

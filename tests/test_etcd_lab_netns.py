@@ -16,7 +16,7 @@ from rlbcommon import netns
 from rlbcommon import packets as P
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
 from rlbfabric import workloads
-from rlbfabric.coord import etcdauth, keys
+from rlbcoord import etcdauth, keys
 from rlbhost.dataplane import HostDataplane
 from rlblab.matrix import FORGET_S, run_matrix
 from rlblab.traffic import Capture, QpReceiver, QpSender

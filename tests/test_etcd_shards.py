@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rlbfabric.coord import etcdauth, keys
-from rlbfabric.deploy import Coordination, coordinator_unit
+from rlbcoord import etcdauth, keys
+from rlbdeploy.units import Coordination, coordinator_unit
 from rlbfabric.fabric import FabricError, load
 
 from .test_etcd_coordination import Coord, etcd_metrics, etcd_with_users, qp_parts, user, wait
@@ -151,7 +151,7 @@ def test_a_coordinator_of_another_shard_count_never_leads_beside_them_and_says_w
     (("--shard", "1/2"), "--shard goes with --etcd"),
 ])
 def test_a_shard_that_cannot_be_is_refused_before_anything_starts(args, why):
-    r = subprocess.run([sys.executable, "-m", "rlbfabric.coord.cli", "run", "--fabric", str(FABRIC_FILE),
+    r = subprocess.run([sys.executable, "-m", "rlbcoord.cli", "run", "--fabric", str(FABRIC_FILE),
                         "--port", str(free_port()), *args], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and why in r.stderr, r.stderr
 
@@ -164,11 +164,11 @@ def test_units_give_each_coordinator_its_shard_and_refuse_one_without_etcd():
     assert "--shard" not in coordinator_unit(FABRIC_FILE, "10.0.0.3", coordination=on_etcd)["rlb-coord"]
     with pytest.raises(FabricError, match="goes with etcd"):
         coordinator_unit(FABRIC_FILE, "10.0.0.3", shard="1/2")
-    r = subprocess.run([sys.executable, "-m", "rlbfabric.cli", "units", "--fabric", str(FABRIC_FILE), "--node",
+    r = subprocess.run([sys.executable, "-m", "rlbdeploy.cli", "units", "--fabric", str(FABRIC_FILE), "--node",
                         "coordinator", "--mgmt-ip", "10.0.0.3", "--etcd", "http://10.0.0.2:2379", "--shard", "1/2"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "rlbcoord run" in r.stdout and "--shard 1/2" in r.stdout, r.stderr
-    r = subprocess.run([sys.executable, "-m", "rlbfabric.cli", "units", "--fabric", str(FABRIC_FILE), "--node",
+    r = subprocess.run([sys.executable, "-m", "rlbdeploy.cli", "units", "--fabric", str(FABRIC_FILE), "--node",
                         "h1", "--mgmt-ip", "10.0.0.21", "--shard", "1/2"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "coordinator" in r.stderr, r.stderr
 
@@ -189,7 +189,7 @@ def test_a_shards_loads_that_cannot_be_read_are_said_once_and_change_nothing(etc
     log = leaders["1/2"].log.read_text()
     assert log.count("cannot read it (leaf 'l9' is not in this fabric file)") == 1, log
     assert "shards/3" not in log                       # no shard 3 of 2: not even read
-    r = subprocess.run([sys.executable, "-m", "rlbfabric.coord.cli", "status", "--url", leaders["1/2"].url],
+    r = subprocess.run([sys.executable, "-m", "rlbcoord.cli", "status", "--url", leaders["1/2"].url],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stdout.startswith("shard 1/2: the QPs of this shard's hosts"), r.stdout + r.stderr
 

@@ -21,7 +21,7 @@ import pytest
 
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError, EtcdUnavailable, tls_context
 from rlbcommon.metrics import serve
-from rlbfabric.coord import etcdauth, etcdtls, keys
+from rlbcoord import etcdauth, etcdtls, keys
 from rlbfabric.fabric import load
 from rlblab.etcdserver import EtcdServer
 
@@ -247,21 +247,21 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_operators_commands(tmp_path):
     out = tmp_path / "etcd"
-    r = cli("rlbfabric.cli", "etcd-tls", "--fabric", str(LAB / "fabric.toml"), "--server", "10.0.0.2",
+    r = cli("rlbdeploy.cli", "etcd-tls", "--fabric", str(LAB / "fabric.toml"), "--server", "10.0.0.2",
             "--server", "etcd1.example.net", "-o", str(out))
     assert r.returncode == 0, r.stderr
     users = [etcdauth.ROOT_USER, *(i.user for i in keys.identities(FABRIC))]
     assert f"{len(users) + 2} files issued in {out}" in r.stdout
     assert etcdtls._alt_names(etcdtls.server_files(out)[0]) == {"IP Address:10.0.0.2", "DNS:etcd1.example.net"}
-    bad = cli("rlbfabric.cli", "etcd-tls", "--fabric", str(LAB / "fabric.toml"), "--server", "a b", "-o", str(out))
+    bad = cli("rlbdeploy.cli", "etcd-tls", "--fabric", str(LAB / "fabric.toml"), "--server", "a b", "-o", str(out))
     assert bad.returncode == 2 and "'a b': an IP address or a DNS name" in bad.stderr
-    clear = cli("rlbfabric.cli", "etcd-users", "--fabric", str(LAB / "fabric.toml"), "--etcd", "http://10.0.0.2:2379",
+    clear = cli("rlbdeploy.cli", "etcd-users", "--fabric", str(LAB / "fabric.toml"), "--etcd", "http://10.0.0.2:2379",
                 "--etcd-ca", str(etcdtls.ca_file(out)))
     assert clear.returncode == 2 and "--etcd-ca and --etcd-cert are for https:// URLs" in clear.stderr
     # an agent given a CA without etcd, or a CA for a member spoken to in clear, says so and stops
-    coord = cli("rlbfabric.coord.cli", "run", "--fabric", str(LAB / "fabric.toml"), "--etcd-ca", str(out / "ca.pem"))
+    coord = cli("rlbcoord.cli", "run", "--fabric", str(LAB / "fabric.toml"), "--etcd-ca", str(out / "ca.pem"))
     assert coord.returncode != 0 and "--etcd-ca and --etcd-cert go with --etcd" in coord.stderr
-    coord = cli("rlbfabric.coord.cli", "run", "--fabric", str(LAB / "fabric.toml"), "--etcd", "http://[::1]:1",
+    coord = cli("rlbcoord.cli", "run", "--fabric", str(LAB / "fabric.toml"), "--etcd", "http://[::1]:1",
                 "--etcd-ca", str(out / "ca.pem"))
     assert coord.returncode != 0 and "http://[::1]:1 is spoken to in clear" in coord.stderr
 

@@ -11,11 +11,11 @@ from typing import ClassVar
 
 import pytest
 
-from rlbfabric import deploy
+from rlbdeploy import units as deploy
 from rlbfabric.base import KINDS, FabricError, Node, OneHostAMachine, kind
 from rlbfabric.bgpsec import BgpSecurity
-from rlbfabric.coord import COORDINATORS
-from rlbfabric.coord import cli as coord_cli  # noqa: F401 - what rlbcoord runs: the coordinators registered
+from rlbcoord import COORDINATORS
+from rlbcoord import cli as coord_cli  # noqa: F401 - what rlbcoord runs: the coordinators registered
 from rlbfabric.fabric import load, parse
 from rlbhost.assemble import HOST_AGENTS, Assembled, Options, assembler
 from rlblab.vm.plan import plan

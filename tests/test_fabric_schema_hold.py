@@ -104,7 +104,7 @@ def test_hold_secret_files_others_can_read_are_refused(tmp_path):
     """The BGP password and the etcd passwords are read only from files their owner alone can
     read: a group- or world-readable one is an error naming the file and the fix."""
     from rlbfabric.bgpsec import BgpSecurity
-    from rlbfabric.coord import etcdauth
+    from rlbcoord import etcdauth
     f = tmp_path / "secret"
     f.write_text("s3cret\n")
     f.chmod(0o644)

@@ -1,4 +1,4 @@
-"""Keys per pair of machines (rlbfabric/hostkeys.py) and how an agent reads and picks them
+"""Keys per pair of machines (rlbdeploy/hostkeys.py) and how an agent reads and picks them
 (rlbhost/probekeys.py): each pair's key in both its machines' files and nowhere else, the sender's
 own pair chosen by its address, a sender without a pair refused once the host has pair keys."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlbfabric import hostkeys
+from rlbdeploy import hostkeys
 from rlbfabric.errors import FabricError
 from rlbfabric.fabric import load
 from rlbhost.probekeys import KeyFile, ProbeKeyError, read_keys
@@ -66,7 +66,7 @@ def test_the_command_writes_private_files_and_refuses_a_master_others_can_read(t
     master = tmp_path / "master.key"
     master.write_text(MASTER.hex() + "\n")
     master.chmod(0o644)
-    cmd = [sys.executable, "-m", "rlbfabric.cli", "host-keys", "--fabric", str(ROOT / "lab" / "fabric-rails-2x2.toml"),
+    cmd = [sys.executable, "-m", "rlbdeploy.cli", "host-keys", "--fabric", str(ROOT / "lab" / "fabric-rails-2x2.toml"),
            "--master", str(master), "-o", str(tmp_path / "out")]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 2 and "chmod 600" in r.stderr + r.stdout

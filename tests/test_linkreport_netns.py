@@ -13,8 +13,8 @@ import pytest
 
 from rlbcommon import coordapi
 from rlbcommon.runtime import AgentRuntime
-from rlbfabric.coord.metrics import exposition
-from rlbfabric.coord.service import Coordinator, make_server
+from rlbcoord.metrics import exposition
+from rlbcoord.service import Coordinator, make_server
 from rlbfabric.fabric import load
 from rlbswitch.linkreport import HttpUplinks, LinkReporter
 

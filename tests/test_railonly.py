@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlbfabric.coord.hregistry import HRegistry
-from rlbfabric.coord.service import BadRequest, Refused
+from rlbcoord.hregistry import HRegistry
+from rlbcoord.service import BadRequest, Refused
 from rlbfabric.fabric import FabricError, parse
 from rlbfabric.hscore import Gpu, SortedRails, decide
 from rlbhost.dataplane import PortPath
@@ -163,9 +163,9 @@ def test_the_coordinator_serves_the_registry_over_http_and_rlbcoord_status_shows
     import threading
     from typer.testing import CliRunner
     from rlbcommon import coordapi
-    from rlbfabric.coord.cli import app
-    from rlbfabric.coord.metrics import exposition
-    from rlbfabric.coord.service import make_server
+    from rlbcoord.cli import app
+    from rlbcoord.metrics import exposition
+    from rlbcoord.service import make_server
     reg = HRegistry(fabric())
     server = make_server(reg, "::1", 0, exposition(reg))
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rlbfabric import deploy
+from rlbdeploy import units as deploy
 from rlbfabric.bird import conf as birdconf
-from rlbfabric.coord import keys
+from rlbcoord import keys
 from rlbfabric.fabric import FabricError, load, parse
 from rlblab.fabricgen import make_fabric
 from rlblab.vm.plan import plan

@@ -1,4 +1,4 @@
-"""Placement split over shards of the leaves (rlbfabric/coord/shards.py), on the model alone: each
+"""Placement split over shards of the leaves (rlbcoord/shards.py), on the model alone: each
 shard's placer holds only its leaves' hosts' QPs and places them above the loads the others
 publish. Their joint placement must be the best one (every link within one QP of its share, as
 one placer gets) and must settle: no shard keeps moving QPs because another did."""
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from rlbfabric.coord import shards
-from rlbfabric.coord.shards import Shard
+from rlbcoord import shards
+from rlbcoord.shards import Shard
 from rlbfabric.fabric import load, uniform_clos
 from rlbfabric.policy.placement import DOWN, UP, add_loads
 from rlbfabric.policy.qpplacer import TIERS, QpInfo, QpPlacer

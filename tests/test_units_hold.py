@@ -1,5 +1,5 @@
 """Units rendered from operator input hold: a newline cannot inject a unit line, spaces, quotes,
-% and $ reach the agent as written (systemd's quoting, rlbfabric/deploy.py unit_arg)."""
+% and $ reach the agent as written (systemd's quoting, rlbdeploy/units.py unit_arg)."""
 from __future__ import annotations
 
 import shlex
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlbfabric import deploy
+from rlbdeploy import units as deploy
 from rlbfabric.fabric import FabricError, load
 
 ROOT = Path(__file__).resolve().parent.parent

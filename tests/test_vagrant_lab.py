@@ -123,14 +123,14 @@ def test_the_coordinator_on_mon_leads_from_etcd_and_each_machine_writes_only_as_
     vlab.wait("the coordinator leads from etcd with both hosts' keys", lambda: (lambda s: s["etcd"]["leading"] and
               s["etcd"]["hosts_in_etcd"] == 2)(vlab.json("mon", f"{BIN}/rlbcoord status --json --url http://{mon}:9473")),
               timeout=300)
-    forge = (f"{BIN}/python -c \"from rlbfabric.coord import etcdauth, keys; from pathlib import Path; "
+    forge = (f"{BIN}/python -c \"from rlbcoord import etcdauth, keys; from pathlib import Path; "
              f"c = etcdauth.client('https://{mon}:2379', 'rlb-host-h2', Path('/etc/rlb/etcd.password'), "
              "Path('/etc/rlb/etcd-ca.pem'), Path('/etc/rlb/etcd.pem')); "
              "c.put(keys.report_key('h2'), c.get(keys.report_key('h2')).value); "
              "c.put(keys.report_key('h1'), '{}')\"")
     res = vlab.sh("h2", forge, check=False)
     assert res.returncode != 0 and "permission denied" in res.stderr, res.stderr   # its own: fine; h1's: refused
-    uplinks = vlab.sh("mon", f"{BIN}/python -c \"from rlbfabric.coord import etcdauth, keys; from pathlib import Path; "
+    uplinks = vlab.sh("mon", f"{BIN}/python -c \"from rlbcoord import etcdauth, keys; from pathlib import Path; "
                       "c = etcdauth.client('https://127.0.0.1:2379', 'root', Path('/etc/rlb/etcd-users/root.password'), "
                       "Path('/etc/rlb/etcd-ca.pem'), Path('/etc/rlb/etcd-users/root.pem')); "
                       "print(c.get(keys.uplinks_key('l1')).value.decode())\"").stdout

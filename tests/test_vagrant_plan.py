@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError, EtcdUnavailable, tls_context
-from rlbfabric.coord import etcdauth, etcdtls, keys
+from rlbcoord import etcdauth, etcdtls, keys
 from rlblab.etcdserver import EtcdServer
 from rlblab.vm.node import install_etcd_certs, write_etcd_passwords
 from rlblab.vm.plan import node, plan
-from rlbfabric.deploy import ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_PASSWORD_FILE, Coordination, coordinator_unit, \
+from rlbdeploy.units import ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_PASSWORD_FILE, Coordination, coordinator_unit, \
     units as node_units
-from rlbfabric.scrape import scrape_config
+from rlbdeploy.scrape import scrape_config
 from rlbfabric.fabric import FabricError, load
 
 from .test_etcd_identity import free_port
@@ -104,7 +104,7 @@ def test_rlbfabric_prometheus_scrapes_every_agent_of_the_fabric_and_refuses_gaps
                    "h1 h1.mgmt.example\n")
 
     def rlbfabric(*args):
-        return subprocess.run([sys.executable, "-m", "rlbfabric.cli", "prometheus", "--fabric", fab_file, *args],
+        return subprocess.run([sys.executable, "-m", "rlbdeploy.cli", "prometheus", "--fabric", fab_file, *args],
                               capture_output=True, text=True)
     res = rlbfabric("--mgmt-file", str(inv), "--mgmt", "h2=10.0.0.22", "--coordinator", "10.0.0.2",
                     "--rules", "/etc/prometheus/rlb-alerts.yml", "--interval", "5s")
@@ -279,8 +279,8 @@ def test_the_lab_etcd_passwords_let_each_machine_in_as_itself_only(tmp_path):
 
 
 def test_deployment_units_of_every_role():
-    """rlbfabric.deploy: what an operator installs, rendered from the fabric file."""
-    from rlbfabric import deploy
+    """rlbdeploy.units: what an operator installs, rendered from the fabric file."""
+    from rlbdeploy import units as deploy
     fab_file = LAB / "fabric-5stage.toml"
     fab = load(fab_file)
     url = "http://10.0.0.2:9473"
@@ -306,7 +306,7 @@ def test_deployment_units_of_every_role():
 def test_scale_up_fabric_plan_and_units():
     """lab/scaleup.toml as VMs: 4 plane switches, 8 GPUs with 2 sub-ports into every plane, a
     monitor; GPUs run bird2 and `rlbhost attach rlb0`, nothing needs a coordinator."""
-    from rlbfabric import deploy
+    from rlbdeploy import units as deploy
     from rlblab.vm.node import scrape_targets, units
     fab_file = LAB / "scaleup.toml"
     fab = load(fab_file)
@@ -338,15 +338,15 @@ def test_scale_up_fabric_plan_and_units():
 
 
 def test_deploy_cli_writes_units(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "rlbfabric.cli", "units", "--fabric", str(LAB / "fabric.toml"),
+    out = subprocess.run([sys.executable, "-m", "rlbdeploy.cli", "units", "--fabric", str(LAB / "fabric.toml"),
                           "--node", "h3", "--mgmt-ip", "10.1.0.3", "--coordinator", "http://10.1.0.1:9473",
                           "-o", str(tmp_path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rlb-host.service", "rlb-net.service"]
-    bad = subprocess.run([sys.executable, "-m", "rlbfabric.cli", "units", "--fabric", str(LAB / "fabric.toml"),
+    bad = subprocess.run([sys.executable, "-m", "rlbdeploy.cli", "units", "--fabric", str(LAB / "fabric.toml"),
                           "--node", "h9", "--mgmt-ip", "10.1.0.3"], capture_output=True, text=True)
     assert bad.returncode != 0 and "no node 'h9'" in bad.stderr
-    mode = subprocess.run([sys.executable, "-m", "rlbfabric.cli", "units", "--fabric", str(LAB / "fabric.toml"),
+    mode = subprocess.run([sys.executable, "-m", "rlbdeploy.cli", "units", "--fabric", str(LAB / "fabric.toml"),
                            "--node", "l1", "--mgmt-ip", "10.1.0.3", "--xdp", "fast"], capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "200"})     # the message on one line
     assert mode.returncode == 2 and "'fast' is not one of 'native', 'generic'" in mode.stderr
@@ -493,14 +493,14 @@ def test_a_rail_only_fabric_is_refused_where_nothing_is_rendered_for_it_and_its_
     operator's error (exit 2, one line), not a traceback or a scale-up GPU's units. Its GPUs run
     rlbhost (the rail lab's), so Prometheus scrapes them, and only them."""
     fab_file = str(LAB / "rail-only.toml")
-    for cmd in (["rlbfabric.cli", "units", "--fabric", fab_file, "--node", "r1", "--mgmt-ip", "10.0.0.1"],
-                ["rlbfabric.cli", "units", "--fabric", fab_file, "--node", "d1g1", "--mgmt-ip", "10.0.0.1"],
-                ["rlbfabric.cli", "net", "--fabric", fab_file, "--node", "d1g1"],
+    for cmd in (["rlbdeploy.cli", "units", "--fabric", fab_file, "--node", "r1", "--mgmt-ip", "10.0.0.1"],
+                ["rlbdeploy.cli", "units", "--fabric", fab_file, "--node", "d1g1", "--mgmt-ip", "10.0.0.1"],
+                ["rlbdeploy.cli", "net", "--fabric", fab_file, "--node", "d1g1"],
                 ["rlblab.vm.plan", "--fabric", fab_file]):
         res = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True)
         assert res.returncode == 2 and "rail-only fabrics have no rendered units" in res.stderr \
             and "Traceback" not in res.stderr, (cmd, res.stderr)
-    from rlbfabric.scrape import fabric_scrape_config
+    from rlbdeploy.scrape import fabric_scrape_config
     fab = load(fab_file)
     conf = json.loads(fabric_scrape_config(fab, {g: f"10.0.1.{i}" for i, g in enumerate(fab.hosts, start=1)}))
     assert [j["job_name"] for j in conf["scrape_configs"]] == ["rlbhost"]
@@ -561,7 +561,7 @@ def test_long_running_units_never_hit_the_start_limit_and_are_confined(tmp_path)
     limit and runs confined; systemd-analyze accepts them."""
     import shutil
     import subprocess
-    from rlbfabric import deploy
+    from rlbdeploy import units as deploy
     fab_file = LAB / "fabric.toml"
     fab = load(fab_file)
     units = {**deploy.units(fab, fab_file, "l1", "10.0.0.11", "http://10.0.0.2:9473"),
@@ -601,10 +601,10 @@ def test_the_lab_key_is_the_same_on_every_vm_of_a_fabric_and_readable_by_root_on
 
 def test_every_long_running_unit_is_bounded_to_the_capabilities_it_uses():
     """Agents keep what bcc, namespaces and the data plane need, bird its network ones, the
-    coordinator none; the labs start every process under the same sets (rlbfabric.deploy.confined),
+    coordinator none; the labs start every process under the same sets (rlbdeploy.units.confined),
     so the namespace suites run the agents as the units would. Here: the bound is real (a process
     confined to none cannot enter a namespace, one with the agents' set can)."""
-    from rlbfabric import deploy
+    from rlbdeploy import units as deploy
     fab_file = LAB / "fabric.toml"
     fab = load(fab_file)
     units = {**deploy.units(fab, fab_file, "l1", "10.0.0.11", None), **deploy.units(fab, fab_file, "h1", "10.0.0.21", None),

@@ -15,7 +15,7 @@ from rlbcommon import failpoints
 from rlbcommon.health import Health
 from rlbcommon.runtime import AgentRuntime
 from rlbcommon.watchdog import Watchdog
-from rlbfabric import deploy
+from rlbdeploy import units as deploy
 from rlbfabric.fabric import load
 
 log = logging.getLogger("test")

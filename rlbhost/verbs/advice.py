@@ -3,7 +3,7 @@
 A QP placed through verbs keeps its path for life (its address vector is fixed at RTR), so the
 coordinator cannot move it later as it moves an idle TC-seen QP: its say has to come when the QP
 is placed. Each report's answer carries the loads the coordinator has placed on this host's leaf
-uplinks and on the downlinks into its peers' leaves (rlbfabric/coord/service.py); the rendezvous
+uplinks and on the downlinks into its peers' leaves (rlbcoord/service.py); the rendezvous
 keeps, of the paths both ends can use, those whose two links would be the least loaded for their
 capacity after this QP (max of the two, as the coordinator's colouring weighs them), counting the
 QPs it placed since its last report as well, and the local rule breaks the ties. Without an

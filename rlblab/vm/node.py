@@ -30,10 +30,10 @@ import typer
 from rlbcommon import cli as common
 from rlbcommon.netns import run
 from rlbcommon.paths import write_private
-from rlbfabric import deploy
-from rlbfabric.coord import etcdauth, etcdtls, keys
+from rlbdeploy import units as deploy
+from rlbcoord import etcdauth, etcdtls, keys
 from rlbfabric.fabric import FabricError, load
-from rlbfabric.scrape import fabric_scrape_config
+from rlbdeploy.scrape import fabric_scrape_config
 from rlbmonitor.alerts import write as write_rules
 
 from .plan import MONITOR, VmNode, node, plan
@@ -86,7 +86,7 @@ def name_nics(vm: VmNode):
 
 
 def net(fabric_file: Path, name: str):
-    """Boot-time link setup (idempotent): the deployment's own (rlbfabric.deploy)."""
+    """Boot-time link setup (idempotent): the deployment's own (rlbdeploy.units)."""
     deploy.net(load(fabric_file), name)
 
 
@@ -127,7 +127,7 @@ def etcd_config(vms: list[VmNode]) -> dict[Path, str]:
 
 def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, xdp: str = "native",
           bfd_ms: int = 0, probe_ms: float = 0, probe_dead_ms: float = 0) -> dict[str, str]:
-    """{unit name: unit file} for one VM: what an operator installs (rlbfabric.deploy), plus the
+    """{unit name: unit file} for one VM: what an operator installs (rlbdeploy.units), plus the
     lab's own: Soft-RoCE on the hosts; on the monitor the etcd users issued, and Prometheus
     beside the coordinator."""
     site = deploy.Site(bin=VENV, run_dir=RUN, xdp=xdp, bfd_ms=bfd_ms, probe_ms=probe_ms,

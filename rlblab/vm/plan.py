@@ -19,7 +19,7 @@ from pathlib import Path
 
 import typer
 
-from rlbfabric.deploy import deployable
+from rlbdeploy.units import deployable
 from rlbfabric.fabric import Fabric, FabricError, load
 
 MONITOR = "mon"

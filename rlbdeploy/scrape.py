@@ -10,9 +10,9 @@ import json
 import re
 
 from rlbcommon.constants import METRICS_PORT
+from rlbfabric.errors import FabricError
 
-from .deploy import SWITCH_ROLES, role
-from .errors import FabricError
+from .units import SWITCH_ROLES, role
 
 HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from rlbcommon.etcd import prefix_end
 
-from ..base import Fabric
+from rlbfabric.base import Fabric
 
 ROOT = "/rlb/"
 COORDINATOR_USER = "rlb-coordinator"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from rlbcommon.constants import RUN_DIR, VERBS_GROUP
 
-from .base import LOOPBACK_DEVICE, SWITCH_ROLES, Fabric, FabricError, add_loopback_device
+from rlbfabric.base import LOOPBACK_DEVICE, SWITCH_ROLES, Fabric, FabricError, add_loopback_device
 
 
 

@@ -62,7 +62,7 @@ class CoordinatorCollector:
 
 
 class RegistryCollector:
-    """A rail-only fabric's h-scores (rlbfabric/coord/hregistry.py)."""
+    """A rail-only fabric's h-scores (rlbcoord/hregistry.py)."""
 
     def __init__(self, registry):
         self.registry = registry

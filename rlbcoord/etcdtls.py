@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rlbcommon.paths import write_private
 
-from ..base import Fabric
+from rlbfabric.base import Fabric
 from .etcdauth import ROOT_USER
 from .keys import identities
 

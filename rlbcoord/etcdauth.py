@@ -20,7 +20,7 @@ from rlbcommon.etcd import FAILED_PRECONDITION, Etcd, EtcdError, EtcdUnavailable
 from rlbcommon.paths import write_private
 from rlbcommon.secretfile import read_secret
 
-from ..base import Fabric
+from rlbfabric.base import Fabric
 from .keys import identities
 
 log = logging.getLogger(__name__)

@@ -21,11 +21,12 @@ from rlbcommon import coordapi
 from rlbcommon import tls as tlsmod
 from rlbcommon.ipv6 import ipv6_int
 
-from .. import balance
+from rlbfabric import balance
+from rlbfabric.clos import ClosFabric
+from rlbfabric.policy.placement import DOWN, UP
+from rlbfabric.policy.qpplacer import QpInfo, QpPlacer
+
 from . import COORDINATORS, httpguard, keys
-from ..clos import ClosFabric
-from ..policy.placement import DOWN, UP
-from ..policy.qpplacer import QpInfo, QpPlacer
 
 log = logging.getLogger(__name__)
 PEER_CACHE = 1 << 17        # peer addresses remembered (a fabric's hosts x paths, with room)

@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..clos import ClosFabric
-from ..policy.placement import add_loads
+from rlbfabric.clos import ClosFabric
+from rlbfabric.policy.placement import add_loads
 
 Loads = list[list[list[int]]]          # [side][leaf][colour], as Placement.loads()
 

@@ -16,16 +16,15 @@ import typer
 from rlbcommon import cli as common
 from rlbcommon.etcd import EtcdError
 from rlbcommon.paths import write_private
-from rlbfabric.scrape import fabric_scrape_config, read_addresses
+from rlbcoord import etcdauth, etcdtls
+from rlbcoord.shards import Shard
+from rlbfabric.fabric import FabricError, load
+from rlbfabric.frr.conf import render_spine as render_frr_spine
 
 from . import hostkeys
-from .coord import etcdauth, etcdtls
-from .coord.shards import Shard
-
-from .deploy import ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_PASSWORD_FILE, Coordination, Site, XdpMode, coordinator_unit, net as net_setup, \
-    units as node_units
-from .fabric import FabricError, load
-from .frr.conf import render_spine as render_frr_spine
+from .scrape import fabric_scrape_config, read_addresses
+from .units import ETCD_CA_FILE, ETCD_CERT_FILE, ETCD_PASSWORD_FILE, Coordination, Site, XdpMode, coordinator_unit, \
+    net as net_setup, units as node_units
 
 app = common.program_app(__doc__)
 FABRIC_HELP = "The fabric description (TOML)."

@@ -16,7 +16,7 @@ from pathlib import Path
 from rlbcommon.paths import private_dir, write_private
 from rlbcommon.secretfile import SecretFileError, read_secret
 
-from .errors import FabricError
+from rlbfabric.errors import FabricError
 
 MASTER_MIN_BYTES = 16
 
