@@ -20,10 +20,10 @@ from rlbcommon import tls as tlsmod
 from rlbcommon.heap import Heap
 from rlbfabric.fabric import FabricError, load
 
-from . import COORDINATORS, etcdauth, hregistry, keys, service  # noqa: F401 - the kinds' coordinators register themselves
-from .etcdrun import EtcdCoordination
+# the modules of each kind's coordinator, its runner on etcd and its metrics register themselves
+from . import COORDINATORS, ETCD_RUNNERS, etcdauth, etcdrun, hregistry, keys, service  # noqa: F401
 from .metrics import exposition
-from .service import Coordinator, make_server
+from .service import make_server
 from .shards import Shard
 
 log = logging.getLogger("rlbcoord")
@@ -83,20 +83,19 @@ def run(
     Example: rlbcoord run --fabric /etc/rlb/fabric.toml --listen fd00:99::1"""
     fab = load(fabric)
     try:
-        coord = COORDINATORS.of(fab)(fab, host_timeout_s)
+        coord = COORDINATORS.of(fab)(fab, host_timeout_s, host_qps_max)
     except FabricError as e:
         raise CoordError(f"{fabric}: {e}") from None
-    if isinstance(coord, Coordinator):
-        coord.host_qps_max = host_qps_max
     runner = None
     if (etcd_ca or etcd_cert) and etcd is None:
         raise CoordError("--etcd-ca and --etcd-cert go with --etcd")
     if shard != "1/1" and etcd is None:
         raise CoordError("--shard goes with --etcd (over HTTP one coordinator places everything)")
     if etcd is not None:
-        if not isinstance(coord, Coordinator):
-            raise CoordError(f"{fabric}: --etcd runs the leaf-spine coordinator only (a {fab.kind} fabric's "
-                             "service runs without it)")
+        try:
+            on_etcd = ETCD_RUNNERS.of(fab)
+        except FabricError as e:
+            raise CoordError(f"{fabric}: --etcd: {e}; run without it") from None
         try:
             part = Shard.parse(shard)
             part.leaves(fab)                   # more shards than leaves: refused here
@@ -106,7 +105,7 @@ def run(
             client = etcdauth.client(etcd, etcd_user, etcd_password_file, etcd_ca, etcd_cert)
         except ValueError as e:
             raise CoordError(str(e)) from None
-        runner = EtcdCoordination(coord, client, name, lease_ttl_s=lease_ttl_s, shard=part)
+        runner = on_etcd(coord, client, name, lease_ttl_s=lease_ttl_s, shard=part)
     if tls_ca and not tls_cert:
         raise CoordError("--tls-ca goes with --tls-cert (clients' certificates are read over HTTPS only)")
     try:

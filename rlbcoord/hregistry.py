@@ -103,5 +103,5 @@ class HRegistry:
 
 
 @COORDINATORS.register("rail-only")
-def _for_rails(fabric: RailOnlyFabric, host_timeout_s: float) -> HRegistry:
-    return HRegistry(fabric)     # a GPU's reports go stale on their own clock (stale_s)
+def _for_rails(fabric: RailOnlyFabric, host_timeout_s: float, host_qps_max: int = 0) -> HRegistry:
+    return HRegistry(fabric)     # its GPUs' reports go stale on their own clock (stale_s); no QPs

@@ -7,11 +7,12 @@ from prometheus_client.registry import CollectorRegistry
 from rlbcommon.certs import CertCollector
 from rlbcommon.metrics import counter, gauge
 
+from . import COLLECTORS
 from .etcdrun import LINKS_EVERY_S, PLACE_EVERY_S
-from .hregistry import HRegistry
 from .service import Coordinator
 
 
+@COLLECTORS.register("clos")
 class CoordinatorCollector:
     def __init__(self, coord: Coordinator):
         self.coord = coord
@@ -61,6 +62,7 @@ class CoordinatorCollector:
         yield from (hosts, qps, link, bal, bal_new, over, dead, reports, links, moves, solve, solves, expired)
 
 
+@COLLECTORS.register("rail-only")
 class RegistryCollector:
     """A rail-only fabric's h-scores (rlbcoord/hregistry.py)."""
 
@@ -133,7 +135,7 @@ def exposition(coord, etcd_status=None):
     leaf-spine fabric, or of a rail-only fabric's HRegistry; with etcd_status (a coordinator
     on etcd), its leadership and work too."""
     registry = CollectorRegistry()
-    registry.register((RegistryCollector if isinstance(coord, HRegistry) else CoordinatorCollector)(coord))
+    registry.register(COLLECTORS.of(coord.fabric)(coord))
     registry.register(CertCollector())         # the etcd TLS files it uses, when they expire
     if etcd_status is not None:
         registry.register(EtcdCollector(etcd_status))

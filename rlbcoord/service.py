@@ -71,7 +71,6 @@ def _addr(v, name: str) -> ipaddress.IPv6Address:
         raise BadRequest(f"{name}: {v!r} is not an IPv6 address") from None
 
 
-@COORDINATORS.register("clos")
 class Coordinator:
     def __init__(self, fabric: ClosFabric, host_timeout_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
@@ -612,3 +611,10 @@ def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
     if tls is not None:
         server.use_tls(tls)
     return server
+
+
+@COORDINATORS.register("clos")
+def _for_clos(fabric: ClosFabric, host_timeout_s: float, host_qps_max: int = HOST_QPS_MAX) -> Coordinator:
+    coord = Coordinator(fabric, host_timeout_s)
+    coord.host_qps_max = host_qps_max
+    return coord

@@ -2,6 +2,10 @@
 first hops: pure logic, no lab (tests/test_rail_netns.py runs them on the wire)."""
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from rlbcoord.hregistry import HRegistry
@@ -200,3 +204,13 @@ def test_a_rail_gpu_learns_its_neighbours_macs_again_after_a_link_loses_carrier(
     a._links = lambda: {RAIL_IF: {"up": False, "tx": 0, "rx": 0}, DOMAIN_IF: {"up": True, "tx": 0, "rx": 0}}
     a.measure()
     assert a.macs == {2: "02:00:00:00:00:02"}
+
+
+def test_the_coordinator_on_etcd_is_refused_for_a_kind_without_one():
+    """rlbcoord run --etcd on a rail-only fabric: one line naming the kinds that have a
+    coordinator on etcd, exit status 2, before anything is started."""
+    lab = Path(__file__).resolve().parent.parent / "lab"
+    r = subprocess.run([sys.executable, "-m", "rlbcoord.cli", "run", "--fabric", str(lab / "rail-only.toml"),
+                        "--etcd", "http://127.0.0.1:1", "--port", "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "a rail-only fabric has no coordinator on etcd (kinds that have one: clos); run without it" in r.stderr
