@@ -169,6 +169,15 @@ def capabilities(caps: tuple[str, ...]) -> str:
     return "CapabilityBoundingSet=" + " ".join(caps)
 
 
+# how every agent's unit ends: restarted, watched, hardened, bounded to the agents' capabilities
+AGENT_TAIL = f"""{RESTART}
+{AGENT_WATCHDOG}
+{HARDENING}
+{capabilities(AGENT_CAPS)}
+[Install]
+WantedBy=multi-user.target"""
+
+
 def confined(cmd: list[str], caps: tuple[str, ...]) -> list[str]:
     """cmd run as a unit with CapabilityBoundingSet=caps runs it: root bounded to those (setpriv
     from util-linux; what the labs start their processes with)."""
@@ -212,12 +221,7 @@ Wants=rlb-bird.service
 After=rlb-bird.service
 [Service]
 ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {mbps}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}
-{RESTART}
-{AGENT_WATCHDOG}
-{HARDENING}
-{capabilities(AGENT_CAPS)}
-[Install]
-WantedBy=multi-user.target
+{AGENT_TAIL}
 """
     elif fabric.is_gpu(node):
         run = site.run_dir
@@ -234,12 +238,7 @@ After=rlb-net.service rlb-bird.service
 [Service]
 {VERBS_GROUP_PRE}
 ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes} --verbs-group {VERBS_GROUP}
-{RESTART}
-{AGENT_WATCHDOG}
-{HARDENING}
-{capabilities(AGENT_CAPS)}
-[Install]
-WantedBy=multi-user.target
+{AGENT_TAIL}
 """
     else:
         nics = " ".join(fabric.host_port(h) for h in fabric.endpoints(node))   # a server: every fabric NIC
@@ -251,12 +250,7 @@ After=rlb-net.service
 [Service]
 {VERBS_GROUP_PRE}
 ExecStart={site.bin}/rlbhost attach {nics} {args}{coord} --metrics-addr {mgmt_ip} --verbs-group {VERBS_GROUP}
-{RESTART}
-{AGENT_WATCHDOG}
-{HARDENING}
-{capabilities(AGENT_CAPS)}
-[Install]
-WantedBy=multi-user.target
+{AGENT_TAIL}
 """
     return out
 

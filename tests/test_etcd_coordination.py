@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from rlbcoord.service import Coordinator
 from rlbfabric.fabric import load
 from rlblab.etcdserver import EtcdServer
 
+from .relay import Relay
 from .test_coordinator import FakeHostDataplane, addr, paths
 from .test_etcd_identity import free_port
 
@@ -344,63 +344,6 @@ def _answers(fn) -> bool:
         return False
 
 
-class SlowProxy:
-    """TCP in front of etcd that holds each request `delay_s` before passing it on, answers at
-    once: an etcd on an overloaded machine (the VM lab's `mon` took seconds)."""
-
-    def __init__(self, target: str, delay_s: float):
-        self.target = urllib.parse.urlsplit(target)
-        self.delay_s = delay_s
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.held = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            try:
-                u = socket.create_connection((self.target.hostname, self.target.port))
-            except OSError:                  # etcd stopped (the module's end)
-                c.close()
-                continue
-            threading.Thread(target=self._pump, args=(c, u, self.delay_s), daemon=True).start()
-            threading.Thread(target=self._pump, args=(u, c, 0.0), daemon=True).start()
-
-    def _pump(self, src, dst, delay_s):
-        """Bytes from src to dst; with a delay, each whole HTTP request held delay_s."""
-        buf = b""
-        try:
-            while data := src.recv(65536):
-                if not delay_s:
-                    dst.sendall(data)
-                    continue
-                buf += data
-                while (end := buf.find(b"\r\n\r\n")) >= 0:
-                    head = buf[:end].decode("latin-1").lower()
-                    length = next((int(h.split(":", 1)[1]) for h in head.split("\r\n")
-                                   if h.startswith("content-length:")), 0)
-                    if len(buf) < end + 4 + length:
-                        break
-                    request, buf = buf[:end + 4 + length], buf[end + 4 + length:]
-                    self.held += 1
-                    time.sleep(delay_s)
-                    dst.sendall(request)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                s.close()
-
-    def close(self):
-        self.sock.close()
-
-
 def test_a_host_whose_etcd_answers_slowly_keeps_its_lease_and_writes_only_changes(etcd):
     """Every request to etcd held 1.6 s, more than half the host's 3 s lease, its writes as slow
     as its keepalives: over 12 s of rounds, each writing a QP's new path, the host keeps its first
@@ -410,7 +353,7 @@ def test_a_host_whose_etcd_answers_slowly_keeps_its_lease_and_writes_only_change
     live = [{"peer": addr("h3", 1), "sport": 50000 + i, "qp": i, "path": 0, "idle_ms": 1, "active": True,
              "bytes": 10} for i in range(4)]
     dp = FakeHostDataplane("h1", live)
-    proxy = SlowProxy(etcd.url, 1.6)
+    proxy = Relay(urllib.parse.urlsplit(etcd.url).port, hold_s=1.6)
     slow = Etcd(proxy.url, keys.host_user("h1"),
                 etcdauth.read_password(etcdauth.password_file(etcd.creds, keys.host_user("h1"))), timeout=3.0)
     client = EtcdCoordinatorClient(dp, "h1", slow, lease_ttl_s=3)

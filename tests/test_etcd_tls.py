@@ -12,7 +12,6 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -24,6 +23,8 @@ from rlbcommon.metrics import serve
 from rlbcoord import etcdauth, etcdtls, keys
 from rlbfabric.fabric import load
 from rlblab.etcdserver import EtcdServer
+
+from .relay import Relay
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 FABRIC = load(LAB / "fabric.toml")
@@ -151,49 +152,6 @@ def test_a_client_certificate_with_a_common_name_is_refused_by_the_gateway(etcd,
     client = Etcd(etcd.url, tls=tls_context(etcdtls.ca_file(pki), pem))
     with pytest.raises(EtcdError, match="CommonName"):
         client.get(keys.host_prefix("h1"))
-
-
-class Relay:
-    """A TCP relay in front of etcd that keeps every byte each way: what the management
-    network carries between an agent and etcd."""
-
-    def __init__(self, target_port: int, host: str = "127.0.0.1"):
-        self.target = target_port
-        self.seen = bytearray()
-        self.lock = threading.Lock()
-        self.sock = socket.socket()
-        self.sock.bind((host, 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                a, _ = self.sock.accept()
-            except OSError:
-                return
-            b = socket.create_connection(("127.0.0.1", self.target))
-            for x, y in ((a, b), (b, a)):
-                threading.Thread(target=self._pipe, args=(x, y), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket):
-        try:
-            while data := src.recv(65536):
-                with self.lock:
-                    self.seen += data
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self):
-        self.sock.close()
 
 
 def _through_relay(url: str, client_of) -> tuple[bytes, str, str]:
