@@ -19,8 +19,8 @@ from rlbcommon import certs
 from rlbcommon.etcd import FAILED_PRECONDITION, Etcd, EtcdError, EtcdUnavailable, tls_context
 from rlbcommon.paths import write_private
 from rlbcommon.secretfile import read_secret
-
 from rlbfabric.base import Fabric
+
 from .keys import identities
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ import tempfile
 from pathlib import Path
 
 from rlbcommon.paths import write_private
-
 from rlbfabric.base import Fabric
+
 from .etcdauth import ROOT_USER
 from .keys import identities
 

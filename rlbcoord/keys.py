@@ -19,7 +19,6 @@ import zlib
 from dataclasses import dataclass
 
 from rlbcommon.etcd import prefix_end
-
 from rlbfabric.base import Fabric
 
 ROOT = "/rlb/"

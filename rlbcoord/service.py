@@ -20,7 +20,6 @@ from typing import Callable
 from rlbcommon import coordapi
 from rlbcommon import tls as tlsmod
 from rlbcommon.ipv6 import ipv6_int
-
 from rlbfabric import balance
 from rlbfabric.clos import ClosFabric
 from rlbfabric.policy.placement import DOWN, UP

@@ -28,17 +28,15 @@ import sys
 import time
 from pathlib import Path
 
+from rlbcommon import nlmsg
+
 log = logging.getLogger("rlbhost.carrier")
 
 NETLINK_ROUTE, RTMGRP_LINK = 0, 1
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
-NLM_F_REQUEST, NLM_F_DUMP = 1, 0x300
 IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
 IFLA_IFNAME = 3
-NLMSG_HDR = struct.Struct("=IHHII")       # len, type, flags, seq, pid
 IFINFOMSG = struct.Struct("=BxHiII")      # family, type, index, flags, change
-RTATTR = struct.Struct("=HH")
 PR_SET_PDEATHSIG = 1
 MAP_NAME = "port_down"
 
@@ -46,31 +44,17 @@ MAP_NAME = "port_down"
 def link_events(buf: bytes):
     """(event, ifindex, name or None, carrier) for each link message in a netlink datagram;
     ("done", ...) at the end of a dump. Carrier = administratively up and lower layer up."""
-    off = 0
-    while off + NLMSG_HDR.size <= len(buf):
-        length, mtype, _flags, _seq, _pid = NLMSG_HDR.unpack_from(buf, off)
-        if length < NLMSG_HDR.size:
-            break
-        if mtype == NLMSG_DONE:
+    for mtype, _seq, body in nlmsg.messages(buf):
+        if mtype == nlmsg.NLMSG_DONE:
             yield "done", 0, None, False
-        elif mtype == NLMSG_ERROR:
-            (err,) = struct.unpack_from("=i", buf, off + NLMSG_HDR.size)
-            if err:
-                raise OSError(-err, f"netlink: {os.strerror(-err)}")
+        elif mtype == nlmsg.NLMSG_ERROR and (err := nlmsg.error(body)):
+            raise err
         elif mtype in (RTM_NEWLINK, RTM_DELLINK):
-            body = off + NLMSG_HDR.size
-            _fam, _type, index, flags, _change = IFINFOMSG.unpack_from(buf, body)
-            name, a = None, body + IFINFOMSG.size
-            while a + RTATTR.size <= off + length:
-                alen, atype = RTATTR.unpack_from(buf, a)
-                if alen < RTATTR.size:
-                    break
-                if atype == IFLA_IFNAME:
-                    name = buf[a + RTATTR.size:a + alen].split(b"\0", 1)[0].decode()
-                a += (alen + 3) & ~3
+            _fam, _type, index, flags, _change = IFINFOMSG.unpack_from(body)
+            name = next((v.split(b"\0", 1)[0].decode() for k, v in nlmsg.attributes(body[IFINFOMSG.size:])
+                         if k == IFLA_IFNAME), None)
             up = mtype == RTM_NEWLINK and flags & (IFF_UP | IFF_LOWER_UP) == (IFF_UP | IFF_LOWER_UP)
             yield ("del" if mtype == RTM_DELLINK else "new"), index, name, bool(up)
-        off += (length + 3) & ~3
 
 
 def down_mask(ports: dict[str, int], carrier: dict[str, bool]) -> int:
@@ -116,7 +100,7 @@ class CarrierWatch:
     def dump(self):
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as s:
             s.bind((0, 0))
-            req = NLMSG_HDR.pack(NLMSG_HDR.size + 16, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
+            req = nlmsg.HDR.pack(nlmsg.HDR.size + 16, RTM_GETLINK, nlmsg.NLM_F_REQUEST | nlmsg.NLM_F_DUMP, 1, 0)
             s.send(req + struct.pack("=BxHiII", socket.AF_UNSPEC, 0, 0, 0, 0))
             self.carrier.clear()
             while True:

@@ -4,6 +4,7 @@ byte by byte, not with the module's own encoder), and the stand-in table the tes
 from __future__ import annotations
 
 import os
+import socket
 import struct
 import subprocess
 import threading
@@ -136,3 +137,23 @@ def test_opening_rdma_netlink_never_raises():
         got.close()
     else:                        # this kernel: no RDMA core, so no authority (the agent says so)
         assert got is None
+
+
+def nlmsg(kind: int, seq: int, payload: bytes) -> bytes:
+    n = 16 + len(payload)
+    return struct.pack("=IHHII", n, kind, 0, seq, 0) + payload + bytes(-n % 4)
+
+
+def test_answers_are_read_by_their_question_and_a_late_error_is_not_this_ones():
+    """The reader over a socket pair standing in for the kernel: a late error for an earlier
+    question is skipped, ENOENT for this one is 'no such QP', and a query's answer is its QP."""
+    ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    nl = K.RdmaNetlink(ours)
+    qtype = K.msg_type(K.CMD_RES_QP_GET)
+    enoent = struct.pack("=i", -2) + bytes(16)
+    kernel.send(nlmsg(2, 7, enoent) + nlmsg(qtype, 1, handle(0, "rxe0") + qp_entry(0x2a, 1, 99)))
+    assert nl.qp(0, 0x2a) == K.KernelQp("rxe0", 0x2a, 1, 99)
+    assert struct.unpack_from("=IHHII", kernel.recv(4096))[1:4] == (qtype, 0x1, 1)    # asked once, as a query
+    kernel.send(nlmsg(2, 2, enoent))
+    assert nl.qp(0, 0x2b) is None
+    ours.close(), kernel.close()

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlbcommon.nlmsg import HDR, NLA, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, attributes, error, messages
+
 log = logging.getLogger("rlb.verbs")
 
 # <linux/netlink.h> and <rdma/rdma_netlink.h> (tests/test_verbs_kernelqps.py checks them against
@@ -40,11 +42,6 @@ ATTR_RES_LQPN = 21
 ATTR_RES_PID = 28
 ATTR_RES_KERN_NAME = 29
 
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x4, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-NLA_TYPE_MASK = 0x3FFF               # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
-HDR = struct.Struct("=IHHII")        # nlmsghdr
-NLA = struct.Struct("=HH")
 DEVICES_REREAD_S = 1.0               # a device not known is looked for again at most this often
 
 
@@ -59,27 +56,12 @@ def attr(kind: int, payload: bytes) -> bytes:
 
 def attrs(buf: bytes) -> dict[int, bytes]:
     """{type: payload} of one level of netlink attributes (the last of a repeated type)."""
-    out, off = {}, 0
-    while off + NLA.size <= len(buf):
-        n, kind = NLA.unpack_from(buf, off)
-        if n < NLA.size or off + n > len(buf):
-            break
-        out[kind & NLA_TYPE_MASK] = buf[off + NLA.size:off + n]
-        off += (n + 3) & ~3
-    return out
+    return dict(attributes(buf))
 
 
 def nested(buf: bytes, kind: int) -> list[bytes]:
     """Every payload of `kind` at one level (a table's entries repeat one type)."""
-    out, off = [], 0
-    while off + NLA.size <= len(buf):
-        n, k = NLA.unpack_from(buf, off)
-        if n < NLA.size or off + n > len(buf):
-            break
-        if k & NLA_TYPE_MASK == kind:
-            out.append(buf[off + NLA.size:off + n])
-        off += (n + 3) & ~3
-    return out
+    return [p for k, p in attributes(buf) if k == kind]
 
 
 def u32(b: bytes | None) -> int | None:
@@ -142,22 +124,12 @@ class RdmaNetlink:
         self.sock.send(HDR.pack(HDR.size + len(body), msg_type(cmd), NLM_F_REQUEST | flags, self.seq, 0) + body)
         out = []
         while True:
-            data = self.sock.recv(1 << 16)
-            off = 0
-            while off + HDR.size <= len(data):
-                n, kind, _, seq, _ = HDR.unpack_from(data, off)
-                if n < HDR.size:
-                    return out
-                payload = data[off + HDR.size:off + n]
-                off += (n + 3) & ~3
+            for kind, seq, payload in messages(self.sock.recv(1 << 16)):
                 if seq != self.seq:
                     continue                      # a late answer to an earlier question
-                if kind == NLMSG_DONE:
-                    return out
-                if kind == NLMSG_ERROR:
-                    code = -struct.unpack_from("=i", payload)[0]
-                    if code:
-                        raise OSError(code, os.strerror(code))
+                if kind == NLMSG_ERROR and (err := error(payload)):
+                    raise err
+                if kind in (NLMSG_DONE, NLMSG_ERROR):     # the end of a dump, or an acknowledgement
                     return out
                 out.append(payload)
                 if not flags & NLM_F_DUMP:
@@ -273,7 +245,6 @@ class KernelQps:
         self.dumps = dumps or source
         self.index: dict[str, int] = {}
         self.read_at = -DEVICES_REREAD_S
-        self.errors = 0
         # the last look: (when it began, {device: its QP numbers}); swapped whole
         self.seen: tuple[float, dict[str, set[int]]] | None = None
 
@@ -307,7 +278,6 @@ class KernelQps:
             try:
                 self.index = self.source.devices()
             except OSError as e:
-                self.errors += 1
                 log.warning("verbs: the kernel's RDMA devices could not be read: %s", e)
         return self.index.get(dev)
 
@@ -325,7 +295,6 @@ class KernelQps:
         try:
             q = self.source.qp(index, qpn)
         except OSError as e:
-            self.errors += 1
             log.warning("verbs: the kernel could not be asked about QP 0x%x of %s: %s", qpn, dev, e)
             return None
         if q is None:
@@ -345,6 +314,5 @@ class KernelQps:
             try:
                 got[dev] = {q.qpn for q in self.dumps.qps(index)}
             except OSError as e:
-                self.errors += 1
                 log.warning("verbs: the kernel's QPs of %s could not be read: %s", dev, e)
         self.seen = (began, got)
