@@ -15,6 +15,8 @@ from .metrics import counter, gauge
 from .paths import write_atomic
 
 WRITE_EVERY_S = 5.0
+OK_EVERY_S = 0.1         # a loop's rounds counted as beats at most this often (a busy loop runs
+                         # thousands a second; hangs are judged over seconds)
 HANG_S = 60.0            # a loop that has not finished a round this long is hung (unless it says otherwise)
 RESTARTS_ENV = "RLB_HANG_RESTARTS"       # carried over the watchdog's fresh start (exec)
 
@@ -37,6 +39,7 @@ class Health:
         self.expected: dict[str, float] = {}      # loop -> how long a round may take
         self.beats: dict[str, float] = {}         # loop -> when it last finished a round (monotonic)
         self.hangs: list[str] = []                # loops found hung in this process
+        self._ok_at: dict[str, float] = {}        # loop -> its last ok() that was recorded (monotonic)
 
     def expect(self, name: str, within_s: float | None = None):
         """Loop `name` finishes a round (done or failed) at least every within_s (hang_s) from now on."""
@@ -62,9 +65,13 @@ class Health:
         return self.loops.setdefault(name, {"errors": 0, "last_error": "", "last_error_at": 0.0, "last_ok": 0.0})
 
     def ok(self, name: str):
+        now = time.monotonic()
+        if now - self._ok_at.get(name, -OK_EVERY_S) < OK_EVERY_S:
+            return
         with self.lock:
+            self._ok_at[name] = now
             self._loop(name)["last_ok"] = time.time()
-            self.beats[name] = time.monotonic()
+            self.beats[name] = now
             if time.time() - self._written >= WRITE_EVERY_S:
                 self._write()
 

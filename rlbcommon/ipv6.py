@@ -6,6 +6,14 @@ import ipaddress
 import socket
 
 
+def ipv6_packed(text: str) -> bytes:
+    """The address's 16 bytes (ValueError as ipv6_int's when it is not one)."""
+    try:
+        return socket.inet_pton(socket.AF_INET6, text)
+    except (OSError, TypeError):
+        return ipv6_int(text).to_bytes(16, "big")
+
+
 def ipv6_int(text: str) -> int:
     """The address as an integer; ValueError (ipaddress's, which says why) when it is not one."""
     if not isinstance(text, str):              # ipaddress would take a number as an address

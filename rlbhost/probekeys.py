@@ -23,6 +23,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DEFAULT_KEY_FILE = Path("/etc/rlb/probe-key")
+MEMO_MAX = 65536       # peers remembered by KeyFile.shared (a fabric's hosts; emptied when full)
 
 
 class ProbeKeyError(ValueError):
@@ -74,6 +75,7 @@ class KeyFile:
         self.pairs: list[Pair] = []    # keys shared with one peer each (by its prefix)
         self._lengths: list[int] = []  # the pairs' prefix lengths, longest first
         self._by_net: dict[ipaddress.IPv6Network, list[bytes]] = {}
+        self._memo: dict[str, list[bytes] | None] = {}   # address -> shared(): every message asks
         self.missing = False           # gone or empty
         self.unreadable = ""           # why the file as it is now cannot be read
         self._stamp = None
@@ -110,7 +112,7 @@ class KeyFile:
         self.missing = False
         changed = (keys, pairs) != (self.keys, self.pairs)
         self.keys, self.pairs = keys, pairs
-        self._by_net = {}
+        self._by_net, self._memo = {}, {}
         for net, key in pairs:
             self._by_net.setdefault(net, []).append(key)
         self._lengths = sorted({net.prefixlen for net in self._by_net}, reverse=True)
@@ -118,12 +120,17 @@ class KeyFile:
 
     def shared(self, addr: str) -> list[bytes] | None:
         """The keys shared with the host at `addr` (the longest prefix holding it), or None."""
+        try:
+            return self._memo[addr]
+        except KeyError:
+            pass
         a = ipaddress.IPv6Address(addr.split("%")[0])
-        for length in self._lengths:
-            got = self._by_net.get(ipaddress.IPv6Network((a, length), strict=False))
-            if got is not None:
-                return got
-        return None
+        got = next((k for k in (self._by_net.get(ipaddress.IPv6Network((a, n), strict=False)) for n in self._lengths)
+                    if k is not None), None)
+        if len(self._memo) >= MEMO_MAX:
+            self._memo.clear()
+        self._memo[addr] = got
+        return got
 
     def to_check(self, addr: str) -> list[bytes] | None:
         """The keys a message from `addr` must be sealed with: the ones shared with it, else the

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 VENV=${RLB_VENV:-.venv}
 APT_PKGS=(python3-bpfcc python3-venv linux-headers-amd64 bird2 ethtool iproute2 libbpf1 kmod
           gcc libc6-dev libibverbs-dev    # these three: the verbs library (librlbverbs.so)
-          openssl)                        # rlbfabric etcd-tls: the etcd certificates
+          openssl                         # rlbfabric etcd-tls: the etcd certificates
+          iptables)                       # the labs' loss injection (ip6tables: rlblab/topo.py)
 # without recommends: Prometheus for the dashboard tests (no exporters), etcd for the coordinator's
 # shared state (the labs start their own members), FRR for spines of another make (the labs start
 # their own daemons in a spine's namespace)

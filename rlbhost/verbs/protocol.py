@@ -79,6 +79,7 @@ def _int(text: str, lo: int, hi: int) -> int:
     return v
 
 
+@functools.lru_cache(maxsize=1024)
 def _dev(text: str) -> str:
     if not 0 < len(text) <= 64 or not all(c.isalnum() or c in "_-.:" for c in text):
         raise BadMessage(f"{text[:70]!r} is not a device name")

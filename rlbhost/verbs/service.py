@@ -117,6 +117,8 @@ BEHIND_S = 0.05                # after a question waited half its time: new pair
 DECIDED, AH = HOST_C["RLBH_VF_DECIDED"], HOST_C["RLBH_VF_AH"]
 UCRED = struct.Struct("3i")
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)   # Linux's, absent from Python 3.11's module
+MSG_TRUNC, SEND_FLAGS = int(socket.MSG_TRUNC), int(socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)  # plain ints:
+                               # an enum's & and | cost a call each, on every message
 IPV6_PKTINFO = getattr(socket, "IPV6_PKTINFO", 50)
 
 Local = tuple[str, int, int]   # a QP of this host: (RDMA device, port, QP number)
@@ -506,7 +508,9 @@ class VerbsService:
         if due:
             timeout = max(0.0, min(timeout, (min(due) - now) / 1e9))
         ready = self.sel.select(timeout)
-        for key, _ in sorted(ready, key=lambda kv: kv[0].data != "udp"):   # the peers' answers first
+        if len(ready) > 1:
+            ready.sort(key=_udp_first)                     # the peers' answers first
+        for key, _ in ready:
             if key.data == "listen":
                 self._accept()
             elif key.data == "udp":
@@ -597,7 +601,7 @@ class VerbsService:
                 self._drop_client(c, "disconnected")
                 return
             try:
-                if len(data) > P.MSG_MAX or flags & socket.MSG_TRUNC:
+                if len(data) > P.MSG_MAX or flags & MSG_TRUNC:
                     raise P.BadMessage("message too long")
                 self._local(c, P.parse_local(data))
             except P.BadMessage as e:
@@ -608,7 +612,7 @@ class VerbsService:
 
     def _send(self, c: Client, data: bytes):
         try:
-            c.sock.send(data, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+            c.sock.send(data, SEND_FLAGS)
         except (BlockingIOError, OSError):
             pass                 # a library not reading its answers: it times out and keeps
 
@@ -1214,7 +1218,7 @@ class VerbsService:
                 data, anc, flags, src = self.udp.recvmsg(P.DATAGRAM_MAX, socket.CMSG_SPACE(16))
             except BlockingIOError:
                 return
-            if flags & socket.MSG_TRUNC:
+            if flags & MSG_TRUNC:
                 self.counters["bad_messages"] += 1
                 continue
             arrived = time.time_ns()
@@ -1436,6 +1440,10 @@ class VerbsService:
                 write_atomic(self.status_path, json.dumps(self.snapshot()))
             except OSError:
                 pass
+
+
+def _udp_first(ready) -> bool:
+    return ready[0].data != "udp"
 
 
 # Addresses repeat (a host's peers, their paths): the conversions are remembered.

@@ -13,6 +13,8 @@ import os
 import struct
 from pathlib import Path
 
+from rlbcommon.ipv6 import ipv6_packed
+
 from . import protocol as P
 
 C = P.C
@@ -125,8 +127,7 @@ class DecisionTable:
             if i is None:
                 return False
         self._write(i, PENDING if pending else LIVE, *key, path, gid_index, keep,
-                    ipaddress.IPv6Address(saddr).packed if saddr else bytes(16),
-                    ipaddress.IPv6Address(daddr).packed if daddr else bytes(16))
+                    ipv6_packed(saddr) if saddr else bytes(16), ipv6_packed(daddr) if daddr else bytes(16))
         self.where[key] = i
         return True
 
