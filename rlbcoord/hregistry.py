@@ -16,7 +16,7 @@ import threading
 import time
 
 from rlbfabric.hscore import HScores
-from rlbfabric.railonly import RailOnlyFabric
+from rlbfabric.kinds.railonly import RailOnlyFabric
 
 from . import COORDINATORS
 from .service import BadRequest, Refused

@@ -21,7 +21,7 @@ from rlbcommon import coordapi
 from rlbcommon import tls as tlsmod
 from rlbcommon.ipv6 import ipv6_int
 from rlbfabric import balance
-from rlbfabric.clos import ClosFabric
+from rlbfabric.kinds.clos import ClosFabric
 from rlbfabric.policy.placement import DOWN, UP
 from rlbfabric.policy.qpplacer import QpInfo, QpPlacer
 

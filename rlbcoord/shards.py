@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from rlbfabric.clos import ClosFabric
+from rlbfabric.kinds.clos import ClosFabric
 from rlbfabric.policy.placement import add_loads
 
 Loads = list[list[list[int]]]          # [side][leaf][colour], as Placement.loads()

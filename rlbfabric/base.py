@@ -1,10 +1,11 @@
 """What every fabric kind is made of, and the registry of kinds.
 
-A fabric file's [fabric] kind names one module (rlbfabric/clos.py, scaleup.py, railonly.py), which
-imports only this one and registers its parser with @kind; rlbfabric/fabric.py loads a file
-through the registry. A kind's fabric follows the `Fabric` protocol below: what every layer may
-ask of any kind. What only one kind has (a Clos fabric's leaves, a scale-up fabric's planes) is
-asked of that kind's class, by code registered for that kind."""
+A fabric file's [fabric] kind names one module of rlbfabric/kinds/ (clos.py, scaleup.py,
+railonly.py), which registers its parser with @kind; rlbfabric/fabric.py loads a file through the
+registry. A kind's fabric follows the `Fabric` protocol below: what every layer may ask of any
+kind; a kind whose switches run BGP follows `SwitchedFabric` too. What only one kind has (a Clos
+fabric's leaves, a scale-up fabric's planes) is asked of that kind's class, by code registered for
+that kind."""
 from __future__ import annotations
 
 import ipaddress
@@ -16,7 +17,7 @@ from typing import Callable, ClassVar, Protocol
 from .bgpsec import BgpSecurity
 from .errors import FabricError
 
-__all__ = ["ByKind", "Fabric", "OneHostAMachine", "FabricError", "Link", "Node", "Port", "KINDS", "kind", "node_name_asn", "one_hextet_prefix",
+__all__ = ["ByKind", "Fabric", "SwitchedFabric", "members", "OneHostAMachine", "FabricError", "Link", "Node", "Port", "KINDS", "kind", "node_name_asn", "one_hextet_prefix",
            "SWITCH_LL", "GPU_LL", "LOOPBACK_DEVICE", "SWITCH_ROLES", "add_loopback_device"]
 
 # A GPU's point-to-point ports (scale-up planes, rail-only rails) carry these link-local
@@ -73,6 +74,8 @@ class Fabric(Protocol):
     coordinated: ClassVar[bool]
     # rlbdeploy.units renders its systemd units (and so the VM lab can run it)
     rendered_units: ClassVar[bool]
+    # its switches run BGP (bird fed to rlbswitch, or FRR): it is a SwitchedFabric as well
+    bgp_switches: ClassVar[bool]
 
     def summary(self) -> str:
         """The fabric in one phrase, for people (rlblab up and status, logs)."""
@@ -110,6 +113,56 @@ class Fabric(Protocol):
     def node(self, name: str) -> Node: ...
 
     def is_gpu(self, node: str) -> bool: ...
+
+
+class SwitchedFabric(Fabric, Protocol):
+    """A kind whose switches run BGP (bgp_switches): what the switch agent, the bird and FRR
+    renderers and the policy compiler ask of it, beyond what every kind has. A kind without BGP
+    switches (rail-only: static rails) has none of this and says so with bgp_switches False."""
+    policy: str                   # the default forwarding policy (POLICIES), per prefix: policy_for
+    link_mbps: int
+    parallel: int                 # links between two switches (1: one)
+    bfd: bool
+    bfd_ms: int
+    graceful_restart_s: int
+    pathbw_subtype: int           # FARE's path bandwidth extended community (the draft's TBD)
+    linkbw_subtype: int
+
+    @property
+    def stages(self) -> int:
+        """Switch tiers a packet crosses at most upwards (3-stage Clos: 1; 5-stage: 2)."""
+
+    def ports_up(self, node: Node) -> list[Port]:
+        """A switch's ports towards the tier above ([] at the top)."""
+
+    def ports_down(self, node: Node) -> list[Port]:
+        """A switch's ports towards the tier below, hosts' ports excluded."""
+
+    def edge_ports(self, node: str) -> set[str]:
+        """A switch's ports that face hosts (their punts are policed apart)."""
+
+    def switch_ports(self, node: Node) -> list[str]: ...
+
+    def port(self, node: Node, ifname: str) -> Port | None: ...
+
+    def uplinks(self, node: Node) -> list[Node]: ...
+
+    def downlinks(self, node: Node) -> list[Node]: ...
+
+    def link_mbps_between(self, a: str, b: str) -> int: ...
+
+    def policy_for(self, net: str) -> str: ...
+
+    def asns(self) -> list[int]: ...
+
+    def all_prefixes(self):
+        """(the node that announces it, its port, its path, the prefix) of every host prefix."""
+
+
+def members(protocol) -> set[str]:
+    """What a protocol class itself declares (fields and methods; not what it inherits)."""
+    return {n for n, v in vars(protocol).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))
+            } | set(vars(protocol).get("__annotations__", {}))
 
 
 class OneHostAMachine:

@@ -42,17 +42,16 @@ an AS, each pod its own, so routes can cross pods.
 
 Interfaces: a node's port towards node X is eth-X.
 
-`kind = "scaleup"` in [fabric] describes a multi-plane scale-up fabric instead (rlbfabric/scaleup.py),
-`kind = "rail-only"` domains and rails without a spine (rlbfabric/railonly.py)."""
+`kind = "scaleup"` in [fabric] describes a multi-plane scale-up fabric instead (rlbfabric/kinds/scaleup.py),
+`kind = "rail-only"` domains and rails without a spine (rlbfabric/kinds/railonly.py)."""
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
 
-# every kind's module registers its parser in base.KINDS when imported
-from . import clos, railonly, scaleup, schema  # noqa: F401 - clos, railonly, scaleup: their kinds register
+from . import kinds, schema  # noqa: F401 - kinds: each module in it registers its kind in base.KINDS
 from .base import KINDS, Fabric, FabricError
-from .clos import ClosFabric
+from .kinds.clos import ClosFabric
 
 DEFAULT_KIND = ClosFabric.kind     # a fabric file without [fabric] kind
 

@@ -1,7 +1,8 @@
 """Which agent runs on this host, built from the command's options: `rlbhost run` parses them,
-the fabric kind's assembler (registered in HOST_AGENTS by the module of that kind's agent:
-clos_agent.py for leaf-spine hosts and hosts without a fabric file, scaleup_agent.py for
-scale-up GPUs, railonly_agent.py for rail-only GPUs) builds the agent and what runs beside it, and the CLI runs it.
+the fabric kind's assembler (registered in HOST_AGENTS by the module of that kind's agent in
+rlbhost/kinds/: clos.py for leaf-spine hosts and hosts without a fabric file, scaleup.py for
+scale-up GPUs, railonly.py for rail-only GPUs) builds the agent and what runs beside it, and the
+CLI runs it.
 Adding a fabric kind adds an assembler; nothing here names one."""
 from __future__ import annotations
 

@@ -28,12 +28,12 @@ from rlbfabric.bird.ctl import BirdError
 from rlbfabric.fabric import FabricError, load
 
 from . import probes
-from . import clos_agent, railonly_agent, scaleup_agent  # noqa: F401 - each kind's agent registers its assembler
+from . import kinds  # noqa: F401 - each kind's agent (rlbhost/kinds/) registers its assembler
 from .assemble import Options, assembler, health_file
 from .dataplane import HostDataplane, HostError
 from .metrics import HostCollector
 from .nics import pinned_dataplanes
-from .railonly_agent import why_file
+from .kinds.railonly import why_file
 from .verbs.build import BuildError, build
 from .verbs.check import NicPaths, check as verbs_checks
 from .verbs.paths import socket_path, status_path, table_path

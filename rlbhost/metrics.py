@@ -14,7 +14,7 @@ class HostCollector:
         self.node, self.coordinators, self.health = node, list(coordinators or []), health
         self.verbs = verbs            # the verbs library's service (rlbhost/verbs/service.py)
         self.prober = prober          # scale-up GPUs: per-plane health probes
-        self.rails = rails            # rail-only GPUs: the h-score agent (rlbhost/railonly_agent.py)
+        self.rails = rails            # rail-only GPUs: the h-score agent (rlbhost/kinds/railonly.py)
 
     def collect(self):
         labels = ["node", "nic", "path", "address"]

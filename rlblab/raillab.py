@@ -1,4 +1,4 @@
-"""A rail-only fabric (rlbfabric/railonly.py) in network namespaces: one per rail switch (the RLB
+"""A rail-only fabric (rlbfabric/kinds/railonly.py) in network namespaces: one per rail switch (the RLB
 XDP switch with static routes: domain d's /64 to GPU (d, k)), one per domain interconnect (a
 Linux bridge: the high-rate segment), one per GPU (`rlbhost attach rlb0` in ports mode choosing
 each QP's first hop from the h-scores, the kernel relaying for its peers), and <lab>-mon with
@@ -19,7 +19,7 @@ from pathlib import Path
 from rlbcommon import coordapi, netns
 from rlbcommon.netns import run
 from rlbcommon.constants import ROCE_PORT
-from rlbfabric.railonly import (LOOPBACK_DEVICE, RAIL_IF, gpu_net_commands, rail_net_commands,
+from rlbfabric.kinds.railonly import (LOOPBACK_DEVICE, RAIL_IF, gpu_net_commands, rail_net_commands,
                                 rail_routes)
 from rlbdeploy.units import AGENT_CAPS, confined
 from rlbfabric.base import add_loopback_device

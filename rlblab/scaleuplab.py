@@ -1,4 +1,4 @@
-"""A scale-up fabric (rlbfabric/scaleup.py) in network namespaces: one namespace per plane switch
+"""A scale-up fabric (rlbfabric/kinds/scaleup.py) in network namespaces: one namespace per plane switch
 (bird2 + `rlbswitch run`, XDP) and per GPU (bird2 as a BGP speaker, `rlbhost attach rlb0` in
 ports mode, health probes), m veths between every GPU and every plane.
 

@@ -17,7 +17,7 @@ from rlbcommon.constants import RUN_DIR
 from rlbcommon.health import Health
 from rlbcommon.metrics import serve
 from rlbcommon.runtime import AgentRuntime
-from rlbfabric.base import Fabric
+from rlbfabric.base import Fabric, SwitchedFabric
 from rlbcoord import etcdauth, keys
 
 from . import neightable
@@ -93,7 +93,7 @@ def attach_ports(dp: SwitchDataplane, opts: SwitchOptions) -> dict[str, dict]:
     for ifname in opts.interfaces:
         dp.ifindex(ifname)
     fab = opts.fabric
-    edge = fab.edge_ports(opts.node) if fab is not None and hasattr(fab, "edge_ports") else set()
+    edge = fab.edge_ports(opts.node) if fab is not None and fab.bgp_switches else set()
     how = {i: {"generic": opts.generic, "speed_mbps": opts.speed_mbps,
                "edge": i in edge if fab is not None else None} for i in opts.interfaces}
     for ifname, o in how.items():
@@ -101,7 +101,7 @@ def attach_ports(dp: SwitchDataplane, opts: SwitchOptions) -> dict[str, dict]:
     return how
 
 
-def switch_facing_ports(dp: SwitchDataplane, fabric: Fabric, node: str) -> list[str]:
+def switch_facing_ports(dp: SwitchDataplane, fabric: SwitchedFabric, node: str) -> list[str]:
     """The attached ports whose far end is a switch (the fabric file's links, not its hosts')."""
     n = fabric.node(node)
     edge = fabric.edge_ports(node)

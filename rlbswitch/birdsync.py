@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rlbcommon import failpoints
 from rlbcommon.health import Health
-from rlbfabric.base import Fabric
+from rlbfabric.base import SwitchedFabric
 from rlbfabric.bird.conf import neighbors_file, pathbw_file, render_neighbors, render_pathbw
 from rlbfabric.bird.ctl import BirdClient, BirdError
 from rlbfabric.policy import pathbw as pbw
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 class BirdSync:
-    def __init__(self, dp: SwitchDataplane, fabric: Fabric, node: str, socket_path: str, run_dir: Path,
+    def __init__(self, dp: SwitchDataplane, fabric: SwitchedFabric, node: str, socket_path: str, run_dir: Path,
                  resync_s: float = 1.0, program: bool = True, health: Health | None = None):
         self.program = program   # False: only feed bird (discovery, path bandwidth); no XDP
         self.health = health or Health()

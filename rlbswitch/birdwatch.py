@@ -14,7 +14,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_ROUTE
 
 from rlbcommon.health import Health
-from rlbfabric.base import Fabric, Node
+from rlbfabric.base import Node, SwitchedFabric
 from rlbfabric.bird.ctl import BirdClient
 
 from .dataplane import SwitchDataplane
@@ -87,7 +87,7 @@ class RestartHold:
     its sessions are back and its table has stopped changing for a second, or the fabric's
     graceful-restart time is over."""
 
-    def __init__(self, bird: BirdClient, dp: SwitchDataplane, fabric: Fabric, node: Node,
+    def __init__(self, bird: BirdClient, dp: SwitchDataplane, fabric: SwitchedFabric, node: Node,
                  program: bool, stats: dict):
         self.bird, self.dp, self.fabric, self.node = bird, dp, fabric, node
         self.program, self.stats = program, stats
@@ -149,7 +149,7 @@ class RestartHold:
 class TrustedPaths:
     """Paths whose attributes can be trusted; each bad one is logged once and left out."""
 
-    def __init__(self, fabric: Fabric, stats: dict):
+    def __init__(self, fabric: SwitchedFabric, stats: dict):
         self.subtypes = (fabric.pathbw_subtype, fabric.linkbw_subtype)
         self.stats = stats
         self._reported: set = set()

@@ -13,7 +13,7 @@ import socket
 import struct
 import time
 
-from rlbfabric.base import Fabric, Node
+from rlbfabric.base import Node, SwitchedFabric
 
 from .dataplane import DataplaneError, SwitchDataplane
 
@@ -82,7 +82,7 @@ def router_peer(ifname: str, ifindex: int, own: set[str], timeout: float = 0.5) 
 
 
 class NeighbourDiscovery:
-    def __init__(self, dp: SwitchDataplane, fabric: Fabric, node: Node):
+    def __init__(self, dp: SwitchDataplane, fabric: SwitchedFabric, node: Node):
         self.dp, self.fabric, self.node = dp, fabric, node
         self.found: dict[str, str] = {}          # uplink's BGP name -> the peer that answered on it
 

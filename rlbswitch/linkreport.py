@@ -16,7 +16,7 @@ from pyroute2.netlink.rtnl import RTM_DELLINK, RTM_NEWLINK, RTMGRP_LINK
 from rlbcommon import coordapi
 from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable
 from rlbcommon.runtime import AgentRuntime
-from rlbfabric.clos import ClosFabric
+from rlbfabric.kinds.clos import ClosFabric
 from rlbcoord import keys
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from rlbcommon.paths import RUN_DIR, write_atomic
-from rlbfabric.base import Fabric, Node
+from rlbfabric.base import Node, SwitchedFabric
 from rlbfabric.policy.compiler import compile_for_node
 
 from .dataplane import SwitchDataplane
@@ -24,7 +24,7 @@ def why_file(instance: str) -> Path:
 
 
 class RouteProgrammer:
-    def __init__(self, dp: SwitchDataplane, fabric: Fabric, node: Node, trusted: Callable[[list], list],
+    def __init__(self, dp: SwitchDataplane, fabric: SwitchedFabric, node: Node, trusted: Callable[[list], list],
                  link_bw: Callable[[str], float], stats: dict):
         self.dp, self.fabric, self.node = dp, fabric, node
         self.trusted, self.link_bw, self.stats = trusted, link_bw, stats

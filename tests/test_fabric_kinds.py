@@ -12,11 +12,13 @@ from typing import ClassVar
 import pytest
 
 from rlbdeploy import units as deploy
-from rlbfabric.base import KINDS, FabricError, Node, OneHostAMachine, kind
+from rlbfabric import kinds
+from rlbfabric.base import KINDS, Fabric, FabricError, Node, OneHostAMachine, SwitchedFabric, kind, members
 from rlbfabric.bgpsec import BgpSecurity
 from rlbcoord import COORDINATORS
 from rlbcoord import cli as coord_cli  # noqa: F401 - what rlbcoord runs: the coordinators registered
 from rlbfabric.fabric import load, parse
+from rlbhost import kinds as host_kinds
 from rlbhost.assemble import HOST_AGENTS, Assembled, Options, assembler
 from rlblab.vm.plan import plan
 
@@ -32,16 +34,12 @@ class ToyFabric(OneHostAMachine):
     paths_by_address: ClassVar[bool] = True
     coordinated: ClassVar[bool] = False
     rendered_units: ClassVar[bool] = True
+    bgp_switches: ClassVar[bool] = False
     bgp: BgpSecurity = field(default_factory=BgpSecurity)
 
     @property
     def switches(self):
         return [Node("t1", "leaf", 65001, 1, hosts=self.hosts_)]
-
-    # a VM plan walks the switch tiers of a leaf-spine fabric: the toy has only leaves
-    leaves = switches
-    spines: ClassVar[list] = []
-    superspines: ClassVar[list] = []
 
     @property
     def hosts(self):
@@ -58,6 +56,12 @@ class ToyFabric(OneHostAMachine):
 
     def switch_port_mbps(self, switch):
         return self.mbps
+
+    def summary(self):
+        return f"toy: one switch, {len(self.hosts_)} hosts"
+
+    def source_prefixes(self, machine):
+        return []
 
     def net_commands(self, node):
         ports = [f"eth-{h}" for h in self.hosts_] if node == "t1" else ["eth-t1"]
@@ -97,6 +101,28 @@ def test_a_fourth_kind_is_added_by_registering_it(toy):
     # a layer that has nothing for it names the kind and the kinds it serves
     with pytest.raises(FabricError, match=r"a toy fabric has no coordinator \(kinds that have one: clos, rail-only\)"):
         COORDINATORS.of(toy)
+
+
+def test_the_kinds_are_the_modules_of_one_folder_and_each_has_what_its_protocol_says(toy):
+    """rlbfabric/kinds/: one module a kind, found by listing the folder; each kind's fabric has
+    every member of Fabric, and a kind with BGP switches every member of SwitchedFabric, while a
+    kind without (rail-only) claims none: nothing is faked to look like another kind."""
+    folder = sorted(p.stem for p in (ROOT / "rlbfabric" / "kinds").glob("*.py") if not p.stem.startswith("_"))
+    assert sorted(m.__name__.rsplit(".", 1)[1] for m in kinds.MODULES) == folder == ["clos", "railonly", "scaleup"]
+    assert sorted(KINDS) == ["clos", "rail-only", "scaleup", "toy"]
+    # the host layer finds its agents the same way: one module a kind in rlbhost/kinds/
+    assert sorted(m.__name__.rsplit(".", 1)[1] for m in host_kinds.MODULES) == folder
+    assert sorted(HOST_AGENTS) == ["clos", "rail-only", "scaleup", "toy"]
+    fabrics = {name: load(ROOT / "lab" / name) for name in ("fabric.toml", "scaleup.toml", "rail-only.toml")}
+    fabrics["toy"] = toy
+    switched = {}
+    for name, fab in fabrics.items():
+        assert {m for m in members(Fabric) if not hasattr(fab, m)} == set(), name
+        switched[name] = {m for m in members(SwitchedFabric) if hasattr(fab, m)}
+        assert switched[name] == (members(SwitchedFabric) if fab.bgp_switches else set()), name
+    assert [n for n, f in fabrics.items() if f.bgp_switches] == ["fabric.toml", "scaleup.toml"]
+    # a scale-up fabric has planes, not a Clos fabric's tiers
+    assert not any(hasattr(fabrics["scaleup.toml"], m) for m in ("leaves", "spines", "superspines"))
 
 
 def test_an_unknown_kind_lists_the_registered_ones(toy):

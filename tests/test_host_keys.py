@@ -91,7 +91,7 @@ def test_scaleup_gpus_share_a_key_per_pair_filed_under_each_peers_loopback():
 
 
 def test_a_fabric_whose_machines_sign_nothing_has_no_host_keys():
-    from rlbfabric.railonly import RailOnlyFabric
+    from rlbfabric.kinds.railonly import RailOnlyFabric
     fab = RailOnlyFabric(domains=2, rails=2, prefix="fd70", rail_mbps=100_000, domain_mbps=900_000,
                          delta=0.1, tau_s=1.0)
     with pytest.raises(FabricError, match="sign nothing"):

@@ -13,7 +13,7 @@ from rlbcoord.service import BadRequest, Refused
 from rlbfabric.fabric import FabricError, parse
 from rlbfabric.hscore import Gpu, SortedRails, decide
 from rlbhost.dataplane import PortPath
-from rlbhost.railonly_agent import KEEP, RailGpuAgent, direct, paths_of
+from rlbhost.kinds.railonly import KEEP, RailGpuAgent, direct, paths_of
 
 BASE = {"kind": "rail-only", "domains": 3, "rails": 4, "rail_mbps": 10, "domain_mbps": 40}
 
@@ -195,8 +195,8 @@ def test_a_rail_gpu_learns_its_neighbours_macs_again_after_a_link_loses_carrier(
     """A link that comes back may lead to another device (a replaced switch, a re-created port):
     the MACs learnt over it are forgotten when it loses carrier, and asked for again."""
     from types import SimpleNamespace
-    from rlbfabric.railonly import DOMAIN_IF, RAIL_IF
-    from rlbhost.railonly_agent import RailGpuAgent
+    from rlbfabric.kinds.railonly import DOMAIN_IF, RAIL_IF
+    from rlbhost.kinds.railonly import RailGpuAgent
     a = RailGpuAgent.__new__(RailGpuAgent)
     a.hops = [SimpleNamespace(value=1, ifname=RAIL_IF), SimpleNamespace(value=2, ifname=DOMAIN_IF)]
     a.macs = {1: "02:00:00:00:00:01", 2: "02:00:00:00:00:02"}

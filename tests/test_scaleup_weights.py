@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rlbfabric.bird.ctl import BirdPath
 from rlbfabric.fabric import load
-from rlbhost.scaleup_agent import GBPS, ScaleupGpuAgent
+from rlbhost.kinds.scaleup import GBPS, ScaleupGpuAgent
 
 FABRIC = Path(__file__).resolve().parent.parent / "lab" / "scaleup.toml"
 

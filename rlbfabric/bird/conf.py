@@ -17,7 +17,7 @@ import struct
 from pathlib import Path
 
 from rlbcommon.constants import COLOUR_COMMUNITY, MAX_BANDWIDTH
-from rlbfabric.base import LOOPBACK_DEVICE, SWITCH_LL, Fabric, Node
+from rlbfabric.base import LOOPBACK_DEVICE, SWITCH_LL, Node, SwitchedFabric
 
 NO_AIGP_METRIC = 2147483648
 
@@ -30,7 +30,7 @@ def float_bits(v: float) -> int:
     return int.from_bytes(struct.pack(">f", v), "big")
 
 
-def leaf_advertisements(fabric: Fabric, leaf: Node) -> dict[tuple[str, str], tuple[int, bool]]:
+def leaf_advertisements(fabric: SwitchedFabric, leaf: Node) -> dict[tuple[str, str], tuple[int, bool]]:
     """(prefix, spine) -> (colour, carries AIGP): Juniper's Table 2 for this leaf."""
     out = {}
     for port, _, _ in fabric.host_ports(leaf):
@@ -72,7 +72,7 @@ def _fabric_radv(ifnames: list[str]) -> str:
     return "\n".join(f'  interface "{i}" {{ {FABRIC_RA} }};' for i in ifnames)
 
 
-def _bfd(fabric: Fabric, pattern: str) -> str:
+def _bfd(fabric: SwitchedFabric, pattern: str) -> str:
     if not fabric.bfd:
         return ""
     return f'protocol bfd {{ interface "{pattern}" {{ min rx interval {fabric.bfd_ms} ms; min tx interval {fabric.bfd_ms} ms; multiplier 3; }}; }}\n'
@@ -123,7 +123,7 @@ def _filter(pats: list[str], count: int) -> str:
             f"receive limit {2 * count + 64} action restart;")
 
 
-def _timers(fabric: Fabric) -> str:
+def _timers(fabric: SwitchedFabric) -> str:
     """Fast timers; graceful restart (peers keep a restarting switch's routes for
     graceful_restart_s, and it keeps theirs), with BFD loss handled as a restart too: a dead bird
     stops its BFD, which must not tear routes down while the switch still forwards. A link that
@@ -140,7 +140,7 @@ def _timers(fabric: Fabric) -> str:
     return out
 
 
-def _leaf_import(fabric: Fabric, leaf: Node) -> str:
+def _leaf_import(fabric: SwitchedFabric, leaf: Node) -> str:
     """With parallel links, AIGP picks the spine but not which of its links: prefer the link whose
     colour the route carries (LOCAL_PREF on import, the notes' equivalent of AIGP pinning)."""
     if fabric.parallel == 1:
@@ -152,7 +152,7 @@ def _leaf_import(fabric: Fabric, leaf: Node) -> str:
     return "function leaf_import(int uplink)\n{\n" + "\n".join(lines) + "\n  return true;\n}\n"
 
 
-def render_leaf(fabric: Fabric, leaf: Node, run_dir: Path, baseline: bool = False) -> str:
+def render_leaf(fabric: SwitchedFabric, leaf: Node, run_dir: Path, baseline: bool = False) -> str:
     """baseline: the fabric as people run it today, for comparison: no AIGP pinning, bird
     merges the equal paths into kernel ECMP routes."""
     hports = fabric.host_ports(leaf)
@@ -216,7 +216,7 @@ def spine_router_id(spine: Node) -> str:
     return f"10.255.{100 + spine.pod}.{spine.plane}"
 
 
-def render_spine(fabric: Fabric, spine: Node, run_dir: Path, baseline: bool = False) -> str:
+def render_spine(fabric: SwitchedFabric, spine: Node, run_dir: Path, baseline: bool = False) -> str:
     up = ""
     if fabric.uplinks(spine):
         up = f"""
@@ -243,7 +243,7 @@ template bgp leaf {{
 {up}"""
 
 
-def render_superspine(fabric: Fabric, ss: Node, run_dir: Path, baseline: bool = False) -> str:
+def render_superspine(fabric: SwitchedFabric, ss: Node, run_dir: Path, baseline: bool = False) -> str:
     return _common(f"10.255.200.{ss.index}", run_dir, ss.name, ecmp=baseline) + f"""{_bfd(fabric, "eth-*")}
 include "{pathbw_file(run_dir, ss.name)}";   # FARE link bandwidth: written by the agent
 protocol radv {{
@@ -309,7 +309,7 @@ function gpu_export(int plane)
 """
 
 
-def render(fabric: Fabric, node: str, run_dir: Path, baseline: bool = False) -> str:
+def render(fabric: SwitchedFabric, node: str, run_dir: Path, baseline: bool = False) -> str:
     if fabric.is_gpu(node):
         return render_gpu(fabric, node, run_dir)
     n = fabric.node(node)
@@ -327,7 +327,7 @@ def pathbw_file(run_dir: Path, node: str) -> Path:
     return run_dir / f"{node}.pathbw.conf"
 
 
-def initial_includes(fabric: Fabric, node: Node | str, run_dir: Path) -> dict[Path, str]:
+def initial_includes(fabric: SwitchedFabric, node: Node | str, run_dir: Path) -> dict[Path, str]:
     """The includes a node's bird.conf names, as they start before the agent has found or
     computed anything: neighbours where the node has uplinks, path bandwidth on spines and
     super-spines (and, on a scale-up GPU, its loopback's path bandwidth per plane)."""
@@ -343,7 +343,7 @@ def initial_includes(fabric: Fabric, node: Node | str, run_dir: Path) -> dict[Pa
     return out
 
 
-def render_neighbors(fabric: Fabric, node: Node, found: dict[str, str]) -> str:
+def render_neighbors(fabric: SwitchedFabric, node: Node, found: dict[str, str]) -> str:
     """Sessions on the uplink ports whose peer link-local address was discovered
     {port's bgp name: addr}: a leaf's spines (exporting its prefixes by colour), a spine's
     super-spines."""
@@ -368,7 +368,7 @@ def render_neighbors(fabric: Fabric, node: Node, found: dict[str, str]) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_pathbw(fabric: Fabric, node: Node, values: dict[str, float]) -> str:
+def render_pathbw(fabric: SwitchedFabric, node: Node, values: dict[str, float]) -> str:
     """Export filter with the FARE values the agent computed per prefix.
 
     spine: the transitive path bandwidth (min(link, received), summed over the prefix's routes)
@@ -405,7 +405,7 @@ function pathbw_export()
 """
 
 
-def prepare(fabric: Fabric, node: str, run_dir: Path) -> tuple[str, list[Path], str | None]:
+def prepare(fabric: SwitchedFabric, node: str, run_dir: Path) -> tuple[str, list[Path], str | None]:
     """What `bird-config` does on a switch or a GPU: bird.conf's text, the includes it names
     (written where missing: what the agent found before outlives a bird restart), and a note for
     the operator when the sessions would run without TCP MD5."""

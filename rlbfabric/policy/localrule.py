@@ -10,7 +10,7 @@ QPs to hosts on the same leaf never reach a spine; they are counted apart (a wei
 own) so they do not turn the rotation."""
 from __future__ import annotations
 
-from ..clos import ClosFabric
+from ..kinds.clos import ClosFabric
 
 
 def van_der_corput(i: int) -> float:

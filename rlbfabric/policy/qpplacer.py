@@ -19,7 +19,7 @@ from typing import Hashable
 
 from rlbcommon.ipv6 import ipv6_int
 
-from ..clos import ClosFabric
+from ..kinds.clos import ClosFabric
 from .placement import DOWN, UP, Placement, add_loads
 
 

@@ -14,7 +14,7 @@ import ipaddress
 import threading
 import time
 
-from rlbfabric.clos import ClosFabric
+from rlbfabric.kinds.clos import ClosFabric
 
 STALE_S = 3.0
 

@@ -54,6 +54,9 @@ def _mac(link: int, side: int) -> str:
     return f"02:52:4c:{link >> 8 & 0xff:02x}:{link & 0xff:02x}:{side:02x}"
 
 
+VM_ROLE_ORDER = ("spine", "superspine", "leaf")    # the switches' VMs (and addresses) in this order
+
+
 def fabric_links(fabric: Fabric) -> list[tuple[str, str, str, str, int]]:
     """Every point-to-point link as (a, a's ifname, b, b's ifname, Mb/s): the fabric kind's own."""
     return fabric.links()
@@ -63,7 +66,7 @@ def plan(fabric: Fabric, mgmt_net: str = "10.77.0.0/24") -> list[VmNode]:
     deployable(fabric)            # the VMs run the rendered units
     net = ipaddress.IPv4Network(mgmt_net)
     hosts = list(fabric.machines)          # a GPU server of several NICs is one VM
-    order = [(n.name, n.role) for n in fabric.spines + fabric.superspines + fabric.leaves]
+    order = [(n.name, n.role) for role in VM_ROLE_ORDER for n in fabric.switches if n.role == role]
     order += [(h, "host") for h in hosts] + [(MONITOR, "monitor")]
     if len(order) + 10 > net.num_addresses - 2:
         raise FabricError(f"management network {mgmt_net} too small for {len(order)} VMs")

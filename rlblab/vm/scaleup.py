@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict
 
 from rlbfabric.fabric import load
-from rlbfabric.scaleup import LOOPBACK_DEVICE, ScaleupFabric
+from rlbfabric.kinds.scaleup import LOOPBACK_DEVICE, ScaleupFabric
 
 from ..scaleupview import FRAME_DMAC, FRAME_SMAC, ScaleupView
 from .driver import VAGRANT_DIR, VagrantLab
@@ -36,7 +36,7 @@ class VagrantScaleup(ScaleupView):
     def __init__(self, lab: VagrantLab, venv: str = str(VENV)):
         self.lab, self.venv = lab, venv
         self.fabric = load(VAGRANT_DIR.parent / lab.fabric)
-        if not isinstance(self.fabric, ScaleupFabric):
+        if self.fabric.kind != ScaleupFabric.kind:
             raise ValueError(f"{lab.fabric} is not a scale-up fabric")
 
     def cli(self, node: str, *args: str) -> str:

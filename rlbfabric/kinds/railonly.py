@@ -32,9 +32,9 @@ from typing import ClassVar
 
 from rlbcommon.cheader import constants
 
-from .bgpsec import BgpSecurity
-from .base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Link, Node, OneHostAMachine, kind, one_hextet_prefix
-from .hscore import Gpu
+from ..bgpsec import BgpSecurity
+from ..base import GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Link, Node, OneHostAMachine, kind, one_hextet_prefix
+from ..hscore import Gpu
 
 RAIL_IF, DOMAIN_IF = "eth-rail", "eth-dom"
 LOCAL_TABLE = 100                             # what this GPU sends: to rlb0
@@ -65,6 +65,7 @@ class RailOnlyFabric(OneHostAMachine):
     # its rail switches take static routes to the GPUs' MACs, which the namespace lab sets up
     # (rlblab/raillab.py); rendering them as units is not built
     rendered_units: ClassVar[bool] = False
+    bgp_switches: ClassVar[bool] = False
     bgp: BgpSecurity = field(default_factory=BgpSecurity)   # no BGP here (static routes); labs set it alike
 
     # ---- names ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The host agent on a GPU of a scale-up fabric (draft-fare-scale-up §3, §3.1, §3.2).
 
 It keeps the host data plane in ports mode: each path is one sub-port into one plane
-(rlbfabric/scaleup.py numbers them), used only while it has carrier and the plane switch's MAC
+(rlbfabric/kinds/scaleup.py numbers them), used only while it has carrier and the plane switch's MAC
 on it is known. It tells bird the path bandwidth of its loopback per plane (its live sub-ports'
 speeds summed), reads from bird every peer's loopback per plane with the plane switch's FARE
 value, and sets per peer the weights: plane bandwidth = min(its own live sub-ports there, the
@@ -29,13 +29,13 @@ from rlbcommon.health import Health
 from rlbcommon.runtime import AgentRuntime
 from rlbfabric.bird.conf import pathbw_file, render_gpu_pathbw
 from rlbfabric.bird.ctl import BirdClient, BirdError
-from rlbfabric.scaleup import LOOPBACK_DEVICE, SWITCH_LL, ScaleupFabric
+from rlbfabric.kinds.scaleup import LOOPBACK_DEVICE, SWITCH_LL, ScaleupFabric
 
-from .assemble import HOST_AGENTS, Assembled, Options, apply_config, fabric_keys, on_loopback_device
-from .dataplane import HostDataplane, HostError, PortPath
-from .links import has_carrier, neighbour_macs
-from .probekeys import KeyFile
-from .probes import DEAD_MS, INTERVAL_MS, PROBE_PORT, Prober
+from ..assemble import HOST_AGENTS, Assembled, Options, apply_config, fabric_keys, on_loopback_device
+from ..dataplane import HostDataplane, HostError, PortPath
+from ..links import has_carrier, neighbour_macs
+from ..probekeys import KeyFile
+from ..probes import DEAD_MS, INTERVAL_MS, PROBE_PORT, Prober
 
 log = logging.getLogger(__name__)
 

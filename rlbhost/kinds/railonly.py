@@ -1,6 +1,6 @@
 """The host agent on a GPU of a rail-only fabric (outshift-hscore-rail-routing).
 
-The host data plane runs in ports mode on the loopback device (rlbfabric/railonly.py): path 1
+The host data plane runs in ports mode on the loopback device (rlbfabric/kinds/railonly.py): path 1
 is the r-interface to the GPU's rail switch, path 1 + y the d-interface to GPU (d, y) of its
 own domain, which relays. Every `period_s` the agent measures the rates on its two links,
 reports them to the h-score registry (the coordinator) and gets back every rail's and domain's
@@ -29,12 +29,12 @@ from rlbcommon.health import Health
 from rlbcommon.runtime import AgentRuntime
 from rlbcommon.paths import write_atomic
 from rlbfabric.hscore import Decision, Gpu, SortedRails, decide, gamma, rail_only_beats_rail_optimised
-from rlbfabric.railonly import (DOMAIN_IF, LOOPBACK_DEVICE, RAIL_IF, RAIL_PATH, SWITCH_LL,
+from rlbfabric.kinds.railonly import (DOMAIN_IF, LOOPBACK_DEVICE, RAIL_IF, RAIL_PATH, SWITCH_LL,
                                 RailOnlyFabric)
 
-from .assemble import HOST_AGENTS, Assembled, Options, apply_config, on_loopback_device
-from .dataplane import HostDataplane, HostError, PortPath
-from .links import has_carrier, neighbour_macs
+from ..assemble import HOST_AGENTS, Assembled, Options, apply_config, on_loopback_device
+from ..dataplane import HostDataplane, HostError, PortPath
+from ..links import has_carrier, neighbour_macs
 
 log = logging.getLogger(__name__)
 

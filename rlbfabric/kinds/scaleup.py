@@ -38,9 +38,9 @@ from typing import ClassVar
 from rlbcommon.cheader import constants
 from rlbcommon.constants import POLICIES
 
-from . import bgpsec
-from .bgpsec import GRACEFUL_RESTART_S, BgpSecurity
-from .base import (GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Link, Node, OneHostAMachine, Port, kind,
+from .. import bgpsec
+from ..bgpsec import GRACEFUL_RESTART_S, BgpSecurity
+from ..base import (GPU_LL, LOOPBACK_DEVICE, SWITCH_LL, FabricError, Link, Node, OneHostAMachine, Port, kind,
                    node_name_asn, one_hextet_prefix)
 
 MAX_PATHS = constants("rlb_host.h")["RLBH_MAX_PATHS"]   # the host data plane's path table
@@ -75,6 +75,7 @@ class ScaleupFabric(OneHostAMachine):
     paths_by_address: ClassVar[bool] = False
     coordinated: ClassVar[bool] = False
     rendered_units: ClassVar[bool] = True
+    bgp_switches: ClassVar[bool] = True
     link_overrides: dict = field(default_factory=dict)
     bgp: BgpSecurity = field(default_factory=BgpSecurity)     # GTSM, TCP MD5 (bgpsec.py)
 
@@ -85,13 +86,6 @@ class ScaleupFabric(OneHostAMachine):
     @property
     def switches(self) -> list[Node]:
         return self.planes
-
-    @property
-    def spines(self) -> list[Node]:
-        return self.planes
-
-    leaves: list = field(default_factory=list, init=False)
-    superspines: list = field(default_factory=list, init=False)
 
     @property
     def hosts(self) -> list[str]:

@@ -8,10 +8,10 @@ from typing import ClassVar
 
 from rlbcommon.constants import POLICIES
 
-from . import addrplan, bgpsec
-from .base import NAME, ROUTING_DAEMONS, SWITCH_ROLES, FabricError, Link, Node, Port, kind, node_name_asn
-from .bgpsec import GRACEFUL_RESTART_S, BgpSecurity
-from .servers import Nic, parse_servers
+from .. import addrplan, bgpsec
+from ..base import NAME, ROUTING_DAEMONS, SWITCH_ROLES, FabricError, Link, Node, Port, kind, node_name_asn
+from ..bgpsec import GRACEFUL_RESTART_S, BgpSecurity
+from ..servers import Nic, parse_servers
 
 # A server with several NICs sends what it originates from a NIC's addresses out of that NIC: a
 # rule per NIC (from its ports' /48) to a table of its own whose default is the NIC's leaf.
@@ -36,6 +36,7 @@ class ClosFabric:
     paths_by_address: ClassVar[bool] = True
     coordinated: ClassVar[bool] = True
     rendered_units: ClassVar[bool] = True
+    bgp_switches: ClassVar[bool] = True
     # Sub-type of the community a super-spine attaches with the bandwidth of its link towards the
     # advertising spine. The draft makes it non-transitive, but bird 2.0.12 deletes
     # non-transitive ext communities on every eBGP export (ec_set_del_nontrans), so it would never

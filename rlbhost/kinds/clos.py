@@ -16,15 +16,15 @@ from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR
 from rlbcommon.health import Health
 from rlbcommon.runtime import AgentRuntime
 from rlbfabric.policy import localrule
-from rlbfabric.clos import ClosFabric
+from rlbfabric.kinds.clos import ClosFabric
 from rlbcoord import etcdauth, keys
 
-from .assemble import HOST_AGENTS, Assembled, Options, apply_config, verbs_service
-from .coordclient import CoordinatorClient
-from .etcdclient import EtcdCoordinatorClient, Lease
-from .dataplane import HostDataplane, HostError
-from .nics import Nic, fabric_nics, open_nics
-from .verbs.advice import FabricView
+from ..assemble import HOST_AGENTS, Assembled, Options, apply_config, verbs_service
+from ..coordclient import CoordinatorClient
+from ..etcdclient import EtcdCoordinatorClient, Lease
+from ..dataplane import HostDataplane, HostError
+from ..nics import Nic, fabric_nics, open_nics
+from ..verbs.advice import FabricView
 
 log = logging.getLogger(__name__)
 
