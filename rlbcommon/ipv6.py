@@ -25,3 +25,25 @@ def ipv6_int(text: str) -> int:
         if a.scope_id:                         # a zone names a link, not a host of the fabric
             raise ValueError(f"{text!r}: a scoped address") from None
         return int(a)
+
+
+def ipv6_network(text: str) -> ipaddress.IPv6Network:
+    """ipaddress.IPv6Network(text), strict, at a third of its cost for the usual "addr/len" form
+    (a leaf's table is tens of thousands of prefixes); anything else, and every error, is
+    ipaddress's own."""
+    addr, slash, length = text.partition("/") if isinstance(text, str) else ("", "", "")
+    if slash and length.isascii() and length.isdigit() and len(length) <= 3:
+        try:
+            return ipaddress.IPv6Network((int.from_bytes(socket.inet_pton(socket.AF_INET6, addr), "big"), int(length)))
+        except (OSError, ValueError):
+            pass
+    return ipaddress.IPv6Network(text)
+
+
+def network_text(net: ipaddress.IPv6Network) -> str:
+    """str(net) at a tenth of its cost: inet_ntop writes the same RFC 5952 text, except for the
+    IPv4-embedded forms (the first 80 bits zero), which are left to ipaddress."""
+    packed = net.network_address.packed
+    if not packed.startswith(bytes(10)):
+        return f"{socket.inet_ntop(socket.AF_INET6, packed)}/{net.prefixlen}"
+    return str(net)

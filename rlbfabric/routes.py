@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from rlbcommon.constants import U32_MAX
+from rlbcommon.ipv6 import ipv6_network
 
 MODES = ("pinned", "weighted", "ecmp", "dlb", "spray", "connected", "local")
 _MAC = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
@@ -82,7 +83,7 @@ class Route:
     def __post_init__(self):
         if isinstance(self.prefix, str):
             try:
-                self.prefix = ipaddress.IPv6Network(self.prefix)
+                self.prefix = ipv6_network(self.prefix)
             except ValueError as e:
                 raise RouteError(f"prefix: {e}") from None
         if self.mode not in MODES:

@@ -21,6 +21,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from rlbcommon.ipv6 import network_text
 from rlbcommon.paths import RUN_DIR
 
 from rlbfabric.routes import NextHop, Route, RouteError
@@ -449,7 +450,7 @@ class SwitchTables:
             for net, route in want.items():
                 cur = self.routes.get(net)
                 if only_own and cur is not None and cur.owner != owner:
-                    ch.yielded.append(str(net))
+                    ch.yielded.append(network_text(net))
                     continue
                 if cur is not None and self._canonical_of(cur) == self._canonical(route):   # keeps its owner
                     ch.unchanged += 1
@@ -469,7 +470,7 @@ class SwitchTables:
                     old = self.routes.pop(net)
                     self._fast_update(net, -1)                       # before its group is freed
                     self._release(old)
-                    ch.removed.append(str(net))
+                    ch.removed.append(network_text(net))
                 for net, route, cur in todo:
                     try:
                         rt = self._build(route, cur)                  # steps 1, 2
@@ -477,7 +478,7 @@ class SwitchTables:
                         if not keep_going:
                             raise
                         self._collect()
-                        ch.failed[str(net)] = str(e)
+                        ch.failed[network_text(net)] = str(e)
                         continue
                     rt.owner = owner
                     try:
@@ -487,13 +488,13 @@ class SwitchTables:
                         err = RouteError(f"{net}: route table full ({e.strerror or e})")
                         if not keep_going:
                             raise err from None
-                        ch.failed[str(net)] = str(err)
+                        ch.failed[network_text(net)] = str(err)
                         continue
                     self.routes[net] = rt
                     self._fast_update(net, 0 if cur is not None else 1, value)
                     if cur is not None:
                         self._release(cur)                           # steps 4, 5
-                    (ch.changed if cur is not None else ch.added).append(str(net))
+                    (ch.changed if cur is not None else ch.added).append(network_text(net))
             except Exception:
                 self._collect()      # what a failed route acquired and nobody references
                 raise
