@@ -7,8 +7,6 @@ import shutil
 import socket
 import threading
 
-from pyroute2 import IPRoute
-
 from . import bpfprog
 from .filelock import held
 from .paths import pin_dir
@@ -41,7 +39,10 @@ class PinnedState:
         pyroute2's IPRoute keeps an event loop and a transport per thread that uses it and frees
         neither when the thread ends, so a shared one leaked a file descriptor on every scrape
         (the metrics server runs each request in a new thread) until the agent ran out of them
-        (about 30 min at 2 s scrapes, under systemd's limit of 1024). A fresh one costs ~0.3 ms."""
+        (about 30 min at 2 s scrapes, under systemd's limit of 1024). A fresh one costs ~0.3 ms.
+        pyroute2 is loaded here, by the first step that needs it: importing it is a third of the
+        start of a command that never does (`rlbswitch route apply` is timed end to end)."""
+        from pyroute2 import IPRoute
         with IPRoute() as ipr:
             yield ipr
 

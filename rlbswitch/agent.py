@@ -31,11 +31,6 @@ from .watcher import Watcher
 log = logging.getLogger("rlbswitch")
 
 
-def health_file(instance: str) -> Path:
-    """Where the running agent keeps its loops' health (read by `rlbswitch status`)."""
-    return RUN_DIR / f"{instance}-switch-health.json"
-
-
 @dataclass
 class SwitchOptions:
     """What `rlbswitch run` was given (its --help says what each is for)."""

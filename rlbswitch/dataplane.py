@@ -14,7 +14,6 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
-from pyroute2.netlink.exceptions import NetlinkError
 
 from rlbcommon.cheader import constants, enum_names
 from rlbcommon.constants import ROCE_PORT
@@ -240,13 +239,9 @@ class SwitchDataplane(PinnedState):
         name = self._names.get(ifindex)
         if name is None:
             try:
-                with self.netlink() as ipr:
-                    links = ipr.get_links(ifindex)
-            except NetlinkError:         # gone (ENODEV): pyroute2 raises rather than answer empty
-                links = []
-            if not links:
+                name = self._names[ifindex] = socket.if_indextoname(ifindex)   # one ioctl, as ifindex()
+            except OSError:              # gone
                 return f"if{ifindex}"
-            name = self._names[ifindex] = links[0].get_attr("IFLA_IFNAME")
         return name
 
     def _speed_mbps(self, ifname: str) -> int:

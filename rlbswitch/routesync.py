@@ -6,21 +6,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Callable
 
-from rlbcommon.paths import RUN_DIR, write_atomic
+from rlbcommon.paths import write_atomic
 from rlbfabric.base import Node, SwitchedFabric
 from rlbfabric.policy.compiler import compile_for_node
 
 from .dataplane import SwitchDataplane
+from .runfiles import why_file
 
 log = logging.getLogger("rlbswitch.birdsync")
-
-
-def why_file(instance: str) -> Path:
-    """Why each route is programmed as it is (prefix -> reason), for `rlbswitch route show`."""
-    return RUN_DIR / f"{instance}-switch-routes.json"
 
 
 class RouteProgrammer:
