@@ -20,7 +20,7 @@ import typer
 from . import netns
 from .bpfprog import BpfSetupError
 from .health import HANG_S
-from .paths import RUN_DIR
+from .paths import RUN_DIR, write_private
 
 NETNS_HELP = "Work inside this network namespace (entered with setns, so pinned maps stay shared)."
 INSTANCE_HELP = "Name of this agent's pinned state (default: the namespace name, else 'default')."
@@ -137,6 +137,18 @@ def show(data, as_json: bool):
         return
     for k, v in data.items():
         typer.echo(f"{k:<24} {v}")
+
+
+def emit_config(text: str, out: Path | None, wrote: str, note: str | None = None):
+    """A rendered configuration: into `out`, readable by its owner only (it may hold a BGP
+    password), saying `wrote`; else to stdout. `note` (what the operator should know) to stderr."""
+    if note:
+        typer.echo(note, err=True)
+    if out:
+        write_private(out, text)
+        typer.echo(wrote)
+    else:
+        typer.echo(text, nl=False)
 
 
 def setup(netns_name: str | None, verbose: bool, log: logging.Logger):

@@ -21,7 +21,6 @@ from rlbcommon import cli as common, coordapi, health as loops
 from rlbcommon.constants import METRICS_PORT, RUN_DIR, VERBS_GROUP
 from rlbcommon.health import Health
 from rlbcommon.metrics import serve
-from rlbcommon.paths import write_private
 from rlbcommon.watchdog import Watchdog
 from rlbfabric.bird.conf import prepare as prepare_bird
 from rlbfabric.bird.ctl import BirdError
@@ -298,13 +297,7 @@ def bird_config(
     if bfd_ms:
         fab.bfd_ms = bfd_ms
     text, _, note = prepare_bird(fab, node, run_dir)
-    if note:
-        typer.echo(note, err=True)
-    if out:
-        write_private(out, text)      # it may hold the BGP password
-        typer.echo(f"wrote {out} (GPU {node})")
-    else:
-        typer.echo(text, nl=False)
+    common.emit_config(text, out, f"wrote {out} (GPU {node})", note)
 
 
 @app.command()

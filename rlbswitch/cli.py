@@ -15,7 +15,6 @@ import typer
 from rlbcommon import cli as common, health
 from rlbcommon.constants import METRICS_PORT
 from rlbcommon.health import Health
-from rlbcommon.paths import write_private
 from rlbcommon.watchdog import Watchdog
 from rlbfabric.bird.conf import prepare as prepare_bird
 from rlbfabric.bird.ctl import BirdError
@@ -292,13 +291,7 @@ def bird_config(
         fab.bfd_ms = bfd_ms
     n = fab.node(node)
     text, incs, note = prepare_bird(fab, node, run_dir)
-    if note:
-        typer.echo(note, err=True)
-    if out:
-        write_private(out, text)      # it may hold the BGP password
-        typer.echo(f"wrote {out} ({n.role} {node}); includes {', '.join(str(i) for i in incs)}")
-    else:
-        typer.echo(text, nl=False)
+    common.emit_config(text, out, f"wrote {out} ({n.role} {node}); includes {', '.join(str(i) for i in incs)}", note)
 
 
 @app.command()

@@ -124,3 +124,17 @@ def test_a_bad_policy_prefix_is_refused_when_the_fabric_is_loaded(tmp_path):
     bad.write_text((LAB / "fabric.toml").read_text() + '\n[policy]\n"fc00:zz::/32" = "fare"\n')
     with pytest.raises(fabric.FabricError, match="key 'fc00:zz::/32' is not an IPv6 prefix"):
         fabric.load(bad)
+
+
+@pytest.mark.parametrize("tool, fabric_file, node, said", [
+    ("rlbswitch", "fabric-2x2.toml", "l1", "(leaf l1); includes "),
+    ("rlbhost", "scaleup.toml", "g1", "(GPU g1)"),
+])
+def test_bird_config_into_a_file_is_its_owner_s_alone(tmp_path, tool, fabric_file, node, said):
+    """Both agents' bird-config write through one helper: the file 0600 (it may hold the BGP
+    password), a line saying what was written, nothing of the config on stdout."""
+    out = tmp_path / "bird.conf"
+    res = subprocess.run([sys.executable, "-m", tool, "bird-config", "--fabric", str(LAB / fabric_file), "--node", node,
+                          "--run-dir", str(tmp_path), "-o", str(out)], capture_output=True, text=True, check=True)
+    assert res.stdout.startswith(f"wrote {out} {said}") and "router id" not in res.stdout
+    assert "router id" in out.read_text() and out.stat().st_mode & 0o777 == 0o600
