@@ -34,7 +34,8 @@ def test_networks_read_and_written_as_ipaddress_does_for_every_shape():
         net = ipaddress.IPv6Network((int.from_bytes(b"".join(h.to_bytes(2, "big") for h in hextets), "big"),
                                      rnd.randrange(129)), strict=False)
         assert network_text(net) == str(net)
-        assert ipv6_network(str(net)) == net
+        got = ipv6_network(str(net))
+        assert got == net and hash(got) == hash(net) and hash(got) == hash(got) and repr(got) == repr(net)
         assert ipv6_packed(str(net.network_address)) == net.network_address.packed
 
 
