@@ -1,7 +1,9 @@
 """The fabric coordinator: the service and its HTTP API (service), Prometheus (metrics), the
-rlbcoord command (cli). A fabric kind's coordinator registers itself in COORDINATORS:
-service.Coordinator (leaf-spine QP placement), hregistry.HRegistry (rail-only h-scores); its
-metrics in COLLECTORS, and a kind whose coordinator can run on etcd its runner in ETCD_RUNNERS."""
+rlbcoord command (cli). Each fabric kind's module in rlbcoord/kinds/ registers what runs for it:
+its coordinator in COORDINATORS (service.Coordinator: leaf-spine QP placement;
+hregistry.HRegistry: rail-only h-scores), its metrics in COLLECTORS, and, for a kind whose
+coordinator can run on etcd, its runner in ETCD_RUNNERS. Whoever uses them imports
+rlbcoord.kinds (the rlbcoord command does)."""
 from rlbfabric.base import ByKind
 
 # fabric kind -> factory(fabric, host_timeout_s, host_qps_max) of an object with expire(),

@@ -21,7 +21,7 @@ from rlbcommon.heap import Heap
 from rlbfabric.fabric import FabricError, load
 
 # the modules of each kind's coordinator, its runner on etcd and its metrics register themselves
-from . import COORDINATORS, ETCD_RUNNERS, etcdauth, etcdrun, hregistry, keys, service  # noqa: F401
+from . import COORDINATORS, ETCD_RUNNERS, etcdauth, keys, kinds, service  # noqa: F401 - kinds: each registers its coordinator
 from .metrics import exposition
 from .service import make_server
 from .shards import Shard

@@ -32,7 +32,7 @@ from rlbcommon.etcd import Etcd, EtcdCompacted, EtcdError, EtcdUnavailable, crea
 from rlbcommon.heap import Heap
 from rlbcommon.health import Health
 
-from . import ETCD_RUNNERS, keys, shards
+from . import keys, shards
 from .service import Coordinator
 from .shards import WHOLE, Shard
 
@@ -55,7 +55,6 @@ PLACE_EVERY_S = 0.002
 SHARE_EVERY_S = 0.1
 
 
-@ETCD_RUNNERS.register("clos")
 class EtcdCoordination:
     def __init__(self, coord: Coordinator, etcd: Etcd, name: str, lease_ttl_s: int = 2,
                  retry_s: float = 0.1, health: Health | None = None, heap: Heap | None = None,

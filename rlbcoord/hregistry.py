@@ -18,7 +18,6 @@ import time
 from rlbfabric.hscore import HScores
 from rlbfabric.kinds.railonly import RailOnlyFabric
 
-from . import COORDINATORS
 from .service import BadRequest, Refused
 
 
@@ -102,6 +101,6 @@ class HRegistry:
                     self.scores.force(element, 1.0, now)
 
 
-@COORDINATORS.register("rail-only")
-def _for_rails(fabric: RailOnlyFabric, host_timeout_s: float, host_qps_max: int = 0) -> HRegistry:
+def for_rails(fabric: RailOnlyFabric, host_timeout_s: float, host_qps_max: int = 0) -> HRegistry:
+    """The rail-only kind's coordinator (rlbcoord/kinds/railonly.py)."""
     return HRegistry(fabric)     # its GPUs' reports go stale on their own clock (stale_s); no QPs

@@ -12,7 +12,6 @@ from .etcdrun import LINKS_EVERY_S, PLACE_EVERY_S
 from .service import Coordinator
 
 
-@COLLECTORS.register("clos")
 class CoordinatorCollector:
     def __init__(self, coord: Coordinator):
         self.coord = coord
@@ -62,7 +61,6 @@ class CoordinatorCollector:
         yield from (hosts, qps, link, bal, bal_new, over, dead, reports, links, moves, solve, solves, expired)
 
 
-@COLLECTORS.register("rail-only")
 class RegistryCollector:
     """A rail-only fabric's h-scores (rlbcoord/hregistry.py)."""
 

@@ -25,7 +25,7 @@ from rlbfabric.kinds.clos import ClosFabric
 from rlbfabric.policy.placement import DOWN, UP
 from rlbfabric.policy.qpplacer import QpInfo, QpPlacer
 
-from . import COORDINATORS, httpguard, keys
+from . import httpguard, keys
 
 log = logging.getLogger(__name__)
 PEER_CACHE = 1 << 17        # peer addresses remembered (a fabric's hosts x paths, with room)
@@ -612,8 +612,8 @@ def make_server(coord, addr: str = "::1", port: int = coordapi.DEFAULT_PORT,
     return server
 
 
-@COORDINATORS.register("clos")
-def _for_clos(fabric: ClosFabric, host_timeout_s: float, host_qps_max: int = HOST_QPS_MAX) -> Coordinator:
+def for_clos(fabric: ClosFabric, host_timeout_s: float, host_qps_max: int = HOST_QPS_MAX) -> Coordinator:
+    """The leaf-spine kind's coordinator (rlbcoord/kinds/clos.py)."""
     coord = Coordinator(fabric, host_timeout_s)
     coord.host_qps_max = host_qps_max
     return coord

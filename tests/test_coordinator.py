@@ -14,6 +14,7 @@ import pytest
 
 from rlbcommon import coordapi
 from rlbcoord.service import Coordinator, make_server
+from rlbcoord import kinds  # noqa: F401 - each kind registers its coordinator and metrics
 from rlbcoord.metrics import exposition
 from rlbfabric.fabric import load
 

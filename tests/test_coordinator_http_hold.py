@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlbcommon import coordapi
-from rlbcoord import httpguard
+from rlbcoord import httpguard, kinds  # noqa: F401 - kinds: each registers its coordinator and metrics
 from rlbcoord.metrics import exposition
 from rlbcoord.service import Coordinator, make_server
 from rlbfabric.fabric import load

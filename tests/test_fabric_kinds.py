@@ -15,7 +15,7 @@ from rlbdeploy import units as deploy
 from rlbfabric import kinds
 from rlbfabric.base import KINDS, Fabric, FabricError, Node, OneHostAMachine, SwitchedFabric, kind, members
 from rlbfabric.bgpsec import BgpSecurity
-from rlbcoord import COORDINATORS
+from rlbcoord import COLLECTORS, COORDINATORS, ETCD_RUNNERS, kinds as coord_kinds
 from rlbcoord import cli as coord_cli  # noqa: F401 - what rlbcoord runs: the coordinators registered
 from rlbfabric.fabric import load, parse
 from rlbhost import kinds as host_kinds
@@ -113,6 +113,9 @@ def test_the_kinds_are_the_modules_of_one_folder_and_each_has_what_its_protocol_
     # the host layer finds its agents the same way: one module a kind in rlbhost/kinds/
     assert sorted(m.__name__.rsplit(".", 1)[1] for m in host_kinds.MODULES) == folder
     assert sorted(HOST_AGENTS) == ["clos", "rail-only", "scaleup", "toy"]
+    # and the coordinator's: a kind without a module there (scale-up) has no coordinator
+    assert sorted(m.__name__.rsplit(".", 1)[1] for m in coord_kinds.MODULES) == ["clos", "railonly"]
+    assert sorted(COORDINATORS) == sorted(COLLECTORS) == ["clos", "rail-only"] and sorted(ETCD_RUNNERS) == ["clos"]
     fabrics = {name: load(ROOT / "lab" / name) for name in ("fabric.toml", "scaleup.toml", "rail-only.toml")}
     fabrics["toy"] = toy
     switched = {}

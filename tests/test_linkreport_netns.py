@@ -13,6 +13,7 @@ import pytest
 
 from rlbcommon import coordapi
 from rlbcommon.runtime import AgentRuntime
+from rlbcoord import kinds  # noqa: F401 - each kind registers its coordinator and metrics
 from rlbcoord.metrics import exposition
 from rlbcoord.service import Coordinator, make_server
 from rlbfabric.fabric import load
