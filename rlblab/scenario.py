@@ -1,7 +1,8 @@
 """The scenarios' framework: a scenario names the document and figure it reproduces, the lab it
 needs (a fabric file and how to build it), and a run(lab) that sends real traffic and returns
 checks: what was measured, what the document expects, PASS or FAIL. Each fabric kind's
-scenarios live in their own module and register here (rlblab/scenarios.py imports them all);
+scenarios live in that kind's module of rlblab/kinds/ and register here (rlblab/scenarios.py
+lists the folder);
 `rlblab scenario NAME` and the end-to-end tests run the same functions."""
 from __future__ import annotations
 

@@ -5,13 +5,12 @@ end-to-end tests call the same run functions on their own labs, so what an opera
 CI asserts."""
 from __future__ import annotations
 
-# each module registers its scenarios when imported
-from . import closscenarios, scaleupscenarios, railscenarios
+from . import kinds           # each kind's module registers its scenarios (and its lab)
 from .scenario import LAB_DIR, SCENARIOS, Check, Scenario, format_checks, run_scenario
 
 # What `--list` shows: by module in this order, each module's in the order it registered them.
 # Not the order of import: a process that imported one module earlier (a test) lists the same.
-_MODULES = [m.__name__ for m in (closscenarios, scaleupscenarios, railscenarios)]
+_MODULES = [m.__name__ for m in kinds.MODULES]
 _ordered = sorted(SCENARIOS.items(), key=lambda kv: _MODULES.index(kv[1].run.__module__)
                   if kv[1].run.__module__ in _MODULES else len(_MODULES))
 SCENARIOS.clear()

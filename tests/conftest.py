@@ -115,6 +115,7 @@ def fresh(xdp):
 def fabric_lab(fabric_file, name: str, timeout: float = 120, **kw):
     """A namespace fabric of any kind (leaf-spine, scale-up, rail-only), converged; torn down
     afterwards even when a test fails, and checked to have left no namespace behind."""
+    from rlblab import kinds  # noqa: F401 - each kind's module registers its lab
     from rlblab.labs import open_lab
     lab = open_lab(fabric_file, name, **kw)
     try:

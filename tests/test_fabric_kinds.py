@@ -19,6 +19,9 @@ from rlbcoord import COLLECTORS, COORDINATORS, ETCD_RUNNERS, kinds as coord_kind
 from rlbcoord import cli as coord_cli  # noqa: F401 - what rlbcoord runs: the coordinators registered
 from rlbfabric.fabric import load, parse
 from rlbhost import kinds as host_kinds
+from rlblab import kinds as lab_kinds
+from rlblab.labs import LABS, open_lab
+from rlblab.scenarios import SCENARIOS
 from rlbhost.assemble import HOST_AGENTS, Assembled, Options, assembler
 from rlblab.vm.plan import plan
 
@@ -116,6 +119,17 @@ def test_the_kinds_are_the_modules_of_one_folder_and_each_has_what_its_protocol_
     # and the coordinator's: a kind without a module there (scale-up) has no coordinator
     assert sorted(m.__name__.rsplit(".", 1)[1] for m in coord_kinds.MODULES) == ["clos", "railonly"]
     assert sorted(COORDINATORS) == sorted(COLLECTORS) == ["clos", "rail-only"] and sorted(ETCD_RUNNERS) == ["clos"]
+    # and the labs': each kind's lab and scenarios
+    assert sorted(m.__name__.rsplit(".", 1)[1] for m in lab_kinds.MODULES) == folder
+    assert sorted(LABS) == ["clos", "rail-only", "scaleup"]
+    assert {s.run.__module__.rsplit(".", 1)[1] for s in SCENARIOS.values()} == set(folder)
+
+
+def test_a_kind_without_a_lab_is_refused_by_name(toy, tmp_path):
+    f = tmp_path / "toy.toml"
+    f.write_text('[fabric]\nkind = "toy"\n[toy]\nhosts = ["a1"]\n')
+    with pytest.raises(FabricError, match=r"toy.toml: a toy fabric has no lab \(kinds that have one: clos, rail-only, scaleup\)"):
+        open_lab(f, "toylab")
     fabrics = {name: load(ROOT / "lab" / name) for name in ("fabric.toml", "scaleup.toml", "rail-only.toml")}
     fabrics["toy"] = toy
     switched = {}

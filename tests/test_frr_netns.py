@@ -80,7 +80,7 @@ def test_frr_spine_link_failure_is_handled_as_with_bird(mixed):
     """l1's link to the FRR spine fails under traffic, then l1's link to a bird spine (s4) in
     the same lab: the same checks pass for both, and both lose almost nothing (the leaf's data
     plane moves the QPs as carrier goes; 4800 packets sent at 4000/s each time)."""
-    from rlblab.closscenarios import fig13
+    from rlblab.kinds.clos import fig13
     frr_checks = scenario_passes("frr-fig13", mixed)
     bird_checks = fig13(mixed, "s4")
     assert all(c.ok for c in bird_checks), bird_checks

@@ -51,7 +51,7 @@ def test_qps_in_flight_keep_their_rail_when_the_decision_changes(lab):
     """Rail 1 at 20 %: G1 -> G2 is dr (gamma(G1) 0.8 < gamma(G2) 1; first hop (1, 2), rail 2).
     Then rails 1, 2, 3 at 60, 50, 20 %: the decision becomes drd via rail 3; QPs still active
     stay on rail 2, new ones take rail 3. (Loads keep every comparison clear of the noise.)"""
-    from rlblab.railscenarios import _settle, rail_loads
+    from rlblab.kinds.railonly import _settle, rail_loads
     per_qp = 5 * 316                     # 5 datagrams of 256 bytes payload: 316 bytes on the wire
     lab.cli("d1g1", "config", "--expiry-ms", "60000")
 
@@ -111,7 +111,7 @@ def test_the_rails_dashboard_has_data_for_every_panel(lab):
     grafana/rlb-rails.json returns data from the running lab."""
     import json
     import urllib.parse
-    from rlblab.railscenarios import rail_loads
+    from rlblab.kinds.railonly import rail_loads
     from rlbmonitor import dashboards
 
     def promql(expr):

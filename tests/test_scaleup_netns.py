@@ -13,7 +13,7 @@ from rlbcommon import netns
 from rlbfabric.bird.conf import render
 from rlbfabric.fabric import load
 from rlbhost.dataplane import HostDataplane
-from rlblab.scaleupscenarios import _wait_planes
+from rlblab.kinds.scaleup import _wait_planes
 
 from .conftest import fabric_lab, scenario_passes
 
@@ -75,7 +75,7 @@ def test_spoofed_probe_answers_never_keep_a_silent_plane_up(lab):
     from rlbcommon import netns
     from rlbhost import probes
     from rlblab.faults import SilentDrop
-    from rlblab.scaleupscenarios import _wait_planes
+    from rlblab.kinds.scaleup import _wait_planes
     full = lab.full_planes()
     g1 = lab.fabric.gpu("g1").index
     drop = SilentDrop(lab.ns("g2"), [p.ifname for p in lab.fabric.gpu_ports("g2") if p.plane.name == "p2"],

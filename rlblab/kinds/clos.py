@@ -11,11 +11,14 @@ from rlbcommon.netns import run
 
 from rlbfabric import workloads
 
-from . import topo
-from .fabriclab import FabricLab, balance
-from .matrix import run_matrix
-from .scenario import Check, Scenario, register
-from .traffic import Flow, QpRun, open_raw, send
+from .. import topo
+from ..fabriclab import FabricLab, balance
+from ..labs import register_lab
+from ..matrix import run_matrix
+from ..scenario import Check, Scenario, register
+from ..traffic import Flow, QpRun, open_raw, send
+
+register_lab(FabricLab)
 
 
 def qps_per_link(r: QpRun, n: int) -> dict[str, int]:

@@ -15,8 +15,12 @@ from pyroute2 import IPRoute
 from rlbcommon import libbpf, netns
 from rlbcommon.paths import pin_dir
 
-from .faults import SilentDrop
-from .scenario import Check, Scenario, register
+from ..faults import SilentDrop
+from ..labs import register_lab
+from ..scaleuplab import ScaleupLab
+from ..scenario import Check, Scenario, register
+
+register_lab(ScaleupLab)
 
 
 def _wait_planes(lab, src: str, dst: str, want: dict[int, float], timeout: float | None = None) -> dict[int, float]:

@@ -17,8 +17,12 @@ from pathlib import Path
 
 from rlbfabric.hscore import Gpu, SortedRails, decide, gamma, rail_only_beats_rail_optimised
 
-from .scaleuplab import Receiver
-from .scenario import Check, Scenario, register
+from ..labs import register_lab
+from ..raillab import RailLab
+from ..scaleuplab import Receiver
+from ..scenario import Check, Scenario, register
+
+register_lab(RailLab)
 
 G1, G2 = "d1g1", "d2g2"
 
