@@ -15,8 +15,9 @@ from .metrics import counter, gauge
 from .paths import write_atomic
 
 WRITE_EVERY_S = 5.0
-OK_EVERY_S = 0.1         # a loop's rounds counted as beats at most this often (a busy loop runs
-                         # thousands a second; hangs are judged over seconds)
+OK_EVERY_S = 0.1         # a loop's good rounds recorded at most this often (a busy loop runs
+                         # thousands a second; hangs are judged over seconds), and always the first
+                         # after a failure (the supervisor tells a loop that resumed by it)
 HANG_S = 60.0            # a loop that has not finished a round this long is hung (unless it says otherwise)
 RESTARTS_ENV = "RLB_HANG_RESTARTS"       # carried over the watchdog's fresh start (exec)
 
@@ -84,6 +85,7 @@ class Health:
             log.exception("%s failed (keeping the last good state)", name)
         with self.lock:
             self.beats[name] = time.monotonic()
+            self._ok_at.pop(name, None)           # the next good round is recorded, whenever it comes
             e = self._loop(name)
             e["errors"] += 1
             e["last_error"] = f"{type(exc).__name__}: {exc}"[:300]

@@ -133,3 +133,17 @@ def test_the_agent_runtime_follows_netlink_and_reads_again_on_a_change():
             time.sleep(0.01)
         rt.stop.set()
         assert len(reads) >= 2
+
+
+def test_a_good_round_after_a_failure_is_recorded_however_soon_it_comes():
+    """Good rounds are recorded at most every OK_EVERY_S (a busy loop has thousands a second),
+    but the first after a failure always is: the supervisor judges a restarted loop by it."""
+    health = Health()
+    health.ok("verbs")
+    first = health.snapshot()["verbs"]["last_ok"]
+    health.ok("verbs")                                   # within OK_EVERY_S: not recorded again
+    assert health.snapshot()["verbs"]["last_ok"] == first
+    health.failed("verbs", RuntimeError("a bad round"), log, expected=())
+    failed_at = time.time()
+    health.ok("verbs")                                   # at once: recorded
+    assert health.snapshot()["verbs"]["last_ok"] >= failed_at > first
