@@ -126,7 +126,9 @@ class SwitchAgent:
             self.sync = BirdSync(self.dp, o.fabric, o.node, o.bird_socket or str(o.run_dir / f"{o.node}.ctl"),
                                  o.run_dir, resync_s=o.resync_s, program=not o.control_only,
                                  health=self.health)
-            self.runtime = AgentRuntime(log, self.health, self.sync.stop)
+        # one runtime for every loop of the agent (one stop: the bird follower's when it runs)
+        self.runtime = AgentRuntime(log, self.health, self.sync.stop if self.sync else None)
+        if self.sync is not None:
             self.runtime.supervisor.start("bird-follower", self.sync.run)   # adoption included: restarted if it fails
             self.runtime.supervisor.exit_when_fatal()
             log.info("following bird2 at %s for %s", self.sync.bird.path, o.node)
@@ -160,4 +162,4 @@ class SwitchAgent:
         if self.opts.control_only:
             log.info("following links, neighbours and addresses (control only: the kernel forwards)")
             threading.Event().wait()
-        return Watcher(self.dp, self.health, self.attached).run()
+        return Watcher(self.dp, self.health, self.attached, self.runtime).run()

@@ -13,9 +13,8 @@ import threading
 
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR, RTMGRP_LINK, RTMGRP_NEIGH
 
-from rlbcommon import failpoints
 from rlbcommon.health import Health
-from rlbcommon.netlinkevents import NetlinkEvents
+from rlbcommon.runtime import AgentRuntime
 
 from .dataplane import NUD_USABLE, SwitchDataplane
 from rlbfabric.routes import Route
@@ -25,16 +24,15 @@ log = logging.getLogger(__name__)
 
 class Watcher:
     def __init__(self, dp: SwitchDataplane, health: Health | None = None,
-                 reattach: dict[str, dict] | None = None):
+                 reattach: dict[str, dict] | None = None, runtime: AgentRuntime | None = None):
         """reattach: {port name: dp.attach options} of the ports the agent runs on: one removed
         and made again (a re-created link, a replaced NIC) gets the program back; without this
-        it was removed for good."""
+        it was removed for good. runtime: the agent's (its health and stop); else one of its own."""
         self.dp = dp
         self.reattach = reattach or {}
-        self.health = health or Health()
-        self.stop = threading.Event()
+        self.runtime = runtime or AgentRuntime(log, health or Health())
+        self.health, self.stop = self.runtime.health, self.runtime.stop
         self.events = 0
-        self.errors = 0
 
     def resync_links(self):
         """Bring port liveness in line with the kernel (the liveness follower's share): one dump
@@ -171,45 +169,32 @@ class Watcher:
         except Exception as e:
             self.health.failed(name, e, log, ())
 
-    def _follow(self, groups: int, handler, resync, ready: threading.Event, name: str):
-        """Apply netlink events as they come. Every (re)bind is followed by a resync of this
-        follower's share from the kernel: after binding, so a change made meanwhile arrives as
-        an event, and in this thread, so the snapshot cannot overtake a newer event. A socket
-        failure (ENOBUFS: events were dropped in a storm) rebinds, so nothing is missed. A batch
-        and its resync longer than the health's hang_s is a hang (rlbcommon/watchdog.py)."""
-        self.health.expect(name)
-        while not self.stop.is_set():
-            try:
-                with NetlinkEvents(groups) as events:
-                    resync()
-                    ready.set()
-                    while not self.stop.is_set():
-                        failpoints.check(name)
-                        msgs = events.batch(timeout=0.5)
-                        if msgs:
-                            self.events += len(msgs)
-                            handler(msgs)
-                        self.health.ok(name)
-            except Exception as e:     # the socket itself (ENOBUFS): rebind and resynchronise
-                self.errors += 1
-                self.health.failed(name, e, log)
-                self.stop.wait(0.05)
+    def _counted(self, handler):
+        """A follower's batch: counted, applied; the state is never read again for it (each
+        handler applies what the messages say, and asks the kernel itself where it must)."""
+        def changed(msgs) -> bool:
+            self.events += len(msgs)
+            handler(msgs)
+            return False
+        return changed
 
     def run(self):
-        """Follow netlink until stop is set (liveness in a thread of its own)."""
+        """Follow netlink until stop is set, each follower on the agent's runtime (its own
+        socket and thread, liveness first: resolving needs it). Every (re)bind is followed by a
+        resync of that follower's share from the kernel, in its thread, so a change made
+        meanwhile arrives as an event and a snapshot cannot overtake a newer one; a socket that
+        fails (ENOBUFS: events dropped in a storm) is bound again by the supervisor. Returns
+        False when a follower cannot resume (the agent exits for a restart)."""
         followers = [(RTMGRP_LINK, self.on_links, self.resync_links, "liveness"),
                      (RTMGRP_NEIGH | RTMGRP_IPV6_IFADDR, self.on_others, self.resync_neighbours, "neighbours")]
-        threads = []
-        for groups, handler, resync, name in followers:     # liveness first: resolving needs it
+        fatal = self.runtime.supervisor.fatal
+        for groups, handler, resync, name in followers:
             ready = threading.Event()
-            t = threading.Thread(target=self._follow, args=(groups, handler, resync, ready, name),
-                                 name=name, daemon=True)
-            t.start()
+            self.runtime.follow(name, groups, self._counted(handler), resync, ready)
             while not ready.wait(0.5):
-                if not t.is_alive():
-                    return False
-            threads.append(t)
+                if fatal.is_set() or self.stop.is_set():
+                    return self.stop.is_set()
         log.info("following links, neighbours and addresses")
-        while not self.stop.is_set() and all(t.is_alive() for t in threads):
+        while not self.stop.is_set() and not fatal.is_set():
             self.stop.wait(0.5)
-        return self.stop.is_set()       # False: a follower died, which must not pass unnoticed
+        return self.stop.is_set()       # False: a follower cannot resume, which must not pass unnoticed

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from pyroute2.netlink.rtnl import RTMGRP_LINK
 
-from rlbswitch import watcher as watcher_mod
+from rlbcommon import runtime as runtime_mod
 from rlbswitch.watcher import Watcher
 
 
@@ -94,7 +94,7 @@ def fake_events(log: Log, storms: dict[int, int]):
 
 def run_watcher(monkeypatch, storms):
     log = Log()
-    monkeypatch.setattr(watcher_mod, "NetlinkEvents", fake_events(log, storms))
+    monkeypatch.setattr(runtime_mod, "NetlinkEvents", fake_events(log, storms))   # the followers' sockets
     w = Watcher(FakeDataplane(log))
     t = threading.Thread(target=w.run, name="agent")
     t.start()
@@ -110,7 +110,8 @@ def run_watcher(monkeypatch, storms):
 
 def test_a_storm_on_the_liveness_socket_resyncs_links_there_and_neighbours_only_in_their_thread(monkeypatch):
     w, log = run_watcher(monkeypatch, {RTMGRP_LINK: 3})
-    assert w.errors == 3
+    assert w.health.snapshot()["liveness"]["errors"] == 3 and "neighbours" not in w.health.hangs
+    assert w.health.snapshot()["neighbours"]["errors"] == 0
     assert log.threads("neighbours") == {"neighbours"}
     assert log.threads("links") == {"liveness"}
     liveness = [what for t, what in log.events if t == "liveness"]
