@@ -15,6 +15,7 @@ from typing import Callable
 
 from rlbcommon.constants import RUN_DIR
 from rlbcommon.health import Health
+from rlbcommon.runtime import AgentRuntime
 from rlbfabric.base import LOOPBACK_DEVICE, ByKind, Fabric
 
 from .dataplane import HostDataplane, HostError
@@ -110,7 +111,8 @@ def fabric_keys(path: Path | None, without: str) -> KeyFile:
     return keys
 
 
-def verbs_service(nics, opts: Options, health: Health, advice: dict | None = None) -> VerbsService:
+def verbs_service(nics, opts: Options, health: Health, advice: dict | None = None,
+                  runtime: AgentRuntime | None = None) -> VerbsService:
     """The verbs library's agent for every fabric NIC (`nics`: rlbhost/nics.Nic; `advice`: the
     coordinator's view per NIC), started beside the host agent (an operator error if its socket
     or port cannot be had: a second agent for the same instance, say)."""
@@ -127,7 +129,7 @@ def verbs_service(nics, opts: Options, health: Health, advice: dict | None = Non
         service.close()
         raise HostError(f"verbs: cannot open {service.socket_path} or UDP {service.port}: {e.strerror} "
                         "(another agent for this instance? --no-verbs to run without)") from None
-    service.start()
+    service.start(runtime)            # its loops on the host agent's runtime
     # the verbs thread answers within milliseconds: let it have the interpreter sooner than the
     # default 5 ms switch interval would when another loop of the agent runs Python
     sys.setswitchinterval(0.0005)

@@ -224,7 +224,7 @@ def assemble(dp: HostDataplane, fabric: ClosFabric | None, opts: Options, health
                                                  health=health, view=views.get(nic.ifname), lease=lease))
         if clients:
             clients[-1].loop = loop
-    service = verbs_service(nics, opts, health, views) if opts.verbs else None
+    service = verbs_service(nics, opts, health, views, agent.runtime) if opts.verbs else None
 
     def close():
         if service is not None:

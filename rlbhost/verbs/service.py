@@ -68,11 +68,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlbcommon import failpoints
 from rlbcommon.health import Health
 from rlbcommon.heap import Heap
 from rlbcommon.paths import write_atomic
-from rlbcommon.threadname import name_this_thread
+from rlbcommon.runtime import AgentRuntime
 from rlbcommon.constants import VERBS_GROUP, VERBS_PORT
 from rlbfabric import addrplan
 from rlbfabric.policy import localrule
@@ -463,37 +462,19 @@ class VerbsService:
         return next((p.value for p in nic.dp.paths() if p.index == index), 0)
 
     # ---- the loop -----------------------------------------------------------------------
-    def run(self):
-        name_this_thread("verbs")
-        self.health.expect("verbs")
-        while not self.stop.is_set():
-            failpoints.check("verbs")
-            try:
-                self._round()
-                self.health.ok("verbs")
-            except Exception as e:            # one bad round never ends the service
-                self.health.failed("verbs", e, log)
-                self.stop.wait(0.05)
-
-    def start(self) -> threading.Thread:
-        t = threading.Thread(target=self.run, name="verbs", daemon=True)
-        t.start()
+    def start(self, runtime: AgentRuntime | None = None) -> AgentRuntime:
+        """Its loops on the agent's runtime (one health, one stop, the supervisor's restarts):
+        the verbs rounds back to back (each waits in select for a message or its next timer),
+        and, where the kernel tracks RDMA, every REAP_EVERY_S a read of every device's QPs for
+        _reap to let go of the QPs the kernel no longer has. A round that raises is logged with
+        its traceback and the loop resumed after the supervisor's back-off (a bad round never
+        ends the service, nor spins it)."""
+        self.runtime = runtime or AgentRuntime(log, self.health)
+        self.stop = self.runtime.stop
+        self.runtime.every("verbs", 0, self._round, expected=())    # a failed round: the supervisor's back-off
         if self.kernel.available:
-            threading.Thread(target=self._watch_kernel, name="verbs-kernel", daemon=True).start()
-        return t
-
-    def _watch_kernel(self):
-        """Every REAP_EVERY_S, the kernel's QPs of every device, for _reap to let go of the QPs
-        it no longer has."""
-        name_this_thread("verbs-kernel")
-        self.health.expect("verbs-kernel")
-        while not self.stop.wait(REAP_EVERY_S):
-            failpoints.check("verbs-kernel")
-            try:
-                self.kernel.look()
-                self.health.ok("verbs-kernel")
-            except Exception as e:
-                self.health.failed("verbs-kernel", e, log)
+            self.runtime.every("verbs-kernel", REAP_EVERY_S, self.kernel.look)
+        return self.runtime
 
     def shutdown(self):
         self.stop.set()
