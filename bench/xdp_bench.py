@@ -23,7 +23,10 @@ parse+redirect, the host's to an empty TC program, ports mode to TC parse+redire
 beside the ratio recorded in bench/ratios.json, and a case more than 10 % above its record is
 named. --check exits 1 then; --record writes this run's ratios as the new record (after a
 change meant to move them). tests/test_bench_guard.py runs the switch cases briefly in `make
-test` and fails only on a ratio far outside noise (1.5x its record)."""
+test` and fails only on a ratio far outside noise (1.5x its record). Ratios move with the kind
+of machine (a second host CPU kind put the switch's 1.3-1.8x higher against the same reference,
+the host's lower): the record is the higher of each case's ratios on the kinds measured
+(docs/results.md), so record again with care: --record on one machine writes only its own."""
 from __future__ import annotations
 
 import argparse
