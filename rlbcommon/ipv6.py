@@ -50,8 +50,8 @@ def ipv6_network(text: str) -> Net:
     addr, slash, length = text.partition("/") if isinstance(text, str) else ("", "", "")
     if slash and length.isascii() and length.isdigit() and len(length) <= 3:
         try:
-            return Net((int.from_bytes(socket.inet_pton(socket.AF_INET6, addr), "big"), int(length)))
-        except (OSError, ValueError):
+            return Net((ipv6_int(addr), int(length)))
+        except ValueError:
             pass
     return Net(text)
 

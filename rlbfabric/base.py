@@ -17,7 +17,7 @@ from typing import Callable, ClassVar, Protocol
 from .bgpsec import BgpSecurity
 from .errors import FabricError
 
-__all__ = ["ByKind", "Fabric", "SwitchedFabric", "members", "OneHostAMachine", "FabricError", "Link", "Node", "Port", "KINDS", "kind", "node_name_asn", "one_hextet_prefix",
+__all__ = ["ByKind", "Fabric", "SwitchedFabric", "OneHostAMachine", "FabricError", "Link", "Node", "Port", "KINDS", "kind", "node_name_asn", "one_hextet_prefix",
            "SWITCH_LL", "GPU_LL", "LOOPBACK_DEVICE", "SWITCH_ROLES", "add_loopback_device"]
 
 # A GPU's point-to-point ports (scale-up planes, rail-only rails) carry these link-local
@@ -157,12 +157,6 @@ class SwitchedFabric(Fabric, Protocol):
 
     def all_prefixes(self):
         """(the node that announces it, its port, its path, the prefix) of every host prefix."""
-
-
-def members(protocol) -> set[str]:
-    """What a protocol class itself declares (fields and methods; not what it inherits)."""
-    return {n for n, v in vars(protocol).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))
-            } | set(vars(protocol).get("__annotations__", {}))
 
 
 class OneHostAMachine:

@@ -125,8 +125,11 @@ class KeyFile:
         except KeyError:
             pass
         a = ipaddress.IPv6Address(addr.split("%")[0])
-        got = next((k for k in (self._by_net.get(ipaddress.IPv6Network((a, n), strict=False)) for n in self._lengths)
-                    if k is not None), None)
+        got = None
+        for length in self._lengths:
+            got = self._by_net.get(ipaddress.IPv6Network((a, length), strict=False))
+            if got is not None:
+                break
         if len(self._memo) >= MEMO_MAX:
             self._memo.clear()
         self._memo[addr] = got

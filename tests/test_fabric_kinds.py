@@ -13,7 +13,7 @@ import pytest
 
 from rlbdeploy import units as deploy
 from rlbfabric import kinds
-from rlbfabric.base import KINDS, Fabric, FabricError, Node, OneHostAMachine, SwitchedFabric, kind, members
+from rlbfabric.base import KINDS, Fabric, FabricError, Node, OneHostAMachine, SwitchedFabric, kind
 from rlbfabric.bgpsec import BgpSecurity
 from rlbcoord import COLLECTORS, COORDINATORS, ETCD_RUNNERS, kinds as coord_kinds
 from rlbcoord import cli as coord_cli  # noqa: F401 - what rlbcoord runs: the coordinators registered
@@ -26,6 +26,12 @@ from rlbhost.assemble import HOST_AGENTS, Assembled, Options, assembler
 from rlblab.vm.plan import plan
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def members(protocol) -> set[str]:
+    """What a protocol class itself declares (fields and methods; not what it inherits)."""
+    return {n for n, v in vars(protocol).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))
+            } | set(vars(protocol).get("__annotations__", {}))
 
 
 @dataclass
