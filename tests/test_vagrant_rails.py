@@ -146,3 +146,76 @@ def test_rails_vm_a_rail_leaf_uplink_pulled_mid_transfer(vlab, tmp_path):
     assert 2 in {p for p, _ in q0.values()}                 # rail 0 had QPs on the path whose cable went
     assert moved["s2>l2"] < 0.1 * moved["s1>l2"] and moved["s1>l2"] > 50 * SIZE
     assert sorted(p for p, _ in q1.values()) == [1, 1, 1, 1, 2, 2, 2, 2]
+
+
+DROPIN = "/run/systemd/system/rlb-host.service.d/failpoint.conf"
+TRIGGER = "/run/rlb/hang-sweep"
+
+
+def unit_show(lab, server: str) -> dict[str, str]:
+    out = lab.sh(server, "systemctl show rlb-host -p MainPID -p NRestarts -p ActiveState").stdout
+    return dict(line.split("=", 1) for line in out.split())
+
+
+def journal_since(lab, server: str, since: str) -> str:
+    return lab.sh(server, f"journalctl --since @{since} -o cat", check=False).stdout
+
+
+def agent_ready_since(lab, server: str, since: str) -> bool:
+    """The agent started since `since` answers the library (its verbs service is up)."""
+    return "verbs: answering on" in journal_since(lab, server, since)
+
+
+def test_rails_vm_hold_a_hung_loop_and_a_frozen_agent_under_traffic(vlab, tmp_path):
+    """a1's agent under systemd, 8 QPs of rxe0 crossing the spines to a2's rxe1 all along:
+    1. its sweep loop hangs mid-transfer (a failpoint armed by a file, as a lock never released):
+       the agent's watchdog names the loop and the agent starts afresh in place (the same main
+       PID: systemd sees no failure);
+    2. then the whole process is frozen (SIGSTOP, its watchdog thread too): systemd's
+       WatchdogSec= kills it and starts it again.
+    The transfer completes through both with every QP on the path both ends agreed, split over
+    the spines as placed (TC and the pinned maps forward while the agent is away)."""
+    since = vlab.sh("a1", "date +%s").stdout.strip()
+    vlab.sh("a1", f"mkdir -p {DROPIN.rsplit('/', 1)[0]} && rm -f {TRIGGER} && printf "
+                  f"'[Service]\\nEnvironment=RLB_FAILPOINTS=sweep=hang@{TRIGGER}\\n' > {DROPIN} && "
+                  "systemctl daemon-reload && systemctl restart rlb-host")
+    frozen = None
+    try:
+        vlab.wait("a1's agent answers again", lambda: agent_ready_since(vlab, "a1", since), timeout=900, every=5)
+        first = unit_show(vlab, "a1")
+        t0 = spine_tx(vlab)
+        losses0 = vlab.sh("a1", "rdma statistic show link rxe0/1", check=False).stdout
+        transfer = Transfer(vlab, tmp_path, "rxe0", "rxe1", 18519, "-D 240")
+        time.sleep(20)
+        hung_at = vlab.sh("a1", f"date +%s; touch {TRIGGER}").stdout.split()[0]
+        vlab.wait("a1's agent starts afresh after the hung sweep",
+                  lambda: "started afresh after a hung loop" in journal_since(vlab, "a1", hung_at),
+                  timeout=600, every=5)
+        log = journal_since(vlab, "a1", hung_at)
+        assert "loop sweep has not finished a round" in log, log[-3000:]
+        after_hang = unit_show(vlab, "a1")
+        assert after_hang["MainPID"] == first["MainPID"] and after_hang["NRestarts"] == first["NRestarts"]
+        env = vlab.sh("a1", f"tr '\\0' '\\n' < /proc/{first['MainPID']}/environ").stdout.split()
+        assert "RLB_HANG_RESTARTS=1" in env and not any(e.startswith("RLB_FAILPOINTS=") for e in env)
+        vlab.wait("a1's agent answers after its fresh start",
+                  lambda: agent_ready_since(vlab, "a1", hung_at), timeout=600, every=5)
+        frozen = first["MainPID"]
+        frozen_at = vlab.sh("a1", f"date +%s; kill -STOP {frozen}").stdout.split()[0]
+        vlab.wait("systemd's watchdog restarts the frozen agent",
+                  lambda: unit_show(vlab, "a1")["MainPID"] not in (frozen, "0"), timeout=600, every=5)
+        frozen = None
+        later = unit_show(vlab, "a1")
+        log = journal_since(vlab, "a1", frozen_at)
+        assert "Watchdog timeout" in log and int(later["NRestarts"]) == int(first["NRestarts"]) + 1, log[-3000:]
+        q = transfer.finish()
+    finally:
+        if frozen:
+            vlab.sh("a1", f"kill -CONT {frozen}", check=False)
+        vlab.sh("a1", f"rm -f {DROPIN} {TRIGGER}; systemctl daemon-reload", check=False)
+    d = {k: v - t0[k] for k, v in spine_tx(vlab).items()}
+    losses1 = vlab.sh("a1", "rdma statistic show link rxe0/1", check=False).stdout
+    print(f"hung sweep at {hung_at}, frozen at {frozen_at}; QPs {q}; spine bytes {d}\n"
+          f"rxe0 counters before: {losses0}\nafter: {losses1}")
+    assert sorted(p for p, _ in q.values()) == [1, 1, 1, 1, 2, 2, 2, 2]
+    total = d["s1>l2"] + d["s2>l2"]
+    assert 0.4 * total <= d["s1>l2"] <= 0.6 * total, d

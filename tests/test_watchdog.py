@@ -50,9 +50,18 @@ def test_the_runtime_expects_rounds_of_every_loop_within_three_periods_or_the_ha
 def test_failpoints_parse_and_refuse_what_they_do_not_know():
     assert failpoints.parse("sweep=hang@3, verbs=hang") == {"sweep": 3.0, "verbs": 0.0}
     assert failpoints.parse("") == {}
-    for bad in ("sweep=crash@1", "=hang@1", "sweep=hang@soon"):
+    assert failpoints.parse("sweep=hang@/run/rlb/hang-sweep") == {"sweep": "/run/rlb/hang-sweep"}
+    for bad in ("sweep=crash@1", "=hang@1", "sweep=hang@soon", "sweep=hang@run/relative"):
         with pytest.raises(ValueError, match="RLB_FAILPOINTS"):
             failpoints.parse(bad)
+
+
+def test_a_failpoint_on_a_file_is_due_once_the_file_exists(tmp_path):
+    trigger = tmp_path / "hang-sweep"
+    assert not failpoints.due(str(trigger), 0.0)
+    trigger.touch()
+    assert failpoints.due(str(trigger), 0.0)
+    assert failpoints.due(1.0, time.monotonic() - 2) and not failpoints.due(5.0, time.monotonic() - 2)
 
 
 def notify_socket(tmp_path, monkeypatch) -> socket.socket:
