@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 import ctypes as ct
+import errno
+import os
 from pathlib import Path
 from typing import Iterator
 
 from . import libbpf
-from .libbpf import BPF_ANY, PERCPU_MAP_TYPES, check, lib
+from .libbpf import BPF_ANY, PERCPU_MAP_TYPES, BpfError, check, lib
+
+# map types whose kernel refused BPF_MAP_UPDATE_BATCH here (the LPM trie before it had one)
+_NO_BATCH_UPDATE: set[int] = set()
+_UNSUPPORTED = {errno.EINVAL, errno.EOPNOTSUPP, 524}          # 524: the kernel's ENOTSUPP
 
 
 class PinnedMap:
@@ -27,7 +33,6 @@ class PinnedMap:
         self._ncpu = libbpf.possible_cpus() if self.percpu else 1
 
     def close(self):
-        import os
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -73,7 +78,8 @@ class PinnedMap:
             ret = lib.bpf_map_update_elem(self.fd, ct.byref(k), buf, flags)
         else:
             ret = lib.bpf_map_update_elem(self.fd, ct.byref(k), ct.byref(leaf), flags)
-        check(ret, f"update {self.path.name}")
+        if ret < 0:                     # the message only when it is needed: a table is many writes
+            check(ret, f"update {self.path.name}")
 
     def set_percpu(self, key, rows: list):
         """Write one value per CPU (per-CPU maps)."""
@@ -158,6 +164,30 @@ class PinnedMap:
         count = ct.c_uint32(n)
         check(lib.bpf_map_update_batch(self.fd, keys, vals, ct.byref(count), None),
               f"batch update {self.path.name}")
+
+    def put_many(self, keys: bytes, values: bytes, n: int) -> tuple[int, BpfError | None]:
+        """n entries of any map, keys and values each laid end to end, in order: one
+        BPF_MAP_UPDATE_BATCH call where the kernel has it for this map type, else one update
+        each. (entries written, the error that stopped the next one, or None)."""
+        if not n:
+            return 0, None
+        ksize, vsize = ct.sizeof(self.key_type), ct.sizeof(self.leaf_type)
+        if self.map_type not in _NO_BATCH_UPDATE:
+            count = ct.c_uint32(n)
+            ret = lib.bpf_map_update_batch(self.fd, keys, values, ct.byref(count), None)
+            if ret >= 0:
+                return n, None
+            err = ct.get_errno() or -ret
+            if count.value or err not in _UNSUPPORTED:
+                return count.value, BpfError(err, f"batch update {self.path.name}: {os.strerror(err)}")
+            _NO_BATCH_UPDATE.add(self.map_type)        # an older kernel: one update each
+        for i in range(n):
+            ret = lib.bpf_map_update_elem(self.fd, keys[i * ksize:(i + 1) * ksize],
+                                          values[i * vsize:(i + 1) * vsize], BPF_ANY)
+            if ret < 0:
+                err = ct.get_errno() or -ret
+                return i, BpfError(err, f"update {self.path.name}: {os.strerror(err)}")
+        return n, None
 
     def clear(self):
         for k in list(self.keys()):

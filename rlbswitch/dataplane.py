@@ -12,6 +12,7 @@ import logging
 import random
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 
 
@@ -56,6 +57,8 @@ POLICE.pop(C["RLB_P_MAX"], None)
 POLICE_DEFAULTS = {"fabric_control": (20000, 2000), "edge_control": (2000, 200), "hop_limit": (500, 50),
                    "neigh_miss": (20000, 5000), "other": (10000, 1000), "neigh_new": (50, 20)}
 DEFAULT_SPEED_MBPS = 10_000
+# struct rlb_lpm_key's first field, per prefix length, as the kernel reads it (host order)
+_PREFIXLEN = [n.to_bytes(4, sys.byteorder) for n in range(129)]
 
 
 class DataplaneError(RuntimeError):
@@ -447,7 +450,7 @@ class SwitchDataplane(PinnedState):
         return changed
 
     def _connected_port(self, address: str) -> int | None:
-        rt = self.maps["routes"].get(self._lpm_key(ipaddress.IPv6Network(f"{address}/128")))
+        rt = self.maps["routes"].get(self.lpm_key(ipaddress.IPv6Network(f"{address}/128")))
         if rt is not None and rt.mode == MODE_IDS["connected"]:
             return rt.ifindex
         return None
@@ -466,11 +469,15 @@ class SwitchDataplane(PinnedState):
         return changed
 
     # ---- routes (written by the model in tables.py) ----------------------------------------
-    def _lpm_key(self, prefix: ipaddress.IPv6Network):
-        k = self.maps["routes"].key_type()
-        k.prefixlen = prefix.prefixlen
-        k.addr[:] = prefix.network_address.packed
-        return k
+    @staticmethod
+    def lpm_key_bytes(prefix: ipaddress.IPv6Network) -> bytes:
+        """struct rlb_lpm_key of prefix as bytes: its length, then the address."""
+        return _PREFIXLEN[prefix.prefixlen] + prefix.network_address.packed
+
+    def lpm_key(self, prefix: ipaddress.IPv6Network):
+        """The trie's key for prefix, built from its bytes in one copy (a leaf's table is tens
+        of thousands of them)."""
+        return self.maps["routes"].key_type.from_buffer_copy(self.lpm_key_bytes(prefix))
 
     def add_route(self, route: Route, owner: str = "operator"):
         """Install or replace one route, make-before-break."""

@@ -93,7 +93,8 @@ class ExactTable:
         if w is None:
             self.waiting.setdefault(idx, {})[key] = route
             return
-        self.waiting.get(idx, {}).pop(key, None)
+        if idx in self.waiting:
+            self.waiting[idx].pop(key, None)
         self.where[key] = (idx, w)
         if self._pending is None:
             self._write_way(idx, w, key, route)
@@ -167,9 +168,11 @@ class ExactTable:
         return self.sets[idx]
 
     def _free_way(self, idx: int) -> int | None:
-        s = self._value(idx)
-        return next((w for w in range(self.ways)
-                     if not s.way[w].route.mode and (idx, w) not in self._reserved), None)
+        ways = self._value(idx).way
+        for w in range(self.ways):
+            if not ways[w].route.mode and (idx, w) not in self._reserved:
+                return w
+        return None
 
     def _set_mode(self, idx: int, w: int, mode: int):
         s = self._value(idx)

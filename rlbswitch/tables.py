@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 NhKey = tuple            # (ifindex, gateway bytes or b"", static MAC or "")
 GroupKey = tuple         # ((NhKey, weight), ...) sorted
+TRIE_BATCH = 8192         # new routes' trie entries per batch write
+VALUES_MAX = 4096        # distinct route values remembered (each a next hop and group pair)
 
 
 @dataclass
@@ -103,6 +105,8 @@ class SwitchTables:
         self.stamp = None
         self.writes = 0
         self._keys: dict | None = None     # next hop -> key, within one batch
+        self._sets: dict | None = None     # next-hop set -> (next hop, group), within one batch
+        self._values: dict[tuple, object] = {}   # route fields -> map value (_route_value)
         self.loads = 0                      # reads of the maps: another writer's change seen
         self.load()
 
@@ -314,16 +318,24 @@ class SwitchTables:
         self.free_nh.give(n.id)
 
     def _route_value(self, rt: _Route):
-        v = self.dp.maps["routes"].leaf_type()
-        v.mode = self.dp.MODE_IDS[rt.mode]
-        v.nexthop, v.group, v.ifindex, v.port = rt.nexthop, rt.group, rt.ifindex, rt.port
-        v.owner = self.dp.OWNERS[rt.owner]
+        """The map value of rt (struct rlb_route). Shared by every route of the same fields
+        (thousands of prefixes name the same next hop and group): read-only to callers."""
+        fields = (rt.mode, rt.nexthop, rt.group, rt.ifindex, rt.port, rt.owner)
+        v = self._values.get(fields)
+        if v is None:
+            if len(self._values) >= VALUES_MAX:
+                self._values.clear()
+            v = self.dp.maps["routes"].leaf_type()
+            v.mode = self.dp.MODE_IDS[rt.mode]
+            v.nexthop, v.group, v.ifindex, v.port = rt.nexthop, rt.group, rt.ifindex, rt.port
+            v.owner = self.dp.OWNERS[rt.owner]
+            self._values[fields] = v
         return v
 
     def _write_route(self, net: ipaddress.IPv6Network, rt: _Route):
         """The trie's entry; returns the value written (the exact table takes the same)."""
         value = self._route_value(rt)
-        self.dp.maps["routes"].set(self._lpm_key(net), value)
+        self.dp.maps["routes"].set(self.dp.lpm_key(net), value)
         return value
 
     # ---- the exact /64 table ---------------------------------------------------------------
@@ -345,7 +357,7 @@ class SwitchTables:
                 del self._longer[n64]
         rt = self.routes.get(n64)
         if rt is not None and n64 not in self._longer:
-            self.exact.put(n64, value if value is not None and n64 == net else self._route_value(rt))
+            self.exact.put(n64, value if value is not None and n64 is net else self._route_value(rt))
         else:
             self.exact.remove(n64)
 
@@ -380,12 +392,6 @@ class SwitchTables:
                     self._fast_update(net, 0)
             self._leave_stamp()
 
-    def _lpm_key(self, net: ipaddress.IPv6Network):
-        k = self.dp.maps["routes"].key_type()
-        k.prefixlen = net.prefixlen
-        k.addr[:] = net.network_address.packed
-        return k
-
     def _build(self, route: Route, previous: _Route | None) -> _Route:
         """Steps 1 and 2 for one route: its next hops and group exist (refs taken)."""
         mode = "weighted" if route.mode == "ecmp" else route.mode
@@ -397,17 +403,36 @@ class SwitchTables:
             if found is None:
                 raise self.dp.error(f"{route.dev} is not attached")
             rt.port = found[0]
-        elif mode == "pinned":
-            rt.nexthop = self._acquire_nh(self._spec_key(route.nexthops[0]), route.nexthops[0]).id
-            if route.backups:
-                members = [(self._acquire_nh(self._spec_key(b), b), b.weight) for b in route.backups]
-                rt.group = self._acquire_group(members, prev_group).id
         elif mode != "local":
-            members = [(self._acquire_nh(self._spec_key(h), h), 1 if route.mode == "ecmp" else h.weight)
-                       for h in route.nexthops]
-            rt.group = self._acquire_group(members, prev_group).id
+            rt.nexthop, rt.group = self._next_hops_of(route, mode, prev_group)
         self._ref(rt, +1)
         return rt
+
+    def _next_hops_of(self, route: Route, mode: str, prev_group: int) -> tuple[int, int]:
+        """(primary next hop id, group id) for route, acquired; within a batch remembered per
+        next-hop set (a leaf's thousands of prefixes name a handful), as long as both are
+        still the ones acquired."""
+        # by identity: hashing the frozen next hops costs more than the rest; the batch's routes
+        # keep them alive, and equal hops that are distinct objects only miss the memory
+        sig = (route.mode, tuple(map(id, route.nexthops)), tuple(map(id, route.backups)), prev_group)
+        memo = self._sets.get(sig) if self._sets is not None else None
+        if memo is not None:
+            nh, g = memo
+            if (nh is None or self.nh_by_id.get(nh.id) is nh) and (g is None or self.group_by_id.get(g.id) is g):
+                return (nh.id if nh else 0), (g.id if g else 0)
+        nh = g = None
+        if mode == "pinned":
+            nh = self._acquire_nh(self._spec_key(route.nexthops[0]), route.nexthops[0])
+            if route.backups:
+                members = [(self._acquire_nh(self._spec_key(b), b), b.weight) for b in route.backups]
+                g = self._acquire_group(members, prev_group)
+        else:
+            members = [(self._acquire_nh(self._spec_key(h), h), 1 if route.mode == "ecmp" else h.weight)
+                       for h in route.nexthops]
+            g = self._acquire_group(members, prev_group)
+        if self._sets is not None:
+            self._sets[sig] = (nh, g)
+        return (nh.id if nh else 0), (g.id if g else 0)
 
     def _release(self, rt: _Route):
         """Steps 4 and 5: drop a replaced or removed route's references; free what is unused."""
@@ -461,12 +486,13 @@ class SwitchTables:
             if not todo and not gone:
                 return ch
             self.exact.defer()             # new /64s written in two batches at the end
+            new: list[tuple[ipaddress.IPv6Network, _Route]] = []
             try:
                 routes_map = self.dp.maps["routes"]
                 # withdrawals first: they always apply, whatever the new routes meet (a full
                 # table), and the room they free is there for the new ones
                 for net in gone:
-                    routes_map.delete(self._lpm_key(net))
+                    routes_map.delete(self.dp.lpm_key(net))
                     old = self.routes.pop(net)
                     self._fast_update(net, -1)                       # before its group is freed
                     self._release(old)
@@ -481,6 +507,11 @@ class SwitchTables:
                         ch.failed[network_text(net)] = str(e)
                         continue
                     rt.owner = owner
+                    if cur is None:        # nothing to switch over from: step 3 in a batch
+                        new.append((net, rt))
+                        if len(new) >= TRIE_BATCH:
+                            self._add_new(new, ch, keep_going)
+                        continue
                     try:
                         value = self._write_route(net, rt)             # step 3: the switch-over
                     except OSError as e:           # the route table is full: nothing of it stays
@@ -491,11 +522,12 @@ class SwitchTables:
                         ch.failed[network_text(net)] = str(err)
                         continue
                     self.routes[net] = rt
-                    self._fast_update(net, 0 if cur is not None else 1, value)
-                    if cur is not None:
-                        self._release(cur)                           # steps 4, 5
-                    (ch.changed if cur is not None else ch.added).append(network_text(net))
+                    self._fast_update(net, 0, value)
+                    self._release(cur)                               # steps 4, 5
+                    ch.changed.append(network_text(net))
+                self._add_new(new, ch, keep_going)
             except Exception:
+                self._add_new(new, ch, keep_going=True)   # what was built before the error goes in
                 self._collect()      # what a failed route acquired and nobody references
                 raise
             finally:
@@ -506,14 +538,44 @@ class SwitchTables:
                 log.debug("route %s %s", p, self.dp.describe(want[ipaddress.IPv6Network(p)]))
         return ch
 
+    def _add_new(self, new: list, ch: Changes, keep_going: bool):
+        """Step 3 for routes the trie does not have yet: their entries in one batch write. An
+        entry the map refuses (the table full) takes nothing with it; without keep_going it
+        stops the batch, and the entries after it are not written either. Empties new."""
+        routes_map = self.dp.maps["routes"]
+        try:
+            while new:
+                values = [self._route_value(rt) for _, rt in new]
+                raw: dict[int, bytes] = {}               # the values are shared: one copy each
+                vals = b"".join(raw[id(v)] if id(v) in raw else raw.setdefault(id(v), bytes(v)) for v in values)
+                done, err = routes_map.put_many(b"".join(self.dp.lpm_key_bytes(net) for net, _ in new),
+                                                vals, len(new))
+                for (net, rt), value in zip(new[:done], values):
+                    self.routes[net] = rt
+                    self._fast_update(net, 1, value)
+                    ch.added.append(network_text(net))
+                del new[:done]
+                if err is None:
+                    return
+                net, rt = new.pop(0)
+                self._release(rt)
+                refused = RouteError(f"{net}: route table full ({err.strerror or err})")
+                if not keep_going:
+                    raise refused
+                ch.failed[network_text(net)] = str(refused)
+        finally:
+            for _, rt in new:                # never written: nothing of them stays
+                self._release(rt)
+            new.clear()
+
     @contextlib.contextmanager
     def _batch(self):
         """Within one batch each distinct next hop is resolved to its key once."""
-        self._keys = {}
+        self._keys, self._sets = {}, {}
         try:
             yield
         finally:
-            self._keys = None
+            self._keys = self._sets = None
 
     def delete(self, prefix) -> bool:
         net = ipaddress.IPv6Network(prefix)
@@ -522,7 +584,7 @@ class SwitchTables:
             rt = self.routes.pop(net, None)
             if rt is None:
                 return False
-            self.dp.maps["routes"].delete(self._lpm_key(net))
+            self.dp.maps["routes"].delete(self.dp.lpm_key(net))
             self._fast_update(net, -1)
             self._release(rt)
             self._leave_stamp()

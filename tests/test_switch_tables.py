@@ -245,29 +245,42 @@ def test_a_full_route_table_still_applies_the_withdrawals_and_leaks_nothing(tabl
     withdrawals, and left the refused route's next hops and group referenced. Now withdrawals
     go first, the refused route takes nothing with it, and the rest of the batch goes in."""
     import errno
+    from rlbcommon.libbpf import BpfError
     tables.apply([pinned(f"fc00:{i:x}::/64", i % 4, [(i + 1) % 4]) for i in range(1, 9)])
-    write = tables._write_route
+    routes_map = tables.dp.maps["routes"]
+    refused = tables.dp.lpm_key_bytes(ipaddress.IPv6Network("fc00:100::/64"))
+    put_many, size = routes_map.put_many, len(refused)
 
-    def full(net, rt):
-        if str(net) == "fc00:100::/64":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return write(net, rt)
+    def full(keys: bytes, values: bytes, n: int):
+        """The map as it answers when full, at fc00:100::/64's entry (a batch stops there)."""
+        at = next((i for i in range(n) if keys[i * size:(i + 1) * size] == refused), None)
+        if at is None:
+            return put_many(keys, values, n)
+        done, err = put_many(keys[:at * size], values[:at * len(values) // n], at)
+        return done, err or BpfError(errno.ENOSPC, "batch update routes: No space left on device")
 
-    tables._write_route = full
+    routes_map.put_many = full
     try:
         desired = [pinned(f"fc00:{i:x}::/64", i % 4, [(i + 1) % 4]) for i in range(1, 5)] + \
-                  [Route("fc00:100::/64", "weighted", [NextHop.parse(NH[k]) for k in range(4)]),
-                   pinned("fc00:101::/64", 0, [1, 2, 3])]
+                  [pinned("fc00:101::/64", 0, [1, 2, 3]),           # written before the refusal
+                   Route("fc00:100::/64", "weighted", [NextHop.parse(NH[k]) for k in range(4)]),
+                   # the refused route's next-hop set again: its group was freed with it, so the
+                   # batch's memory of that set must not hand out the freed group
+                   Route("fc00:102::/64", "weighted", [NextHop.parse(NH[k]) for k in range(4)])]
         if keep_going:
             ch = tables.apply(desired, keep_going=True)
-            assert "route table full" in ch.failed["fc00:100::/64"] and ch.added == ["fc00:101::/64"]
+            assert "route table full" in ch.failed["fc00:100::/64"]
+            assert ch.added == ["fc00:101::/64", "fc00:102::/64"]
+            g = tables.routes[ipaddress.IPv6Network("fc00:102::/64")].group
+            assert tables.dp.maps["groups"].get(g).n_members == 4
         else:
             from rlbfabric.routes import RouteError
             with pytest.raises(RouteError, match="route table full"):
                 tables.apply(desired)
     finally:
-        tables._write_route = write
+        del routes_map.put_many
     routes = {r["prefix"] for r in tables.dp.routes()}
     assert not routes & {f"fc00:{i:x}::/64" for i in range(5, 9)}        # withdrawn all the same
+    assert "fc00:101::/64" in routes and ("fc00:102::/64" in routes) == keep_going
     assert "fc00:100::/64" not in routes
     check(tables.dp)                                                     # no orphan, no dangling ref
