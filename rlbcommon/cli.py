@@ -11,7 +11,6 @@ import socket
 import sys
 import time
 import traceback
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Optional
 
@@ -46,6 +45,9 @@ class AgentContext:
 
 def _print_version(value: bool):
     if value:
+        # importlib.metadata (and the email package under it) only here: every other
+        # command's start is timed by operators reloading tables
+        from importlib.metadata import PackageNotFoundError, version
         try:
             typer.echo(f"rlb {version('rlb')}")
         except PackageNotFoundError:

@@ -11,7 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-from .metrics import counter, gauge
 from .paths import write_atomic
 
 WRITE_EVERY_S = 5.0
@@ -103,27 +102,6 @@ class Health:
     def snapshot(self) -> dict:
         with self.lock:
             return {k: dict(v) for k, v in self.loops.items()}
-
-    def metrics(self, prefix: str, node: str):
-        """Metric families: errors per loop, and seconds since each loop last completed a round."""
-        errors = counter(f"{prefix}_loop_errors", "rounds of an agent loop that failed (the loop goes on)",
-                         ["node", "loop"])
-        age = gauge(f"{prefix}_loop_last_ok_age_seconds", "seconds since the loop last completed a round",
-                    ["node", "loop"])
-        hung = gauge(f"{prefix}_loop_hung", "1 while a loop has not finished a round for longer than a round "
-                     "may take (the agent then starts afresh)", ["node", "loop"])
-        restarts = counter(f"{prefix}_hang_restarts", "times the agent started afresh because a loop hung "
-                           "(since systemd started it)", ["node"])
-        now = time.time()
-        for name, e in self.snapshot().items():
-            errors.add_metric([node, name], e["errors"])
-            if e["last_ok"]:
-                age.add_metric([node, name], now - e["last_ok"])
-        late = {n for n, _, _ in self.hung()}
-        for name in sorted(self.expected):
-            hung.add_metric([node, name], 1 if name in late else 0)
-        restarts.add_metric([node], hang_restarts())
-        return errors, age, hung, restarts
 
 
 def read(path: Path) -> dict:

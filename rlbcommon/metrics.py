@@ -3,16 +3,18 @@ files it uses: certs.py), served on loopback unless told otherwise."""
 from __future__ import annotations
 
 import logging
+import time
 
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
 from .certs import CertCollector
+from .health import hang_restarts
 
 log = logging.getLogger(__name__)
 
-__all__ = ["serve", "counter", "gauge", "table_fill"]
+__all__ = ["serve", "counter", "gauge", "table_fill", "loop_health"]
 
 
 def serve(collector, port: int, addr: str = "127.0.0.1") -> CollectorRegistry:
@@ -45,3 +47,26 @@ def table_fill(prefix: str, rows: list[tuple[list[str], str, int, int]], labels:
         cap.add_metric([*values, table], size)
         ratio.add_metric([*values, table], n / size if size else 0.0)
     return entries, cap, ratio
+
+
+def loop_health(health, prefix: str, node: str):
+    """An agent's Health (health.py) as metric families: errors per loop, seconds since each
+    loop last completed a round, loops hung, and restarts for a hang."""
+    errors = counter(f"{prefix}_loop_errors", "rounds of an agent loop that failed (the loop goes on)",
+                     ["node", "loop"])
+    age = gauge(f"{prefix}_loop_last_ok_age_seconds", "seconds since the loop last completed a round",
+                ["node", "loop"])
+    hung = gauge(f"{prefix}_loop_hung", "1 while a loop has not finished a round for longer than a round "
+                 "may take (the agent then starts afresh)", ["node", "loop"])
+    restarts = counter(f"{prefix}_hang_restarts", "times the agent started afresh because a loop hung "
+                       "(since systemd started it)", ["node"])
+    now = time.time()
+    for name, e in health.snapshot().items():
+        errors.add_metric([node, name], e["errors"])
+        if e["last_ok"]:
+            age.add_metric([node, name], now - e["last_ok"])
+    late = {n for n, _, _ in health.hung()}
+    for name in sorted(health.expected):
+        hung.add_metric([node, name], 1 if name in late else 0)
+    restarts.add_metric([node], hang_restarts())
+    return errors, age, hung, restarts

@@ -2,7 +2,7 @@
 `nic` label: a GPU server's fabric NIC ('' on a host with one NIC), whose paths are its own."""
 from __future__ import annotations
 
-from rlbcommon.metrics import counter, gauge, table_fill
+from rlbcommon.metrics import counter, gauge, loop_health, table_fill
 
 from .dataplane import HostDataplane
 
@@ -47,7 +47,7 @@ class HostCollector:
         yield from (*fams.values(), qps, weight, usable, events)
         yield from table_fill("rlb_host", fill, ["node", "nic"])
         if self.health is not None:
-            yield from self.health.metrics("rlb_host", self.node)
+            yield from loop_health(self.health, "rlb_host", self.node)
         yield placed
         if self.prober is not None:
             yield from self._probes()

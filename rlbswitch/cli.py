@@ -16,9 +16,8 @@ from rlbcommon import cli as common, health
 from rlbcommon.constants import METRICS_PORT
 from rlbcommon.health import Health
 from rlbcommon.watchdog import Watchdog
-from rlbfabric.bird.conf import prepare as prepare_bird
 from rlbfabric.bird.ctl import BirdError
-from rlbfabric.fabric import FabricError, load
+from rlbfabric.errors import FabricError
 from rlbfabric.routes import MODES, NextHop, Route, RouteError
 
 from .dataplane import DataplaneError, SwitchDataplane
@@ -82,8 +81,11 @@ def run(
       rlbswitch run                  # after a restart or upgrade: adopt what is pinned
     """
     common.attach_or_run(command, interfaces)
-    # the agent (netlink followers, bird, metrics, etcd) is loaded by the one command that runs
-    # it: it is 40 % of every other command's start, and `route apply` is timed end to end
+    # the agent (netlink followers, bird, metrics, etcd) and the fabric model are loaded by the
+    # commands that use them: they are most of every other command's start, and `route apply`
+    # is timed end to end
+    from rlbfabric.fabric import load
+
     from .agent import SwitchAgent, SwitchOptions, attach_ports
     opts = SwitchOptions([] if control_only else list(interfaces or []), generic, speed_mbps,
                          fabric_file, None, node, bird_socket, run_dir, control_only, resync_s,
@@ -286,6 +288,8 @@ def bird_config(
     Also writes the include files the agent keeps up to date (empty to start with).
 
     Example: rlbswitch bird-config --fabric /etc/rlb/fabric.toml --node l1 -o /etc/bird/bird.conf"""
+    from rlbfabric.bird.conf import prepare as prepare_bird      # (see run)
+    from rlbfabric.fabric import load
     fab = load(fabric_file)
     if bfd_ms:
         fab.bfd_ms = bfd_ms

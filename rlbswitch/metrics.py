@@ -1,7 +1,7 @@
 """Switch metrics, read from the BPF maps at scrape time."""
 from __future__ import annotations
 
-from rlbcommon.metrics import counter, gauge, table_fill
+from rlbcommon.metrics import counter, gauge, loop_health, table_fill
 
 from .dataplane import SwitchDataplane
 
@@ -62,7 +62,7 @@ class SwitchCollector:
         yield from table_fill("rlb_switch", [([self.node], t, n, size)
                                              for t, (n, size) in self.dp.tables_fill().items()], ["node"])
         if self.health is not None:
-            yield from self.health.metrics("rlb_switch", self.node)
+            yield from loop_health(self.health, "rlb_switch", self.node)
         if self.heartbeat is not None:
             yield from self._heartbeat()
         if self.sync is not None:

@@ -284,3 +284,14 @@ def test_a_full_route_table_still_applies_the_withdrawals_and_leaks_nothing(tabl
     assert "fc00:101::/64" in routes and ("fc00:102::/64" in routes) == keep_going
     assert "fc00:100::/64" not in routes
     check(tables.dp)                                                     # no orphan, no dangling ref
+
+
+def test_a_kernel_without_batch_writes_for_the_trie_gets_one_write_each(tables, monkeypatch):
+    """Where BPF_MAP_UPDATE_BATCH is refused for the LPM trie (older kernels), the new routes'
+    entries go in one update each, with the same result."""
+    from rlbcommon import maps
+    monkeypatch.setattr(maps, "_NO_BATCH_UPDATE", {tables.dp.maps["routes"].map_type})
+    ch = tables.apply([pinned(f"fc00:{i:x}::/64", i % 4, [(i + 1) % 4]) for i in range(1, 301)])
+    assert len(ch.added) == 300 and not ch.failed
+    assert {r["prefix"] for r in tables.dp.routes()} == {f"fc00:{i:x}::/64" for i in range(1, 301)}
+    check(tables.dp)

@@ -13,6 +13,7 @@ import pytest
 
 from rlbcommon import failpoints
 from rlbcommon.health import Health
+from rlbcommon.metrics import loop_health
 from rlbcommon.runtime import AgentRuntime
 from rlbcommon.watchdog import Watchdog
 from rlbdeploy import units as deploy
@@ -97,7 +98,7 @@ def test_systemd_hears_ready_and_each_second_alive_until_a_loop_hangs_then_the_a
             pass
         with pytest.raises(socket.timeout):
             s.recv(64)                         # and nothing after it
-        fam = {m.name: m for m in h.metrics("rlb_host", "h1")}
+        fam = {m.name: m for m in loop_health(h, "rlb_host", "h1")}
         assert [x.value for x in fam["rlb_host_loop_hung"].samples] == [1]
     finally:
         block.set()
