@@ -210,7 +210,7 @@ def _run_agent(agent, dps, health, metrics_port: int, metrics_addr: str, **colle
         serve(HostCollector(dps, ctx.node_label, health=health, **collect), metrics_port, metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     for client in collect.get("coordinators") or []:
-        client.start()
+        client.start(agent.runtime)
     try:
         agent.run()
     except KeyboardInterrupt:

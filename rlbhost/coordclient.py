@@ -13,6 +13,7 @@ import time
 
 from rlbcommon import coordapi
 from rlbcommon.health import Health
+from rlbcommon.runtime import AgentRuntime
 
 from .dataplane import HostDataplane
 from .verbs.advice import FabricView
@@ -96,27 +97,25 @@ class CoordinatorClient:
             log.warning("coordinator unreachable for %.1f s: placements dropped, deciding locally",
                         now - self._down_since)
 
-    def run(self):
-        while not self.stop.is_set():
-            try:
-                self.report_once()
-                self.counters["reports"] += 1
-                self.last_ok = time.monotonic()
-                if not self.reachable:
-                    log.info("coordinator %s: reporting as %s", self.url, self.node)
-                self.reachable, self._down_since = True, None
-                self.health.ok(self.loop)
-            except coordapi.CoordinatorError as e:
-                self._failed(e)
-            except Exception as e:
-                self.health.failed(self.loop, e, log, ())
-                try:
-                    self._failed(RuntimeError("internal error"))
-                except Exception as e2:
-                    self.health.failed(self.loop, e2, log, ())
-            self.stop.wait(self.period_s)
+    def round(self):
+        """One report and its answer applied. A coordinator that cannot be reached is counted
+        and, after fallback_s, fallen back from (_failed), not raised: reachability has its own
+        metric and alert, and the loop itself did its round."""
+        try:
+            self.report_once()
+        except coordapi.CoordinatorError as e:
+            self._failed(e)
+            return
+        except Exception:
+            self._failed(RuntimeError("internal error"))    # the fallback clock runs all the same
+            raise                                            # the runtime logs, counts and resumes
+        self.counters["reports"] += 1
+        self.last_ok = time.monotonic()
+        if not self.reachable:
+            log.info("coordinator %s: reporting as %s", self.url, self.node)
+        self.reachable, self._down_since = True, None
 
-    def start(self) -> threading.Thread:
-        t = threading.Thread(target=self.run, name="coordinator", daemon=True)
-        t.start()
-        return t
+    def start(self, runtime: AgentRuntime):
+        """Report every period on the agent's runtime (its health, hang watch and stop)."""
+        self.stop = runtime.stop
+        return runtime.every(self.loop, self.period_s, self.round, expected=())

@@ -122,12 +122,11 @@ class SwitchAgent:
             neightable.size_for(len(self.dp.ports()), self.dp.C["RLB_MAX_NEIGHBORS"])
             if o.fabric is not None:
                 self.dp.set_gtsm(o.fabric.bgp.ttl_security)
+        # one runtime for every loop of the agent: the bird follower's too
+        self.runtime = AgentRuntime(log, self.health)
         if o.fabric is not None:
             self.sync = BirdSync(self.dp, o.fabric, o.node, o.bird_socket or str(o.run_dir / f"{o.node}.ctl"),
-                                 o.run_dir, resync_s=o.resync_s, program=not o.control_only,
-                                 health=self.health)
-        # one runtime for every loop of the agent (one stop: the bird follower's when it runs)
-        self.runtime = AgentRuntime(log, self.health, self.sync.stop if self.sync else None)
+                                 o.run_dir, self.runtime, resync_s=o.resync_s, program=not o.control_only)
         if self.sync is not None:
             self.runtime.supervisor.start("bird-follower", self.sync.run)   # adoption included: restarted if it fails
             self.runtime.supervisor.exit_when_fatal()

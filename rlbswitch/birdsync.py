@@ -13,12 +13,11 @@ restarts, which paths to trust), discovery.py finds a leaf's peers, rlbfabric's 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from pathlib import Path
 
 from rlbcommon import failpoints
-from rlbcommon.health import Health
+from rlbcommon.runtime import AgentRuntime
 from rlbfabric.base import SwitchedFabric
 from rlbfabric.bird.conf import neighbors_file, pathbw_file, render_neighbors, render_pathbw
 from rlbfabric.bird.ctl import BirdClient, BirdError
@@ -35,13 +34,12 @@ log = logging.getLogger(__name__)
 
 class BirdSync:
     def __init__(self, dp: SwitchDataplane, fabric: SwitchedFabric, node: str, socket_path: str, run_dir: Path,
-                 resync_s: float = 1.0, program: bool = True, health: Health | None = None):
+                 runtime: AgentRuntime, resync_s: float = 1.0, program: bool = True):
         self.program = program   # False: only feed bird (discovery, path bandwidth); no XDP
-        self.health = health or Health()
+        self.runtime, self.health, self.stop = runtime, runtime.health, runtime.stop
         self.dp, self.fabric, self.node = dp, fabric, fabric.node(node)
         self.bird = BirdClient(socket_path)
         self.run_dir, self.resync_s = run_dir, resync_s
-        self.stop = threading.Event()
         self.table: dict[str, list] = {}        # prefix -> bird's paths, as last read
         self.last_table = None
         self.stats = {"syncs": 0, "errors": 0, "last_sync_seconds": 0.0, "sessions": {},
@@ -51,7 +49,7 @@ class BirdSync:
         self._next_sessions = 0.0
         self._resync_now = False
         self.trusted = TrustedPaths(fabric, self.stats)
-        self.events = RouteEvents(self.health, self.stop, self._events_lost, self.stats)
+        self.events = RouteEvents(self._events_lost, self.stats)
         self.hold = RestartHold(self.bird, dp, fabric, self.node, program, self.stats)
         self.discovery = NeighbourDiscovery(dp, fabric, self.node)
         self.routes = RouteProgrammer(dp, fabric, self.node, self.trusted, self.link_bw, self.stats)
@@ -146,7 +144,7 @@ class BirdSync:
     def run(self):
         if self.program:
             self.routes.adopt()
-        self.events.start().wait(5)
+        self.events.start(self.runtime).wait(5)
         next_discovery, next_resync = 0.0, 0.0
         self._resync_now = False
         failures = 0

@@ -10,10 +10,9 @@ import time
 from datetime import datetime
 from typing import Callable
 
-from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_ROUTE
 
-from rlbcommon.health import Health
+from rlbcommon.runtime import AgentRuntime
 from rlbfabric.base import Node, SwitchedFabric
 from rlbfabric.bird.ctl import BirdClient
 
@@ -21,6 +20,7 @@ from .dataplane import SwitchDataplane
 
 log = logging.getLogger("rlbswitch.birdsync")
 RTPROT_BIRD = 12        # rtnetlink protocol id of routes bird installs
+ROUTE_EVENTS = ("RTM_NEWROUTE", "RTM_DELROUTE")
 
 
 def restarted(before: str, now: str, slack_s: float = 1.0) -> bool:
@@ -36,17 +36,19 @@ def restarted(before: str, now: str, slack_s: float = 1.0) -> bool:
 
 class RouteEvents:
     """The prefixes whose kernel route bird added, changed or removed since the last take(),
-    followed in their own thread; `lost()` is called when events may have been lost (ENOBUFS in
-    a storm), and the reader then reads everything."""
+    followed on the agent's runtime (one netlink loop for every agent: its supervisor, its hang
+    watch); `lost()` is called once subscribed and whenever events may have been lost (ENOBUFS
+    in a storm, a restarted follower), and the reader then reads everything."""
 
-    def __init__(self, health: Health, stop: threading.Event, lost: Callable[[], None], stats: dict):
-        self.health, self.stop, self.lost, self.stats = health, stop, lost, stats
+    def __init__(self, lost: Callable[[], None], stats: dict):
+        self.lost, self.stats = lost, stats
         self.wake = threading.Event()
         self._dirty: set[str] = set()
         self._lock = threading.Lock()
+        self._ready: threading.Event | None = None
 
     def on_route_event(self, msg):
-        if msg["proto"] != RTPROT_BIRD or msg["family"] != socket.AF_INET6:
+        if msg["event"] not in ROUTE_EVENTS or msg["proto"] != RTPROT_BIRD or msg["family"] != socket.AF_INET6:
             return
         dst = msg.get_attr("RTA_DST")
         if not dst:
@@ -61,25 +63,22 @@ class RouteEvents:
             nets, self._dirty = self._dirty, set()
         return nets
 
-    def follow(self, ready: threading.Event):
-        while not self.stop.is_set():
-            try:
-                with IPRoute() as mon:
-                    mon.bind(groups=RTMGRP_IPV6_ROUTE)
-                    ready.set()
-                    while not self.stop.is_set():
-                        for msg in mon.get():
-                            self.on_route_event(msg)
-            except Exception as e:   # ENOBUFS in a storm: events were lost, so read everything
-                self.health.failed("bird-events", e, log)
-                self.lost()
-                self.wake.set()
-                self.stop.wait(0.1)
+    def _changed(self, msgs: list) -> bool:
+        for msg in msgs:
+            self.on_route_event(msg)
+        return False              # the prefixes are in the messages: nothing to read again here
 
-    def start(self) -> threading.Event:
-        ready = threading.Event()
-        threading.Thread(target=self.follow, args=(ready,), name="bird-routes", daemon=True).start()
-        return ready
+    def _resync(self):
+        self.lost()
+        self.wake.set()
+
+    def start(self, runtime: AgentRuntime) -> threading.Event:
+        """Follow bird's routes (once: a restarted reader finds the follower running); set once
+        subscribed."""
+        if self._ready is None:
+            self._ready = threading.Event()
+            runtime.follow("bird-events", RTMGRP_IPV6_ROUTE, self._changed, self._resync, self._ready)
+        return self._ready
 
 
 class RestartHold:
