@@ -178,8 +178,11 @@ class PinnedMap:
             if ret >= 0:
                 return n, None
             err = ct.get_errno() or -ret
-            if count.value or err not in _UNSUPPORTED:
-                return count.value, BpfError(err, f"batch update {self.path.name}: {os.strerror(err)}")
+            # a kernel without the operation refuses before writing anything and leaves the count
+            # as it was given: n, not 0
+            done = count.value if count.value < n else 0
+            if done or err not in _UNSUPPORTED:
+                return done, BpfError(err, f"batch update {self.path.name}: {os.strerror(err)}")
             _NO_BATCH_UPDATE.add(self.map_type)        # an older kernel: one update each
         for i in range(n):
             ret = lib.bpf_map_update_elem(self.fd, keys[i * ksize:(i + 1) * ksize],
