@@ -28,10 +28,9 @@ log = logging.getLogger(__name__)
 
 SOURCE, HEADER = "rlb_switch.c", "rlb_switch.h"
 C = constants(HEADER)
-MODE_IDS = {"pinned": C["RLB_MODE_PINNED"], "weighted": C["RLB_MODE_WEIGHTED"],
-            "dlb": C["RLB_MODE_DLB"], "connected": C["RLB_MODE_CONNECTED"],
-            "local": C["RLB_MODE_LOCAL"], "spray": C["RLB_MODE_SPRAY"]}
-MODE_NAMES = {v: k for k, v in MODE_IDS.items()}
+# forwarding modes as the program knows them (enum rlb_mode; "none" is an empty entry)
+MODE_NAMES = {v: name for v, name in enum_names(HEADER, "RLB_MODE_").items() if name != "none"}
+MODE_IDS = {k: v for v, k in MODE_NAMES.items()}
 OWNER_NAMES = enum_names(HEADER, "RLB_OWNER_")                      # id -> name
 OWNERS = {v: k for k, v in OWNER_NAMES.items()}                      # name -> id
 REASONS = enum_names(HEADER, "RLB_R_")

@@ -1,7 +1,9 @@
 """Route and next-hop input: what operators type, and the errors they get."""
 import pytest
 
-from rlbfabric.routes import NextHop, Route, RouteError
+from rlbcommon.cheader import enum_names
+from rlbfabric.routes import MODES, NextHop, Route, RouteError
+from rlbswitch.dataplane import HEADER, MODE_IDS
 
 
 def test_nexthop_forms():
@@ -39,3 +41,11 @@ def test_route_rules():
         Route("fc00::1/64", "dlb", [a])
     with pytest.raises(RouteError, match="twice"):
         Route("fc00::/64", "dlb", [a, a])
+
+
+def test_the_modes_operators_name_are_the_programs_and_ecmp():
+    """One list of forwarding modes: the program's enum rlb_mode (bpf/rlb_switch.h), which the
+    switch's MODE_IDS is read from; an operator may also say ecmp (weighted, weights 1)."""
+    program = {name for name in enum_names(HEADER, "RLB_MODE_").values() if name != "none"}
+    assert set(MODE_IDS) == program and set(MODES) == program | {"ecmp"} and len(MODES) == len(set(MODES))
+
