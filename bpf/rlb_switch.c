@@ -312,7 +312,14 @@ static __always_inline u32 slot_member(struct rlb_group *g, u32 slot)
 }
 
 /* The live member a new flowlet takes: lowest quality band, ties by a per-member rendezvous
- * hash so flows spread evenly and a member change moves only the flows that preferred it. */
+ * hash so flows spread evenly and a member change moves only the flows that preferred it.
+ * Only the first RLB_DLB_SCAN members are scanned: the verifier walks the loop member by
+ * member, and Debian 12's 6.1 kernel gives up (a million instructions) past 16 of them, where
+ * newer kernels take all 64. The loader builds it as wide as the kernel accepts
+ * (rlbswitch/dataplane.py) and the route model refuses wider groups for the modes that scan. */
+#ifndef RLB_DLB_SCAN
+#define RLB_DLB_SCAN RLB_MAX_MEMBERS
+#endif
 static __always_inline u32 dlb_pick(struct rlb_group *g, struct pkt *pk, u32 *memberp)
 {
     u32 member = RLB_MAX_MEMBERS, chosen = 0;
@@ -320,7 +327,7 @@ static __always_inline u32 dlb_pick(struct rlb_group *g, struct pkt *pk, u32 *me
     u32 h = pk->hash;
     struct rlb_port *port = 0;
 #pragma clang loop unroll(disable)
-    for (u32 i = 0; i < RLB_MAX_MEMBERS; i++) {
+    for (u32 i = 0; i < RLB_DLB_SCAN; i++) {
         /* A volatile read each time: hoisted, clang turns the two bounds into one
          * `i != min(n, 64)` exit, which kernels before ~6.8 cannot bound (they do not narrow
          * a range on !=) and reject as "sequence of 8193 jumps is too complex". */

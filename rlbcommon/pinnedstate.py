@@ -85,9 +85,9 @@ class PinnedState:
                 held(f"{self.instance}-{self.component}-{part}.lock"):
             yield
 
-    def compile(self):
+    def compile(self, cflags: list[str] | None = None):
         """bcc-compile the program against the pins (maps created or adopted)."""
-        self.bpf = bpfprog.compile_program(self.source, self.pins)
+        self.bpf = bpfprog.compile_program(self.source, self.pins, cflags)
         self._maps = None
         return self.bpf
 

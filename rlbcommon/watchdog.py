@@ -22,6 +22,7 @@ from .health import RESTARTS_ENV, Health, hang_restarts
 from .threadname import name_this_thread
 
 CHECK_S = 1.0
+START_GRACE_S = 600.0    # systemd's watch while a restarted agent imports (the unit's TimeoutStartSec)
 
 
 def sd_notify(state: str) -> bool:
@@ -41,9 +42,12 @@ def sd_notify(state: str) -> bool:
 
 def restart(log: logging.Logger) -> None:
     """This process again, from its first line: the same command, environment and namespace,
-    without injected faults, its count of hang restarts one higher."""
+    without injected faults, its count of hang restarts one higher. systemd's watch is widened
+    for the new process's start (its imports come before its watchdog thread), which sets it
+    back (Watchdog.start)."""
     env = {k: v for k, v in os.environ.items() if k != FAILPOINTS_ENV}
     env[RESTARTS_ENV] = str(hang_restarts() + 1)
+    sd_notify(f"WATCHDOG_USEC={int(START_GRACE_S * 1e6)}")
     logging.shutdown()
     os.execve(sys.executable, list(sys.orig_argv), env)
 
@@ -67,6 +71,8 @@ class Watchdog:
     def _run(self):
         name_this_thread("watchdog")
         sd_notify("READY=1")
+        if os.environ.get("WATCHDOG_USEC"):      # the unit's own watch, after a restart's wider one
+            sd_notify(f"WATCHDOG_USEC={os.environ['WATCHDOG_USEC']}")
         while not self.stop.wait(self.check_s):
             hung = self.health.hung()
             if not hung:

@@ -137,9 +137,14 @@ SystemCallArchitectures=native"""
 NO_START_LIMIT = "StartLimitIntervalSec=0"
 # an agent tells systemd each second that every one of its loops finishes rounds (a loop that
 # hangs makes it start afresh by itself: rlbcommon/watchdog.py); a process frozen whole, that
-# thread too, is killed and started again by systemd after this long
-AGENT_WATCHDOG = """WatchdogSec=60
-NotifyAccess=main"""
+# thread too, is killed and started again by systemd after this long. The watch begins when
+# the agent says it is ready (Type=notify: its watchdog thread, first thing after its imports),
+# so a slow start is not taken for a hang: under emulation the imports alone passed 60 s, and
+# systemd killed every start before it could load its program
+AGENT_WATCHDOG = """Type=notify
+NotifyAccess=main
+TimeoutStartSec=10min
+WatchdogSec=60"""
 # the users whose jobs may use the verbs socket: the group exists before the agent binds it
 VERBS_GROUP_PRE = f"ExecStartPre=/usr/sbin/groupadd --system --force {VERBS_GROUP}"
 # bird answers BFD and BGP keepalives before anything else on the machine wants the CPU: an

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import os
 import random
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from rlbcommon.maps import checked_set
 from rlbcommon.pinnedstate import PinnedState
 from rlbfabric.routes import NextHop, Route
 
+from . import dlbscan
 from .tables import SwitchTables
 
 log = logging.getLogger(__name__)
@@ -120,8 +122,22 @@ class SwitchDataplane(PinnedState):
         """Compile and load the program; its maps are created or adopted from the pins."""
         if self.prog_fd is not None:
             return self.prog_fd
-        self.compile()
-        self.prog_fd = self.bpf.load_func(b"rlb_switch", self.bpf.XDP).fd
+        widths = dlbscan.to_try()
+        for scan in widths:
+            self.compile([f"-DRLB_DLB_SCAN={scan}"])
+            try:
+                self.prog_fd = self.bpf.load_func(b"rlb_switch", self.bpf.XDP).fd
+                break
+            except Exception as e:       # bcc raises a bare Exception with the kernel's words
+                if dlbscan.REFUSED not in str(e) or scan == widths[-1]:
+                    raise
+                log.warning("this kernel's verifier refused the switch program scanning %d DLB members "
+                            "(%s): building it for fewer", scan, e)
+                self.bpf.cleanup()
+        if scan != dlbscan.MAX_MEMBERS:
+            log.warning("DLB, spray and pinned backups scan at most %d members on this kernel (%s); "
+                        "wider groups are refused", scan, os.uname().release)
+        dlbscan.record(scan)
         self._fn = self.bpf.funcs[b"rlb_switch"]
         self._init_config()
         self._init_police()

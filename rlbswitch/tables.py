@@ -25,6 +25,7 @@ from rlbcommon.ipv6 import network_text
 from rlbcommon.paths import RUN_DIR
 
 from rlbfabric.routes import NextHop, Route, RouteError
+from . import dlbscan
 from .exact import ExactTable
 from .slots import build_slots
 
@@ -108,6 +109,7 @@ class SwitchTables:
         self._sets: dict | None = None     # next-hop set -> (next hop, group), within one batch
         self._values: dict[tuple, object] = {}   # route fields -> map value (_route_value)
         self.loads = 0                      # reads of the maps: another writer's change seen
+        self.dlb_scan = dlbscan.width()     # members the program scans for DLB, on this kernel
         self.load()
 
     # ---- adoption -----------------------------------------------------------------------
@@ -420,6 +422,11 @@ class SwitchTables:
             nh, g = memo
             if (nh is None or self.nh_by_id.get(nh.id) is nh) and (g is None or self.group_by_id.get(g.id) is g):
                 return (nh.id if nh else 0), (g.id if g else 0)
+        scanned = route.backups if mode == "pinned" else route.nexthops if mode in ("dlb", "spray") else ()
+        if len(scanned) > self.dlb_scan:
+            raise RouteError(f"{mode}: at most {self.dlb_scan} {'backups' if mode == 'pinned' else 'next hops'} "
+                             f"on this kernel (its verifier takes the switch program's DLB scan no wider; "
+                             f"{len(scanned)} given)")
         nh = g = None
         if mode == "pinned":
             nh = self._acquire_nh(self._spec_key(route.nexthops[0]), route.nexthops[0])

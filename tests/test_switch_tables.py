@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ctypes as ct
 import ipaddress
+import json
+import os
 import random
 import signal
 import subprocess
@@ -13,9 +15,10 @@ import time
 
 import pytest
 
-from rlbcommon import maps
+from rlbcommon import bpfprog, maps
+from rlbfabric.routes import NextHop, Route, RouteError
+from rlbswitch import dlbscan
 from rlbswitch.dataplane import NH_VALID, SwitchDataplane
-from rlbfabric.routes import NextHop, Route
 
 NH = [f"p{k}@02:00:00:00:01:0{k}" for k in range(4)]
 
@@ -276,7 +279,6 @@ def test_a_full_route_table_still_applies_the_withdrawals_and_leaks_nothing(tabl
             g = tables.routes[ipaddress.IPv6Network("fc00:102::/64")].group
             assert tables.dp.maps["groups"].get(g).n_members == 4
         else:
-            from rlbfabric.routes import RouteError
             with pytest.raises(RouteError, match="route table full"):
                 tables.apply(desired)
     finally:
@@ -312,3 +314,61 @@ def test_a_kernel_without_batch_writes_for_the_trie_gets_one_write_each(tables, 
     assert maps._NO_BATCH_UPDATE == {tables.dp.maps["routes"].map_type}
     assert {r["prefix"] for r in tables.dp.routes()} == {f"fc00:{i:x}::/64" for i in range(1, 301)}
     check(tables.dp)
+
+
+def hops(n: int) -> list[NextHop]:
+    """n distinct next hops over the four ports (static MACs of their own)."""
+    return [NextHop.parse(f"p{k % 4}@02:00:00:00:02:{k:02x}") for k in range(n)]
+
+
+def test_groups_wider_than_the_kernels_dlb_scan_are_refused_for_the_modes_that_scan(tables, tmp_path, monkeypatch):
+    """Where the kernel took the switch program's DLB scan only 8 members wide (as 6.1 takes
+    16), a dlb or spray route of 9 next hops and a pinned route of 9 backups are refused with the
+    reason; 8 go in, and weighted routes, which do not scan, take any width."""
+    record = tmp_path / "switch-dlb-scan.json"
+    record.write_text(json.dumps({"kernel": os.uname().release, "scan": 8}))
+    monkeypatch.setattr(dlbscan, "RECORD", record)
+    tables.dp._tables = None
+    t = tables.dp.tables
+    assert t.dlb_scan == 8
+    for route in (Route("fc00:5::/64", "dlb", hops(9)), Route("fc00:6::/64", "spray", hops(9)),
+                  Route("fc00:7::/64", "pinned", hops(1), hops(10)[1:])):
+        with pytest.raises(RouteError, match="at most 8 .* on this kernel"):
+            t.apply([route], merge=True)
+    ch = t.apply([Route("fc00:5::/64", "dlb", hops(8)), Route("fc00:7::/64", "pinned", hops(1), hops(9)[1:]),
+                  Route("fc00:8::/64", "weighted", hops(20))], merge=True)
+    assert sorted(ch.added) == ["fc00:5::/64", "fc00:7::/64", "fc00:8::/64"]
+    check(t.dp)
+
+
+def test_a_kernel_refusing_the_widest_dlb_scan_gets_the_program_built_narrower(tmp_path, monkeypatch):
+    """The verifier's E2BIG at 64 members (Debian 12's kernel): the loader builds the program
+    again for 32, loads it, and records the width for this kernel, which the next load starts
+    from and the route model reads."""
+    from bcc import BPF
+    record = tmp_path / "switch-dlb-scan.json"
+    monkeypatch.setattr(dlbscan, "RECORD", record)
+    real, widths = BPF.load_func, []
+
+    def refuse_the_widest(self, name, kind, *args, **kw):
+        widths.append(self.rlb_scan)
+        if self.rlb_scan == dlbscan.MAX_MEMBERS:
+            raise Exception(f"Failed to load BPF program {name!r}: Argument list too long")
+        return real(self, name, kind, *args, **kw)
+
+    compile_program = bpfprog.compile_program
+
+    def compiled(source, pins, cflags=None, **kw):
+        bpf = compile_program(source, pins, cflags, **kw)
+        bpf.rlb_scan = int(next(f for f in cflags if f.startswith("-DRLB_DLB_SCAN=")).split("=")[1])
+        return bpf
+
+    monkeypatch.setattr(BPF, "load_func", refuse_the_widest)
+    monkeypatch.setattr(bpfprog, "compile_program", compiled)
+    dp = SwitchDataplane(f"rlbscan{os.getpid()}")
+    try:
+        assert dp.load() > 0 and widths == [dlbscan.MAX_MEMBERS, 32]
+        assert json.loads(record.read_text()) == {"kernel": os.uname().release, "scan": 32}
+        assert dlbscan.to_try() == [32, 16, 8] and dp.tables.dlb_scan == 32
+    finally:
+        dp.remove_pins()

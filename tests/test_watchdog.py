@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlbcommon import failpoints
-from rlbcommon.health import Health
+from rlbcommon.health import RESTARTS_ENV, Health
 from rlbcommon.metrics import loop_health
 from rlbcommon.runtime import AgentRuntime
 from rlbcommon.watchdog import Watchdog
@@ -113,4 +113,29 @@ def test_the_agents_units_ask_systemd_to_watch_them():
         units = deploy.units(fab, Path("/etc/rlb/fabric.toml"), node, "fd00:99::1", None)
         agent = units.get("rlb-switch") or units["rlb-host"]
         assert "WatchdogSec=60" in agent and "NotifyAccess=main" in agent
+        # the watch begins once the agent says it is ready, not while it imports
+        assert "Type=notify" in agent and "TimeoutStartSec=10min" in agent
         assert "WatchdogSec" not in units.get("rlb-bird", "")
+
+
+def test_a_restart_for_a_hang_widens_systemds_watch_and_the_new_process_sets_it_back(tmp_path, monkeypatch):
+    """The exec'd agent imports before its watchdog thread speaks (over 60 s under emulation):
+    restart() widens systemd's watch first, and the new process's watchdog restores the unit's
+    (WATCHDOG_USEC, which systemd put in the environment) right after READY."""
+    from rlbcommon import watchdog
+    s = notify_socket(tmp_path, monkeypatch)
+    monkeypatch.setenv("WATCHDOG_USEC", "60000000")
+    execs = []
+    monkeypatch.setattr(watchdog.os, "execve", lambda *a: execs.append(a))
+    watchdog.restart(log)
+    assert s.recv(64) == f"WATCHDOG_USEC={int(watchdog.START_GRACE_S * 1e6)}".encode() and len(execs) == 1
+    assert execs[0][2][RESTARTS_ENV] == "1"
+    rt = AgentRuntime(log, Health(hang_s=5))
+    wd = Watchdog(rt.health, log, rt.stop, check_s=0.1).start()
+    try:
+        assert s.recv(64) == b"READY=1" and s.recv(64) == b"WATCHDOG_USEC=60000000"
+        assert s.recv(64) == b"WATCHDOG=1"
+    finally:
+        rt.stop.set()
+        wd.thread.join(2)
+        s.close()
