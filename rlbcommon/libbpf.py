@@ -37,10 +37,15 @@ class BpfError(OSError):
     pass
 
 
+def error(ret: int, what: str) -> BpfError:
+    """The error of a failed libbpf call (ret < 0), named after what it did."""
+    err = ct.get_errno() or -ret
+    return BpfError(err, f"{what}: {os.strerror(err)}")
+
+
 def check(ret: int, what: str) -> int:
     if ret < 0:
-        err = ct.get_errno() or -ret
-        raise BpfError(err, f"{what}: {os.strerror(err)}")
+        raise error(ret, what)
     return ret
 
 

@@ -177,19 +177,18 @@ class PinnedMap:
             ret = lib.bpf_map_update_batch(self.fd, keys, values, ct.byref(count), None)
             if ret >= 0:
                 return n, None
-            err = ct.get_errno() or -ret
+            refused = libbpf.error(ret, f"batch update {self.path.name}")
             # a kernel without the operation refuses before writing anything and leaves the count
             # as it was given: n, not 0
             done = count.value if count.value < n else 0
-            if done or err not in _UNSUPPORTED:
-                return done, BpfError(err, f"batch update {self.path.name}: {os.strerror(err)}")
+            if done or refused.errno not in _UNSUPPORTED:
+                return done, refused
             _NO_BATCH_UPDATE.add(self.map_type)        # an older kernel: one update each
         for i in range(n):
             ret = lib.bpf_map_update_elem(self.fd, keys[i * ksize:(i + 1) * ksize],
                                           values[i * vsize:(i + 1) * vsize], BPF_ANY)
             if ret < 0:
-                err = ct.get_errno() or -ret
-                return i, BpfError(err, f"update {self.path.name}: {os.strerror(err)}")
+                return i, libbpf.error(ret, f"update {self.path.name}")
         return n, None
 
     def clear(self):

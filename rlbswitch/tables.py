@@ -553,10 +553,9 @@ class SwitchTables:
         try:
             while new:
                 values = [self._route_value(rt) for _, rt in new]
-                raw: dict[int, bytes] = {}               # the values are shared: one copy each
-                vals = b"".join(raw[id(v)] if id(v) in raw else raw.setdefault(id(v), bytes(v)) for v in values)
+                raw = {id(v): bytes(v) for v in {id(v): v for v in values}.values()}   # shared: one copy each
                 done, err = routes_map.put_many(b"".join(self.dp.lpm_key_bytes(net) for net, _ in new),
-                                                vals, len(new))
+                                                b"".join(raw[id(v)] for v in values), len(new))
                 for (net, rt), value in zip(new[:done], values):
                     self.routes[net] = rt
                     self._fast_update(net, 1, value)
