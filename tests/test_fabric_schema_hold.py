@@ -69,7 +69,7 @@ def test_hold_generated_fabric_values_are_taken_or_refused_never_a_crash(changes
 
 @settings(max_examples=600, deadline=None)
 @given(st.binary(max_size=300) | st.text(max_size=200).map(str.encode) |
-       st.lists(st.sampled_from([b"ASK", b"CHECK", b"USED", b"CONFIRM", b"REPLY", b"PATHS", b"1", b"-1",
+       st.lists(st.sampled_from([b"ASK", b"CHECK", b"USED", b"CONFIRM", b"HAS", b"REPLY", b"PATHS", b"1", b"-1",
                                  b"fc00::1", b"ACK", b"YES", b"1,2", b"-", b"99999999999999999999999"]),
                 max_size=10).map(b" ".join))
 def test_hold_no_datagram_crashes_the_agents_message_parsers(data):

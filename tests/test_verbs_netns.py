@@ -45,7 +45,12 @@ class VLab:
 
     def start(self, host: int):
         self.lab.start_agent(host, "--fabric-key", str(self.keys[host]), *self.agent_args,
-                             env=agent_env(self.sysfs[host]))
+                             env={**agent_env(self.sysfs[host]), "RLB_FAILPOINTS": f"verbs-CONFIRM=drop@{self.no_confirm}"})
+
+    @property
+    def no_confirm(self) -> Path:
+        """While this file exists the agents send no CONFIRM (a failpoint: as if every one were lost)."""
+        return self.tmp / "drop-confirm"
 
     def rows(self, host: int) -> list[dict]:
         return [q for q in json.loads(self.lab.cli(host, "qps", "--json")) if q.get("source") == "verbs"]
@@ -242,6 +247,35 @@ def test_verbs_lost_messages_never_leave_a_qps_two_ends_apart(v, loss):
     assert dropped > 0 and d[1]["resent"] + d[2]["resent"] >= dropped // 2
     assert d[1]["disagreements"] == d[2]["disagreements"] == 0
     assert placed >= total * {1: 0.95, 10: 0.9, 30: 0.75}[loss]      # 450, 450, 449 of 450 here
+
+
+@pytest.mark.parametrize("first", [2, 1, None], ids=["peer-asks-first", "rendezvous-asks-first", "together"])
+def test_verbs_every_confirm_lost_the_waiting_end_asks_and_both_ends_agree(v, first):
+    """No CONFIRM reaches either agent (a failpoint drops every one they would send): the end whose
+    library waits on the other end's word asks that end's agent (HAS) until its library has the
+    path, so each pair is still placed at both ends on one path, at the default 20 ms, and nothing
+    is counted as a disagreement. (Before HAS, every such pair's waiting end gave up and kept its
+    addresses while the other end's device had the path.)"""
+    default = {"RLB_VERBS_TIMEOUT_MS": None}
+    before = {h: v.status(h)["counters"] for h in (1, 2)}
+    v.no_confirm.touch()
+    try:
+        a, b = pair(v, 40, first, h1=default, h2=default)
+        try:
+            paths = agreed(a, b)
+        finally:
+            a.close(), b.close()
+    finally:
+        v.no_confirm.unlink()
+    wait_for("the QPs gone", lambda: not v.rows(1) and not v.rows(2))
+    time.sleep(1.2)                               # the status files are written every second
+    after = {h: v.status(h)["counters"] for h in (1, 2)}
+    d = {h: {k: after[h][k] - before[h][k] for k in after[h]} for h in (1, 2)}
+    print(f"first {first}: {split(paths)}, HAS asked {d[1]['has_asked']} + {d[2]['has_asked']}, "
+          f"placed {d[1]['placed_rtr']} / {d[2]['placed_rtr']}")
+    assert d[1]["disagreements"] == d[2]["disagreements"] == 0
+    assert d[1]["has_asked"] + d[2]["has_asked"] > 0
+    assert min(d[h]["placed_rtr"] for h in (1, 2)) >= 36 and len(set(paths.values()) - {1}) == 3
 
 
 def test_verbs_qps_count_with_the_qps_tc_placed(v):

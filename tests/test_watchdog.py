@@ -49,9 +49,10 @@ def test_the_runtime_expects_rounds_of_every_loop_within_three_periods_or_the_ha
 
 
 def test_failpoints_parse_and_refuse_what_they_do_not_know():
-    assert failpoints.parse("sweep=hang@3, verbs=hang") == {"sweep": 3.0, "verbs": 0.0}
+    assert failpoints.parse("sweep=hang@3, verbs=hang") == {"sweep": ("hang", 3.0), "verbs": ("hang", 0.0)}
     assert failpoints.parse("") == {}
-    assert failpoints.parse("sweep=hang@/run/rlb/hang-sweep") == {"sweep": "/run/rlb/hang-sweep"}
+    assert failpoints.parse("sweep=hang@/run/rlb/hang-sweep") == {"sweep": ("hang", "/run/rlb/hang-sweep")}
+    assert failpoints.parse("verbs-CONFIRM=drop") == {"verbs-CONFIRM": ("drop", 0.0)}
     for bad in ("sweep=crash@1", "=hang@1", "sweep=hang@soon", "sweep=hang@run/relative"):
         with pytest.raises(ValueError, match="RLB_FAILPOINTS"):
             failpoints.parse(bad)

@@ -6,7 +6,12 @@ exact round trip to that peer, even when copies were lost or slow (Karn's proble
 QUIC's packet numbers do). A peer's interval between copies is its smoothed round trip plus four
 deviations (RFC 6298's RTO), never below RESEND_NS: an idle peer on a lossy link is asked again
 every 2 ms, and a peer slowed by a burst of QPs is not sent copies it would only queue behind the
-first (what turned a burst into a storm of copies, and the burst into timeouts, before)."""
+first (what turned a burst into a storm of copies, and the burst into timeouts, before).
+
+A steady message (HAS: asked while a library waits on it) is sent first after one interval (the
+CONFIRM it stands in for has usually come by then), and again at the peer's interval, never
+slowing down and at least STEADY_COPIES times in what is left of its time: it ends a wait that
+cannot be made longer, so a slow round trip must not leave it one copy."""
 from __future__ import annotations
 
 import heapq
@@ -20,6 +25,7 @@ RESEND_NS = 2_000_000          # the shortest interval between copies of an unan
 NOTIFY_FAST_NS = 40_000_000    # a USED or CONFIRM is sent again at the peer's interval this long
                                # (while the libraries at both ends may be waiting on it),
 NOTIFY_SLOW_NS = 250_000_000   # ... then at doubling intervals up to this
+STEADY_COPIES = 8              # a steady message's copies in the time it has, at least
 
 
 @dataclass
@@ -37,6 +43,7 @@ class Pending:
     every_ns: int = RESEND_NS      # the interval between copies
     copies: dict[int, int] = field(default_factory=dict)   # each copy's id -> when it was sent
     done: bool = False
+    steady: bool = False           # first sent after an interval, then at the peer's (no slowing)
 
 
 class PeerClock:
@@ -81,9 +88,10 @@ class Outstanding:
         return c
 
     def add(self, p: Pending, now: int) -> Pending:
+        """p, waiting from now: sent by the caller now, or (steady) first by resend."""
         p.first_id, p.sent_ns = p.msg.id, now
         p.copies[p.msg.id] = now
-        p.every_ns = self.clock(p.peer).interval()
+        p.every_ns = self._steady(p, now) if p.steady else self.clock(p.peer).interval()
         p.resend_ns = now + p.every_ns
         self.by_id[p.msg.id] = p
         self.count += 1
@@ -138,13 +146,18 @@ class Outstanding:
         p.msg = copy
         p.copies[copy.id] = now
         self.by_id[copy.id] = p
-        if now - p.sent_ns > NOTIFY_FAST_NS:
+        if p.steady:
+            p.every_ns = self._steady(p, now)
+        elif now - p.sent_ns > NOTIFY_FAST_NS:
             p.every_ns = min(2 * p.every_ns, NOTIFY_SLOW_NS)
         else:
             p.every_ns = self.clock(p.peer).interval()
         p.resend_ns = now + p.every_ns
         self._push(p)
         return copy
+
+    def _steady(self, p: Pending, now: int) -> int:
+        return max(RESEND_NS, min(self.clock(p.peer).interval(), (p.deadline_ns - now) // STEADY_COPIES))
 
     @staticmethod
     def _due(p: Pending) -> int:

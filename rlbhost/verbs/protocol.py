@@ -12,12 +12,17 @@
     USED <id> <a_base> <a_qpn> <b_base> <b_qpn> <path> <keep>       a's end keeps its addresses
     CONFIRM <id> <a_base> <a_qpn> <b_base> <b_qpn> <path>           a's library has put the QP on
         the path: b's may have it too (until then b's agent holds it back from b's library)
+    HAS <id> <budget_us> <a_base> <a_qpn> <b_base> <b_qpn> <path>   a's library waits on b's
+        CONFIRM: has b's library put its QP on the path? (b answers only once it can say yes,
+        YES <path>, or that its end keeps, KEEP: a asks again until then; a CONFIRM that is lost
+        every time does not leave a waiting)
     REPLY <id> PATH <path>     (to ASK: the path; the asker's library goes first, and its agent
         CONFIRMs once the library has it)
     REPLY <id> HELD <path>     (to ASK: the path, which the rendezvous's library has or is being
         given: the asker's waits for the rendezvous's CONFIRM)
     REPLY <id> KEEP <keep> | REPLY <id> NO <keep>
-    REPLY <id> YES <path> <paths>     (to CHECK: the path taken, 0 if not that one; to PATHS: 0)
+    REPLY <id> YES <path> <paths>     (to CHECK: the path taken, 0 if not that one; to PATHS: 0;
+        to HAS: the path b's library has)
     REPLY <id> ACK             (to USED and CONFIRM: heard)
 
   USED and CONFIRM change the receiver's state: they are sent again (every few milliseconds, then
@@ -198,7 +203,7 @@ def keep_reply(seq: int, keep: str) -> bytes:
 # ---- agent <-> agent ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PeerMsg:
-    kind: str                      # ASK, CHECK, PATHS, USED, CONFIRM, REPLY
+    kind: str                      # ASK, CHECK, PATHS, USED, CONFIRM, HAS, REPLY
     id: int = 0
     budget_us: int = 0
     a_base: str = ""
@@ -224,6 +229,8 @@ class PeerMsg:
             s = f"USED {self.id} {self.a_base} {self.a_qpn} {self.b_base} {self.b_qpn} {self.path} {self.keep}"
         elif k == "CONFIRM":
             s = f"CONFIRM {self.id} {self.a_base} {self.a_qpn} {self.b_base} {self.b_qpn} {self.path}"
+        elif k == "HAS":
+            s = f"HAS {self.id} {self.budget_us} {self.a_base} {self.a_qpn} {self.b_base} {self.b_qpn} {self.path}"
         elif self.verdict in ("PATH", "HELD"):
             s = f"REPLY {self.id} {self.verdict} {self.path}"
         elif self.verdict == "ACK":
@@ -255,6 +262,9 @@ def parse_peer(data: bytes) -> PeerMsg:
     if k == "CONFIRM" and n == 7:
         return PeerMsg(k, _int(f[1], 0, u64), a_base=_addr(f[2]), a_qpn=_int(f[3], 0, QPN_MAX), b_base=_addr(f[4]),
                        b_qpn=_int(f[5], 0, QPN_MAX), path=_int(f[6], 1, 0xFFFF))
+    if k == "HAS" and n == 8:
+        return PeerMsg(k, _int(f[1], 0, u64), _int(f[2], 0, 60_000_000), _addr(f[3]), _int(f[4], 0, QPN_MAX),
+                       _addr(f[5]), _int(f[6], 0, QPN_MAX), path=_int(f[7], 1, 0xFFFF))
     if k == "REPLY" and n == 4 and f[2] in ("PATH", "HELD"):
         return PeerMsg(k, _int(f[1], 0, u64), verdict=f[2], path=_int(f[3], 1, 0xFFFF))
     if k == "REPLY" and n == 3 and f[2] == "ACK":

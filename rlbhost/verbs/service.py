@@ -19,8 +19,10 @@ can hand the QP number to its peer.
   the path already (HELD: the rendezvous goes first).
 One end's library goes first; the other end holds the path back from its library (pending in the
 table, a question parked) until the first end's agent says its library has put the QP on the path
-(CONFIRM, sent once the library reports it: USED). So an end never takes a path its peer's library
-may have given up on. Whatever cannot be settled in time keeps the application's addresses at
+(CONFIRM, sent once the library reports it: USED); while a library waits parked, its agent asks
+the other end's (HAS) until that end's library has the path (or keeps), so the word arrives
+however often the CONFIRM is lost. So an end never takes a path its peer's library may have
+given up on. Whatever cannot be settled in time keeps the application's addresses at
 both ends: an end that keeps says so (USED) and the other turns to keep too, or counts a
 disagreement if its library had the path already.
 
@@ -68,6 +70,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlbcommon import failpoints
 from rlbcommon.health import Health
 from rlbcommon.heap import Heap
 from rlbcommon.paths import write_atomic
@@ -259,6 +262,7 @@ class VerbsService:
         self.checks: dict[Key, int] = {}                      # a pair's CHECK waiting -> its pending id
         self.proposals: dict[Key, tuple[int, VerbsQp]] = {}   # asked of the peer
         self.parked: dict[Key, list[Parked]] = {}             # waiting on a CONFIRM
+        self.has_asks: dict[Key, int] = {}                    # a parked pair's HAS -> its pending id
         self.peer_paths: dict[str, tuple[float, frozenset[int]]] = {}
         self.ah_ids = 0
         self.lock = threading.Lock()         # the counters, read by metrics
@@ -268,6 +272,7 @@ class VerbsService:
                                          "peer_questions": 0, "stale_questions": 0,
                                          "foreign_qps": 0, "unknown_qps": 0, "released_qps": 0, "behind": 0,
                                          "unauthenticated": 0, "resent": 0, "unacknowledged": 0,
+                                         "has_asked": 0, "has_confirmed": 0,
                                          "messages_sent": 0, "datagrams_sent": 0, "key_file_bad": 0}
         self.kept: dict[str, int] = {k: 0 for k in P.KEEP if k != "none"}
         self.stop = threading.Event()
@@ -920,8 +925,35 @@ class VerbsService:
             latest = q.deadline_ns - q.timeout_ns + P.WAIT_MAX * q.timeout_ns
             if latest > q.deadline_ns:
                 self._send(c, P.wait_reply(q.seq, latest))
-            return self.parked.setdefault(key, []).append(Parked(c, q, max(latest, q.deadline_ns)))
+            self.parked.setdefault(key, []).append(Parked(c, q, max(latest, q.deadline_ns)))
+            return self._ask_has(key, d, max(latest, q.deadline_ns) - MARGIN_NS)
         self._tell_local(c, q, v, key[1], d)
+
+    def _ask_has(self, key: Key, d: Decision, deadline_ns: int):
+        """A library waits on the other end's word (CONFIRM): ask that end's agent whether its
+        library has the path (HAS), steadily, until it says so or keeps, or the wait ends. Its
+        first copy goes after one interval: the CONFIRM has usually come by then."""
+        nic = self.nics.get(d.nic)
+        if key in self.has_asks or nic is None or self.udp is None or deadline_ns <= mono_ns():
+            return
+        local, peer, remote = key
+        base = self._view(nic).base_addr
+        msg = P.PeerMsg("HAS", secrets.randbits(63), (deadline_ns - mono_ns()) // 1000, base, local[2], peer, remote,
+                        path=d.path)
+
+        def answered(reply, key=key):
+            self.has_asks.pop(key, None)
+            known = self._decision(key)
+            if reply is None or known is None or not known.path or known.confirmed:
+                return                         # (no word in time: the parked timers keep)
+            if reply.verdict == "YES" and reply.path == known.path:
+                self.counters["has_confirmed"] += 1
+                self._peer_has(key, known.path)
+            elif reply.verdict == "KEEP":
+                self._peer_kept(key, P.KEEP_NAME.get(reply.keep, "error"))
+        self.counters["has_asked"] += 1
+        self.has_asks[key] = self.pending.add(Pending(msg, peer, deadline_ns, answered, base, key, steady=True),
+                                              mono_ns()).first_id
 
     def _decide(self, key: Key, lq: LocalQp | None, nic: NicState, peer_paths: frozenset[int],
                 confirmed: bool = True) -> Decision:
@@ -1135,7 +1167,7 @@ class VerbsService:
         """To the peer's agent, from `src` (the base address of the NIC the message is about: the
         peer checks the sender is that NIC, and a server's source routing sends it out of it).
         Queued, and sent with the round's other messages for that peer (_flush)."""
-        if self.udp is not None:
+        if self.udp is not None and not failpoints.dropped(f"verbs-{msg.kind}"):
             self.outbox.setdefault((peer, src), []).append(msg.encode())
 
     def _flush(self):
@@ -1246,10 +1278,13 @@ class VerbsService:
         key = (self._local_of(nic, m.b_qpn), m.a_base, m.a_qpn)          # from this host's side
         if m.kind in ("USED", "CONFIRM"):
             if m.kind == "USED":
-                self._peer_used(m, key, nic)
+                if not m.path:
+                    self._peer_kept(key, P.KEEP_NAME.get(m.keep, "error"), nic)
             else:
-                self._peer_confirmed(m, key)
+                self._peer_has(key, m.path)
             return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="ACK"), src, me)   # again if heard again
+        if m.kind == "HAS":
+            return self._has(m, key, nic, src, me)
         fresh = m.budget_us * 1000 - (time.time_ns() - arrived_ns) > MIN_WORK_NS
         if m.kind == "PATHS":
             usable = self._usable(nic, v, m.a_base, None, None)
@@ -1306,6 +1341,22 @@ class VerbsService:
         self._udp_send(P.PeerMsg("REPLY", m.id, verdict=verdict, path=d.path) if d.path else
                        P.PeerMsg("REPLY", m.id, verdict="KEEP", keep=P.KEEP[d.keep or "nopath"]), src, me)
 
+    def _has(self, m: P.PeerMsg, key: Key, nic: NicState, src: str, me: str):
+        """The other end's library waits on this end's: answered once this end's library has the
+        path (its USED read first, if it waits in the socket) or keeps; until then not at all
+        (the asker asks again: an answer "not yet" would say nothing more)."""
+        d = self._decision(key)
+        if d is not None and d.path and not d.applied:
+            self._known_qp(nic, m.b_qpn, drain=True)
+            d = self._decision(key)
+        if d is None:
+            return
+        if d.path and d.applied:
+            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="YES", path=d.path), src, me)
+        if not d.path:
+            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="KEEP", keep=P.KEEP.get(d.keep, P.KEEP["error"])),
+                                  src, me)
+
     def _waiting_check(self, key: Key) -> Pending | None:
         return self.pending.get(self.checks.get(key, -1))
 
@@ -1318,10 +1369,11 @@ class VerbsService:
         p.on_reply(P.PeerMsg("REPLY", p.first_id, verdict="YES", paths=frozenset()))
         return True
 
-    def _peer_confirmed(self, m: P.PeerMsg, key: Key):
-        """The other end's library has the path: it is this end's too (the table, parked questions)."""
+    def _peer_has(self, key: Key, path: int):
+        """The other end's library has the path (CONFIRM, or a HAS answered): it is this end's too
+        (the table, parked questions)."""
         d = self._decision(key)
-        if d is None or d.path != m.path:
+        if d is None or d.path != path:
             return
         d.peer_has = True
         if d.confirmed:
@@ -1332,6 +1384,9 @@ class VerbsService:
 
     def _release(self, key: Key, d: Decision):
         """Answer the questions parked on a decision that is settled now."""
+        has = self.has_asks.pop(key, None)
+        if has is not None:
+            self.pending.pop(has)
         nic = self.nics.get(d.nic)
         v = self._view(nic) if nic is not None else None
         for w in self.parked.pop(key, []):
@@ -1369,15 +1424,13 @@ class VerbsService:
         local = self.by_nic.get((nic.ifname, qpn))
         return self.local.get(local) if local else None
 
-    def _peer_used(self, m: P.PeerMsg, key: Key, nic: NicState):
-        """The other end kept its addresses: so does this one, or, if its library was told a path
-        already, the pair may disagree (counted, logged)."""
-        if m.path:
-            return
-        keep = P.KEEP_NAME.get(m.keep, "error")
+    def _peer_kept(self, key: Key, keep: str, nic: NicState | None = None):
+        """The other end kept its addresses (USED, or a HAS answered): so does this one, or, if its
+        library was told a path already, the pair may disagree (counted, logged)."""
         d = self._decision(key)
         if d is None:
-            self._decide_keep(key, _addr_lt(self._view(nic).base_addr, m.a_base), keep, nic=nic)
+            if nic is not None:
+                self._decide_keep(key, _addr_lt(self._view(nic).base_addr, key[1]), keep, nic=nic)
         elif d.path:
             if d.local_told:
                 self._disagree(key, f"the peer kept its addresses ({keep}) after this end was told path {d.path}")
