@@ -278,6 +278,42 @@ def test_verbs_every_confirm_lost_the_waiting_end_asks_and_both_ends_agree(v, fi
     assert min(d[h]["placed_rtr"] for h in (1, 2)) >= 36 and len(set(paths.values()) - {1}) == 3
 
 
+def test_verbs_a_question_read_late_on_a_pending_pair_waits_for_the_word_rather_than_keep(v):
+    """h1's libraries go first and have their paths; h2's pairs are pending (no CONFIRM reaches h2).
+    h2's agent is stopped while its library asks, so it reads the question after the question's
+    20 ms: the library waits up to 4 timeouts on a pending pair, and the agent, seeing the pair
+    pending, works on it (HAS) rather than answer keep, which would leave h1's end alone on the
+    path. (Before: "timeout" at once, and the pair apart.)"""
+    default = {"RLB_VERBS_TIMEOUT_MS": None}
+    before = {h: v.status(h)["counters"] for h in (1, 2)}
+    v.no_confirm.touch()
+    v.lab.cli(1, "weights", "set", "1=0")          # placed is off the application's addresses
+    agent = v.lab.agents[2]
+    try:
+        a, b = App(v, 1, 1, 0x100, 0x200, **default), App(v, 2, 1, 0x200, 0x100, **default)
+        try:
+            a.go()
+            os.kill(agent.pid, signal.SIGSTOP)
+            try:
+                b.p.stdin.write("go\n")
+                b.p.stdin.flush()
+                time.sleep(0.035)                 # past the question's 20 ms, within its 80
+            finally:
+                os.kill(agent.pid, signal.SIGCONT)
+            b.out = [b.p.stdout.readline()]
+            paths = agreed(a, b)
+        finally:
+            a.close(), b.close()
+    finally:
+        v.no_confirm.unlink()
+        v.lab.cli(1, "weights", "set", "1=1")
+    wait_for("the QPs gone", lambda: not v.rows(1) and not v.rows(2))
+    time.sleep(1.2)
+    after = {h: v.status(h)["counters"] for h in (1, 2)}
+    assert after[1]["disagreements"] == before[1]["disagreements"]
+    assert paths[0x100] in (2, 3, 4) and after[2]["has_confirmed"] == before[2]["has_confirmed"] + 1
+
+
 def test_verbs_qps_count_with_the_qps_tc_placed(v):
     """TC-seen QPs and verbs QPs share the per-path counts: two QPs TC placed on paths 1 and 2
     leave paths 3 and 4 to the next two QPs placed through verbs."""

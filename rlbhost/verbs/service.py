@@ -116,6 +116,9 @@ MAX_DRAIN = 1024               # ... or, to find a QP a peer asks about, what it
 VIEW_S = 0.05                  # the paths and weights are read at most this often
 RECENT = 256                   # decisions kept with their reasons for `rlbhost why`
 BEHIND_S = 0.05                # after a question waited half its time: new pairs keep this long
+SLICE_NS = 4_000_000           # a round reads clients this long at most before the peers' messages
+                               # are read and the round's messages sent (a CONFIRM or an answer
+                               # waits on one slice, not on a burst's every question)
 DECIDED, AH = HOST_C["RLBH_VF_DECIDED"], HOST_C["RLBH_VF_AH"]
 UCRED = struct.Struct("3i")
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)   # Linux's, absent from Python 3.11's module
@@ -496,6 +499,7 @@ class VerbsService:
         ready = self.sel.select(timeout)
         if len(ready) > 1:
             ready.sort(key=_udp_first)                     # the peers' answers first
+        slice_end = mono_ns() + SLICE_NS
         for key, _ in ready:
             if key.data == "listen":
                 self._accept()
@@ -505,6 +509,9 @@ class VerbsService:
                 os.read(self._wake_r, 64)
             elif key.data.sock in self.clients:
                 self._read_client(key.data)
+                if mono_ns() > slice_end:
+                    self._between_slices()
+                    slice_end = mono_ns() + SLICE_NS
         self._timers(mono_ns())
         self._flush()
         self._resume_accepting()
@@ -518,6 +525,14 @@ class VerbsService:
             self._reread_keys()
             self.heap.settle()
             self.heap.collect_if_due(idle=not self.pending and not self.parked)
+
+    def _between_slices(self):
+        """Within a long round (a burst of questions from many processes): what settles pairs
+        already decided goes out and comes in now, not after every other process's questions."""
+        self._flush()
+        self._read_udp()
+        self._timers(mono_ns())
+        self._flush()
 
     # ---- clients ------------------------------------------------------------------------
     def _accept(self):
@@ -745,7 +760,11 @@ class VerbsService:
             # long as the asker likes: worked on for its stated time, at most MAX_TIMEOUT_NS
             timeout = min(q.timeout_ns, MAX_TIMEOUT_NS)
             q = dataclasses.replace(q, deadline_ns=min(q.deadline_ns, now + timeout), timeout_ns=timeout)
-        if q.deadline_ns - now < MIN_WORK_NS:
+        # too late to work on, unless the pair is decided already: a pair pending here (the other
+        # end goes first) is one the library waits longer for, and a keep now could leave the
+        # other end alone on the path
+        late = q.deadline_ns - now < MIN_WORK_NS
+        if late and q.kind != "RTR":
             return self._keep(c, q, "timeout")
         nic = self._nic_of_port(q.dev, q.port, q.sgid_index)
         if nic is None:                       # an RDMA port on a NIC the agent does not serve
@@ -770,13 +789,15 @@ class VerbsService:
         lq = self._register(c, q.dev, q.port, q.qpn)
         if lq is None:
             return self._keep(c, q, "error")
+        key = (lq.key, peer, q.dest_qpn)
+        d = self._decision(key)
+        if d is not None:                          # (whatever this user's caps: it costs no peer a word)
+            return self._answer(c, q, key, d, v)
+        if late:
+            return self._keep(c, q, "timeout")
         if c.pending >= MAX_PENDING_PER_CLIENT or self.per_uid[c.uid]["pending"] >= MAX_PENDING_PER_UID:
             self.counters["refused_questions"] += 1
             return self._keep(c, q, "busy")
-        key = (lq.key, peer, q.dest_qpn)
-        d = self._decision(key)
-        if d is not None:
-            return self._answer(c, q, key, d, v)
         here = _addr_lt(ours, peer)
         if self._behind(q, now):                   # both ends keep, rather than one too late
             self._decide_keep(key, here, "busy", c, q, nic)
