@@ -40,6 +40,7 @@ def parse(text: str) -> dict[str, tuple[str, float | str]]:
 
 
 _armed = parse(os.environ.get(ENV, ""))
+DROPS = any(action == "drop" for action, _ in _armed.values())   # for senders to test before naming a point
 
 
 def due(when: float | str, since: float) -> bool:

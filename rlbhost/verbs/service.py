@@ -1188,7 +1188,7 @@ class VerbsService:
         """To the peer's agent, from `src` (the base address of the NIC the message is about: the
         peer checks the sender is that NIC, and a server's source routing sends it out of it).
         Queued, and sent with the round's other messages for that peer (_flush)."""
-        if self.udp is not None and not failpoints.dropped(f"verbs-{msg.kind}"):
+        if self.udp is not None and not (failpoints.DROPS and failpoints.dropped(f"verbs-{msg.kind}")):
             self.outbox.setdefault((peer, src), []).append(msg.encode())
 
     def _flush(self):
