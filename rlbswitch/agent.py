@@ -2,7 +2,8 @@
 
 It attaches the ports it was given, then follows link state and neighbours (watcher.py), bird2's
 routes with --fabric/--node (birdsync.py), reports a leaf's uplinks to the coordinator
-(linkreport.py) and serves metrics. Built from options here, so the CLI only parses them and a
+(linkreport.py), serves metrics and makes the operator's changes (control.py: the agent is its
+tables' one writer). Built from options here, so the CLI only parses them and a
 test or a lab can run the same agent. Stopping it leaves forwarding running from the maps."""
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from rlbcoord import etcdauth, keys
 
 from . import neightable
 from .birdsync import BirdSync
+from .control import ControlServer
 from .dataplane import DataplaneError, SwitchDataplane
 from .heartbeat import INTERVAL_MS, Heartbeat
 from .linkreport import EtcdUplinks, HttpUplinks, LinkReporter
@@ -115,15 +117,19 @@ class SwitchAgent:
         self.sync: BirdSync | None = None
         self.runtime: AgentRuntime | None = None
         self.heartbeat: Heartbeat | None = None
+        self.control: ControlServer | None = None
 
     def start(self):
         o = self.opts
+        # one runtime for every loop of the agent: the bird follower's too
+        self.runtime = AgentRuntime(log, self.health)
         if not o.control_only:
+            # commands change the tables through the agent, their one writer (control.py)
+            self.control = ControlServer(self.dp)
+            self.runtime.every("control", 0, self.control.round)
             neightable.size_for(len(self.dp.ports()), self.dp.C["RLB_MAX_NEIGHBORS"])
             if o.fabric is not None:
                 self.dp.set_gtsm(o.fabric.bgp.ttl_security)
-        # one runtime for every loop of the agent: the bird follower's too
-        self.runtime = AgentRuntime(log, self.health)
         if o.fabric is not None:
             self.sync = BirdSync(self.dp, o.fabric, o.node, o.bird_socket or str(o.run_dir / f"{o.node}.ctl"),
                                  o.run_dir, self.runtime, resync_s=o.resync_s, program=not o.control_only)

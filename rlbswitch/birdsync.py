@@ -96,12 +96,11 @@ class BirdSync:
             return                          # neither path bandwidth nor routes from half a table
         if self.node.role in ("spine", "superspine"):
             self.sync_pathbw(table)
-        # Another writer's change may have been read in by someone else (a neighbour update
-        # reloads the model too): what counts is whether routes were synced since that read.
-        tables = self.dp.tables
-        if self.program and (key != self.last_table or tables.changed_elsewhere()
-                             or tables.loads != self.routes.synced_loads):
-            if self.routes.sync(table):        # bird changed, or somebody else changed the maps
+        # an operator's write (through this agent's control socket) may have taken or given
+        # back a prefix bird has: routes are synced again after one
+        if self.program and (key != self.last_table
+                             or self.dp.tables.operator_writes != self.routes.synced_writes):
+            if self.routes.sync(table):        # bird changed, or an operator changed the maps
                 self.last_table = key
         if time.monotonic() >= self._next_sessions:   # metrics and discovery back-off: 1 s is enough
             self.stats["sessions"] = {p["name"]: p["info"] for p in self.bird.protocols() if p["proto"] == "BGP"}

@@ -20,11 +20,13 @@ from rlbfabric.bird.ctl import BirdError
 from rlbfabric.errors import FabricError
 from rlbfabric.routes import MODES, NextHop, Route, RouteError
 
-from .dataplane import DataplaneError, SwitchDataplane
+from . import control
+from .dataplane import OWNER_WAIT_S, DataplaneError, SwitchDataplane
 from .heartbeat import INTERVAL_MS
 from .runfiles import health_file, why_file
 
 log = logging.getLogger("rlbswitch")
+AGENT_CLAIM_S = 30.0     # an agent starting waits this long for a command writing the tables
 app, ctx = common.agent_app(__doc__, SwitchDataplane, log)
 route_app = typer.Typer(help="Install, remove and show routes.", no_args_is_help=True)
 app.add_typer(route_app, name="route")
@@ -95,6 +97,8 @@ def run(
     opts.check(once)
     opts.fabric = load(fabric_file) if fabric_file else None
     dp = ctx.dataplane()
+    if not control_only:     # the tables' one writer, before anything is written (control.py)
+        dp.claim(timeout=AGENT_CLAIM_S if not once else OWNER_WAIT_S)
     adopted = dp.exists()
     agent_health = Health(health_file(dp.instance), hang_s)
     if not once:
@@ -151,7 +155,19 @@ def detach(
       rlbswitch detach eth3          # take one port out; the others keep forwarding\n
       rlbswitch detach --all         # remove RLB from this switch entirely
     """
-    common.detach(ctx.dataplane(), interfaces, all_, "routes stay pinned")
+    dp = ctx.dataplane()
+    if all_:
+        pid = dp.owner_pid()
+        if pid is not None:
+            raise DataplaneError(f"pid {pid} (the switch's agent, or a command) writes this switch's tables: "
+                                 "stop it first (an agent would attach again)")
+        dp.claim(0)
+        common.detach(dp, interfaces, all_, "routes stay pinned")
+        return
+    if not interfaces:
+        raise DataplaneError("name the interfaces to detach, or use --all")
+    control.submit(dp, "detach", interfaces=list(interfaces))
+    typer.echo(f"detached from {', '.join(interfaces)}; routes stay pinned")
 
 
 @route_app.command("add")
@@ -176,9 +192,8 @@ def route_add(
     """
     route = Route(prefix, mode, [NextHop.parse(v) for v in via or []],
                   [NextHop.parse(b) for b in backup or []], dev)
-    dp = ctx.dataplane()
-    dp.add_route(route)
-    typer.echo(f"{route.prefix}: {dp.describe(route)}")
+    control.submit(ctx.dataplane(), "add", route=route)
+    typer.echo(f"{route.prefix}: {SwitchDataplane.describe(route)}")
 
 
 @route_app.command("del")
@@ -186,7 +201,7 @@ def route_del(prefix: str = typer.Argument(..., help="The route's prefix, exactl
     """Remove a route.
 
     Example: rlbswitch route del fc00:2:1:1::/64"""
-    if not ctx.dataplane().del_route(prefix):
+    if not control.submit(ctx.dataplane(), "del", prefix=prefix):
         raise RouteError(f"no route {prefix}")
     typer.echo(f"removed {prefix}")
 
@@ -224,9 +239,7 @@ def route_apply(
     if dry_run:
         typer.echo(f"{len(routes)} routes read; nothing applied")
         return
-    dp = ctx.dataplane()
-    ch = dp.apply_routes(routes, merge=merge, owner="operator",
-                         scope=lambda net: dp.tables.owner(net) == "operator")
+    ch = control.submit(ctx.dataplane(), "apply", routes=routes, merge=merge)
     lines = [f"{label:<8} {p}" for label, items in (("added", ch.added), ("changed", ch.changed),
                                                      ("removed", ch.removed)) for p in items]
     typer.echo("\n".join([*lines, ch.summary()]))      # one write: 16384 echoes took 0.1 s
@@ -310,12 +323,14 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
     s = dp.stats()
     s["tables"] = dp.tables.usage()
     s["agent_loops"] = health.read(health_file(dp.instance))
+    s["writer_pid"] = dp.owner_pid()
     if as_json:
         typer.echo(json.dumps(s, indent=2))
         return
     t = s["tables"]
+    writer = f"written by pid {s['writer_pid']}" if s["writer_pid"] else "no writer running"
     typer.echo(f"state pinned at {dp.pins}: {t['routes']} routes, {t['groups']} groups, "
-               f"{t['nexthops']} next hops\n")
+               f"{t['nexthops']} next hops; {writer}\n")
     typer.echo(f"{'port':<12}{'state':<7}{'rx_pkts':>12}{'rx_bytes':>15}{'tx_pkts':>12}{'tx_bytes':>15}")
     for p in s["ports"]:
         typer.echo(f"{p['interface']:<12}{'up' if p['up'] else 'down':<7}{p['rx_packets']:>12}"
@@ -353,10 +368,11 @@ def config_cmd(
       rlbswitch config --flowlet-timeout-us 128
     """
     dp = ctx.dataplane()
-    dp.set_config(flowlet_timeout_ns=None if flowlet_timeout_us is None else flowlet_timeout_us * 1000,
-                  hash_seed=hash_seed, roce_port=roce_port,
-                  load_halflife_ns=None if load_halflife_us is None else load_halflife_us * 1000)
-    common.show(dp.config(), as_json)
+    values = {"flowlet_timeout_ns": None if flowlet_timeout_us is None else flowlet_timeout_us * 1000,
+              "hash_seed": hash_seed, "roce_port": roce_port,
+              "load_halflife_ns": None if load_halflife_us is None else load_halflife_us * 1000}
+    values = {k: v for k, v in values.items() if v is not None}
+    common.show(control.submit(dp, "config", values=values) if values else dp.config(), as_json)
 
 
 def main():

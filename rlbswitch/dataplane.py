@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from rlbcommon.cheader import constants, enum_names
 from rlbcommon.constants import ROCE_PORT
+from rlbcommon.filelock import Tenure
 from rlbcommon.maps import checked_set
 from rlbcommon.pinnedstate import PinnedState
 from rlbfabric.routes import NextHop, Route
@@ -58,6 +59,7 @@ POLICE.pop(C["RLB_P_MAX"], None)
 POLICE_DEFAULTS = {"fabric_control": (20000, 2000), "edge_control": (2000, 200), "hop_limit": (500, 50),
                    "neigh_miss": (20000, 5000), "other": (10000, 1000), "neigh_new": (50, 20)}
 DEFAULT_SPEED_MBPS = 10_000
+OWNER_WAIT_S = 10.0       # a write waits this long for another writer's command to finish
 # struct rlb_lpm_key's first field, per prefix length, as the kernel reads it (host order)
 _PREFIXLEN = [n.to_bytes(4, sys.byteorder) for n in range(129)]
 
@@ -110,13 +112,52 @@ class SwitchDataplane(PinnedState):
         self._carrier: dict[int, bool] = {}
         self._silent: set[int] = set()
         self._tables = None
+        self._owner: Tenure | None = None
 
     @property
     def tables(self):
-        """The routing model: the only writer of routes, groups and next hops."""
+        """The routing model: the only writer of routes, groups and next hops (in the process
+        that owns them: see claim)."""
         if self._tables is None:
             self._tables = SwitchTables(self)
         return self._tables
+
+    # ---- one writer -------------------------------------------------------------------
+    # The routing maps (routes, groups, next hops, the /64 table) and the settings have one
+    # writer at a time: the process holding the switch's owner lock. The agent holds it for its
+    # life; a CLI command holds it for the command when no agent runs and otherwise asks the
+    # agent (control.py). A model never goes stale under its owner: nothing to reload.
+    def claim(self, timeout: float = OWNER_WAIT_S) -> bool:
+        """Become the writer of this switch's tables, for this object's life (close lets go);
+        True when this call made it so. Waits at most timeout seconds for the holder."""
+        if self._owner is None:
+            self._owner = Tenure(f"{self.instance}-switch.owner")
+        if self._owner.held:
+            return False
+        if not self._owner.take(timeout):
+            raise DataplaneError(f"the tables of switch {self.instance} are written by another process "
+                                 f"(pid {self._owner.holder()}, its agent or a command): "
+                                 "`rlbswitch` commands go through a running agent")
+        return True
+
+    def owns(self) -> bool:
+        return self._owner is not None and self._owner.held
+
+    def owner_pid(self) -> int | None:
+        """Who writes the tables now: this process or another; None when nobody does."""
+        if self.owns():
+            return os.getpid()
+        probe = Tenure(f"{self.instance}-switch.owner")
+        if probe.take(0):
+            probe.release()
+            return None
+        return probe.holder()
+
+    def disown(self):
+        """Stop being the writer (another process may then claim the tables)."""
+        if self._owner is not None:
+            self._owner.release()
+        self._tables = None
 
     def load(self):
         """Compile and load the program; its maps are created or adopted from the pins."""
@@ -209,7 +250,7 @@ class SwitchDataplane(PinnedState):
     def close(self):
         super().close()
         self.prog_fd = None
-        self._tables = None
+        self.disown()
 
     def _init_config(self):
         cfg_map = self.maps["config"]
@@ -229,6 +270,7 @@ class SwitchDataplane(PinnedState):
         return {f: getattr(cfg, f) for f, _ in cfg._fields_}
 
     def set_config(self, **values):
+        self.claim()
         with self.locked():
             cfg = self.maps["config"].get(0)
             for k, v in values.items():
@@ -310,6 +352,7 @@ class SwitchDataplane(PinnedState):
         speed_mbps overrides what ethtool reports (veths claim 10 Gb/s whatever they carry);
         it sizes the port's DLB quality bands. Without it a re-registration keeps the bands.
         edge: its class (set_port_class; None keeps the one it has)."""
+        self.claim()               # before the locks: a writer finishing a step needs them
         with self.locked(), self.locked_part("ports"):
             ports = self.maps["ports"]
             slots = self.port_slots()

@@ -25,7 +25,7 @@ class RouteProgrammer:
         self.trusted, self.link_bw, self.stats = trusted, link_bw, stats
         self.programmed: set[str] = set()          # prefixes this agent owns (bird's routes)
         self.explain: dict[str, str] = {}
-        self.synced_loads = -1                     # the tables' load count at the last full sync
+        self.synced_writes = -1                    # the tables' operator writes at the last full sync
         self._reported: set = set()
         self._why_text = None
 
@@ -45,9 +45,8 @@ class RouteProgrammer:
         t0 = time.perf_counter()
         compiled = self.compile(paths)
         tables = self.dp.tables
-        tables.refresh()                           # owners as they are now, not as last loaded
         if only is None:
-            self.synced_loads = tables.loads       # a full sync has seen every writer's change
+            self.synced_writes = tables.operator_writes   # a full sync sees every operator's change
         for net in [n for n in compiled if tables.owner(n) not in (None, "agent")]:
             if ("owner", net) not in self._reported:
                 self._reported.add(("owner", net))

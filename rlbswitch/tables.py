@@ -11,18 +11,19 @@ next hops with reference counts, and the only code that writes those maps.
   next hops nobody references any more are zeroed and their ids freed.
 - Adoption reads the pinned maps once. Whatever a crash left between those steps is an orphan
   (a group or next hop no route reaches) and is reclaimed then.
-- Several processes may program one switch (the agent, the CLI): each write batch happens under
-  the pinned state's lock and leaves a stamp; a model that finds another writer's stamp reloads."""
+- One process writes the maps at a time, the owner (SwitchDataplane.claim: the agent, or a CLI
+  command when no agent runs; with an agent the CLI asks it, control.py). A model becomes the
+  writer on its first write and then reads the maps again, so it starts from what the last owner
+  left; after that nothing else writes under it and it never reloads. A model that does not own
+  the maps only reads them (a command's `status`)."""
 from __future__ import annotations
 
 import contextlib
 import ipaddress
 import logging
-import os
 from dataclasses import dataclass, field
 
 from rlbcommon.ipv6 import network_text
-from rlbcommon.paths import RUN_DIR
 
 from rlbfabric.routes import NextHop, Route, RouteError
 from . import dlbscan
@@ -102,20 +103,19 @@ class SwitchTables:
     def __init__(self, dp):
         self.dp = dp
         self.C = dp.C
-        self.stamp_path = RUN_DIR / f"{dp.instance}-switch.stamp"
-        self.stamp = None
-        self.writes = 0
+        self.batches = 0                    # write batches: a table applied again writes none
+        self.operator_writes = 0            # of them, those for an operator (not for bird)
         self._keys: dict | None = None     # next hop -> key, within one batch
         self._sets: dict | None = None     # next-hop set -> (next hop, group), within one batch
         self._values: dict[tuple, object] = {}   # route fields -> map value (_route_value)
-        self.loads = 0                      # reads of the maps: another writer's change seen
         self.dlb_scan = dlbscan.width()     # members the program scans for DLB, on this kernel
-        self.load()
+        with dp.locked():                   # a snapshot: the owner writes a batch under this lock
+            self.load()
 
     # ---- adoption -----------------------------------------------------------------------
     def load(self):
-        """Read the pinned maps; reclaim orphans (what a crash between steps left behind)."""
-        self.loads += 1
+        """Read the pinned maps; as their writer, reclaim orphans (what a crash between steps
+        left behind; to a reader, another writer's batch in progress looks the same)."""
         m = self.dp.maps
         self.nh_by_id: dict[int, _Nh] = {}
         self.nh_by_key: dict[NhKey, _Nh] = {}
@@ -150,11 +150,12 @@ class SwitchTables:
                 self.nh_by_id[nid].refs += 1
         self.free_nh = _FreeIds(self.C["RLB_MAX_NEXTHOPS"], set(self.nh_by_id))
         self.free_group = _FreeIds(self.C["RLB_MAX_GROUPS"], set(self.group_by_id))
+        if not self.dp.owns():
+            return 0, 0
         # orphans: what a crash left between writing and switching (or before freeing)
         orphans, lost = self._collect()
         if orphans or lost:
             log.info("adoption reclaimed %d orphan groups and %d orphan next hops", len(orphans), len(lost))
-        self.stamp = self._read_stamp()
         return len(orphans), len(lost)
 
     def _nh_key_of_entry(self, nh) -> NhKey:
@@ -173,35 +174,15 @@ class SwitchTables:
         if rt.group and rt.group in self.group_by_id:
             self.group_by_id[rt.group].refs += step
 
-    # ---- cross-process ------------------------------------------------------------------
-    def _read_stamp(self) -> str | None:
-        try:
-            return self.stamp_path.read_text()
-        except OSError:
-            return None
-
-    def refresh(self):
-        """Reload if another process wrote since (before deciding anything from the model)."""
-        with self.dp.locked():
-            self._sync_with_other_writers()
-
-    def changed_elsewhere(self) -> bool:
-        """Another process wrote the tables since this model last did (or read them)."""
-        return self._read_stamp() != self.stamp
-
-    def _sync_with_other_writers(self):
-        """Under the lock: reload if another process wrote since we last did."""
-        if self._read_stamp() != self.stamp:
-            log.info("the tables changed under us (another writer): reloading")
-            self.load()
-
-    def _leave_stamp(self):
-        self.writes += 1
-        self.stamp = f"{os.getpid()}:{id(self)}:{self.writes}\n"
-        RUN_DIR.mkdir(parents=True, exist_ok=True)
-        tmp = self.stamp_path.with_suffix(".tmp")
-        tmp.write_text(self.stamp)
-        tmp.replace(self.stamp_path)
+    # ---- the one writer ------------------------------------------------------------------
+    def _own(self):
+        """Before a write: this process becomes the maps' writer if it is not yet, and reads
+        them again (whatever the last writer left, orphans reclaimed). Not under the maps' lock:
+        the owner may need it to finish what it is doing."""
+        if not self.dp.owns():
+            self.dp.claim()
+            with self.dp.locked():
+                self.load()
 
     # ---- canonical form ------------------------------------------------------------------
     def _spec_key(self, h: NextHop) -> NhKey:
@@ -378,8 +359,8 @@ class SwitchTables:
 
     def port_moved(self, ifindex: int, slot: int):
         """A port (re)registered in a new slot: next hops and connected routes through it follow."""
+        self._own()
         with self.dp.locked():
-            self._sync_with_other_writers()
             m = self.dp.maps["nexthops"]
             for n in self.nh_by_id.values():
                 if n.key[0] == ifindex:
@@ -392,7 +373,6 @@ class SwitchTables:
                     rt.port = slot
                     self._write_route(net, rt)
                     self._fast_update(net, 0)
-            self._leave_stamp()
 
     def _build(self, route: Route, previous: _Route | None) -> _Route:
         """Steps 1 and 2 for one route: its next hops and group exist (refs taken)."""
@@ -476,8 +456,8 @@ class SwitchTables:
                 raise RouteError(f"{r.prefix} is given twice")
             want[r.prefix] = r
         ch = Changes()
+        self._own()
         with self.dp.locked(), self._batch():
-            self._sync_with_other_writers()
             todo = []
             for net, route in want.items():
                 cur = self.routes.get(net)
@@ -492,6 +472,9 @@ class SwitchTables:
                                      and (scope is None or scope(net))]
             if not todo and not gone:
                 return ch
+            self.batches += 1
+            if owner != "agent":
+                self.operator_writes += 1
             self.exact.defer()             # new /64s written in two batches at the end
             new: list[tuple[ipaddress.IPv6Network, _Route]] = []
             try:
@@ -539,7 +522,6 @@ class SwitchTables:
                 raise
             finally:
                 self.exact.flush(stop=True)
-                self._leave_stamp()
         if log.isEnabledFor(logging.DEBUG):
             for p in ch.added + ch.changed:
                 log.debug("route %s %s", p, self.dp.describe(want[ipaddress.IPv6Network(p)]))
@@ -585,15 +567,15 @@ class SwitchTables:
 
     def delete(self, prefix) -> bool:
         net = ipaddress.IPv6Network(prefix)
+        self._own()
         with self.dp.locked():
-            self._sync_with_other_writers()
             rt = self.routes.pop(net, None)
             if rt is None:
                 return False
+            self.operator_writes += 1
             self.dp.maps["routes"].delete(self.dp.lpm_key(net))
             self._fast_update(net, -1)
             self._release(rt)
-            self._leave_stamp()
         return True
 
     def _collect(self) -> tuple[list, list]:
@@ -609,8 +591,8 @@ class SwitchTables:
     # ---- neighbours -----------------------------------------------------------------------
     def update_neighbour(self, ifindex: int, address: str, mac: str | None) -> int:
         """A neighbour's MAC appeared, changed or went: the next hops through it follow."""
+        self._own()
         with self.dp.locked():
-            self._sync_with_other_writers()
             n = self.nh_by_key.get((ifindex, ipaddress.IPv6Address(address).packed, ""))
             changed = 0
             if n is not None:

@@ -21,7 +21,7 @@ def lab():
 
 def test_split_follows_the_fabric(lab):
     checks = scenario_passes("scaleup-3.1-split", lab)
-    assert checks[1].expected.startswith("{1: 0.2, 2: 0.4, 3: 0.4}")     # a half plane of three
+    assert checks[2].expected.startswith("{1: 0.2, 2: 0.4, 3: 0.4}")     # a half plane of three
 
 
 def test_sub_cable_moves_follow_the_fabric(lab):

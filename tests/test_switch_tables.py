@@ -1,6 +1,6 @@
 """The switch's routing model (rlbswitch/tables.py) against the real pinned maps of a loaded
 program: shared groups, capacity, random churn with every invariant checked against the maps,
-minimal diffs, orphans reclaimed at adoption, another writer, and SIGKILL at random instants."""
+minimal diffs, orphans reclaimed at adoption, one writer at a time, and SIGKILL at random instants."""
 from __future__ import annotations
 
 import ctypes as ct
@@ -18,7 +18,7 @@ import pytest
 from rlbcommon import bpfprog, maps
 from rlbfabric.routes import NextHop, Route, RouteError
 from rlbswitch import dlbscan
-from rlbswitch.dataplane import NH_VALID, SwitchDataplane
+from rlbswitch.dataplane import NH_VALID, DataplaneError, SwitchDataplane
 
 NH = [f"p{k}@02:00:00:00:01:0{k}" for k in range(4)]
 
@@ -85,9 +85,9 @@ def test_sixteen_thousand_routes_fit_and_forward(tables):
     for i in range(0, 16384, 1237):
         ret, out = harness_run(xdp, roce(dst=f"fc00:{i // 4096 + 2:x}:{i % 4096:x}:1::9"))
         assert ret == 4 and int(P.parse(out).dmac.split(":")[-1]) == i % 4      # XDP_REDIRECT, primary
-    stamp = tables.stamp
+    writes = tables.operator_writes
     one = pinned("fc00:2:5:1::/64", 2, [0, 1])
-    assert tables.apply([one], merge=True).changed == ["fc00:2:5:1::/64"] and tables.stamp != stamp
+    assert tables.apply([one], merge=True).changed == ["fc00:2:5:1::/64"] and tables.operator_writes == writes + 1
     assert tables.usage()["groups"] == 5
     check(tables.dp)
 
@@ -104,9 +104,9 @@ def test_the_same_table_again_writes_nothing(tables):
               Route("fc00:4::/64", "weighted", [NextHop.parse(NH[1] + "=3"), NextHop.parse(NH[3])]),
               Route("fc00:5::/64", "dlb", [NextHop.parse(h) for h in NH])]
     tables.apply(routes)
-    stamp = tables.stamp
+    batches = tables.batches
     ch = tables.apply(routes)
-    assert not ch and ch.unchanged == 4 and tables.stamp == stamp        # no batch at all
+    assert not ch and ch.unchanged == 4 and tables.batches == batches        # no batch at all
     # adopted from the maps by a fresh model, ECMP (stored as weighted) still compares equal
     tables.dp._tables = None
     assert tables.dp.tables.apply(routes).unchanged == 4
@@ -161,27 +161,42 @@ def test_orphans_left_by_a_crash_are_reclaimed_at_adoption(tables):
     assert dp.maps["groups"].get(77).n_members == 0 and not dp.maps["nexthops"].get(99).flags
 
 
-def test_another_writer_is_noticed(tables):
+def test_one_writer_at_a_time_and_the_next_starts_from_what_the_last_left(tables):
+    """The tables have one writer (the agent; a command when none runs): another process is told
+    who writes, and once the writer lets go, the next one's model starts from what it left."""
     tables.apply([pinned("fc00:2::/64", 0, [1])])
-    other = SwitchDataplane(tables.dp.instance)         # e.g. the CLI, while the agent runs
-    other.tables.apply([Route("fc00:7::/64", "dlb", [NextHop.parse(NH[3])])], merge=True)
-    other.close()
-    ch = tables.apply([pinned("fc00:2::/64", 0, [1]), pinned("fc00:8::/64", 1, [2])], merge=True)
-    assert ch.added == ["fc00:8::/64"]
-    assert "fc00:7::/64" in {str(n) for n in tables.routes}      # reloaded, not clobbered
-    check(tables.dp)
+    dp = tables.dp
+    assert dp.owns() and dp.owner_pid() == os.getpid()
+    other = SwitchDataplane(dp.instance)                   # e.g. a command, while the agent runs
+    try:
+        with pytest.raises(DataplaneError, match=f"pid {os.getpid()}"):
+            other.claim(timeout=0.1)
+        with pytest.raises(DataplaneError, match=f"pid {os.getpid()}"):
+            other.claim(timeout=0)
+            other.tables.apply([Route("fc00:7::/64", "dlb", [NextHop.parse(NH[3])])], merge=True)
+        assert "fc00:7::/64" not in {r["prefix"] for r in dp.routes()}
+        dp.disown()                                        # the agent stopped
+        other.tables.apply([Route("fc00:7::/64", "dlb", [NextHop.parse(NH[3])])], merge=True)
+        assert other.owns() and not dp.owns()
+    finally:
+        other.close()
+    ch = dp.tables.apply([pinned("fc00:2::/64", 0, [1]), pinned("fc00:8::/64", 1, [2])], merge=True)
+    assert dp.owns() and ch.added == ["fc00:8::/64"] and ch.unchanged == 1
+    assert "fc00:7::/64" in {str(n) for n in dp.tables.routes}      # read at its first write
+    check(dp)
 
 
 def test_the_agent_yields_to_an_operators_route_written_after_it_looked(tables):
     """The bird follower decides which prefixes are its own, then writes: an operator's route for
-    one of them written in between (the CLI is another process) must stay the operator's; the
-    agent's own write is what checks, under the lock it writes with. (CI: a leaf agent restarted
-    with an operator's route for a bird prefix found the route recorded as the agent's.)"""
+    one of them written in between (a command served by the agent's control thread) must stay
+    the operator's; the agent's own write is what checks, under the lock it writes with. (CI: a
+    leaf agent restarted with an operator's route for a bird prefix found the route recorded as
+    the agent's.)"""
     tables.apply([pinned("fc00:2::/64", 0, [1])], owner="agent")
     assert tables.owner("fc00:2::/64") == "agent"           # what the agent saw when it looked
-    other = SwitchDataplane(tables.dp.instance)
-    other.tables.apply([Route("fc00:2::/64", "dlb", [NextHop.parse(NH[3])])], merge=True, owner="operator")
-    other.close()
+    writes = tables.operator_writes
+    tables.apply([Route("fc00:2::/64", "dlb", [NextHop.parse(NH[3])])], merge=True, owner="operator")
+    assert tables.operator_writes == writes + 1             # the bird follower syncs again after it
     ch = tables.apply([pinned("fc00:2::/64", 1, [0]), pinned("fc00:8::/64", 1, [2])], merge=True,
                       owner="agent", only_own=True)
     assert ch.yielded == ["fc00:2::/64"] and ch.added == ["fc00:8::/64"]
@@ -217,20 +232,22 @@ def test_sigkill_at_random_instants_under_churn_leaves_nothing_adoption_cannot_r
     script.write_text(CHURN)
     rnd = random.Random(5)
     reclaimed = []
+    dp = tables.dp
     for run in range(8):
-        p = subprocess.Popen([sys.executable, str(script), tables.dp.instance, str(run)],
+        dp.disown()                     # the churning process is the writer until it is killed
+        p = subprocess.Popen([sys.executable, str(script), dp.instance, str(run)],
                              stdout=subprocess.PIPE, text=True)
         assert p.stdout.readline().strip() == "ready"
         time.sleep(rnd.uniform(0.2, 1.0))
         p.send_signal(signal.SIGKILL)
         p.wait()
-        tables.dp._tables = None
-        t = tables.dp.tables            # adoption: reclaims what the killed writer left
+        assert dp.claim(timeout=1)      # the dead writer's lock went with it
+        t = dp.tables                   # adoption: reclaims what the killed writer left
         reclaimed.append((len(t.group_by_id), len(t.nh_by_id)))
-        check(tables.dp)
+        check(dp)
         # and the tables are usable: the next batch goes in and leaves no orphan
         t.apply([pinned("fc00:ffff::/64", 0, [1, 2])], merge=True)
-        check(tables.dp)
+        check(dp)
     print(f"\nafter each kill: (groups, next hops) in use {reclaimed}")
 
 
