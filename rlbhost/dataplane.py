@@ -42,6 +42,13 @@ TC_EGRESS, TC_INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
 TC_PRIO, TC_HANDLE = 0xC0DE, 0x1
 IFA_F_TEMPORARY, IFA_F_DADFAILED, IFA_F_DEPRECATED, IFA_F_TENTATIVE = 0x01, 0x08, 0x20, 0x40   # if_addr.h
 DEFAULT_EXPIRY_MS = 200
+
+
+def sweep_period(expiry_ms: float) -> float:
+    """Seconds between sweeps (an idle QP leaves its path within an expiry and a sweep): half
+    the expiry, at least 50 ms and at most 1 s, so that an expiry lowered at run time is seen
+    within a second (half of a 60 s expiry kept a minute's idle QPs counted for 30 s more)."""
+    return min(1.0, max(0.05, expiry_ms / 2000))
 SWEPT_MAX = 65536     # idle QPs kept for the coordinator client between two of its reports
 DEFAULT_ROCE_PORT = ROCE_PORT
 WEIGHT_SCALE = 1000   # weights are stored as integers: 0.5 -> 500

@@ -22,7 +22,7 @@ from rlbcoord import etcdauth, keys
 from ..assemble import HOST_AGENTS, Assembled, Options, apply_config, verbs_service
 from ..coordclient import CoordinatorClient
 from ..etcdclient import EtcdCoordinatorClient, Lease
-from ..dataplane import HostDataplane, HostError
+from ..dataplane import HostDataplane, HostError, sweep_period
 from ..nics import Nic, fabric_nics, open_nics
 from ..verbs.advice import FabricView
 
@@ -157,7 +157,7 @@ class ClosHostAgent:
         ready.wait()
         log.info("following addresses of %s; %s", ", ".join(n.ifname for n in self.nics),
                  ", ".join(self._named(n, f"{sum(p.valid for p in n.dp.paths())} paths") for n in self.nics))
-        self.runtime.every("sweep", lambda: max(0.05, min(n.dp.config()["expiry_ms"] for n in self.nics) / 2000),
+        self.runtime.every("sweep", lambda: sweep_period(min(n.dp.config()["expiry_ms"] for n in self.nics)),
                            self.sweep, (HostError, OSError), foreground=True)
 
 

@@ -32,7 +32,7 @@ from rlbfabric.bird.ctl import BirdClient, BirdError
 from rlbfabric.kinds.scaleup import LOOPBACK_DEVICE, SWITCH_LL, ScaleupFabric
 
 from ..assemble import HOST_AGENTS, Assembled, Options, apply_config, fabric_keys, on_loopback_device
-from ..dataplane import HostDataplane, HostError, PortPath
+from ..dataplane import HostDataplane, HostError, PortPath, sweep_period
 from ..links import has_carrier, neighbour_macs
 from ..probekeys import KeyFile
 from ..probes import DEAD_MS, INTERVAL_MS, PROBE_PORT, Prober
@@ -338,7 +338,7 @@ class ScaleupGpuAgent:
         self.supervisor.start("probes", self.prober.run)
         log.info("following planes of %s: %d planes x %d sub-ports, loopback %s", self.gpu,
                  len(self.fabric.planes), self.fabric.subports, self.loopback)
-        self.runtime.every("sweep", lambda: max(0.05, self.dp.config()["expiry_ms"] / 2000), self.dp.rebalance,
+        self.runtime.every("sweep", lambda: sweep_period(self.dp.config()["expiry_ms"]), self.dp.rebalance,
                            (HostError, OSError))
         self.runtime.every("planes", self.period_s, self._round, (HostError, OSError), wake=self.wake,
                            foreground=True)

@@ -50,11 +50,12 @@ def _plane_of(lab, value: int) -> int:
     return (value - 1) // lab.fabric.subports + 1
 
 
-def _qp_paths(lab, gpu: str, peer: str) -> dict[tuple[int, int], int]:
-    """{(UDP source port, QP): path value} of a GPU's active QPs to a peer."""
+def _qp_paths(lab, gpu: str, peer: str, idle: bool = False) -> dict[tuple[int, int], int]:
+    """{(UDP source port, QP): path value} of a GPU's active QPs to a peer (idle: and those its
+    table still holds, not swept yet)."""
     lo = lab.fabric.loopback(peer)
     return {(q["sport"], q["qp"]): q["path"] + 1 for q in json.loads(lab.cli(gpu, "qps", "--json"))
-            if q["peer"] == lo and q["active"]}
+            if q["peer"] == lo and (q["active"] or idle)}
 
 
 def _converged_first(fn):
@@ -79,12 +80,13 @@ def scaleup_split(lab, n_qps: int = 64) -> list[Check]:
     expiry = json.loads(lab.cli("g1", "config", "--json"))["expiry_ms"]
     lab.cli("g1", "config", "--expiry-ms", str(max(60000, int(4000 * lab.SETTLE_S))))
     lab.set_port("g2", f"eth-p1-{m}", False)
+    ours: set = set()
     try:
         want = _one_subport_fewer(lab, 1)
         got = _wait_planes(lab, "g1", "g2", want)
         checks = [Check("g1's plane weights to g2 (Gb/s)", got, str(want), got == want)]
         r = lab.run_qps("g1", "g2", n_qps, 20, seed=21)
-        ours = {(f.sport, f.qp) for f in r.flows}
+        ours.update((f.sport, f.qp) for f in r.flows)
         placed = [v for q, v in _qp_paths(lab, "g1", "g2").items() if q in ours]
         checks.append(Check("the run's QPs active in g1's table", len(placed), str(n_qps), len(placed) == n_qps))
         per_sub = Counter(((v - 1) // m + 1, (v - 1) % m + 1) for v in placed)
@@ -103,6 +105,10 @@ def scaleup_split(lab, n_qps: int = 64) -> list[Check]:
     finally:
         lab.set_port("g2", f"eth-p1-{m}", True)
         lab.cli("g1", "config", "--expiry-ms", f"{expiry:g}")
+        # the next scenario's QPs must not meet these: gone within an expiry and a sweep
+        deadline = time.monotonic() + 30
+        while ours & set(_qp_paths(lab, "g1", "g2", idle=True)) and time.monotonic() < deadline:
+            time.sleep(0.2)
     return checks
 
 
