@@ -44,7 +44,8 @@ from rlbcommon import netns  # noqa: E402
 from rlbcommon import packets as P  # noqa: E402
 from rlbcommon.testrun import TC_ACT_REDIRECT, XDP_PASS, XDP_REDIRECT, prog_test_run  # noqa: E402
 from rlbhost.dataplane import HostDataplane  # noqa: E402
-from rlbswitch.dataplane import POLICE, SwitchDataplane  # noqa: E402
+from rlbswitch.abi import POLICE  # noqa: E402
+from rlbswitch.dataplane import SwitchDataplane  # noqa: E402
 from rlbfabric.routes import NextHop, Route  # noqa: E402
 from rlblab import topo  # noqa: E402
 

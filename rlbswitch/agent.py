@@ -21,7 +21,7 @@ from rlbcommon.runtime import AgentRuntime
 from rlbfabric.base import Fabric, SwitchedFabric
 from rlbcoord import etcdauth, keys
 
-from . import neightable
+from . import abi, neightable
 from .birdsync import BirdSync
 from .control import ControlServer
 from .dataplane import DataplaneError, SwitchDataplane
@@ -127,7 +127,7 @@ class SwitchAgent:
             # commands change the tables through the agent, their one writer (control.py)
             self.control = ControlServer(self.dp)
             self.runtime.every("control", 0, self.control.round)
-            neightable.size_for(len(self.dp.ports()), self.dp.C["RLB_MAX_NEIGHBORS"])
+            neightable.size_for(len(self.dp.ports()), abi.C["RLB_MAX_NEIGHBORS"])
             if o.fabric is not None:
                 self.dp.set_gtsm(o.fabric.bgp.ttl_security)
         if o.fabric is not None:

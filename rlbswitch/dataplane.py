@@ -13,31 +13,21 @@ import os
 import random
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass
 
 
-from rlbcommon.cheader import constants, enum_names
 from rlbcommon.constants import ROCE_PORT
 from rlbcommon.filelock import Tenure
 from rlbcommon.maps import checked_set
 from rlbcommon.pinnedstate import PinnedState
 from rlbfabric.routes import NextHop, Route
 
-from . import dlbscan
-from .tables import SwitchTables
+from . import abi, dlbscan
+from .abi import (C, MODE_IDS, MODE_NAMES, NH_RESOLVED, NH_STATIC, NH_VALID, OWNER_NAMES, POLICE, REASONS,
+                  SOURCE, mac_bytes, mac_str)
+from .tables import SwitchTables, describe
 
 log = logging.getLogger(__name__)
-
-SOURCE, HEADER = "rlb_switch.c", "rlb_switch.h"
-C = constants(HEADER)
-# forwarding modes as the program knows them (enum rlb_mode; "none" is an empty entry)
-MODE_NAMES = {v: name for v, name in enum_names(HEADER, "RLB_MODE_").items() if name != "none"}
-MODE_IDS = {k: v for v, k in MODE_NAMES.items()}
-OWNER_NAMES = enum_names(HEADER, "RLB_OWNER_")                      # id -> name
-OWNERS = {v: k for k, v in OWNER_NAMES.items()}                      # name -> id
-REASONS = enum_names(HEADER, "RLB_R_")
-NH_VALID, NH_RESOLVED, NH_STATIC = C["RLB_NH_VALID"], C["RLB_NH_RESOLVED"], C["RLB_NH_STATIC"]
 
 XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE = 1 << 1, 1 << 2
 IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
@@ -45,8 +35,6 @@ IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
 NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80
 
 DEFAULTS = {"flowlet_timeout_ns": 256_000, "load_halflife_ns": 100_000, "roce_port": ROCE_PORT}
-POLICE = enum_names(HEADER, "RLB_P_")          # {bucket id: name}, without "max"
-POLICE.pop(C["RLB_P_MAX"], None)
 # The slow path's rates, packets/s and burst per CPU, in the spirit of SONiC's and Junos's
 # control-plane policing defaults: the fabric's own control traffic (BGP, BFD at 3 x 20/s per
 # session, ND) far above what it needs, a host's punts well below what the kernel can take.
@@ -60,20 +48,10 @@ POLICE_DEFAULTS = {"fabric_control": (20000, 2000), "edge_control": (2000, 200),
                    "neigh_miss": (20000, 5000), "other": (10000, 1000), "neigh_new": (50, 20)}
 DEFAULT_SPEED_MBPS = 10_000
 OWNER_WAIT_S = 10.0       # a write waits this long for another writer's command to finish
-# struct rlb_lpm_key's first field, per prefix length, as the kernel reads it (host order)
-_PREFIXLEN = [n.to_bytes(4, sys.byteorder) for n in range(129)]
 
 
 class DataplaneError(RuntimeError):
     """An operation the data plane cannot do; the message is for the operator."""
-
-
-def mac_bytes(mac: str) -> bytes:
-    return bytes(int(x, 16) for x in mac.split(":"))
-
-
-def mac_str(b) -> str:
-    return ":".join(f"{x:02x}" for x in bytes(b))
 
 
 def band_bytes(speed_mbps: int, halflife_ns: int) -> int:
@@ -98,10 +76,6 @@ class SwitchDataplane(PinnedState):
     component, source, marker = "switch", SOURCE, "routes"
     error = DataplaneError
     hint = "run 'rlbswitch attach IFACE' first"
-    # what the routing model (tables.py) needs of the layout
-    C, MODE_IDS, MODE_NAMES, OWNERS, OWNER_NAMES = C, MODE_IDS, MODE_NAMES, OWNERS, OWNER_NAMES
-    NH_VALID, NH_RESOLVED, NH_STATIC = NH_VALID, NH_RESOLVED, NH_STATIC
-    mac_str, mac_bytes = staticmethod(mac_str), staticmethod(mac_bytes)
 
     def __init__(self, instance: str | None = None):
         super().__init__(instance)
@@ -119,7 +93,9 @@ class SwitchDataplane(PinnedState):
         """The routing model: the only writer of routes, groups and next hops (in the process
         that owns them: see claim)."""
         if self._tables is None:
-            self._tables = SwitchTables(self)
+            # the model's collaborators: the maps, and this object as the ports, the
+            # neighbour resolver and the one-writer lock (tables.py's protocols)
+            self._tables = SwitchTables(self.maps, ports=self, neighbours=self, writer=self)
         return self._tables
 
     # ---- one writer -------------------------------------------------------------------
@@ -527,15 +503,8 @@ class SwitchDataplane(PinnedState):
         return changed
 
     # ---- routes (written by the model in tables.py) ----------------------------------------
-    @staticmethod
-    def lpm_key_bytes(prefix: ipaddress.IPv6Network) -> bytes:
-        """struct rlb_lpm_key of prefix as bytes: its length, then the address."""
-        return _PREFIXLEN[prefix.prefixlen] + prefix.network_address.packed
-
     def lpm_key(self, prefix: ipaddress.IPv6Network):
-        """The trie's key for prefix, built from its bytes in one copy (a leaf's table is tens
-        of thousands of them)."""
-        return self.maps["routes"].key_type.from_buffer_copy(self.lpm_key_bytes(prefix))
+        return abi.lpm_key(self.maps["routes"], prefix)
 
     def add_route(self, route: Route, owner: str = "operator"):
         """Install or replace one route, make-before-break."""
@@ -553,13 +522,7 @@ class SwitchDataplane(PinnedState):
             self.sync_neighbours()
         return ch
 
-    @staticmethod
-    def describe(route: Route) -> str:
-        if route.mode == "connected":
-            return f"connected dev {route.dev}"
-        via = " ".join(str(h) for h in route.nexthops)
-        bk = f" backup {' '.join(str(b) for b in route.backups)}" if route.backups else ""
-        return f"{route.mode} via {via}{bk}".rstrip()
+    describe = staticmethod(describe)
 
     def del_route(self, prefix) -> bool:
         prefix = ipaddress.IPv6Network(prefix)

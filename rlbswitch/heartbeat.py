@@ -32,7 +32,8 @@ from pathlib import Path
 
 from rlbcommon.cheader import constants
 
-from .dataplane import HEADER, DataplaneError, SwitchDataplane
+from .abi import HEADER
+from .dataplane import DataplaneError, SwitchDataplane
 from .discovery import echo_peer
 
 log = logging.getLogger(__name__)

@@ -22,11 +22,12 @@ import contextlib
 import ipaddress
 import logging
 from dataclasses import dataclass, field
+from typing import Any, ContextManager, Protocol
 
 from rlbcommon.ipv6 import network_text
 
 from rlbfabric.routes import NextHop, Route, RouteError
-from . import dlbscan
+from . import abi, dlbscan
 from .exact import ExactTable
 from .slots import build_slots
 
@@ -99,28 +100,61 @@ class _FreeIds:
         return len(self.free)
 
 
+class Ports(Protocol):
+    """The switch's ports as the model needs them."""
+    error: type[Exception]                       # what naming a port that is not there raises
+
+    def ifindex(self, ifname: str) -> int: ...
+
+    def port_slot(self, ifindex: int) -> tuple[int, Any] | None: ...   # (slot, struct rlb_port)
+
+
+class Neighbours(Protocol):
+    """The kernel's neighbour table: a gateway's MAC, and asking for one not known yet."""
+    def lookup_neighbour(self, ifindex: int, gateway: str) -> str | None: ...
+
+    def solicit(self, ifname: str, gateway: str) -> None: ...
+
+
+class Writer(Protocol):
+    """The one-writer rule (SwitchDataplane.claim) and the lock a write batch holds."""
+    def locked(self) -> ContextManager: ...
+
+    def owns(self) -> bool: ...
+
+    def claim(self) -> bool: ...
+
+
+def describe(route: Route) -> str:
+    """A route in a line, as the operator wrote it."""
+    if route.mode == "connected":
+        return f"connected dev {route.dev}"
+    via = " ".join(str(h) for h in route.nexthops)
+    bk = f" backup {' '.join(str(b) for b in route.backups)}" if route.backups else ""
+    return f"{route.mode} via {via}{bk}".rstrip()
+
+
 class SwitchTables:
-    def __init__(self, dp):
-        self.dp = dp
-        self.C = dp.C
+    def __init__(self, maps, ports: Ports, neighbours: Neighbours, writer: Writer):
+        self.maps, self.ports, self.neighbours, self.writer = maps, ports, neighbours, writer
         self.batches = 0                    # write batches: a table applied again writes none
         self.operator_writes = 0            # of them, those for an operator (not for bird)
         self._keys: dict | None = None     # next hop -> key, within one batch
         self._sets: dict | None = None     # next-hop set -> (next hop, group), within one batch
         self._values: dict[tuple, object] = {}   # route fields -> map value (_route_value)
         self.dlb_scan = dlbscan.width()     # members the program scans for DLB, on this kernel
-        with dp.locked():                   # a snapshot: the owner writes a batch under this lock
+        with writer.locked():               # a snapshot: the owner writes a batch under this lock
             self.load()
 
     # ---- adoption -----------------------------------------------------------------------
     def load(self):
         """Read the pinned maps; as their writer, reclaim orphans (what a crash between steps
         left behind; to a reader, another writer's batch in progress looks the same)."""
-        m = self.dp.maps
+        m = self.maps
         self.nh_by_id: dict[int, _Nh] = {}
         self.nh_by_key: dict[NhKey, _Nh] = {}
         for i, nh in enumerate(m["nexthops"].array_values()):
-            if i and nh is not None and nh.flags & self.dp.NH_VALID:
+            if i and nh is not None and nh.flags & abi.NH_VALID:
                 key = self._nh_key_of_entry(nh)
                 n = _Nh(i, key)
                 self.nh_by_id[i] = n
@@ -140,17 +174,17 @@ class SwitchTables:
         self.routes: dict[ipaddress.IPv6Network, _Route] = {}
         for k, r in m["routes"].items():
             net = ipaddress.IPv6Network((bytes(k.addr), k.prefixlen))
-            self.routes[net] = _Route(self.dp.MODE_NAMES.get(r.mode, f"mode{r.mode}"), r.nexthop, r.group,
-                                      r.ifindex, r.port, self.dp.OWNER_NAMES.get(r.owner, "unknown"))
+            self.routes[net] = _Route(abi.MODE_NAMES.get(r.mode, f"mode{r.mode}"), r.nexthop, r.group,
+                                      r.ifindex, r.port, abi.OWNER_NAMES.get(r.owner, "unknown"))
         for rt in self.routes.values():
             self._ref(rt, +1)
         self._fast_rebuild()
         for g in self.group_by_id.values():
             for nid in g.members:
                 self.nh_by_id[nid].refs += 1
-        self.free_nh = _FreeIds(self.C["RLB_MAX_NEXTHOPS"], set(self.nh_by_id))
-        self.free_group = _FreeIds(self.C["RLB_MAX_GROUPS"], set(self.group_by_id))
-        if not self.dp.owns():
+        self.free_nh = _FreeIds(abi.C["RLB_MAX_NEXTHOPS"], set(self.nh_by_id))
+        self.free_group = _FreeIds(abi.C["RLB_MAX_GROUPS"], set(self.group_by_id))
+        if not self.writer.owns():
             return 0, 0
         # orphans: what a crash left between writing and switching (or before freeing)
         orphans, lost = self._collect()
@@ -159,8 +193,8 @@ class SwitchTables:
         return len(orphans), len(lost)
 
     def _nh_key_of_entry(self, nh) -> NhKey:
-        if nh.flags & self.dp.NH_STATIC:
-            return (nh.ifindex, b"", self.dp.mac_str(nh.dmac))
+        if nh.flags & abi.NH_STATIC:
+            return (nh.ifindex, b"", abi.mac_str(nh.dmac))
         return (nh.ifindex, bytes(nh.gateway), "")
 
     @staticmethod
@@ -179,17 +213,20 @@ class SwitchTables:
         """Before a write: this process becomes the maps' writer if it is not yet, and reads
         them again (whatever the last writer left, orphans reclaimed). Not under the maps' lock:
         the owner may need it to finish what it is doing."""
-        if not self.dp.owns():
-            self.dp.claim()
-            with self.dp.locked():
+        if not self.writer.owns():
+            self.writer.claim()
+            with self.writer.locked():
                 self.load()
+
+    def _key(self, net: ipaddress.IPv6Network):
+        return abi.lpm_key(self.maps["routes"], net)
 
     # ---- canonical form ------------------------------------------------------------------
     def _spec_key(self, h: NextHop) -> NhKey:
         spec = (h.ifname, h.gateway, h.mac)          # the weight is not part of it
         key = self._keys.get(spec) if self._keys is not None else None
         if key is None:
-            ifindex = self.dp.ifindex(h.ifname)
+            ifindex = self.ports.ifindex(h.ifname)
             key = (ifindex, b"", h.mac.lower()) if h.mac else (ifindex, ipaddress.IPv6Address(h.gateway).packed, "")
             if self._keys is not None:
                 self._keys[spec] = key
@@ -199,7 +236,7 @@ class SwitchTables:
         """What a route means in map terms, comparable with what is programmed."""
         mode = "weighted" if route.mode == "ecmp" else route.mode
         if mode == "connected":
-            return (mode, None, None, self.dp.ifindex(route.dev))
+            return (mode, None, None, self.ports.ifindex(route.dev))
         if mode == "local":
             return (mode, None, None, 0)
         if mode == "pinned":
@@ -222,28 +259,28 @@ class SwitchTables:
         if n is not None:
             return n
         ifindex = key[0]
-        found = self.dp.port_slot(ifindex)
+        found = self.ports.port_slot(ifindex)
         if found is None:
-            raise self.dp.error(f"{spec.ifname} is not attached: run 'rlbswitch attach {spec.ifname}'")
+            raise self.ports.error(f"{spec.ifname} is not attached: run 'rlbswitch attach {spec.ifname}'")
         slot, port = found
         i = self.free_nh.take("next-hop")
-        m = self.dp.maps["nexthops"]
+        m = self.maps["nexthops"]
         e = m.leaf_type()
-        e.ifindex, e.port, e.flags = ifindex, slot, self.dp.NH_VALID
+        e.ifindex, e.port, e.flags = ifindex, slot, abi.NH_VALID
         e.smac[:] = bytes(port.mac)
         if spec.mac:
-            e.dmac[:] = self.dp.mac_bytes(spec.mac)
-            e.flags |= self.dp.NH_RESOLVED | self.dp.NH_STATIC
+            e.dmac[:] = abi.mac_bytes(spec.mac)
+            e.flags |= abi.NH_RESOLVED | abi.NH_STATIC
         else:
             e.gateway[:] = key[1]
-            mac = self.dp.lookup_neighbour(ifindex, spec.gateway)
+            mac = self.neighbours.lookup_neighbour(ifindex, spec.gateway)
             if mac:
-                e.dmac[:] = self.dp.mac_bytes(mac)
-                e.flags |= self.dp.NH_RESOLVED
+                e.dmac[:] = abi.mac_bytes(mac)
+                e.flags |= abi.NH_RESOLVED
             else:
-                self.dp.solicit(spec.ifname, spec.gateway)
+                self.neighbours.solicit(spec.ifname, spec.gateway)
                 log.info("next hop %s unresolved: asked the kernel to resolve it", spec)
-        self.dp.maps["nh_stats"].zero(i)
+        self.maps["nh_stats"].zero(i)
         m.set(i, e)
         n = _Nh(i, key)
         self.nh_by_id[i] = n
@@ -251,8 +288,8 @@ class SwitchTables:
         return n
 
     def _acquire_group(self, members: list[tuple[_Nh, int]], previous: int) -> _Group:
-        if len(members) > self.C["RLB_MAX_MEMBERS"]:
-            raise RouteError(f"at most {self.C['RLB_MAX_MEMBERS']} next hops per route")
+        if len(members) > abi.C["RLB_MAX_MEMBERS"]:
+            raise RouteError(f"at most {abi.C['RLB_MAX_MEMBERS']} next hops per route")
         key = self._group_key([n.id for n, _ in members], [w for _, w in members])
         g = self.group_by_key.get(key)
         if g is not None:
@@ -266,11 +303,11 @@ class SwitchTables:
         ids, weights = [n.id for n, _ in ordered], [w for _, w in ordered]
         prev_table, generation = None, 1
         if prev is not None:
-            old = self.dp.maps["groups"].get(prev.id)
+            old = self.maps["groups"].get(prev.id)
             prev_table = [old.member_nh[s] for s in old.slot]
             generation = prev.generation + 1
-        table = build_slots(ids, weights, self.C["RLB_SLOTS"], prev_table)
-        m = self.dp.maps["groups"]
+        table = build_slots(ids, weights, abi.C["RLB_SLOTS"], prev_table)
+        m = self.maps["groups"]
         e = m.leaf_type()
         e.n_members, e.generation = len(ids), generation
         for i, (nid, w) in enumerate(zip(ids, weights)):
@@ -285,7 +322,7 @@ class SwitchTables:
         return g
 
     def _free_group(self, g: _Group):
-        self.dp.maps["groups"].zero(g.id)
+        self.maps["groups"].zero(g.id)
         self.group_by_id.pop(g.id, None)
         if self.group_by_key.get(g.key) is g:
             del self.group_by_key[g.key]
@@ -294,7 +331,7 @@ class SwitchTables:
             self.nh_by_id[nid].refs -= 1
 
     def _free_nh(self, n: _Nh):
-        self.dp.maps["nexthops"].zero(n.id)
+        self.maps["nexthops"].zero(n.id)
         self.nh_by_id.pop(n.id, None)
         if self.nh_by_key.get(n.key) is n:
             del self.nh_by_key[n.key]
@@ -308,17 +345,17 @@ class SwitchTables:
         if v is None:
             if len(self._values) >= VALUES_MAX:
                 self._values.clear()
-            v = self.dp.maps["routes"].leaf_type()
-            v.mode = self.dp.MODE_IDS[rt.mode]
+            v = self.maps["routes"].leaf_type()
+            v.mode = abi.MODE_IDS[rt.mode]
             v.nexthop, v.group, v.ifindex, v.port = rt.nexthop, rt.group, rt.ifindex, rt.port
-            v.owner = self.dp.OWNERS[rt.owner]
+            v.owner = abi.OWNERS[rt.owner]
             self._values[fields] = v
         return v
 
     def _write_route(self, net: ipaddress.IPv6Network, rt: _Route):
         """The trie's entry; returns the value written (the exact table takes the same)."""
         value = self._route_value(rt)
-        self.dp.maps["routes"].set(self.dp.lpm_key(net), value)
+        self.maps["routes"].set(self._key(net), value)
         return value
 
     # ---- the exact /64 table ---------------------------------------------------------------
@@ -352,7 +389,7 @@ class SwitchTables:
             if net.prefixlen > 64:
                 n64 = net.supernet(new_prefix=64)
                 self._longer[n64] = self._longer.get(n64, 0) + 1
-        self.exact = ExactTable(self.dp.maps["exact64"], self.dp.C)
+        self.exact = ExactTable(self.maps["exact64"], abi.C)
         self.exact.load()
         self.exact.sync({n: self._route_value(rt) for n, rt in self.routes.items()
                          if n.prefixlen == 64 and n not in self._longer})
@@ -360,8 +397,8 @@ class SwitchTables:
     def port_moved(self, ifindex: int, slot: int):
         """A port (re)registered in a new slot: next hops and connected routes through it follow."""
         self._own()
-        with self.dp.locked():
-            m = self.dp.maps["nexthops"]
+        with self.writer.locked():
+            m = self.maps["nexthops"]
             for n in self.nh_by_id.values():
                 if n.key[0] == ifindex:
                     e = m.get(n.id)
@@ -380,10 +417,10 @@ class SwitchTables:
         rt = _Route(mode)
         prev_group = previous.group if previous else 0
         if mode == "connected":
-            rt.ifindex = self.dp.ifindex(route.dev)
-            found = self.dp.port_slot(rt.ifindex)
+            rt.ifindex = self.ports.ifindex(route.dev)
+            found = self.ports.port_slot(rt.ifindex)
             if found is None:
-                raise self.dp.error(f"{route.dev} is not attached")
+                raise self.ports.error(f"{route.dev} is not attached")
             rt.port = found[0]
         elif mode != "local":
             rt.nexthop, rt.group = self._next_hops_of(route, mode, prev_group)
@@ -449,7 +486,7 @@ class SwitchTables:
         only_own: a route another owner holds is left alone (Changes.yielded), decided under the
         lock the write takes: the bird follower's check before it had a window in which an
         operator's route written meanwhile was overwritten as the agent's."""
-        self.dp.OWNERS[owner]               # an unknown owner fails here, before anything is written
+        abi.OWNERS[owner]               # an unknown owner fails here, before anything is written
         want: dict[ipaddress.IPv6Network, Route] = {}
         for r in desired:
             if r.prefix in want:
@@ -457,7 +494,7 @@ class SwitchTables:
             want[r.prefix] = r
         ch = Changes()
         self._own()
-        with self.dp.locked(), self._batch():
+        with self.writer.locked(), self._batch():
             todo = []
             for net, route in want.items():
                 cur = self.routes.get(net)
@@ -478,11 +515,11 @@ class SwitchTables:
             self.exact.defer()             # new /64s written in two batches at the end
             new: list[tuple[ipaddress.IPv6Network, _Route]] = []
             try:
-                routes_map = self.dp.maps["routes"]
+                routes_map = self.maps["routes"]
                 # withdrawals first: they always apply, whatever the new routes meet (a full
                 # table), and the room they free is there for the new ones
                 for net in gone:
-                    routes_map.delete(self.dp.lpm_key(net))
+                    routes_map.delete(self._key(net))
                     old = self.routes.pop(net)
                     self._fast_update(net, -1)                       # before its group is freed
                     self._release(old)
@@ -490,7 +527,7 @@ class SwitchTables:
                 for net, route, cur in todo:
                     try:
                         rt = self._build(route, cur)                  # steps 1, 2
-                    except (RouteError, self.dp.error) as e:
+                    except (RouteError, self.ports.error) as e:
                         if not keep_going:
                             raise
                         self._collect()
@@ -524,19 +561,19 @@ class SwitchTables:
                 self.exact.flush(stop=True)
         if log.isEnabledFor(logging.DEBUG):
             for p in ch.added + ch.changed:
-                log.debug("route %s %s", p, self.dp.describe(want[ipaddress.IPv6Network(p)]))
+                log.debug("route %s %s", p, describe(want[ipaddress.IPv6Network(p)]))
         return ch
 
     def _add_new(self, new: list, ch: Changes, keep_going: bool):
         """Step 3 for routes the trie does not have yet: their entries in one batch write. An
         entry the map refuses (the table full) takes nothing with it; without keep_going it
         stops the batch, and the entries after it are not written either. Empties new."""
-        routes_map = self.dp.maps["routes"]
+        routes_map = self.maps["routes"]
         try:
             while new:
                 values = [self._route_value(rt) for _, rt in new]
                 raw = {id(v): bytes(v) for v in {id(v): v for v in values}.values()}   # shared: one copy each
-                done, err = routes_map.put_many(b"".join(self.dp.lpm_key_bytes(net) for net, _ in new),
+                done, err = routes_map.put_many(b"".join(abi.lpm_key_bytes(net) for net, _ in new),
                                                 b"".join(raw[id(v)] for v in values), len(new))
                 for (net, rt), value in zip(new[:done], values):
                     self.routes[net] = rt
@@ -568,12 +605,12 @@ class SwitchTables:
     def delete(self, prefix) -> bool:
         net = ipaddress.IPv6Network(prefix)
         self._own()
-        with self.dp.locked():
+        with self.writer.locked():
             rt = self.routes.pop(net, None)
             if rt is None:
                 return False
             self.operator_writes += 1
-            self.dp.maps["routes"].delete(self.dp.lpm_key(net))
+            self.maps["routes"].delete(self._key(net))
             self._fast_update(net, -1)
             self._release(rt)
         return True
@@ -592,17 +629,17 @@ class SwitchTables:
     def update_neighbour(self, ifindex: int, address: str, mac: str | None) -> int:
         """A neighbour's MAC appeared, changed or went: the next hops through it follow."""
         self._own()
-        with self.dp.locked():
+        with self.writer.locked():
             n = self.nh_by_key.get((ifindex, ipaddress.IPv6Address(address).packed, ""))
             changed = 0
             if n is not None:
-                m = self.dp.maps["nexthops"]
+                m = self.maps["nexthops"]
                 e = m.get(n.id)
                 if mac:
-                    e.dmac[:] = self.dp.mac_bytes(mac)
-                    e.flags |= self.dp.NH_RESOLVED
+                    e.dmac[:] = abi.mac_bytes(mac)
+                    e.flags |= abi.NH_RESOLVED
                 else:
-                    e.flags &= ~self.dp.NH_RESOLVED
+                    e.flags &= ~abi.NH_RESOLVED
                 m.set(n.id, e)
                 changed = 1
             return changed

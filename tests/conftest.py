@@ -42,7 +42,7 @@ class XdpHarness:
     def police_off(self):
         """Every punt reaches the kernel, so verdicts compare one to one; the policer's own
         tests turn it on (tests/test_xdp_policer.py)."""
-        from rlbswitch.dataplane import POLICE
+        from rlbswitch.abi import POLICE
         for name in POLICE.values():
             self.dp.set_police(name, 0, 1)
 

@@ -3,7 +3,7 @@ import pytest
 
 from rlbcommon.cheader import enum_names
 from rlbfabric.routes import MODES, NextHop, Route, RouteError
-from rlbswitch.dataplane import HEADER, MODE_IDS
+from rlbswitch.abi import HEADER, MODE_IDS
 
 
 def test_nexthop_forms():

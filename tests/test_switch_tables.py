@@ -17,7 +17,7 @@ import pytest
 
 from rlbcommon import bpfprog, maps
 from rlbfabric.routes import NextHop, Route, RouteError
-from rlbswitch import dlbscan
+from rlbswitch import abi, dlbscan
 from rlbswitch.dataplane import NH_VALID, DataplaneError, SwitchDataplane
 
 NH = [f"p{k}@02:00:00:00:01:0{k}" for k in range(4)]
@@ -59,19 +59,19 @@ def check(dp: SwitchDataplane):
     for gid, g in t.group_by_id.items():
         assert g.refs == sum(1 for r in routes.values() if r.group == gid)
     assert not set(t.free_group.free) & used_g and not set(t.free_nh.free) & used_nh
-    assert len(t.free_group) + len(used_g) == t.C["RLB_MAX_GROUPS"] - 1
-    assert len(t.free_nh) + len(used_nh) == t.C["RLB_MAX_NEXTHOPS"] - 1
+    assert len(t.free_group) + len(used_g) == abi.C["RLB_MAX_GROUPS"] - 1
+    assert len(t.free_nh) + len(used_nh) == abi.C["RLB_MAX_NEXTHOPS"] - 1
 
 
-def test_identical_backup_sets_share_one_group(tables):
+def test_identical_backup_sets_share_one_group(tables, fresh):
     ch = tables.apply([pinned(f"fc00:2:{i:x}:1::/64", i % 4, [b for b in range(4) if b != i % 4])
                        for i in range(400)])
     assert len(ch.added) == 400
     assert tables.usage()["groups"] == 4 and tables.usage()["nexthops"] == 4
-    check(tables.dp)
+    check(fresh.dp)
 
 
-def test_sixteen_thousand_routes_fit_and_forward(tables):
+def test_sixteen_thousand_routes_fit_and_forward(tables, fresh):
     """16384 pinned prefixes with three backups each (today's code stopped at 1023): all
     programmed with 4 groups and 4 next hops; packets to a sample go out their primary; one
     change among them rewrites that route alone. (Timing: bench/switch_tables.py.)"""
@@ -81,7 +81,7 @@ def test_sixteen_thousand_routes_fit_and_forward(tables):
               for i in range(16384)]
     ch = tables.apply(routes)
     assert len(ch.added) == 16384 and tables.usage()["groups"] == 4 and tables.usage()["nexthops"] == 4
-    xdp = tables.dp
+    xdp = fresh.dp
     for i in range(0, 16384, 1237):
         ret, out = harness_run(xdp, roce(dst=f"fc00:{i // 4096 + 2:x}:{i % 4096:x}:1::9"))
         assert ret == 4 and int(P.parse(out).dmac.split(":")[-1]) == i % 4      # XDP_REDIRECT, primary
@@ -89,7 +89,7 @@ def test_sixteen_thousand_routes_fit_and_forward(tables):
     one = pinned("fc00:2:5:1::/64", 2, [0, 1])
     assert tables.apply([one], merge=True).changed == ["fc00:2:5:1::/64"] and tables.operator_writes == writes + 1
     assert tables.usage()["groups"] == 5
-    check(tables.dp)
+    check(fresh.dp)
 
 
 def harness_run(dp, frame):
@@ -98,7 +98,7 @@ def harness_run(dp, frame):
     return r.retval, r.data
 
 
-def test_the_same_table_again_writes_nothing(tables):
+def test_the_same_table_again_writes_nothing(tables, fresh):
     routes = [pinned("fc00:2::/64", 0, [1, 2]),
               Route("fc00:3::/64", "ecmp", [NextHop.parse(NH[1]), NextHop.parse(NH[2])]),
               Route("fc00:4::/64", "weighted", [NextHop.parse(NH[1] + "=3"), NextHop.parse(NH[3])]),
@@ -108,8 +108,8 @@ def test_the_same_table_again_writes_nothing(tables):
     ch = tables.apply(routes)
     assert not ch and ch.unchanged == 4 and tables.batches == batches        # no batch at all
     # adopted from the maps by a fresh model, ECMP (stored as weighted) still compares equal
-    tables.dp._tables = None
-    assert tables.dp.tables.apply(routes).unchanged == 4
+    fresh.dp._tables = None
+    assert fresh.dp.tables.apply(routes).unchanged == 4
 
 
 def random_route(rnd: random.Random, net: str) -> Route:
@@ -123,31 +123,31 @@ def random_route(rnd: random.Random, net: str) -> Route:
                              for m in members])
 
 
-def test_random_churn_leaks_nothing(tables):
+def test_random_churn_leaks_nothing(tables, fresh):
     rnd = random.Random(11)
     nets = [f"fc00:{i:x}::/64" for i in range(1, 300)]
     for _ in range(40):
         batch = {n: random_route(rnd, n) for n in rnd.sample(nets, rnd.randint(0, 120))}
         ch = tables.apply(list(batch.values()), merge=rnd.random() < 0.5)
         assert not ch.failed
-        check(tables.dp)
+        check(fresh.dp)
     tables.apply([])
-    check(tables.dp)
+    check(fresh.dp)
     assert tables.usage() == {"routes": 0, "groups": 0, "nexthops": 0,
-                              "groups_free": tables.C["RLB_MAX_GROUPS"] - 1,
-                              "nexthops_free": tables.C["RLB_MAX_NEXTHOPS"] - 1}
+                              "groups_free": abi.C["RLB_MAX_GROUPS"] - 1,
+                              "nexthops_free": abi.C["RLB_MAX_NEXTHOPS"] - 1}
 
 
-def test_a_route_that_cannot_be_programmed_is_reported_and_the_rest_go_in(tables):
+def test_a_route_that_cannot_be_programmed_is_reported_and_the_rest_go_in(tables, fresh):
     routes = [pinned("fc00:2::/64", 0, [1]), Route("fc00:3::/64", "dlb", [NextHop.parse("lo@02:00:00:00:00:01")])]
     ch = tables.apply(routes, keep_going=True)
     assert ch.added == ["fc00:2::/64"] and "not attached" in ch.failed["fc00:3::/64"]
-    check(tables.dp)
+    check(fresh.dp)
 
 
-def test_orphans_left_by_a_crash_are_reclaimed_at_adoption(tables):
+def test_orphans_left_by_a_crash_are_reclaimed_at_adoption(tables, fresh):
     tables.apply([pinned("fc00:2::/64", 0, [1, 2])])
-    dp = tables.dp
+    dp = fresh.dp
     # what a process killed between writing a group and switching its route leaves
     g = dp.maps["groups"].leaf_type()
     g.n_members = 2
@@ -161,11 +161,11 @@ def test_orphans_left_by_a_crash_are_reclaimed_at_adoption(tables):
     assert dp.maps["groups"].get(77).n_members == 0 and not dp.maps["nexthops"].get(99).flags
 
 
-def test_one_writer_at_a_time_and_the_next_starts_from_what_the_last_left(tables):
+def test_one_writer_at_a_time_and_the_next_starts_from_what_the_last_left(tables, fresh):
     """The tables have one writer (the agent; a command when none runs): another process is told
     who writes, and once the writer lets go, the next one's model starts from what it left."""
     tables.apply([pinned("fc00:2::/64", 0, [1])])
-    dp = tables.dp
+    dp = fresh.dp
     assert dp.owns() and dp.owner_pid() == os.getpid()
     other = SwitchDataplane(dp.instance)                   # e.g. a command, while the agent runs
     try:
@@ -186,7 +186,7 @@ def test_one_writer_at_a_time_and_the_next_starts_from_what_the_last_left(tables
     check(dp)
 
 
-def test_the_agent_yields_to_an_operators_route_written_after_it_looked(tables):
+def test_the_agent_yields_to_an_operators_route_written_after_it_looked(tables, fresh):
     """The bird follower decides which prefixes are its own, then writes: an operator's route for
     one of them written in between (a command served by the agent's control thread) must stay
     the operator's; the agent's own write is what checks, under the lock it writes with. (CI: a
@@ -200,9 +200,9 @@ def test_the_agent_yields_to_an_operators_route_written_after_it_looked(tables):
     ch = tables.apply([pinned("fc00:2::/64", 1, [0]), pinned("fc00:8::/64", 1, [2])], merge=True,
                       owner="agent", only_own=True)
     assert ch.yielded == ["fc00:2::/64"] and ch.added == ["fc00:8::/64"]
-    routes = {r["prefix"]: r for r in tables.dp.routes()}
+    routes = {r["prefix"]: r for r in fresh.dp.routes()}
     assert routes["fc00:2::/64"]["owner"] == "operator" and routes["fc00:2::/64"]["mode"] == "dlb"
-    check(tables.dp)
+    check(fresh.dp)
 
 
 CHURN = r"""
@@ -227,12 +227,12 @@ while True:
 """
 
 
-def test_sigkill_at_random_instants_under_churn_leaves_nothing_adoption_cannot_reclaim(tables, tmp_path):
+def test_sigkill_at_random_instants_under_churn_leaves_nothing_adoption_cannot_reclaim(tables, tmp_path, fresh):
     script = tmp_path / "churn.py"
     script.write_text(CHURN)
     rnd = random.Random(5)
     reclaimed = []
-    dp = tables.dp
+    dp = fresh.dp
     for run in range(8):
         dp.disown()                     # the churning process is the writer until it is killed
         p = subprocess.Popen([sys.executable, str(script), dp.instance, str(run)],
@@ -262,15 +262,15 @@ def test_a_freed_id_is_reused_last():
 
 
 @pytest.mark.parametrize("keep_going", [True, False])
-def test_a_full_route_table_still_applies_the_withdrawals_and_leaks_nothing(tables, keep_going):
+def test_a_full_route_table_still_applies_the_withdrawals_and_leaks_nothing(tables, keep_going, fresh):
     """The route map refusing a write (full: ENOSPC) used to abort the batch before its
     withdrawals, and left the refused route's next hops and group referenced. Now withdrawals
     go first, the refused route takes nothing with it, and the rest of the batch goes in."""
     import errno
     from rlbcommon.libbpf import BpfError
     tables.apply([pinned(f"fc00:{i:x}::/64", i % 4, [(i + 1) % 4]) for i in range(1, 9)])
-    routes_map = tables.dp.maps["routes"]
-    refused = tables.dp.lpm_key_bytes(ipaddress.IPv6Network("fc00:100::/64"))
+    routes_map = fresh.dp.maps["routes"]
+    refused = abi.lpm_key_bytes(ipaddress.IPv6Network("fc00:100::/64"))
     put_many, size = routes_map.put_many, len(refused)
 
     def full(keys: bytes, values: bytes, n: int):
@@ -294,24 +294,24 @@ def test_a_full_route_table_still_applies_the_withdrawals_and_leaks_nothing(tabl
             assert "route table full" in ch.failed["fc00:100::/64"]
             assert ch.added == ["fc00:101::/64", "fc00:102::/64"]
             g = tables.routes[ipaddress.IPv6Network("fc00:102::/64")].group
-            assert tables.dp.maps["groups"].get(g).n_members == 4
+            assert fresh.dp.maps["groups"].get(g).n_members == 4
         else:
             with pytest.raises(RouteError, match="route table full"):
                 tables.apply(desired)
     finally:
         del routes_map.put_many
-    routes = {r["prefix"] for r in tables.dp.routes()}
+    routes = {r["prefix"] for r in fresh.dp.routes()}
     assert not routes & {f"fc00:{i:x}::/64" for i in range(5, 9)}        # withdrawn all the same
     assert "fc00:101::/64" in routes and ("fc00:102::/64" in routes) == keep_going
     assert "fc00:100::/64" not in routes
-    check(tables.dp)                                                     # no orphan, no dangling ref
+    check(fresh.dp)                                                     # no orphan, no dangling ref
 
 
-def test_a_kernel_without_batch_writes_for_the_trie_gets_one_write_each(tables, monkeypatch):
+def test_a_kernel_without_batch_writes_for_the_trie_gets_one_write_each(tables, monkeypatch, fresh):
     """Where the kernel refuses BPF_MAP_UPDATE_BATCH for the LPM trie (ENOTSUPP, the count left
     as given), the new routes' entries go in one update each, with the same result, and the
     batch is not tried again for that map type."""
-    routes_fd, real = tables.dp.maps["routes"].fd, maps.lib
+    routes_fd, real = fresh.dp.maps["routes"].fd, maps.lib
 
     class OlderKernel:
         def __getattr__(self, name):
@@ -328,9 +328,9 @@ def test_a_kernel_without_batch_writes_for_the_trie_gets_one_write_each(tables, 
     monkeypatch.setattr(maps, "_NO_BATCH_UPDATE", set())
     ch = tables.apply([pinned(f"fc00:{i:x}::/64", i % 4, [(i + 1) % 4]) for i in range(1, 301)])
     assert len(ch.added) == 300 and not ch.failed
-    assert maps._NO_BATCH_UPDATE == {tables.dp.maps["routes"].map_type}
-    assert {r["prefix"] for r in tables.dp.routes()} == {f"fc00:{i:x}::/64" for i in range(1, 301)}
-    check(tables.dp)
+    assert maps._NO_BATCH_UPDATE == {fresh.dp.maps["routes"].map_type}
+    assert {r["prefix"] for r in fresh.dp.routes()} == {f"fc00:{i:x}::/64" for i in range(1, 301)}
+    check(fresh.dp)
 
 
 def hops(n: int) -> list[NextHop]:
@@ -338,15 +338,15 @@ def hops(n: int) -> list[NextHop]:
     return [NextHop.parse(f"p{k % 4}@02:00:00:00:02:{k:02x}") for k in range(n)]
 
 
-def test_groups_wider_than_the_kernels_dlb_scan_are_refused_for_the_modes_that_scan(tables, tmp_path, monkeypatch):
+def test_groups_wider_than_the_kernels_dlb_scan_are_refused_for_the_modes_that_scan(tables, tmp_path, monkeypatch, fresh):
     """Where the kernel took the switch program's DLB scan only 8 members wide (as 6.1 takes
     16), a dlb or spray route of 9 next hops and a pinned route of 9 backups are refused with the
     reason; 8 go in, and weighted routes, which do not scan, take any width."""
     record = tmp_path / "switch-dlb-scan.json"
     record.write_text(json.dumps({"kernel": os.uname().release, "scan": 8}))
     monkeypatch.setattr(dlbscan, "RECORD", record)
-    tables.dp._tables = None
-    t = tables.dp.tables
+    fresh.dp._tables = None
+    t = fresh.dp.tables
     assert t.dlb_scan == 8
     for route in (Route("fc00:5::/64", "dlb", hops(9)), Route("fc00:6::/64", "spray", hops(9)),
                   Route("fc00:7::/64", "pinned", hops(1), hops(10)[1:])):
@@ -355,7 +355,7 @@ def test_groups_wider_than_the_kernels_dlb_scan_are_refused_for_the_modes_that_s
     ch = t.apply([Route("fc00:5::/64", "dlb", hops(8)), Route("fc00:7::/64", "pinned", hops(1), hops(9)[1:]),
                   Route("fc00:8::/64", "weighted", hops(20))], merge=True)
     assert sorted(ch.added) == ["fc00:5::/64", "fc00:7::/64", "fc00:8::/64"]
-    check(t.dp)
+    check(fresh.dp)
 
 
 def test_a_kernel_refusing_the_widest_dlb_scan_gets_the_program_built_narrower(tmp_path, monkeypatch):

@@ -7,7 +7,8 @@ import pytest
 
 from rlbcommon import packets as P
 from rlbcommon.testrun import XdpMd, prog_test_run
-from rlbswitch.dataplane import POLICE, POLICE_DEFAULTS
+from rlbswitch.abi import POLICE
+from rlbswitch.dataplane import POLICE_DEFAULTS
 
 XDP_DROP, XDP_PASS = 1, 2
 

@@ -11,6 +11,7 @@ import pytest
 from rlbcommon import packets as P
 from rlbcommon.testrun import XDP_PASS, XDP_REDIRECT
 from rlbfabric.routes import NextHop, Route
+from rlbswitch import abi
 from rlbswitch.exact import key_of
 from rlbswitch.metrics import SwitchCollector
 
@@ -493,7 +494,7 @@ def test_exact_table_full_set_falls_back_to_the_trie_until_a_way_frees(fresh):
     import ipaddress
     xdp = fresh
     table = xdp.dp.tables.exact
-    ways = xdp.dp.C["RLB_EXACT_WAYS"]
+    ways = abi.C["RLB_EXACT_WAYS"]
     same, target = [], None
     for i in range(1, 400000):
         net = ipaddress.IPv6Network(f"fc00:{i >> 16:x}:{i & 0xffff:x}::/64")
@@ -523,7 +524,7 @@ def test_exact_table_full_set_falls_back_to_the_trie_until_a_way_frees(fresh):
 
 def clear_flowlets(xdp):
     m = xdp.dp.maps["flowlets"]
-    for i in range(xdp.dp.C["RLB_FLOWLET_SETS"]):
+    for i in range(abi.C["RLB_FLOWLET_SETS"]):
         m.zero(i)
 
 
