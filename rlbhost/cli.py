@@ -22,7 +22,7 @@ from rlbcommon.constants import METRICS_PORT, RUN_DIR, VERBS_GROUP
 from rlbcommon.health import Health
 from rlbcommon.metrics import serve
 from rlbcommon.watchdog import Watchdog
-from rlbfabric.bird.conf import prepare as prepare_bird
+from rlbfabric.bird.command import add_bird_config
 from rlbfabric.bird.ctl import BirdError
 from rlbfabric.fabric import FabricError, load
 
@@ -276,28 +276,19 @@ def _num(x) -> str:
     return "inf" if x is None else f"{x:.3f}"
 
 
-@app.command("bird-config")
-def bird_config(
-    fabric_file: Path = typer.Option(..., "--fabric", help="The fabric description (kind scaleup)."),
-    node: str = typer.Option(..., help="This GPU's name in the fabric file."),
-    run_dir: Path = typer.Option(Path(str(RUN_DIR)), help="Where bird's log and includes live."),
-    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write here (default: stdout)."),
-    bfd_ms: Optional[int] = typer.Option(None, min=10, max=10000, help="BFD interval instead of the "
-        "fabric file's (slower for emulated VMs, whose timers jitter by hundreds of ms)."),
-):
-    """Render bird.conf for a GPU of a scale-up fabric.
+def _gpu(fab, node: str, fabric_file: Path) -> str:
+    if not fab.is_gpu(node):
+        raise HostError(f"{node!r} is not a GPU of a scale-up fabric in {fabric_file}")
+    return f"GPU {node}"
+
+
+add_bird_config(app, """Render bird.conf for a GPU of a scale-up fabric.
 
     Its path-bandwidth include starts at full bandwidth; the agent rewrites it as sub-ports come
     and go.
 
-    Example: rlbhost bird-config --fabric scaleup.toml --node g1 -o /etc/bird/bird.conf"""
-    fab = load(fabric_file)
-    if not fab.is_gpu(node):
-        raise HostError(f"{node!r} is not a GPU of a scale-up fabric in {fabric_file}")
-    if bfd_ms:
-        fab.bfd_ms = bfd_ms
-    text, _, note = prepare_bird(fab, node, run_dir)
-    common.emit_config(text, out, f"wrote {out} (GPU {node})", note)
+    Example: rlbhost bird-config --fabric scaleup.toml --node g1 -o /etc/bird/bird.conf""",
+                "This GPU's name in the fabric file.", _gpu)
 
 
 @app.command()

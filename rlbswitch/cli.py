@@ -16,6 +16,7 @@ from rlbcommon import cli as common, health
 from rlbcommon.constants import METRICS_PORT
 from rlbcommon.health import Health
 from rlbcommon.watchdog import Watchdog
+from rlbfabric.bird.command import add_bird_config
 from rlbfabric.bird.ctl import BirdError
 from rlbfabric.errors import FabricError
 from rlbfabric.routes import MODES, NextHop, Route, RouteError
@@ -287,28 +288,16 @@ def route_show(as_json: bool = typer.Option(False, "--json", help="Machine-reada
         typer.echo(f"{'':38} why: {r['why']}")
 
 
-@app.command("bird-config")
-def bird_config(
-    fabric_file: Path = typer.Option(..., "--fabric", help="Fabric description (TOML)."),
-    node: str = typer.Option(..., help="The node to render for."),
-    run_dir: Path = typer.Option(Path("/run/rlb"), help="Where includes, socket and log live."),
-    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write here (default: stdout)."),
-    bfd_ms: Optional[int] = typer.Option(None, min=10, max=10000, help="BFD interval instead of the "
-        "fabric file's (slower for emulated VMs, whose timers jitter by hundreds of ms)."),
-):
-    """Render a complete bird.conf for one node of the fabric.
+def _switch(fab, node: str, fabric_file: Path) -> str:
+    return f"{fab.node(node).role} {node}"
+
+
+add_bird_config(app, """Render a complete bird.conf for one node of the fabric.
 
     Also writes the include files the agent keeps up to date (empty to start with).
 
-    Example: rlbswitch bird-config --fabric /etc/rlb/fabric.toml --node l1 -o /etc/bird/bird.conf"""
-    from rlbfabric.bird.conf import prepare as prepare_bird      # (see run)
-    from rlbfabric.fabric import load
-    fab = load(fabric_file)
-    if bfd_ms:
-        fab.bfd_ms = bfd_ms
-    n = fab.node(node)
-    text, incs, note = prepare_bird(fab, node, run_dir)
-    common.emit_config(text, out, f"wrote {out} ({n.role} {node}); includes {', '.join(str(i) for i in incs)}", note)
+    Example: rlbswitch bird-config --fabric /etc/rlb/fabric.toml --node l1 -o /etc/bird/bird.conf""",
+                "The node to render for.", _switch)
 
 
 @app.command()
