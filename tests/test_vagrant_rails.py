@@ -67,19 +67,33 @@ def listening(lab, server: str, port: int) -> bool:
     return f":{port} " in lab.sh(server, "ss -ltnH").stdout
 
 
+@pytest.fixture(scope="module")
+def gid(vlab) -> dict[tuple[str, str], int]:
+    """{(server, device): its GID index on path 1}, read once: a command takes a minute on an
+    emulated VM, and transfers meant to run at once started minutes apart when each read its own."""
+    return {(s, d): gids(vlab, s, d)[1] for s in ("a1", "a2") for d in NIC}
+
+
 class Transfer:
     """ib_write_bw with the library between a device of a1 (client) and one of a2 (server), on
-    a TCP port of its own; the client starts once the server listens (not after a guess)."""
+    a TCP port of its own: the server starts here, the client at start(), once the server
+    listens (not after a guess). Start the servers of transfers meant to run together first."""
 
-    def __init__(self, lab, tmp_path, client_dev: str, server_dev: str, port: int, extra: str):
-        self.lab, self.client_dev, self.server_dev = lab, client_dev, server_dev
+    def __init__(self, lab, tmp_path, gid: dict, client_dev: str, server_dev: str, port: int, extra: str):
+        self.lab, self.client_dev, self.server_dev, self.port = lab, client_dev, server_dev, port
         self.out = {s: tmp_path / f"{s}-{client_dev}-{server_dev}-{port}.out" for s in ("client", "server")}
-        cmd = f"ib_write_bw -i 1 -q 8 -s {SIZE} -t 2 -F --report_gbits -p {port} {extra}"
-        self.server = lab.spawn("a2", f"{PRELOAD} {cmd} -d {server_dev} -x {gids(lab, 'a2', server_dev)[1]}",
+        self.cmd = f"ib_write_bw -i 1 -q 8 -s {SIZE} -t 2 -F --report_gbits -p {port} {extra}"
+        self.client_gid = gid[("a1", client_dev)]
+        self.server = lab.spawn("a2", f"{PRELOAD} {self.cmd} -d {server_dev} -x {gid[('a2', server_dev)]}",
                                 self.out["server"])
-        lab.wait(f"perftest listens on a2:{port}", lambda: listening(lab, "a2", port), timeout=300, every=1)
-        self.client = lab.spawn("a1", f"{PRELOAD} {cmd} -d {client_dev} -x {gids(lab, 'a1', client_dev)[1]} "
+        self.client = None
+
+    def start(self) -> "Transfer":
+        lab = self.lab
+        lab.wait(f"perftest listens on a2:{self.port}", lambda: listening(lab, "a2", self.port), timeout=300, every=1)
+        self.client = lab.spawn("a1", f"{PRELOAD} {self.cmd} -d {self.client_dev} -x {self.client_gid} "
                                       f"{lab.vm('a2').mgmt_ip}", self.out["client"])
+        return self
 
     def finish(self, timeout: float = 1800) -> dict[int, tuple[int, int]]:
         """Both ends done, each QP's path agreed: {client QP: (path, server QP)}."""
@@ -95,14 +109,15 @@ class Transfer:
         return {qp: (path, peer) for qp, (_, path, peer) in c.items()}
 
 
-def test_rails_vm_both_devices_at_once_each_qp_on_its_own_nics_path_both_ends_agreeing(vlab, tmp_path):
+def test_rails_vm_both_devices_at_once_each_qp_on_its_own_nics_path_both_ends_agreeing(vlab, gid, tmp_path):
     """rxe0 of a1 to rxe1 of a2 and rxe1 of a1 to rxe0 of a2 at once (across the rails: each
     transfer crosses the spines, one each way), 8 QPs each: 4 a path on each, both ends agreeing,
     each direction's bytes split over the spines as the QPs are."""
     before = {s: verbs_status(vlab, s)["counters"] for s in ("a1", "a2")}
     t0 = spine_tx(vlab)
-    rail0 = Transfer(vlab, tmp_path, "rxe0", "rxe1", 18515, f"-n {ITERS}")
-    rail1 = Transfer(vlab, tmp_path, "rxe1", "rxe0", 18516, f"-n {ITERS}")
+    rail0 = Transfer(vlab, tmp_path, gid, "rxe0", "rxe1", 18515, f"-n {ITERS}")
+    rail1 = Transfer(vlab, tmp_path, gid, "rxe1", "rxe0", 18516, f"-n {ITERS}")
+    rail0.start(), rail1.start()
     q0, q1 = rail0.finish(), rail1.finish()
     t1 = spine_tx(vlab)
     d = {k: t1[k] - t0[k] for k in t0}
@@ -125,13 +140,14 @@ def test_rails_vm_both_devices_at_once_each_qp_on_its_own_nics_path_both_ends_ag
         assert set(nics) == {"gpu0_eth", "gpu1_eth"} and all(len(e["ports"]) == 1 for e in nics.values())
 
 
-def test_rails_vm_a_rail_leaf_uplink_pulled_mid_transfer(vlab, tmp_path):
+def test_rails_vm_a_rail_leaf_uplink_pulled_mid_transfer(vlab, gid, tmp_path):
     """Rail 0 (rxe0 of a1 to rxe1 of a2: up l1, over the spines, down l2) while rail 1 runs on its
     own leaf (rxe1 to rxe1, l2 only); l1's cable to s2 pulled 15 s in: rail 0's transfer completes,
     its traffic on s1 from then on, and rail 1's transfer completes untouched."""
     marks = {}
-    rail0 = Transfer(vlab, tmp_path, "rxe0", "rxe1", 18517, "-D 30")
-    rail1 = Transfer(vlab, tmp_path, "rxe1", "rxe1", 18518, "-D 30")
+    rail0 = Transfer(vlab, tmp_path, gid, "rxe0", "rxe1", 18517, "-D 30")
+    rail1 = Transfer(vlab, tmp_path, gid, "rxe1", "rxe1", 18518, "-D 30")
+    rail0.start(), rail1.start()
     try:
         time.sleep(15)
         marks["cut"] = spine_tx(vlab)
@@ -166,7 +182,7 @@ def agent_ready_since(lab, server: str, since: str) -> bool:
     return "verbs: answering on" in journal_since(lab, server, since)
 
 
-def test_rails_vm_hold_a_hung_loop_and_a_frozen_agent_under_traffic(vlab, tmp_path):
+def test_rails_vm_hold_a_hung_loop_and_a_frozen_agent_under_traffic(vlab, gid, tmp_path):
     """a1's agent under systemd, 8 QPs of rxe0 crossing the spines to a2's rxe1 all along:
     1. its sweep loop hangs mid-transfer (a failpoint armed by a file, as a lock never released):
        the agent's watchdog names the loop and the agent starts afresh in place (the same main
@@ -185,7 +201,7 @@ def test_rails_vm_hold_a_hung_loop_and_a_frozen_agent_under_traffic(vlab, tmp_pa
         first = unit_show(vlab, "a1")
         t0 = spine_tx(vlab)
         losses0 = vlab.sh("a1", "rdma statistic show link rxe0/1", check=False).stdout
-        transfer = Transfer(vlab, tmp_path, "rxe0", "rxe1", 18519, "-D 240")
+        transfer = Transfer(vlab, tmp_path, gid, "rxe0", "rxe1", 18519, "-D 240").start()
         time.sleep(20)
         hung_at = vlab.sh("a1", f"date +%s; touch {TRIGGER}").stdout.split()[0]
         vlab.wait("a1's agent starts afresh after the hung sweep",
