@@ -163,6 +163,8 @@ class ControlServer:
             raise DataplaneError("only the tables' writer serves the control socket")
         self.dp = dp
         self.path = sock_path(dp.instance)
+        if len(os.fsencode(self.path)) > 107:            # sun_path's size, less the NUL
+            raise DataplaneError(f"{self.path}: too long for a Unix socket (set RLB_RUN_DIR shorter)")
         self.served = 0
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.path.unlink(missing_ok=True)    # a dead owner's: we hold the tables now
