@@ -103,7 +103,14 @@ class Tenure:
         return True
 
     def holder(self) -> int | None:
-        """The pid of whoever took it last (meaningful while it is held)."""
+        """The pid of the process holding it (this one included); None when nobody does."""
+        if self.fd is None:
+            fd = _open(self.path)
+            try:
+                if _flock_within(fd, 0):           # free: let go at once, nothing written
+                    return None
+            finally:
+                os.close(fd)
         try:
             return int(self.path.read_text().strip() or 0) or None
         except (OSError, ValueError):

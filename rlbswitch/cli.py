@@ -158,11 +158,11 @@ def detach(
     """
     dp = ctx.dataplane()
     if all_:
-        pid = dp.owner_pid()
-        if pid is not None:
-            raise DataplaneError(f"pid {pid} (the switch's agent, or a command) writes this switch's tables: "
-                                 "stop it first (an agent would attach again)")
-        dp.claim(0)
+        try:
+            dp.claim(0)
+        except DataplaneError:
+            raise DataplaneError(f"pid {dp.owner_pid()} (the switch's agent, or a command) writes this "
+                                 "switch's tables: stop it first (an agent would attach again)") from None
         common.detach(dp, interfaces, all_, "routes stay pinned")
         return
     if not interfaces:

@@ -86,7 +86,7 @@ class SwitchDataplane(PinnedState):
         self._carrier: dict[int, bool] = {}
         self._silent: set[int] = set()
         self._tables = None
-        self._owner: Tenure | None = None
+        self._owner: Tenure | None = None         # made on first use: its file is in RUN_DIR
 
     @property
     def tables(self):
@@ -106,28 +106,26 @@ class SwitchDataplane(PinnedState):
     def claim(self, timeout: float = OWNER_WAIT_S) -> bool:
         """Become the writer of this switch's tables, for this object's life (close lets go);
         True when this call made it so. Waits at most timeout seconds for the holder."""
-        if self._owner is None:
-            self._owner = Tenure(f"{self.instance}-switch.owner")
-        if self._owner.held:
+        owner = self._tenure()
+        if owner.held:
             return False
-        if not self._owner.take(timeout):
+        if not owner.take(timeout):
             raise DataplaneError(f"the tables of switch {self.instance} are written by another process "
-                                 f"(pid {self._owner.holder()}, its agent or a command): "
+                                 f"(pid {owner.holder()}, its agent or a command): "
                                  "`rlbswitch` commands go through a running agent")
         return True
+
+    def _tenure(self) -> Tenure:
+        if self._owner is None:
+            self._owner = Tenure(f"{self.instance}-switch.owner")
+        return self._owner
 
     def owns(self) -> bool:
         return self._owner is not None and self._owner.held
 
     def owner_pid(self) -> int | None:
         """Who writes the tables now: this process or another; None when nobody does."""
-        if self.owns():
-            return os.getpid()
-        probe = Tenure(f"{self.instance}-switch.owner")
-        if probe.take(0):
-            probe.release()
-            return None
-        return probe.holder()
+        return self._tenure().holder()
 
     def disown(self):
         """Stop being the writer (another process may then claim the tables)."""

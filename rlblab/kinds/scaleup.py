@@ -2,6 +2,7 @@
 bandwidth, sub-cable and plane failures, silent failures caught by the probes, spray."""
 from __future__ import annotations
 
+import contextlib
 import ctypes as ct
 import functools
 import json
@@ -77,8 +78,16 @@ def scaleup_split(lab, n_qps: int = 64) -> list[Check]:
     m = lab.fabric.subports
     # the QPs are counted where g1's table holds them, after the run: they must not expire first
     # (counting them from packets misread a QP the sweep moved mid-run as two halves)
-    expiry = json.loads(lab.cli("g1", "config", "--json"))["expiry_ms"]
-    lab.cli("g1", "config", "--expiry-ms", str(max(60000, int(4000 * lab.SETTLE_S))))
+    with _long_expiry(lab, "g1"):
+        checks, ours = _split_under_half_plane(lab, n_qps, m)
+    # the next scenario's QPs must not meet these: gone within an expiry and a sweep
+    deadline = time.monotonic() + 30
+    while ours & set(_qp_paths(lab, "g1", "g2", idle=True)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return checks
+
+
+def _split_under_half_plane(lab, n_qps: int, m: int) -> tuple[list[Check], set]:
     lab.set_port("g2", f"eth-p1-{m}", False)
     ours: set = set()
     try:
@@ -104,12 +113,19 @@ def scaleup_split(lab, n_qps: int = 64) -> list[Check]:
                             "differ by at most 1", not uneven))
     finally:
         lab.set_port("g2", f"eth-p1-{m}", True)
-        lab.cli("g1", "config", "--expiry-ms", f"{expiry:g}")
-        # the next scenario's QPs must not meet these: gone within an expiry and a sweep
-        deadline = time.monotonic() + 30
-        while ours & set(_qp_paths(lab, "g1", "g2", idle=True)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    return checks
+    return checks, ours
+
+
+@contextlib.contextmanager
+def _long_expiry(lab, gpu: str):
+    """A GPU's idle QPs kept (not expired) for the block, so that their paths can be read from
+    its table after traffic stops; its expiry as it was afterwards."""
+    expiry = json.loads(lab.cli(gpu, "config", "--json"))["expiry_ms"]
+    lab.cli(gpu, "config", "--expiry-ms", str(max(60000, int(4000 * lab.SETTLE_S))))
+    try:
+        yield
+    finally:
+        lab.cli(gpu, "config", "--expiry-ms", f"{expiry:g}")
 
 
 @_converged_first
@@ -121,11 +137,9 @@ def scaleup_subcable(lab, n_qps: int = 64) -> list[Check]:
     7 = ceil(16 - 64/7); other shapes get the rounding of their own counts."""
     checks = []
     planes, _, _ = _shape(lab)
-    # the QPs must outlive a fault's travel to g1's weights and back: idle entries expire
-    expiry = json.loads(lab.cli("g1", "config", "--json"))["expiry_ms"]
-    lab.cli("g1", "config", "--expiry-ms", str(max(60000, int(4000 * lab.SETTLE_S))))
     full = lab.full_planes()
-    try:
+    # the QPs must outlive a fault's travel to g1's weights and back: idle entries expire
+    with _long_expiry(lab, "g1"):
         def traffic():
             lab.run_qps("g1", "g2", n_qps, 5, seed=31)
             time.sleep(0.3)
@@ -157,8 +171,6 @@ def scaleup_subcable(lab, n_qps: int = 64) -> list[Check]:
             time.sleep(0.5)
             after = traffic()
             checks.append(step(f"{port} back: QPs moved back; QPs per plane", during, after, full, None))
-    finally:
-        lab.cli("g1", "config", "--expiry-ms", f"{expiry:g}")
     return checks
 
 
