@@ -4,7 +4,8 @@ returns). The watchdog thread checks each second:
 
 - all loops alive: systemd is told so (sd_notify WATCHDOG=1; the units set WatchdogSec=, so a
   process frozen whole, this thread too, is killed and started again by systemd);
-- a loop hung: logged with its name and age, and the process starts afresh in place (exec of the
+- a loop hung: logged with its name and age, and every thread's stack (what the hung loop waits
+  on, and which thread holds it), and the process starts afresh in place (exec of the
   same command: the data plane keeps forwarding from its pinned maps and the new process adopts
   them, as after any restart). The count of such restarts survives the exec (RLB_HANG_RESTARTS)
   and is exported with the loops' health."""
@@ -15,6 +16,7 @@ import os
 import socket
 import sys
 import threading
+import traceback
 from typing import Callable
 
 from .failpoints import ENV as FAILPOINTS_ENV
@@ -52,6 +54,22 @@ def restart(log: logging.Logger) -> None:
     os.execve(sys.executable, list(sys.orig_argv), env)
 
 
+def stacks(hung: list[str]) -> str:
+    """Every thread's stack, the hung loops' first (a loop's thread carries its name; a foreground
+    loop runs in the main thread): a hang is a wait, and the stack of the thread it waits for
+    is what explains it."""
+    frames = sys._current_frames()
+    threads = sorted(threading.enumerate(), key=lambda t: (t.name not in hung, t.name))
+    out = []
+    for t in threads:
+        frame = frames.get(t.ident)
+        if frame is None or t is threading.current_thread():
+            continue
+        mark = " (hung)" if t.name in hung else ""
+        out.append(f"thread {t.name}{mark}:\n" + "".join(traceback.format_stack(frame)).rstrip())
+    return "\n".join(out)
+
+
 class Watchdog:
     def __init__(self, health: Health, log: logging.Logger, stop: threading.Event | None = None,
                  on_hang: Callable[[logging.Logger], None] = restart, check_s: float = CHECK_S):
@@ -81,6 +99,8 @@ class Watchdog:
             for name, age, within in hung:
                 self.log.critical("loop %s has not finished a round for %.0f s (a round may take %.0f s): hung; "
                                   "starting afresh (forwarding goes on from the pinned maps)", name, age, within)
-            self.health.note_hang([h[0] for h in hung])
+            names = [h[0] for h in hung]
+            self.log.critical("stacks at the hang:\n%s", stacks(names))
+            self.health.note_hang(names)
             self.on_hang(self.log)
             return

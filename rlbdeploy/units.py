@@ -52,6 +52,8 @@ class Site:
     bfd_ms: int = 0                           # instead of the fabric file's (slow emulation)
     probe_ms: float = 0                       # scale-up GPUs' probes instead of the agent's
     probe_dead_ms: float = 0                  # defaults (0: rlbhost's), for slow emulation
+    hang_s: float = 0                         # how long an agent's loop may take a round (0: the
+                                              # agents' 60 s; emulated VMs run 10-100x slower)
 
 
 # where every machine keeps its own etcd user's password (rlbfabric etcd-users issues them)
@@ -201,6 +203,7 @@ def units(fabric: Fabric, fabric_file: Path, node: str, mgmt_ip: str,
         coordinator = Coordination(url=coordinator)
     coord = coordinator.agent_args()
     bfd = f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else ""        # bird-config, switch or GPU
+    hang = f" --hang-s {site.hang_s:g}" if site.hang_s else ""     # every agent
     out = {"rlb-net": f"""[Unit]
 Description=RLB fabric links of {node} ({r})
 After=systemd-udev-settle.service networking.service
@@ -225,7 +228,7 @@ Description=RLB switch agent (XDP data plane fed by bird2) on {node}
 Wants=rlb-bird.service
 After=rlb-bird.service
 [Service]
-ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {mbps}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}
+ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {mbps}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}{hang}
 {AGENT_TAIL}
 """
     elif fabric.is_gpu(node):
@@ -242,7 +245,7 @@ Wants=rlb-bird.service
 After=rlb-net.service rlb-bird.service
 [Service]
 {VERBS_GROUP_PRE}
-ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes} --verbs-group {VERBS_GROUP}
+ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes} --verbs-group {VERBS_GROUP}{hang}
 {AGENT_TAIL}
 """
     else:
@@ -254,7 +257,7 @@ Requires=rlb-net.service
 After=rlb-net.service
 [Service]
 {VERBS_GROUP_PRE}
-ExecStart={site.bin}/rlbhost attach {nics} {args}{coord} --metrics-addr {mgmt_ip} --verbs-group {VERBS_GROUP}
+ExecStart={site.bin}/rlbhost attach {nics} {args}{coord} --metrics-addr {mgmt_ip} --verbs-group {VERBS_GROUP}{hang}
 {AGENT_TAIL}
 """
     return out

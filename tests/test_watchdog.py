@@ -74,7 +74,8 @@ def notify_socket(tmp_path, monkeypatch) -> socket.socket:
     return s
 
 
-def test_systemd_hears_ready_and_each_second_alive_until_a_loop_hangs_then_the_agent_starts_afresh(tmp_path, monkeypatch):
+def test_systemd_hears_ready_and_each_second_alive_until_a_loop_hangs_then_the_agent_starts_afresh(tmp_path, monkeypatch,
+                                                                                                   caplog):
     s = notify_socket(tmp_path, monkeypatch)
     h = Health(hang_s=0.5)
     hung = threading.Event()
@@ -82,13 +83,22 @@ def test_systemd_hears_ready_and_each_second_alive_until_a_loop_hangs_then_the_a
     block = threading.Event()
     rounds = []
     # a loop whose fourth round never returns (a lock never released)
-    rt.every("sweep", 0.05, lambda: rounds.append(1) or (len(rounds) >= 4 and block.wait()))
+    def fourth_round_waits():
+        rounds.append(1)
+        if len(rounds) >= 4:
+            block.wait()
+    rt.every("sweep", 0.05, fourth_round_waits)
     wd = Watchdog(h, log, rt.stop, on_hang=lambda _log: hung.set(), check_s=0.1).start()
     try:
         assert s.recv(64) == b"READY=1"
         assert s.recv(64) == b"WATCHDOG=1"
         assert hung.wait(5), "the hung loop was not noticed"
         assert len(rounds) == 4 and h.hangs == ["sweep"]
+        # the log says where it waits: the hung thread's stack first, down to the wait itself
+        [dump] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stacks at the hang")]
+        first = dump.split("\nthread ")[1]
+        assert first.startswith("sweep (hung):") and "in fourth_round_waits" in first and "block.wait()" in first
+        assert "thread watchdog" not in dump
         assert h.snapshot()["sweep"]["last_error"] == "hung"
         s.settimeout(0.3)
         pings = []

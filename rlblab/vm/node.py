@@ -126,12 +126,12 @@ def etcd_config(vms: list[VmNode]) -> dict[Path, str]:
 
 
 def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, xdp: str = "native",
-          bfd_ms: int = 0, probe_ms: float = 0, probe_dead_ms: float = 0) -> dict[str, str]:
+          bfd_ms: int = 0, probe_ms: float = 0, probe_dead_ms: float = 0, hang_s: float = 0) -> dict[str, str]:
     """{unit name: unit file} for one VM: what an operator installs (rlbdeploy.units), plus the
     lab's own: Soft-RoCE on the hosts; on the monitor the etcd users issued, and Prometheus
     beside the coordinator."""
     site = deploy.Site(bin=VENV, run_dir=RUN, xdp=xdp, bfd_ms=bfd_ms, probe_ms=probe_ms,
-                       probe_dead_ms=probe_dead_ms)
+                       probe_dead_ms=probe_dead_ms, hang_s=hang_s)
     coord = coordination(fab, vms)
     if vm.role == "monitor":
         out = {}
@@ -183,7 +183,8 @@ WantedBy=multi-user.target
     return out
 
 
-def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: float = 0, probe_dead_ms: float = 0):
+def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: float = 0, probe_dead_ms: float = 0,
+          hang_s: float = 0):
     fab = load(fabric_file)
     vms = plan(fab)
     vm = node(vms, name)
@@ -205,7 +206,7 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
     if vm.role == "host" and fab.paths_by_address:
         # the verbs library, as an operator installs it (`rlbhost verbs install`)
         sh(str(VENV / "rlbhost"), "verbs", "install", "--dir", str(VERBS_LIB))
-    todo = units(fab, vms, vm, fabric_file, xdp, bfd_ms, probe_ms, probe_dead_ms)
+    todo = units(fab, vms, vm, fabric_file, xdp, bfd_ms, probe_ms, probe_dead_ms, hang_s)
     for u, body in todo.items():
         (UNITS / f"{u}.service").write_text(body)
     if vm.role == "monitor":
@@ -349,11 +350,13 @@ def setup_cmd(
     probe_ms: float = typer.Option(0, min=0, help="A scale-up GPU's probe interval (0: rlbhost's default)."),
     probe_dead_ms: float = typer.Option(0, min=0, help="A scale-up GPU's probe dead time (0: rlbhost's "
                                         "default)."),
+    hang_s: float = typer.Option(0, min=0, help="How long an agent's loop may take a round before it counts "
+                                 "as hung (0: the agents' default, 60 s; emulated VMs need more)."),
 ):
     """Once, by the provisioner: name the fabric NICs, write and start the node's units.
 
     Example: /opt/rlb/venv/bin/python -m rlblab.vm.node setup --fabric /opt/rlb/src/lab/fabric-2x2.toml --node l1"""
-    setup(fabric, node_name, xdp.value, bfd_ms, probe_ms, probe_dead_ms)
+    setup(fabric, node_name, xdp.value, bfd_ms, probe_ms, probe_dead_ms, hang_s)
 
 
 @app.command("net")
