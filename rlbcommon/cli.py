@@ -18,7 +18,7 @@ import typer
 
 from . import netns
 from .bpfprog import BpfSetupError
-from .health import HANG_S
+from .health import HANG_ENV, HANG_S
 from .paths import RUN_DIR, write_private
 
 NETNS_HELP = "Work inside this network namespace (entered with setns, so pinned maps stay shared)."
@@ -60,9 +60,10 @@ VERSION_OPTION = typer.Option(False, "--version", is_eager=True, callback=_print
                               help="Print the installed version and exit.")
 
 
-HANG_OPTION = typer.Option(HANG_S, "--hang-s", min=1.0, help="A loop of the agent that has not "
-    "finished a round this long is hung: logged, and the agent starts afresh in place (the data plane "
-    "forwards on from its pinned maps). The units' WatchdogSec= catches a process frozen whole.")
+HANG_OPTION = typer.Option(HANG_S, "--hang-s", min=1.0, envvar=HANG_ENV, help="A loop of the agent that has "
+    "not finished a round this long is hung: logged with every thread's stack, and the agent starts afresh "
+    "in place (the data plane forwards on from its pinned maps). The units' WatchdogSec= catches a process "
+    "frozen whole. From the environment (a unit's Environment= line) unless given.")
 
 # every agent's TLS towards the fabric's etcd (rlbfabric etcd-tls issues both files)
 ETCD_CA_OPTION = typer.Option(None, "--etcd-ca", help="With https:// --etcd URLs: the CA that signed "

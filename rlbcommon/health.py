@@ -18,6 +18,7 @@ OK_EVERY_S = 0.1         # a loop's good rounds recorded at most this often (a b
                          # thousands a second; hangs are judged over seconds), and always the first
                          # after a failure (the supervisor tells a loop that resumed by it)
 HANG_S = 60.0            # a loop that has not finished a round this long is hung (unless it says otherwise)
+HANG_ENV = "RLB_HANG_S"                  # the agents' --hang-s from a unit's environment
 RESTARTS_ENV = "RLB_HANG_RESTARTS"       # carried over the watchdog's fresh start (exec)
 
 

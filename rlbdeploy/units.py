@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlbcommon.constants import RUN_DIR, VERBS_GROUP
+from rlbcommon.health import HANG_ENV
 
 from rlbfabric.base import LOOPBACK_DEVICE, SWITCH_ROLES, Fabric, FabricError, add_loopback_device
 
@@ -203,7 +204,8 @@ def units(fabric: Fabric, fabric_file: Path, node: str, mgmt_ip: str,
         coordinator = Coordination(url=coordinator)
     coord = coordinator.agent_args()
     bfd = f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else ""        # bird-config, switch or GPU
-    hang = f" --hang-s {site.hang_s:g}" if site.hang_s else ""     # every agent
+    # every agent; in the environment, so a drop-in can set another (as the VM lab's hold test does)
+    hang = f"Environment={HANG_ENV}={site.hang_s:g}\n" if site.hang_s else ""
     out = {"rlb-net": f"""[Unit]
 Description=RLB fabric links of {node} ({r})
 After=systemd-udev-settle.service networking.service
@@ -228,8 +230,8 @@ Description=RLB switch agent (XDP data plane fed by bird2) on {node}
 Wants=rlb-bird.service
 After=rlb-bird.service
 [Service]
-ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {mbps}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}{hang}
-{AGENT_TAIL}
+ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {mbps}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}
+{hang}{AGENT_TAIL}
 """
     elif fabric.is_gpu(node):
         run = site.run_dir
@@ -245,8 +247,8 @@ Wants=rlb-bird.service
 After=rlb-net.service rlb-bird.service
 [Service]
 {VERBS_GROUP_PRE}
-ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes} --verbs-group {VERBS_GROUP}{hang}
-{AGENT_TAIL}
+ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes} --verbs-group {VERBS_GROUP}
+{hang}{AGENT_TAIL}
 """
     else:
         nics = " ".join(fabric.host_port(h) for h in fabric.endpoints(node))   # a server: every fabric NIC
@@ -257,8 +259,8 @@ Requires=rlb-net.service
 After=rlb-net.service
 [Service]
 {VERBS_GROUP_PRE}
-ExecStart={site.bin}/rlbhost attach {nics} {args}{coord} --metrics-addr {mgmt_ip} --verbs-group {VERBS_GROUP}{hang}
-{AGENT_TAIL}
+ExecStart={site.bin}/rlbhost attach {nics} {args}{coord} --metrics-addr {mgmt_ip} --verbs-group {VERBS_GROUP}
+{hang}{AGENT_TAIL}
 """
     return out
 

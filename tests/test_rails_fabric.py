@@ -168,7 +168,7 @@ def test_rails_a_server_gets_one_agent_unit_for_every_nic():
     assert "rlbhost attach gpu0_eth gpu1_eth --fabric /etc/rlb/fabric.toml --node a1" in units["rlb-host"]
     assert "rlbfabric net --fabric /etc/rlb/fabric.toml --node a1" in units["rlb-net"]
     slow = deploy.units(f, Path("/etc/rlb/fabric.toml"), "a1", "10.0.0.9", None, deploy.Site(hang_s=600))
-    assert "--verbs-group rlb-verbs --hang-s 600\n" in slow["rlb-host"] and "--hang-s" not in units["rlb-host"]
+    assert "\nEnvironment=RLB_HANG_S=600\n" in slow["rlb-host"] and "RLB_HANG_S" not in units["rlb-host"]
     with pytest.raises(FabricError, match="'a1-gpu0_eth' is NIC gpu0_eth of server a1: units, link setup and "
                                           r"the agent are the server's \(a1\)"):
         deploy.units(f, Path("/etc/rlb/fabric.toml"), "a1-gpu0_eth", "10.0.0.9", None)

@@ -321,12 +321,11 @@ def test_scale_up_fabric_plan_and_units():
     assert sorted(gpu) == ["rlb-bird", "rlb-host", "rlb-net"]
     assert f"rlbhost attach rlb0 --fabric {fab_file} --node g3" in gpu["rlb-host"]
     assert "--coordinator" not in gpu["rlb-host"] and "rlbhost bird-config" in gpu["rlb-bird"]
-    assert "--probe-ms" not in gpu["rlb-host"] and "--bfd-ms" not in gpu["rlb-bird"] and "--hang-s" not in gpu["rlb-host"]
+    assert "--probe-ms" not in gpu["rlb-host"] and "--bfd-ms" not in gpu["rlb-bird"] 
     slow = units(fab, vms, g3, fab_file, bfd_ms=1000, probe_ms=500, probe_dead_ms=5000, hang_s=600)
     assert "--probe-ms 500 --probe-dead-ms 5000" in slow["rlb-host"] and "--bfd-ms 1000" in slow["rlb-bird"]
-    assert slow["rlb-host"].split("\nExecStart=")[1].split("\n")[0].endswith(" --hang-s 600")
-    slow_plane = units(fab, vms, node(vms, "p2"), fab_file, hang_s=600)["rlb-switch"]
-    assert slow_plane.split("\nExecStart=")[1].split("\n")[0].endswith(" --hang-s 600")
+    assert "\nEnvironment=RLB_HANG_S=600\n" in slow["rlb-host"] and "RLB_HANG_S" not in gpu["rlb-host"]
+    assert "\nEnvironment=RLB_HANG_S=600\n" in units(fab, vms, node(vms, "p2"), fab_file, hang_s=600)["rlb-switch"]
     plane = units(fab, vms, node(vms, "p2"), fab_file)
     assert f"--speed-mbps {fab.sub_mbps('p2')}" in plane["rlb-switch"] and "eth-g8-2" in plane["rlb-switch"]
     mon = units(fab, vms, node(vms, "mon"), fab_file)
