@@ -22,6 +22,8 @@ import pytest
 from rlbcommon import filelock
 from rlbhost.verbs import protocol as P
 from rlbhost.verbs import service as S
+from rlbhost.verbs.clients import MAX_CLIENTS_PER_UID
+from rlbhost.verbs.peerlink import NOTIFY_FOR_NS
 from rlbhost.verbs.paths import socket_path
 
 from .test_verbs_netns import App, VLab, agreed, pair, split, verbs_lab, wait_for
@@ -113,8 +115,8 @@ def test_verbs_hostile_2000_idle_connections_are_capped_per_user(v):
     got = as_nobody(CONNECT, str(socket_path(v.lab.h[1])), "2000")
     after = counters(v, 1)
     assert got["connected"] == 2000                      # the backlog takes them: the agent decides
-    assert got["closed_by_agent"] == 2000 - S.MAX_CLIENTS_PER_UID
-    assert after["refused_clients"] - before["refused_clients"] == 2000 - S.MAX_CLIENTS_PER_UID
+    assert got["closed_by_agent"] == 2000 - MAX_CLIENTS_PER_UID
+    assert after["refused_clients"] - before["refused_clients"] == 2000 - MAX_CLIENTS_PER_UID
     placed_as_before(v)                                  # (nobody's connections are gone with it)
     assert v.status(1)["clients"] == 0
 
@@ -142,7 +144,7 @@ def test_verbs_hostile_deadlines_far_off_are_worked_on_for_2_s_at_most(v):
         took = (time.clock_gettime_ns(time.CLOCK_MONOTONIC) - now) / 1e9
         assert all(a.startswith("KEEP ") for a in answers) and took < S.MAX_TIMEOUT_NS / 1e9 + 5   # (not 11 days)
         # and the peer is told (USED) for NOTIFY_FOR_NS, less and less often: then nothing is pending
-        wait_for("nothing pending", lambda: v.status(1)["pending"] == 0, timeout=S.NOTIFY_FOR_NS / 1e9 + 3)
+        wait_for("nothing pending", lambda: v.status(1)["pending"] == 0, timeout=NOTIFY_FOR_NS / 1e9 + 3)
         resent = counters(v, 1)["resent"] - before["resent"]
         print(f"256 questions with 11-day deadlines: answered keep in {took:.2f} s, {resent} messages sent again")
         assert resent < 256 * 80

@@ -49,119 +49,73 @@ usable path, of those both hosts can use, with the fewest active QPs for its wei
 host's rotation; QPs placed here count in the same active counters as TC-seen QPs and hold their
 path until the application destroys them (or its process ends). UD address handles need no
 agreement (a UD receiver takes any of its GIDs): the host decides alone, from the peer's usable
-paths (asked once, kept for PEER_PATHS_TTL_S)."""
+paths (asked once, kept for PEER_PATHS_TTL_S).
+
+This module is the agreement; beside it: clients.py the libraries' socket and what each user may
+hold, peerlink.py the sealed UDP between agents and what is sent again, nicview.py each NIC's
+paths and the choice of one."""
 from __future__ import annotations
 
 import collections
 import dataclasses
-import errno
-import functools
-import grp
-import ipaddress
 import json
 import logging
 import os
 import secrets
 import selectors
-import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlbcommon import failpoints
+from rlbcommon.constants import VERBS_PORT
 from rlbcommon.health import Health
 from rlbcommon.heap import Heap
 from rlbcommon.paths import write_atomic
 from rlbcommon.runtime import AgentRuntime
-from rlbcommon.constants import VERBS_GROUP, VERBS_PORT
 from rlbfabric import addrplan
-from rlbfabric.policy import localrule
 
-from ..dataplane import C as HOST_C, MAX_PATHS, HostDataplane, VerbsQp
+from ..dataplane import C as HOST_C, HostDataplane, VerbsQp
 from ..gids import GidTable
 from ..probekeys import KeyFile
 from . import protocol as P
 from .advice import FabricView
+from .clients import LISTEN, Client, Clients, Local, proc_start
 from .kernelqps import MISSING, KernelQps
-from .outstanding import Outstanding, Pending
-from .peerauth import SEAL_MAX, Unsealer, seal
+from .nicview import NicState, NicViews, View, addr_lt, with_field
+from .outstanding import Pending
+from .peerlink import UDP, PeerLink, mono_ns
 from .table import DecisionTable
 
 log = logging.getLogger(__name__)
 
 MARGIN_NS = 1_000_000          # what an answer needs to get back to the library
 MIN_WORK_NS = 300_000          # a question with less time left is answered keep at once
-NOTIFY_FOR_NS = 3_000_000_000  # a USED or CONFIRM is sent again until acknowledged or this old
 PEER_PATHS_TTL_S = 5.0
 KEPT_TTL_S = 120.0             # keeps answered for QPs this host does not know
 REUSED_AFTER_S = 1.0           # ... forgotten sooner when a new QP of that number starts (an INIT
                                # this late cannot be the one the keep was answered for)
 REAP_EVERY_S = 1.0
 STATUS_EVERY_S = 1.0
-MAX_CLIENTS = 1024
-MAX_CLIENTS_PER_UID = 256      # one user's connections: another user's jobs always find room
 MAX_QPS_PER_CLIENT = 65536
 MAX_QPS_PER_UID = 131072       # (a server's 8 NICs x 16k QPs)
 MAX_PENDING_PER_CLIENT = 256   # questions of one process waiting on peers at once
 MAX_PENDING_PER_UID = 1024     # ... and of one user's processes
 MAX_TIMEOUT_NS = 2_000_000_000 # a question is worked on this long at most, whatever its asker says
-ACCEPT_PAUSE_S = 1.0           # out of file descriptors: new connections wait this long
-MAX_BATCH = 2                  # messages read from one client per round: no client starves others,
-                               # and the peers' answers (read first each round) wait for no burst
-MAX_UDP_BATCH = 256            # peers' messages read per round (they settle questions waiting)
-MAX_DRAIN = 1024               # ... or, to find a QP a peer asks about, what it has sent (bounded:
+MAX_DRAIN = 1024               # a library's messages read to find a QP a peer asks about (bounded:
                                # a library's INIT is among its last few messages)
-VIEW_S = 0.05                  # the paths and weights are read at most this often
 RECENT = 256                   # decisions kept with their reasons for `rlbhost why`
 BEHIND_S = 0.05                # after a question waited half its time: new pairs keep this long
 SLICE_NS = 4_000_000           # a round reads clients this long at most before the peers' messages
                                # are read and the round's messages sent (a CONFIRM or an answer
                                # waits on one slice, not on a burst's every question)
 DECIDED, AH = HOST_C["RLBH_VF_DECIDED"], HOST_C["RLBH_VF_AH"]
-UCRED = struct.Struct("3i")
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)   # Linux's, absent from Python 3.11's module
-MSG_TRUNC, SEND_FLAGS = int(socket.MSG_TRUNC), int(socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)  # plain ints:
-                               # an enum's & and | cost a call each, on every message
-IPV6_PKTINFO = getattr(socket, "IPV6_PKTINFO", 50)
-
-Local = tuple[str, int, int]   # a QP of this host: (RDMA device, port, QP number)
 Key = tuple[Local, str, int]   # a pair: (this end, the peer's base address, the peer's QP number)
-
-
-def mono_ns() -> int:
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
-def proc_start(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot): with the pid, it names one process.
-    None once it has ended (a zombie too: its QPs are gone with it)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2:].split()
-        return None if fields[0] in ("Z", "X") else int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def qp_text(local: Local) -> str:
     dev, port, qpn = local
     return f"QP 0x{qpn:x} of {dev}/{port}"
-
-
-@dataclass
-class Client:
-    sock: socket.socket
-    pid: int
-    uid: int
-    start: int | None
-    greeted: bool = False
-    pending: int = 0               # its questions waiting on a peer agent
-    qpns: set[Local] = field(default_factory=set)
-    ahs: dict[int, VerbsQp] = field(default_factory=dict)        # handle -> entry
-    ah_pending: dict[int, tuple[VerbsQp, str]] = field(default_factory=dict)  # question seq -> (entry, NIC)
-    ah_nic: dict[int, str] = field(default_factory=dict)         # handle -> its NIC
 
 
 @dataclass
@@ -208,29 +162,6 @@ class Parked:
     deadline_ns: int               # the library waits this long (extended by WAIT)
 
 
-@dataclass
-class View:
-    """One NIC's paths as its data plane has them, read once per question."""
-    field: int
-    base_value: int
-    base_addr: str
-    index: dict[int, int]          # path value -> index (valid paths)
-    addr: dict[int, str]           # path value -> this host's address on it
-    rotation: int
-    ports_mode: bool
-
-
-@dataclass
-class NicState:
-    """A fabric NIC as the service uses it: its data plane, and the coordinator's view from it."""
-    ifname: str
-    dp: HostDataplane
-    advice: FabricView | None = None
-    view_at: tuple[float, View] | None = None
-    weights_at: dict[str, tuple[int, list[int]] | None] = field(default_factory=dict)
-    placed: dict[str, int] = field(default_factory=lambda: {"rtr": 0, "ah": 0})
-
-
 class VerbsService:
     def __init__(self, dps: dict[str, HostDataplane], socket_path: Path, port: int = VERBS_PORT,
                  group: str | None = None, gids: GidTable | None = None, health: Health | None = None,
@@ -239,35 +170,15 @@ class VerbsService:
         """`dps`: {fabric NIC: its data plane}; `advice`: the coordinator's view from each NIC;
         `kernel`: the kernel's word on QPs (read from rdma netlink when not given)."""
         self.nics = {ifname: NicState(ifname, dp, (advice or {}).get(ifname)) for ifname, dp in dps.items()}
-        self.socket_path, self.port = Path(socket_path), port
+        self.port = port
         self.instance = next(iter(dps.values())).instance
-        self.keys = keys or KeyFile(None)    # the fabric's keys: the peers' messages sealed with them
-        self.unsealer = Unsealer()
         self.table_path = table_path      # the decisions, for the libraries to read
         self.table: DecisionTable | None = None
-        self.group, self.status_path = group, status_path
+        self.status_path = status_path
         self.gids = gids or GidTable(list(self.nics))
+        self.views = NicViews(self.nics, self.gids)
         self.kernel = kernel or KernelQps.open()
         self.health = health or Health()
-        self.sel = selectors.DefaultSelector()
-        self.clients: dict[socket.socket, Client] = {}
-        self.per_uid: dict[int, dict[str, int]] = collections.defaultdict(
-            lambda: {"clients": 0, "qps": 0, "pending": 0})       # what each user holds
-        self.accept_paused_until = 0.0
-        self.local: dict[Local, LocalQp] = {}
-        self.by_nic: dict[tuple[str, int], Local] = {}      # (NIC, QP number) -> its QP
-        self.by_dev: dict[tuple[str, int], Local] = {}      # (device, QP number) -> its QP
-        self.by_base: dict[str, NicState] = {}              # a NIC's base address (as last viewed) -> it
-        # by this host's QP: (the pair's key, decision)
-        self.decisions: dict[Local, tuple[Key, Decision]] = {}
-        self.pending = Outstanding()       # messages to peers waiting on an answer
-        self.outbox: dict[tuple[str, str | None], list[bytes]] = {}   # (peer, from) -> this round's messages
-        self.checks: dict[Key, int] = {}                      # a pair's CHECK waiting -> its pending id
-        self.proposals: dict[Key, tuple[int, VerbsQp]] = {}   # asked of the peer
-        self.parked: dict[Key, list[Parked]] = {}             # waiting on a CONFIRM
-        self.has_asks: dict[Key, int] = {}                    # a parked pair's HAS -> its pending id
-        self.peer_paths: dict[str, tuple[float, frozenset[int]]] = {}
-        self.ah_ids = 0
         self.lock = threading.Lock()         # the counters, read by metrics
         self.counters: dict[str, int] = {"questions_rtr": 0, "questions_ah": 0, "placed_rtr": 0,
                                          "placed_ah": 0, "disagreements": 0, "bad_messages": 0,
@@ -277,13 +188,25 @@ class VerbsService:
                                          "unauthenticated": 0, "resent": 0, "unacknowledged": 0,
                                          "has_asked": 0, "has_confirmed": 0,
                                          "messages_sent": 0, "datagrams_sent": 0, "key_file_bad": 0}
+        self.sel = selectors.DefaultSelector()
+        self.clients = Clients(socket_path, group, self.sel, self.counters, self._local, self._dropped)
+        # the fabric's keys: the peers' messages sealed with them
+        self.link = PeerLink(port, keys or KeyFile(None), self.sel, self.counters, self._peer)
+        self.local: dict[Local, LocalQp] = {}
+        self.by_nic: dict[tuple[str, int], Local] = {}      # (NIC, QP number) -> its QP
+        self.by_dev: dict[tuple[str, int], Local] = {}      # (device, QP number) -> its QP
+        # by this host's QP: (the pair's key, decision)
+        self.decisions: dict[Local, tuple[Key, Decision]] = {}
+        self.checks: dict[Key, int] = {}                      # a pair's CHECK waiting -> its pending id
+        self.proposals: dict[Key, tuple[int, VerbsQp]] = {}   # asked of the peer
+        self.parked: dict[Key, list[Parked]] = {}             # waiting on a CONFIRM
+        self.has_asks: dict[Key, int] = {}                    # a parked pair's HAS -> its pending id
+        self.peer_paths: dict[str, tuple[float, frozenset[int]]] = {}
+        self.ah_ids = 0
         self.kept: dict[str, int] = {k: 0 for k in P.KEEP if k != "none"}
         self.stop = threading.Event()
-        self.listener: socket.socket | None = None
-        self.udp: socket.socket | None = None
         self._wake_r, self._wake_w = os.pipe()
         self.behind_until = 0.0
-        self.why = ""
         self.recent: collections.deque = collections.deque(maxlen=RECENT)
         self._next_reap = self._next_status = 0.0
         # a server's QPs (thousands of decisions, local QPs, table slots) and the agent's modules
@@ -297,68 +220,27 @@ class VerbsService:
         (nic,) = self.nics.values()
         return nic.dp
 
+    @property
+    def socket_path(self) -> Path:
+        return self.clients.path
+
     # ---- sockets ------------------------------------------------------------------------
     def open(self):
-        """The local socket (reachable by every user, or the group's) and the peers' UDP port."""
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.socket_path.unlink()
-        except FileNotFoundError:
-            pass
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
-        s.bind(str(self.socket_path))
-        self.access = self._restrict(self.socket_path)
-        s.listen(128)
-        self.listener = s
-        self.sel.register(s, selectors.EVENT_READ, "listen")
-        u = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
-        u.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        u.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        u.bind(("::", self.port))
-        self.udp = u
-        self.sel.register(u, selectors.EVENT_READ, "udp")
+        """The local socket (root's and the verbs group's) and the peers' UDP port."""
+        self.clients.open()
+        self.link.open()
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         if self.table_path is not None:
             self.table = DecisionTable(self.table_path)
             self.table.clear()
         self._adopt()
         log.info("verbs: answering on %s (%s), agreeing with peers on UDP %d; NICs %s; RDMA ports %s; "
-                 "QP owners: %s", self.socket_path, self.access, self.port, ", ".join(self.nics),
+                 "QP owners: %s", self.socket_path, self.clients.access, self.port, ", ".join(self.nics),
                  ", ".join(f"{d}/{p}" for d, p in self.gids.served()) or "none yet", self.kernel.describe())
 
-    def _restrict(self, path: Path) -> str:
-        """The socket's owners: root and the verbs group (0660); every user only if asked for
-        with group '*'. Without the group (the default one not made yet) only root's jobs."""
-        group = self.group if self.group is not None else VERBS_GROUP
-        if group == "*":
-            os.chmod(path, 0o666)
-            log.warning("verbs: every local user may use %s (--verbs-group '*'): any of them can make "
-                        "other users' QPs keep their addresses", path)
-            return "every user"
-        try:
-            gid = grp.getgrnam(group).gr_gid
-        except KeyError:
-            if self.group is not None:
-                raise                               # named, and missing: the operator's error
-            gid = 0
-            log.warning("verbs: no group %s: only root's jobs may use %s (`rlbhost verbs install` makes the "
-                        "group; add the users who run jobs to it)", group, path)
-        os.chown(path, 0, gid)
-        os.chmod(path, 0o660)
-        return f"root and group {group}" if gid else "root only"
-
     def close(self):
-        for c in list(self.clients.values()):
-            self._drop_client(c, "agent stopping")
-        for s in (self.listener, self.udp):
-            if s is not None:
-                self.sel.unregister(s)
-                s.close()
-        self.listener = self.udp = None
-        try:
-            self.socket_path.unlink()
-        except FileNotFoundError:
-            pass
+        self.clients.close()
+        self.link.close()
         if self.table is not None:        # the file stays: jobs that mapped it keep it, the next agent reuses it
             self.table.close()
             self.table = None
@@ -391,14 +273,6 @@ class VerbsService:
     def _nic_of_port(self, dev: str, port: int, index: int | None = None) -> NicState | None:
         nd = self.gids.netdev(dev, port, index)
         return self.nics.get(nd) if nd else None
-
-    def _nic_of_base(self, base: str) -> NicState | None:
-        nic = self.by_base.get(base)
-        if nic is None or self._view(nic).base_addr != base:
-            for n in self.nics.values():       # a base moved or new: every view fresh (at most every VIEW_S)
-                self._view(n)
-            nic = self.by_base.get(base)
-        return nic if nic is not None and nic.view_at[1].base_addr == base else None
 
     def _local_of(self, nic: NicState, qpn: int) -> Local:
         """A QP of this NIC named by a peer: the one registered, else as its RDMA port names it."""
@@ -457,13 +331,13 @@ class VerbsService:
         if not d.confirmed:       # the library asks, and waits (longer, if this agent is slow) for the word
             self.table.put(dev, port, qpn, remote, peer, d.path, pending=True)
             return
-        v = self._view(nic)
+        v = self.views.view(nic)
         ours = v.addr.get(d.path)
         idx = self.gids.index_of(dev, port, ours) if ours else None
         if idx is None:
             self.table.remove(dev, port, qpn, remote, peer)
         else:
-            self.table.put(dev, port, qpn, remote, peer, d.path, idx, 0, ours, _with_field(peer, v.field, d.path))
+            self.table.put(dev, port, qpn, remote, peer, d.path, idx, 0, ours, with_field(peer, v.field, d.path))
 
     @staticmethod
     def _value_of(nic: NicState, index: int) -> int:
@@ -491,7 +365,7 @@ class VerbsService:
     def _round(self):
         now = mono_ns()
         timeout = 0.5
-        first = self.pending.next_due()
+        first = self.link.pending.next_due()
         due = [first] if first is not None else []
         due += [w.deadline_ns - MARGIN_NS for waiting in self.parked.values() for w in waiting]
         if due:
@@ -501,20 +375,20 @@ class VerbsService:
             ready.sort(key=_udp_first)                     # the peers' answers first
         slice_end = mono_ns() + SLICE_NS
         for key, _ in ready:
-            if key.data == "listen":
-                self._accept()
-            elif key.data == "udp":
-                self._read_udp()
+            if key.data == LISTEN:
+                self.clients.accept()
+            elif key.data == UDP:
+                self.link.read()
             elif key.data == "wake":
                 os.read(self._wake_r, 64)
-            elif key.data.sock in self.clients:
-                self._read_client(key.data)
+            elif key.data in self.clients:
+                self.clients.read(key.data)
                 if mono_ns() > slice_end:
                     self._between_slices()
                     slice_end = mono_ns() + SLICE_NS
         self._timers(mono_ns())
-        self._flush()
-        self._resume_accepting()
+        self.link.flush()
+        self.clients.resume()
         t = time.monotonic()
         if t >= self._next_reap:
             self._next_reap = t + REAP_EVERY_S
@@ -522,100 +396,30 @@ class VerbsService:
         if t >= self._next_status:
             self._next_status = t + STATUS_EVERY_S
             self._write_status()
-            self._reread_keys()
+            self.link.reread_keys()
             self.heap.settle()
-            self.heap.collect_if_due(idle=not self.pending and not self.parked)
+            self.heap.collect_if_due(idle=not self.link.pending and not self.parked)
 
     def _between_slices(self):
         """Within a long round (a burst of questions from many processes): what settles pairs
         already decided goes out and comes in now, not after every other process's questions."""
-        self._flush()
-        self._read_udp()
+        self.link.flush()
+        self.link.read()
         self._timers(mono_ns())
-        self._flush()
+        self.link.flush()
 
     # ---- clients ------------------------------------------------------------------------
-    def _accept(self):
-        if time.monotonic() < self.accept_paused_until:
-            return
-        while True:
-            try:
-                s, _ = self.listener.accept()
-            except BlockingIOError:
-                return
-            except OSError as e:
-                if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    raise
-                # out of descriptors: the connection waits in the backlog (the library times out
-                # and keeps) and this loop does not spin on it
-                self.counters["accept_failed"] += 1
-                self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
-                self.sel.unregister(self.listener)
-                log.warning("verbs: cannot accept a connection (%s): not accepting for %.0f s", e.strerror,
-                            ACCEPT_PAUSE_S)
-                return
-            s.setblocking(False)
-            pid, uid, _gid = UCRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
-            held = self.per_uid[uid]
-            if len(self.clients) >= MAX_CLIENTS or held["clients"] >= MAX_CLIENTS_PER_UID:
-                self.counters["refused_clients"] += 1
-                log.warning("verbs: refusing pid %d (uid %d): %d processes connected already, %d of them uid %d's",
-                            pid, uid, len(self.clients), held["clients"], uid)
-                s.close()
-                continue
-            c = Client(s, pid, uid, proc_start(pid))
-            self.clients[s] = c
-            held["clients"] += 1
-            self.sel.register(s, selectors.EVENT_READ, c)
-            log.info("verbs: pid %d (uid %d) connected", pid, uid)
-
-    def _resume_accepting(self):
-        if self.accept_paused_until and time.monotonic() >= self.accept_paused_until and self.listener is not None:
-            self.accept_paused_until = 0.0
-            self.sel.register(self.listener, selectors.EVENT_READ, "listen")
-
-    def _drop_client(self, c: Client, why: str):
-        self.sel.unregister(c.sock)
-        c.sock.close()
-        del self.clients[c.sock]
-        self.per_uid[c.uid]["clients"] -= 1
+    def _dropped(self, c: Client):
+        """A process gone from the socket: its address handles' entries go (its QPs stay until
+        they are destroyed or it ends: _reap)."""
         for handle, entry in c.ahs.items():
             self._ah_drop(c.ah_nic.get(handle, ""), entry)
         for entry, nic in c.ah_pending.values():
             self._ah_drop(nic, entry)
-        log.info("verbs: pid %d %s (%d QPs stay until they are destroyed or it ends)", c.pid, why, len(c.qpns))
 
     def _ah_drop(self, nic: str, entry: VerbsQp):
         if nic in self.nics:
             self.nics[nic].dp.verbs_drop(entry)
-
-    def _read_client(self, c: Client, limit: int = MAX_BATCH):
-        for _ in range(limit):
-            try:
-                data, _, flags, _ = c.sock.recvmsg(P.MSG_MAX + 1)
-            except BlockingIOError:
-                return
-            except OSError as e:
-                self._drop_client(c, f"left ({e.strerror})")
-                return
-            if not data:
-                self._drop_client(c, "disconnected")
-                return
-            try:
-                if len(data) > P.MSG_MAX or flags & MSG_TRUNC:
-                    raise P.BadMessage("message too long")
-                self._local(c, P.parse_local(data))
-            except P.BadMessage as e:
-                self.counters["bad_messages"] += 1
-                log.warning("verbs: pid %d sent a bad message (%s): cut off", c.pid, e)
-                self._drop_client(c, "cut off")
-                return
-
-    def _send(self, c: Client, data: bytes):
-        try:
-            c.sock.send(data, SEND_FLAGS)
-        except (BlockingIOError, OSError):
-            pass                 # a library not reading its answers: it times out and keeps
 
     def _local(self, c: Client, m):
         if isinstance(m, P.Hello):
@@ -624,7 +428,7 @@ class VerbsService:
             c.greeted = True
             for i, n in enumerate(m.kept[1:len(P.KEEP)], start=1):
                 self._count_kept(P.KEEP_NAME[i], n)
-            self._send(c, P.hello_reply(self.gids.served(), self.table_path if self.table else None))
+            self.clients.send(c, P.hello_reply(self.gids.served(), self.table_path if self.table else None))
             return
         if not c.greeted:
             raise P.BadMessage("no HELLO first")
@@ -670,7 +474,7 @@ class VerbsService:
         if lq is None:
             if len(c.qpns) >= MAX_QPS_PER_CLIENT:
                 raise P.BadMessage(f"more than {MAX_QPS_PER_CLIENT} QPs")
-            if self.per_uid[c.uid]["qps"] >= MAX_QPS_PER_UID:
+            if self.clients.per_uid[c.uid]["qps"] >= MAX_QPS_PER_UID:
                 self.counters["refused_questions"] += 1
                 return None
             old = self.decisions.get(local)
@@ -680,77 +484,10 @@ class VerbsService:
             lq = LocalQp(local, c.pid, c.start, nic.ifname if nic else "", c.uid, at=time.monotonic())
             self._index(lq)
             c.qpns.add(local)
-            self.per_uid[c.uid]["qps"] += 1
+            self.clients.per_uid[c.uid]["qps"] += 1
         return lq
 
     # ---- the view of one NIC -----------------------------------------------------------------
-    def _view(self, nic: NicState) -> View:
-        """Read again when older than VIEW_S: a burst of questions reads the paths once (a path
-        gone in the meantime is the switches' failover's, as for any QP on it)."""
-        now = time.monotonic()
-        if nic.view_at is None or now - nic.view_at[0] > VIEW_S:
-            cfg = nic.dp.config()
-            paths = [p for p in nic.dp.paths() if p.valid]
-            base = next((p for p in paths if p.index == cfg["base_index"]), None)
-            nic.view_at = (now, View(cfg["path_field"], base.value if base else 0, base.address if base else "",
-                                     {p.value: p.index for p in paths}, {p.value: p.address for p in paths},
-                                     cfg["rotation"], cfg["mode"] == "ports"))
-            nic.weights_at.clear()
-            if base:
-                self.by_base[base.address] = nic
-        return nic.view_at[1]
-
-    def _weights(self, nic: NicState, peer: str) -> tuple[int, list[int]] | None:
-        """dp.weights_for(peer), read once per view."""
-        self._view(nic)
-        if peer not in nic.weights_at:
-            nic.weights_at[peer] = nic.dp.weights_for(peer)
-        got = nic.weights_at[peer]
-        return None if got is None else (got[0], list(got[1]))
-
-    @staticmethod
-    def _peer_base(v: View, addr: str) -> str | None:
-        """The peer's base address, if addr is one of a fabric host's path addresses."""
-        if _field_value(addr, v.field) not in v.index:
-            return None
-        return _with_field(addr, v.field, v.base_value)
-
-    def _usable(self, nic: NicState, v: View, peer: str, dev: str | None,
-                port: int | None) -> tuple[int, list[int]] | None:
-        """(weight entry, weight per path index) towards peer, 0 where this NIC cannot use the
-        path (no weight, invalid, or no RoCE v2 GID for its address on dev/port)."""
-        got = self._weights(nic, peer)
-        if got is None:
-            return None
-        wid, eff = got
-        if dev:
-            for value, i in v.index.items():
-                if eff[i] and self.gids.index_of(dev, port, v.addr[value]) is None:
-                    eff[i] = 0
-        return wid, eff
-
-    def _choose(self, nic: NicState, v: View, peer: str, wid: int, eff: list[int],
-                allowed: frozenset[int]) -> int | None:
-        """Of the paths both ends can use, those the coordinator's loads make best (all of them
-        without a coordinator), then the local rule: a path value, or None. self.why says why."""
-        usable = {value for value, i in v.index.items() if value in allowed and eff[i]}
-        best = nic.advice.best(peer, usable) if nic.advice is not None and usable else None
-        weights = [0] * MAX_PATHS
-        for value in best or usable:
-            weights[v.index[value]] = eff[v.index[value]]
-        active = nic.dp.active_counts(wid)
-        i = localrule.choose(active, weights, v.rotation)
-        value = None if i is None else next(val for val, idx in v.index.items() if idx == i)
-        if value is not None and nic.advice is not None:
-            nic.advice.placed(peer, value)
-        counts = ", ".join(f"{k}: {active[v.index[k]]}" for k in sorted(best or usable))
-        self.why = ((f"{nic.ifname}: " if len(self.nics) > 1 else "")
-                    + f"paths both ends can use {sorted(usable)}"
-                    + (f", of which the coordinator's link loads make {sorted(best)} best" if best else "")
-                    + f"; QPs on them {{{counts}}} for weights {[eff[v.index[k]] / 1000 for k in sorted(best or usable)]}"
-                    + f", ties from path {v.rotation + 1}")
-        return value
-
     # ---- questions from the library --------------------------------------------------------
     def _question(self, c: Client, q: P.Question):
         self.counters["questions_rtr" if q.kind == "RTR" else "questions_ah"] += 1
@@ -769,7 +506,7 @@ class VerbsService:
         nic = self._nic_of_port(q.dev, q.port, q.sgid_index)
         if nic is None:                       # an RDMA port on a NIC the agent does not serve
             return self._keep(c, q, "othernic")
-        v = self._view(nic)
+        v = self.views.view(nic)
         if v.ports_mode:
             return self._keep(c, q, "portsmode")
         entry = self.gids.table.get((q.dev, q.port), {}).get(q.sgid_index)
@@ -778,8 +515,8 @@ class VerbsService:
             entry = self.gids.table.get((q.dev, q.port), {}).get(q.sgid_index)
         if entry is not None and not entry[1].lower().endswith("v2"):
             return self._keep(c, q, "notrocev2")
-        ours = self._peer_base(v, q.sgid)
-        peer = self._peer_base(v, q.dgid)
+        ours = v.peer_base(q.sgid)
+        peer = v.peer_base(q.dgid)
         if ours != v.base_addr or peer is None or peer == ours:
             return self._keep(c, q, "notfabric")
         if q.kind == "AH":
@@ -795,15 +532,15 @@ class VerbsService:
             return self._answer(c, q, key, d, v)
         if late:
             return self._keep(c, q, "timeout")
-        if c.pending >= MAX_PENDING_PER_CLIENT or self.per_uid[c.uid]["pending"] >= MAX_PENDING_PER_UID:
+        if c.pending >= MAX_PENDING_PER_CLIENT or self.clients.per_uid[c.uid]["pending"] >= MAX_PENDING_PER_UID:
             self.counters["refused_questions"] += 1
             return self._keep(c, q, "busy")
-        here = _addr_lt(ours, peer)
+        here = addr_lt(ours, peer)
         if self._behind(q, now):                   # both ends keep, rather than one too late
             self._decide_keep(key, here, "busy", c, q, nic)
             return self._tell_peer(key, 0, "busy", nic)
-        usable = self._usable(nic, v, peer, q.dev, q.port)
-        mine = frozenset(val for val, i in v.index.items() if usable and usable[1][i])
+        usable = self.views.usable(nic, v, peer, q.dev, q.port)
+        mine = self.views.paths(v, usable)
         if here and not mine:
             return self._decide_keep(key, True, "nopath", c, q, nic)
         if here:
@@ -822,7 +559,7 @@ class VerbsService:
             if known is not None:
                 return self._answer(c, q, key, known)
             late = mono_ns() > q.deadline_ns - MIN_WORK_NS // 2
-            v2 = self._view(nic)
+            v2 = self.views.view(nic)
             # (HELD: the rendezvous's library may be on the path already: this one waits for its word)
             keep = ("nopeer" if reply is None else "timeout" if late and reply.verdict != "HELD" else
                     "nopath" if placed and reply.path not in v2.index else None)
@@ -848,16 +585,16 @@ class VerbsService:
         proposal) and asks the other end's agent to take it (CHECK). That agent writes the path
         into its decision table before it says yes, so the other end's library finds it there,
         whenever it asks, without waiting on anything; only then is this end's library told."""
-        v = self._view(nic)
+        v = self.views.view(nic)
         known = self.peer_paths.get(peer)
         theirs = known[1] if known and time.monotonic() - known[0] < PEER_PATHS_TTL_S else mine
         with nic.dp.verbs_lock:
-            usable = self._usable(nic, v, peer, q.dev, q.port)
-            path = self._choose(nic, v, peer, usable[0], usable[1], (mine & theirs) - tried) if usable else None
+            usable = self.views.usable(nic, v, peer, q.dev, q.port)
+            path = self.views.choose(nic, v, peer, usable[0], usable[1], (mine & theirs) - tried) if usable else None
             entry = self._put(nic, v, key, lq, path, DECIDED) if path else None
         if path is None:
             return self._decide_keep(key, True, "nopath", c, q, nic)
-        why = f"decided here: {self.why}"
+        why = f"decided here: {self.views.why}"
         self.proposals[key] = (path, entry)
         budget = q.deadline_ns - mono_ns() - MARGIN_NS
         msg = P.PeerMsg("CHECK", secrets.randbits(63), budget // 1000, v.base_addr, q.qpn, peer, q.dest_qpn, mine,
@@ -874,7 +611,7 @@ class VerbsService:
                 self.peer_paths[peer] = (time.monotonic(), reply.paths)
                 d = self._record(key, Decision(path, here=True, entry=entry, peer_told=True, why=why,
                                                nic=nic.ifname))
-                return self._tell_local(c, q, self._view(nic), peer, d)
+                return self._tell_local(c, q, self.views.view(nic), peer, d)
             nic.dp.verbs_drop(entry)
             if reply is not None and reply.verdict == "YES":      # the other end cannot use it
                 self.peer_paths[peer] = (time.monotonic(), reply.paths)
@@ -903,7 +640,7 @@ class VerbsService:
     def _counted(self, c: Client, on_reply):
         """on_reply, with the client's (and its user's) count of questions waiting on peers kept."""
         c.pending += 1
-        held = self.per_uid[c.uid]
+        held = self.clients.per_uid[c.uid]
         held["pending"] += 1
 
         def done(reply):
@@ -913,7 +650,7 @@ class VerbsService:
         return done
 
     def _keep(self, c: Client, q: P.Question, keep: str):
-        self._send(c, P.keep_reply(q.seq, keep))
+        self.clients.send(c, P.keep_reply(q.seq, keep))
 
     def _decide_keep(self, key: Key, here: bool, keep: str, c: Client | None = None, q: P.Question | None = None,
                      nic: NicState | None = None):
@@ -930,12 +667,12 @@ class VerbsService:
         nic = self.nics.get(d.nic)
         if nic is None:
             return self._keep(c, q, "othernic")
-        v = v or self._view(nic)
+        v = v or self.views.view(nic)
         ours = v.addr.get(d.path)
         idx = self.gids.index_of(q.dev, q.port, ours) if ours else None
         if idx is None:
             return self._keep(c, q, "nogid")
-        self._send(c, P.path_reply(q.seq, d.path, idx, ours, _with_field(peer, v.field, d.path)))
+        self.clients.send(c, P.path_reply(q.seq, d.path, idx, ours, with_field(peer, v.field, d.path)))
 
     def _answer(self, c: Client, q: P.Question, key: Key, d: Decision, v: View | None = None):
         """Answer the library with the pair's decision, or, while the other end's library has not
@@ -945,7 +682,7 @@ class VerbsService:
             # waits longer for its word (a bounded WAIT) rather than give up and leave them apart
             latest = q.deadline_ns - q.timeout_ns + P.WAIT_MAX * q.timeout_ns
             if latest > q.deadline_ns:
-                self._send(c, P.wait_reply(q.seq, latest))
+                self.clients.send(c, P.wait_reply(q.seq, latest))
             self.parked.setdefault(key, []).append(Parked(c, q, max(latest, q.deadline_ns)))
             return self._ask_has(key, d, max(latest, q.deadline_ns) - MARGIN_NS)
         self._tell_local(c, q, v, key[1], d)
@@ -955,10 +692,10 @@ class VerbsService:
         library has the path (HAS), steadily, until it says so or keeps, or the wait ends. Its
         first copy goes after one interval: the CONFIRM has usually come by then."""
         nic = self.nics.get(d.nic)
-        if key in self.has_asks or nic is None or self.udp is None or deadline_ns <= mono_ns():
+        if key in self.has_asks or nic is None or not self.link.up or deadline_ns <= mono_ns():
             return
         local, peer, remote = key
-        base = self._view(nic).base_addr
+        base = self.views.view(nic).base_addr
         msg = P.PeerMsg("HAS", secrets.randbits(63), (deadline_ns - mono_ns()) // 1000, base, local[2], peer, remote,
                         path=d.path)
 
@@ -973,8 +710,9 @@ class VerbsService:
             elif reply.verdict == "KEEP":
                 self._peer_kept(key, P.KEEP_NAME.get(reply.keep, "error"))
         self.counters["has_asked"] += 1
-        self.has_asks[key] = self.pending.add(Pending(msg, peer, deadline_ns, answered, base, key, steady=True),
-                                              mono_ns()).first_id
+        p = self.link.ask(msg, peer, deadline_ns, answered, base, key, steady=True)
+        if p is not None:
+            self.has_asks[key] = p.first_id
 
     def _decide(self, key: Key, lq: LocalQp | None, nic: NicState, peer_paths: frozenset[int],
                 confirmed: bool = True) -> Decision:
@@ -984,27 +722,27 @@ class VerbsService:
         proposal = self.proposals.get(key)
         if proposal is not None and proposal[0] in peer_paths:
             return self._record(key, Decision(proposal[0], here=True, entry=proposal[1], confirmed=confirmed,
-                                              why=f"decided here (proposed): {self.why}", nic=nic.ifname))
+                                              why=f"decided here (proposed): {self.views.why}", nic=nic.ifname))
         if proposal is not None:
             nic.dp.verbs_drop(proposal[1])
-        v = self._view(nic)
+        v = self.views.view(nic)
         local, peer, remote = key
         dev, port = (local[0], local[1]) if lq is not None and local[0] else (None, None)
-        usable = self._usable(nic, v, peer, dev, port)
+        usable = self.views.usable(nic, v, peer, dev, port)
         path = None
         if usable is not None:
             with nic.dp.verbs_lock:
-                path = self._choose(nic, v, peer, usable[0], usable[1], peer_paths)
+                path = self.views.choose(nic, v, peer, usable[0], usable[1], peer_paths)
                 entry = self._put(nic, v, key, lq, path, DECIDED) if path else None
         if path is None:
             return self._decide_keep(key, True, "nopath", nic=nic)
         return self._record(key, Decision(path, here=True, entry=entry, confirmed=confirmed,
-                                          why=f"decided here: {self.why}", nic=nic.ifname))
+                                          why=f"decided here: {self.views.why}", nic=nic.ifname))
 
     def _put(self, nic: NicState, v: View, key: Key, lq: LocalQp | None, path: int, flags: int) -> VerbsQp:
         local, peer, remote = key
-        wid = self._weights(nic, peer)[0]
-        q = VerbsQp(peer, _with_field(peer, v.field, path), local[2], remote, v.index[path], wid,
+        wid = self.views.weights(nic, peer)[0]
+        q = VerbsQp(peer, with_field(peer, v.field, path), local[2], remote, v.index[path], wid,
                     lq.pid if lq else 0, flags)
         nic.dp.verbs_put(q)
         self.counters["placed_rtr"] += 1
@@ -1030,8 +768,8 @@ class VerbsService:
                 if not d.peer_has and not d.confirm_sent and nic is not None:
                     # the QP is on the path now: the other end's library may have it too
                     d.confirm_sent = True
-                    base = self._view(nic).base_addr
-                    self._notify(P.PeerMsg("CONFIRM", a_base=base, a_qpn=key[0][2], b_base=key[1], b_qpn=key[2],
+                    base = self.views.view(nic).base_addr
+                    self.link.notify(P.PeerMsg("CONFIRM", a_base=base, a_qpn=key[0][2], b_base=key[1], b_qpn=key[2],
                                            path=d.path), key[1], base)
             return
         keep = P.KEEP_NAME.get(m.keep, "error")
@@ -1050,11 +788,11 @@ class VerbsService:
             nic = self._nic_of_port(m.dev, m.port)
             if nic is None:
                 return
-            v = self._view(nic)
-            peer = self._peer_base(v, m.dgid)
+            v = self.views.view(nic)
+            peer = v.peer_base(m.dgid)
             if peer is not None and peer != v.base_addr:
                 key = (local, peer, m.dest_qpn)
-                self._decide_keep(key, _addr_lt(v.base_addr, peer), keep, nic=nic)
+                self._decide_keep(key, addr_lt(v.base_addr, peer), keep, nic=nic)
                 if lq.asked:
                     self._tell_peer(key, 0, keep, nic)
         elif got[1].path:
@@ -1087,7 +825,7 @@ class VerbsService:
     def _forget_qp(self, local: Local):
         lq = self.local.pop(local, None)
         if lq is not None and lq.uid >= 0:
-            self.per_uid[lq.uid]["qps"] -= 1
+            self.clients.per_uid[lq.uid]["qps"] -= 1
         if self.by_dev.get((local[0], local[2])) == local:
             del self.by_dev[(local[0], local[2])]
         if lq is not None and self.by_nic.get((lq.nic, lq.qpn)) == local:
@@ -1109,7 +847,7 @@ class VerbsService:
                 self.counters["released_qps"] += 1
                 log.info("verbs: %s of pid %d is gone from the kernel: released", qp_text(local), lq.pid)
                 self._forget_qp(local)
-                for c in self.clients.values():     # its process may live on: no longer its QP
+                for c in self.clients.all():     # its process may live on: no longer its QP
                     c.qpns.discard(local)
                 continue
             if lq.pid not in alive:
@@ -1129,16 +867,16 @@ class VerbsService:
         def decide(paths, c=c, q=q):
             if paths is None:
                 return self._keep(c, q, "nopeer")
-            v2 = self._view(nic)
-            usable = self._usable(nic, v2, peer, q.dev, q.port)
+            v2 = self.views.view(nic)
+            usable = self.views.usable(nic, v2, peer, q.dev, q.port)
             if usable is None:
                 return self._keep(c, q, "nopath")
             with nic.dp.verbs_lock:
-                path = self._choose(nic, v2, peer, usable[0], usable[1], paths)
+                path = self.views.choose(nic, v2, peer, usable[0], usable[1], paths)
                 if path is None:
                     return self._keep(c, q, "nopath")
                 self.ah_ids = (self.ah_ids + 1) % P.AH_BIT
-                entry = VerbsQp(peer, _with_field(peer, v2.field, path), P.AH_BIT | self.ah_ids, 0,
+                entry = VerbsQp(peer, with_field(peer, v2.field, path), P.AH_BIT | self.ah_ids, 0,
                                 v2.index[path], usable[0], c.pid, AH)
                 nic.dp.verbs_put(entry)
             c.ah_pending[q.seq] = (entry, nic.ifname)
@@ -1172,7 +910,7 @@ class VerbsService:
     def _ask_peer(self, msg: P.PeerMsg, peer: str, deadline_ns: int, on_reply, src: str | None = None,
                   key: Key | None = None):
         now = mono_ns()
-        if deadline_ns <= now or self.udp is None:
+        if deadline_ns <= now or not self.link.up:
             return on_reply(None)
         if msg.kind == "CHECK" and key is not None:
             self.checks[key] = msg.id
@@ -1181,117 +919,28 @@ class VerbsService:
                 if self.checks.get(key) == mid:
                     del self.checks[key]
                 inner(reply)
-        self.pending.add(Pending(msg, peer, deadline_ns, on_reply, src, key), now)
-        self._udp_send(msg, peer, src)
-
-    def _udp_send(self, msg: P.PeerMsg, peer: str, src: str | None = None):
-        """To the peer's agent, from `src` (the base address of the NIC the message is about: the
-        peer checks the sender is that NIC, and a server's source routing sends it out of it).
-        Queued, and sent with the round's other messages for that peer (_flush)."""
-        if self.udp is not None and not (failpoints.DROPS and failpoints.dropped(f"verbs-{msg.kind}")):
-            self.outbox.setdefault((peer, src), []).append(msg.encode())
-
-    def _flush(self):
-        """The round's messages, as few datagrams as fit them (one seal, one send, one receive
-        at the peer for many messages: under a burst that is most of the work saved)."""
-        outbox, self.outbox = self.outbox, {}
-        for (peer, src), messages in outbox.items():
-            self.counters["messages_sent"] += len(messages)
-            key = self.keys.to_seal(peer)            # the key shared with that peer, else the fabric's
-            for body in P.pack_peer(messages, P.DATAGRAM_MAX - SEAL_MAX):
-                data = seal(body, key) if key else body
-                try:
-                    if src:
-                        self.udp.sendmsg([data], [(socket.IPPROTO_IPV6, IPV6_PKTINFO, _pktinfo(src))], 0,
-                                         (peer, self.port))
-                    else:
-                        self.udp.sendto(data, (peer, self.port))
-                    self.counters["datagrams_sent"] += 1
-                except OSError as e:
-                    if e.errno not in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EAGAIN, errno.EADDRNOTAVAIL):
-                        log.warning("verbs: cannot send to %s: %s", peer, e)
+        self.link.ask(msg, peer, deadline_ns, on_reply, src, key)
 
     def _tell_peer(self, key: Key, path: int, keep: str, nic: NicState | None):
         if nic is None:
             return
         local, peer, remote = key
-        v = self._view(nic)
-        self._notify(P.PeerMsg("USED", a_base=v.base_addr, a_qpn=local[2], b_base=peer, b_qpn=remote, path=path,
+        v = self.views.view(nic)
+        self.link.notify(P.PeerMsg("USED", a_base=v.base_addr, a_qpn=local[2], b_base=peer, b_qpn=remote, path=path,
                                keep=P.KEEP[keep]), peer, v.base_addr)
-
-    def _notify(self, msg: P.PeerMsg, peer: str, src: str):
-        """A message that changes the peer's state (USED, CONFIRM): sent again until the peer
-        acknowledges it (outstanding.py: how often), for NOTIFY_FOR_NS."""
-        msg = P.PeerMsg(**{**msg.__dict__, "id": secrets.randbits(63)})
-        now = mono_ns()
-
-        def acked(reply):
-            if reply is None:
-                self.counters["unacknowledged"] += 1
-                log.debug("verbs: %s to %s never acknowledged", msg.kind, peer)
-        if self.udp is None:
-            return
-        self.pending.add(Pending(msg, peer, now + NOTIFY_FOR_NS, acked, src), now)
-        self._udp_send(msg, peer, src)
 
     def _timers(self, now: int):
         self._parked_timers(now)
-        for p in self.pending.due(now):
-            if p.done:                                          # its time is up
-                p.on_reply(None)
-                continue
-            # a question's budget is what is left of it
-            changes = ({"budget_us": max(0, (p.deadline_ns - now) // 1000)}
-                       if p.msg.kind in ("ASK", "CHECK", "PATHS") else {})
-            self.counters["resent"] += 1
-            self._udp_send(self.pending.resend(p, now, **changes), p.peer, p.src)
-
-    def _read_udp(self):
-        for _ in range(MAX_UDP_BATCH):
-            try:
-                data, anc, flags, src = self.udp.recvmsg(P.DATAGRAM_MAX, socket.CMSG_SPACE(16))
-            except BlockingIOError:
-                return
-            if flags & MSG_TRUNC:
-                self.counters["bad_messages"] += 1
-                continue
-            arrived = time.time_ns()
-            for level, kind, cdata in anc:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(cdata) >= 16:
-                    sec, nsec = struct.unpack("qq", cdata[:16])
-                    arrived = sec * 1_000_000_000 + nsec
-            try:
-                # only the keys shared with the sender (a host that leaked its file speaks only
-                # as itself); aged at arrival (the kernel's stamp), not after waiting in this socket
-                keys = self.keys.to_check(src[0])
-                if keys is None:
-                    raise P.BadMessage("no key is shared with this sender")
-                data = self.unsealer.open(data, keys, arrived // 1_000_000)
-            except P.BadMessage as e:
-                self.counters["unauthenticated"] += 1
-                log.debug("verbs: refused a message from %s: %s", src[0], e)
-                continue
-            for line in P.unpack_peer(data):
-                try:
-                    m = P.parse_peer(line)
-                    self._peer(m, src[0].split("%")[0], arrived)
-                except P.BadMessage as e:
-                    self.counters["bad_messages"] += 1
-                    log.debug("verbs: bad message from %s: %s", src[0], e)
+        self.link.resend_due(now)
 
     def _peer(self, m: P.PeerMsg, src: str, arrived_ns: int):
-        if m.kind == "REPLY":
-            p = self.pending.get(m.id)
-            if p is not None and _same_host(src, p.peer):
-                self.pending.answered(m.id, mono_ns())
-                p.on_reply(m)
-            return
-        nic = self._nic_of_base(m.b_base)
+        """A peer agent's message about a pair (its answers to this host's go to their questions)."""
+        nic = self.views.of_base(m.b_base)
         if nic is None:
             self.counters["bad_messages"] += 1
             return                  # not for a NIC of this host
-        v = self._view(nic)
-        if self._peer_base(v, src) != m.a_base:
+        v = self.views.view(nic)
+        if v.peer_base(src) != m.a_base:
             self.counters["bad_messages"] += 1
             return                  # not from the host it names
         self.counters["peer_questions"] += 1
@@ -1303,14 +952,14 @@ class VerbsService:
                     self._peer_kept(key, P.KEEP_NAME.get(m.keep, "error"), nic)
             else:
                 self._peer_has(key, m.path)
-            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="ACK"), src, me)   # again if heard again
+            return self.link.reply(m, src, me, verdict="ACK")   # again if heard again
         if m.kind == "HAS":
             return self._has(m, key, nic, src, me)
         fresh = m.budget_us * 1000 - (time.time_ns() - arrived_ns) > MIN_WORK_NS
         if m.kind == "PATHS":
-            usable = self._usable(nic, v, m.a_base, None, None)
-            paths = frozenset(val for val, i in v.index.items() if usable and usable[1][i])
-            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="YES", paths=paths), src, me)
+            usable = self.views.usable(nic, v, m.a_base, None, None)
+            paths = self.views.paths(v, usable)
+            return self.link.reply(m, src, me, verdict="YES", paths=paths)
         if not fresh:
             self.counters["stale_questions"] += 1
         if m.kind == "CHECK":
@@ -1325,17 +974,17 @@ class VerbsService:
                         "peerkeeps" if lq is None else "busy")
                 if known is None:
                     self._decide_keep(key, False, keep, nic=nic)
-                return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="NO", keep=P.KEEP[keep]), src, me)
+                return self.link.reply(m, src, me, verdict="NO", keep=P.KEEP[keep])
             dev, port, _ = lq.key
-            usable = self._usable(nic, v, m.a_base, dev or None, port)
-            paths = frozenset(val for val, i in v.index.items() if usable and usable[1][i])
+            usable = self.views.usable(nic, v, m.a_base, dev or None, port)
+            paths = self.views.paths(v, usable)
             if known is None and m.path in paths:
                 # taken: recorded (and in the table for this end's library) before the yes
                 known = self._record(key, Decision(m.path, entry=self._put(nic, v, key, lq, m.path, 0),
                                                    confirmed=False, nic=nic.ifname,
                                                    why=f"proposed by {m.a_base}'s agent, the pair's rendezvous"))
             took = known.path if known is not None and known.path == m.path else 0
-            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="YES", path=took, paths=paths), src, me)
+            return self.link.reply(m, src, me, verdict="YES", path=took, paths=paths)
         # ASK: this host is the pair's rendezvous (its library's word read first, as for CHECK)
         lq = self._known_qp(nic, m.b_qpn, drain=True)
         key = (self._local_of(nic, m.b_qpn), m.a_base, m.a_qpn)
@@ -1359,8 +1008,10 @@ class VerbsService:
         # PATH: the asker goes first (this end waits for its CONFIRM, or has the path on the QP
         # already); HELD: this end's library is being given the path, the asker waits for our CONFIRM
         verdict = "PATH" if not d.confirmed or d.applied else "HELD"
-        self._udp_send(P.PeerMsg("REPLY", m.id, verdict=verdict, path=d.path) if d.path else
-                       P.PeerMsg("REPLY", m.id, verdict="KEEP", keep=P.KEEP[d.keep or "nopath"]), src, me)
+        if d.path:
+            self.link.reply(m, src, me, verdict=verdict, path=d.path)
+        else:
+            self.link.reply(m, src, me, verdict="KEEP", keep=P.KEEP[d.keep or "nopath"])
 
     def _has(self, m: P.PeerMsg, key: Key, nic: NicState, src: str, me: str):
         """The other end's library waits on this end's: answered once this end's library has the
@@ -1373,18 +1024,17 @@ class VerbsService:
         if d is None:
             return
         if d.path and d.applied:
-            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="YES", path=d.path), src, me)
+            return self.link.reply(m, src, me, verdict="YES", path=d.path)
         if not d.path:
-            return self._udp_send(P.PeerMsg("REPLY", m.id, verdict="KEEP", keep=P.KEEP.get(d.keep, P.KEEP["error"])),
-                                  src, me)
+            return self.link.reply(m, src, me, verdict="KEEP", keep=P.KEEP.get(d.keep, P.KEEP["error"]))
 
     def _waiting_check(self, key: Key) -> Pending | None:
-        return self.pending.get(self.checks.get(key, -1))
+        return self.link.pending.get(self.checks.get(key, -1))
 
     def _complete_check(self, key: Key) -> bool:
         """This end asked the peer (CHECK) while the peer asked this end (ASK): the ASK decided;
         the waiting question is answered now. False if there was none."""
-        p = self.pending.pop(self.checks.get(key, -1))
+        p = self.link.pending.pop(self.checks.get(key, -1))
         if p is None:
             return False
         p.on_reply(P.PeerMsg("REPLY", p.first_id, verdict="YES", paths=frozenset()))
@@ -1407,11 +1057,11 @@ class VerbsService:
         """Answer the questions parked on a decision that is settled now."""
         has = self.has_asks.pop(key, None)
         if has is not None:
-            self.pending.pop(has)
+            self.link.pending.pop(has)
         nic = self.nics.get(d.nic)
-        v = self._view(nic) if nic is not None else None
+        v = self.views.view(nic) if nic is not None else None
         for w in self.parked.pop(key, []):
-            if w.c.sock in self.clients:
+            if w.c in self.clients:
                 self._tell_local(w.c, w.q, v, key[1], d)
 
     def _parked_timers(self, now: int):
@@ -1435,13 +1085,13 @@ class VerbsService:
         local = self.by_nic.get((nic.ifname, qpn))
         owner = self.local.get(local) if local else None
         if owner is None:
-            for c in list(self.clients.values()):
-                if c.sock in self.clients:
-                    self._read_client(c, MAX_DRAIN)
+            for c in self.clients.all():
+                if c in self.clients:
+                    self.clients.read(c, MAX_DRAIN)
         elif drain:
-            for c in list(self.clients.values()):
-                if c.pid == owner.pid and c.sock in self.clients:
-                    self._read_client(c, MAX_DRAIN)
+            for c in self.clients.all():
+                if c.pid == owner.pid and c in self.clients:
+                    self.clients.read(c, MAX_DRAIN)
         local = self.by_nic.get((nic.ifname, qpn))
         return self.local.get(local) if local else None
 
@@ -1451,21 +1101,12 @@ class VerbsService:
         d = self._decision(key)
         if d is None:
             if nic is not None:
-                self._decide_keep(key, _addr_lt(self._view(nic).base_addr, key[1]), keep, nic=nic)
+                self._decide_keep(key, addr_lt(self.views.view(nic).base_addr, key[1]), keep, nic=nic)
         elif d.path:
             if d.local_told:
                 self._disagree(key, f"the peer kept its addresses ({keep}) after this end was told path {d.path}")
             self._unplace(key, d, keep)
             self._release(key, d)
-
-    def _reread_keys(self):
-        try:
-            if self.keys.refresh():
-                log.info("verbs: the fabric's keys reread from %s: %d fabric-wide, %d shared with a host",
-                         self.keys.path, len(self.keys.keys), len(self.keys.pairs))
-        except ValueError as e:              # a half-edited file: the keys read before stay
-            log.warning("verbs: %s (the keys read before stay in use)", e)
-        self.counters["key_file_bad"] = int(self.keys.bad)
 
     # ---- reporting ------------------------------------------------------------------------------
     def _count_kept(self, keep: str, n: int = 1):
@@ -1477,7 +1118,7 @@ class VerbsService:
         on_nic = collections.Counter(lq.nic for lq in list(self.local.values()))
         with self.lock:
             return {"socket": str(self.socket_path), "clients": len(self.clients),
-                    "qps": len(self.local), "pairs": len(self.decisions), "pending": len(self.pending),
+                    "qps": len(self.local), "pairs": len(self.decisions), "pending": len(self.link.pending),
                     "ports": [f"{d}/{p}" for d, p in self.gids.served()],
                     "qp_owners": self.kernel.describe(),
                     "nics": {n.ifname: {"label": n.dp.label,
@@ -1497,34 +1138,6 @@ class VerbsService:
                 pass
 
 
+
 def _udp_first(ready) -> bool:
-    return ready[0].data != "udp"
-
-
-# Addresses repeat (a host's peers, their paths): the conversions are remembered.
-@functools.lru_cache(maxsize=65536)
-def _field_value(addr: str, field: int) -> int:
-    return addrplan.field_value(addr, field)
-
-
-@functools.lru_cache(maxsize=65536)
-def _with_field(addr: str, field: int, value: int) -> str:
-    return str(addrplan.with_field(addr, field, value))
-
-
-@functools.lru_cache(maxsize=65536)
-def _addr_lt(a: str, b: str) -> bool:
-    return ipaddress.IPv6Address(a).packed < ipaddress.IPv6Address(b).packed
-
-
-@functools.lru_cache(maxsize=64)
-def _pktinfo(src: str) -> bytes:
-    """struct in6_pktinfo: send from this address, out of whichever interface routes it."""
-    return ipaddress.IPv6Address(src).packed + struct.pack("I", 0)
-
-
-@functools.lru_cache(maxsize=65536)
-def _same_host(src: str, peer: str) -> bool:
-    """A reply comes from the host asked (any of its path addresses: the kernel picks the source)."""
-    a, b = ipaddress.IPv6Address(src).packed, ipaddress.IPv6Address(peer).packed
-    return a[8:] == b[8:]
+    return ready[0].data != UDP
