@@ -17,6 +17,11 @@ def test_the_wheel_carries_the_bpf_sources_and_finds_them_installed(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         z.extractall(tmp_path / "site")
+    # every package of the checkout (a subpackage left out of pyproject's list is missing installed)
+    packages = {str(p.relative_to(ROOT)) for top in ("rlbcommon", "rlbfabric", "rlbcoord", "rlbdeploy", "rlbhost",
+                                                      "rlbswitch", "rlbmonitor", "rlblab")
+                for p in (ROOT / top).rglob("__init__.py")}
+    assert packages and packages <= names, sorted(packages - names)
     sources = {str(p.relative_to(ROOT)) for p in (ROOT / "bpf").rglob("*") if p.suffix in (".c", ".h")}
     assert sources and {f"rlbcommon/{s}" for s in sources} <= names
     verbs = {p.name for p in (ROOT / "verbs").iterdir() if p.suffix in (".c", ".h")}
