@@ -333,11 +333,12 @@ class Etcd:
 
     # ---- watches ------------------------------------------------------------------------
     def watch_prefix(self, prefix: str, start_revision: int, stop: threading.Event,
-                     idle_s: float = WATCH_IDLE_S) -> Iterator[tuple[list[Event], int]]:
+                     idle_s: float = WATCH_IDLE_S, quiet: bool = False) -> Iterator[tuple[list[Event], int]]:
         """Batches of events under prefix from start_revision on, each with the revision it
         brings the reader to, until `stop` is set (at once: the stream is shut). A stream quiet
         for idle_s (+-20 %) is re-opened from where it was (nothing is missed: etcd replays
-        from the revision); EtcdUnavailable is raised when etcd cannot be reached (or the
+        from the revision), after an empty batch with `quiet` (a reader that must say it is
+        alive: an agent's loop); EtcdUnavailable is raised when etcd cannot be reached (or the
         member has no leader), EtcdCompacted when the revision was compacted away (read the
         prefix again), EtcdError when etcd refuses (authentication, permission)."""
         rev = start_revision
@@ -367,6 +368,8 @@ class Etcd:
                         rev = max(e.kv.mod_revision for e in events) + 1
                         yield events, rev
             except (socket.timeout, TimeoutError):
+                if quiet:
+                    yield [], rev
                 continue                       # quiet: open again from rev
             except (OSError, ValueError) as e:
                 if stop.is_set():

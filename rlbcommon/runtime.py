@@ -7,6 +7,7 @@ Supervisor. An agent writes rounds, not loops:
   refused write) is logged and counted and the next round comes as usual; anything else goes to the supervisor (logged with
   its traceback, counted, backed off, the loop resumed; the agent exits non-zero for a restart
   when it cannot resume).
+- `stream(name, session)`: a round that lasts (a watch): session(beat) beats while it is alive.
 - `follow(name, groups, changed, resync)`: netlink events of `groups`; resync() once subscribed
   (so nothing falls between the read and the events) and again whenever a batch holds a change
   (`changed(messages)`); a socket that lost events (ENOBUFS) is replaced and the state read
@@ -69,6 +70,25 @@ class AgentRuntime:
             except Exception as e:             # noqa: BLE001 - nothing ends the agent silently
                 self.health.failed(name, e, self.log, expected=())
                 self.stop.wait(self.supervisor.backoff_s[0])
+
+    def stream(self, name: str, session: Callable[[Callable[[], None]], None],
+               within_s: float | None = None) -> threading.Thread:
+        """A loop whose round is long-lived (an etcd watch, a lease kept alive): session(beat)
+        runs until stop, calling beat() at least every within_s (the health's hang_s) while it
+        is alive (each batch, each quiet re-open), and is called again when it returns. What it
+        raises goes to the supervisor (logged with its traceback, counted, backed off, resumed);
+        errors it expects it handles itself."""
+        self.health.expect(name, within_s)
+
+        def beat():
+            self.health.ok(name)
+
+        def loop():
+            while not self.stop.is_set():
+                failpoints.check(name)
+                session(beat)
+                beat()
+        return self.supervisor.start(name, loop)
 
     def follow(self, name: str, groups: int, changed: Callable[[list], bool], resync: Callable[[], None],
                ready: threading.Event | None = None) -> threading.Thread:

@@ -23,6 +23,7 @@ import time
 from rlbcommon import coordapi
 from rlbcommon.etcd import Etcd, EtcdCompacted, EtcdError, EtcdUnavailable
 from rlbcommon.health import Health
+from rlbcommon.runtime import AgentRuntime
 from rlbcoord import keys
 
 from .coordclient import CoordinatorClient
@@ -32,6 +33,8 @@ from .verbs.advice import FabricView
 log = logging.getLogger(__name__)
 IDLE_WRITE_S = 1.0
 REFUSED_BACKOFF_S = 1.0
+WATCH_QUIET_S = 20.0     # a quiet watch is opened again this often (+-20 %): its loop beats each
+                         # time, well inside the agent's hang time
 
 
 class Lease:
@@ -40,7 +43,7 @@ class Lease:
     keeps one lease alive, not eight. A new lease (the old one ended) has a new generation: each
     client then writes everything again under it.
 
-    Kept alive by a thread of its own, on its own connection, a third of the lease after the
+    Kept alive by a loop of its own on the agent's runtime ("etcd-lease"), on its own connection, a third of the lease after the
     last keepalive was sent (at once after a slow answer), and again within RETRY_S after one
     that got no answer: a slow etcd (a write taking seconds) never holds a keepalive back behind
     the clients' writes, and a keepalive that timed out is not the lease's end (it may well have
@@ -60,8 +63,18 @@ class Lease:
         self.failing = False              # the last keepalive got no answer
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._started = False
         self.keepalives = self.unanswered = 0
+
+    def start(self, runtime: AgentRuntime):
+        """Its keepalives in the runtime's loop "etcd-lease" (once, for whichever client starts
+        first); they begin with the first lease granted."""
+        with self.lock:
+            if self._started:
+                return
+            self._started = True
+            self.stop = runtime.stop
+        runtime.stream("etcd-lease", self._keep_alive, within_s=max(runtime.health.hang_s, self.ttl_s))
 
     def keep(self, who: str) -> tuple[int, int]:
         """(lease id, generation): granted at first and anew once ended; EtcdUnavailable while
@@ -77,14 +90,15 @@ class Lease:
             sent = time.monotonic()
             self.id = self.etcd.lease_grant(self.ttl_s)
             self.kept_alive, self.generation, self.ended, self.failing = sent, self.generation + 1, False, False
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._keep_alive, name="etcd-lease", daemon=True)
-                self._thread.start()
-            return self.id, self.generation
+            started = self._started
+        if not started:                   # a client used without an agent (tests, benches)
+            self.start(AgentRuntime(log, stop=self.stop))
+        return self.id, self.generation
 
-    def _keep_alive(self):
+    def _keep_alive(self, beat):
         due = time.monotonic() + self.ttl_s / 3
         while not self.stop.wait(max(0.0, due - time.monotonic())):
+            beat()
             with self.lock:
                 lease, since = (0, 0.0) if self.ended else (self.id, self.kept_alive)
             if not lease:
@@ -131,6 +145,14 @@ class EtcdCoordinatorClient(CoordinatorClient):
         self.counters.update({"writes": 0, "deletes": 0, "leases": 0, "watch_events": 0, "refusals": 0})
         self._watching = False
         self._refused_until, self._refusal = 0.0, ""
+        self.runtime: AgentRuntime | None = None
+
+    def start(self, runtime: AgentRuntime):
+        """Its report round, its watches (once etcd has answered) and the machine's lease, each
+        a loop of the agent's runtime."""
+        self.runtime = runtime
+        self.leases.start(runtime)
+        return super().start(runtime)
 
     # ---- what is written -----------------------------------------------------------------
     def wanted(self) -> dict[str, str]:
@@ -197,39 +219,42 @@ class EtcdCoordinatorClient(CoordinatorClient):
     # ---- placements ------------------------------------------------------------------------
     def _start_watch(self):
         self._watching = True
-        threading.Thread(target=self._watch, name="placements", daemon=True,
-                         args=(keys.placements_prefix(self.node), self._placement, self._apply)).start()
+        runtime = self.runtime or AgentRuntime(log, self.health, self.stop)   # (a client without an agent)
+        suffix = self.loop[len("coordinator"):]           # a server's NICs: one watch each
+        runtime.stream("placements" + suffix, lambda beat: self._watch(
+            beat, keys.placements_prefix(self.node), self._placement, self._apply))
         if self.view is not None:
-            threading.Thread(target=self._watch, name="links", daemon=True,
-                             args=(keys.links_prefix(), self._links, self._tell_view)).start()
+            runtime.stream("links" + suffix, lambda beat: self._watch(
+                beat, keys.links_prefix(), self._links, self._tell_view))
 
-    def _watch(self, prefix: str, put, changed):
-        """Follow one prefix: put(key, value or None) per key, changed() after each batch."""
-        while not self.stop.is_set():
-            try:
-                kvs, rev = self.etcd.get_prefix(prefix)
-                if prefix == keys.links_prefix():
-                    self.link_table = {}
-                else:
-                    self.placed, self._parts = {}, {}
-                for kv in kvs:
-                    put(kv.key, kv.value)
-                changed()
-                for events, rev in self.etcd.watch_prefix(prefix, rev + 1, self.stop):
-                    for e in events:
-                        put(e.kv.key, None if e.kind == "delete" else e.kv.value)
+    def _watch(self, beat, prefix: str, put, changed):
+        """Follow one prefix: put(key, value or None) per key, changed() after each batch; beat()
+        after each batch and each quiet WATCH_QUIET_S. Returns (to be called again) after
+        what it expects: etcd away, the revision compacted, a refusal."""
+        try:
+            kvs, rev = self.etcd.get_prefix(prefix)
+            if prefix == keys.links_prefix():
+                self.link_table = {}
+            else:
+                self.placed, self._parts = {}, {}
+            for kv in kvs:
+                put(kv.key, kv.value)
+            changed()
+            beat()
+            for events, rev in self.etcd.watch_prefix(prefix, rev + 1, self.stop, idle_s=WATCH_QUIET_S, quiet=True):
+                for e in events:
+                    put(e.kv.key, None if e.kind == "delete" else e.kv.value)
+                if events:
                     self.counters["watch_events"] += len(events)
                     changed()
-            except EtcdUnavailable:
-                self.stop.wait(0.5)           # the report round notices and falls back
-            except EtcdCompacted as e:
-                log.info("%s watch: %s; reading them again", prefix, e)
-            except EtcdError as e:            # refused: the report round logs and counts it
-                log.debug("%s watch: %s", prefix, e)
-                self.stop.wait(REFUSED_BACKOFF_S)
-            except Exception as e:            # noqa: BLE001 - logged and counted, then again
-                self.health.failed("placements", e, log, ())
-                self.stop.wait(0.5)
+                beat()
+        except EtcdUnavailable:
+            self.stop.wait(0.5)           # the report round notices and falls back
+        except EtcdCompacted as e:
+            log.info("%s watch: %s; reading them again", prefix, e)
+        except EtcdError as e:            # refused: the report round logs and counts it
+            log.debug("%s watch: %s", prefix, e)
+            self.stop.wait(REFUSED_BACKOFF_S)
 
     def _placement(self, key: str, value: bytes | None):
         """One placement key (a part of this host's placements, keys.placement_parts) changed."""

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from rlbcommon import netns
+from rlbcommon import health, netns
 from rlbcommon import packets as P
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
 from rlbfabric import workloads
 from rlbcoord import etcdauth, keys
+from rlbhost.assemble import health_file
 from rlbhost.dataplane import HostDataplane
 from rlblab.matrix import FORGET_S, run_matrix
 from rlblab.traffic import Capture, QpReceiver, QpSender
@@ -140,6 +141,12 @@ def test_etcd_killed_and_restarted_loses_nothing_and_placements_resume(lab):
     print(f"\netcd back: placed after {r.placed_after_s} s, {r.figures(1)}")
     assert r.placed_after_s is not None and r.placed_after_s < 1.0, r.unplaced
     assert r.figures(1)[0] <= r.best(lab.fabric)[0] + 0.05
+    # the host's watch and lease are loops of its agent: they beat through etcd's absence (each
+    # wait a round) and after it, and none was taken for hung
+    loops = health.read(health_file(lab.ns("h1")))
+    assert {"etcd-lease", "placements"} <= set(loops), sorted(loops)
+    assert not [n for n, e in loops.items() if e["last_error"] == "hung"], loops
+    assert all(time.time() - loops[n]["last_ok"] < 10 for n in ("etcd-lease", "placements")), loops
 
 
 def test_a_host_agent_killed_its_lease_ends_its_qps_leave_and_come_back_with_it(lab):

@@ -48,6 +48,33 @@ def test_the_runtime_expects_rounds_of_every_loop_within_three_periods_or_the_ha
         rt.stop.set()
 
 
+def test_a_stream_that_beats_is_alive_however_long_its_round_and_one_that_stops_beating_is_hung():
+    """runtime.stream: a round that lasts (a watch) is alive while it beats; when it stops beating
+    (a read that never returns) it is hung within the hang time; a round that ends is begun again."""
+    h = Health(hang_s=0.4)
+    rt = AgentRuntime(log, h)
+    stuck, block, rounds = threading.Event(), threading.Event(), []
+
+    def session(beat):
+        rounds.append(1)
+        if len(rounds) == 1:
+            return                           # a first round that ends: called again
+        while not stuck.is_set() and not rt.stop.is_set():
+            beat()
+            time.sleep(0.05)
+        block.wait()
+    rt.stream("watch", session)
+    try:
+        time.sleep(1.0)                      # 2.5 hang times, beating all along
+        assert len(rounds) == 2 and h.hung() == []
+        stuck.set()
+        time.sleep(0.6)
+        assert [n for n, _, _ in h.hung()] == ["watch"]
+    finally:
+        block.set()
+        rt.stop.set()
+
+
 def test_failpoints_parse_and_refuse_what_they_do_not_know():
     assert failpoints.parse("sweep=hang@3, verbs=hang") == {"sweep": ("hang", 3.0), "verbs": ("hang", 0.0)}
     assert failpoints.parse("") == {}
