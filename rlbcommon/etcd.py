@@ -44,6 +44,8 @@ MAX_TXN_OPS = 128                # etcd's --max-txn-ops default
 # off from its cluster by etcd itself (require-leader ends the stream), and the stream is
 # still opened afresh after WATCH_IDLE_S of silence (jittered: hosts do not come back at once).
 WATCH_IDLE_S = 300.0
+QUIET_WATCH_S = 20.0      # a watch of an agent's loop, opened again this often (+-20 %) when quiet:
+                          # its loop beats each time, well inside the agents' hang time (60 s)
 KEEPALIVE_S = (10, 5, 3)         # idle before probing, between probes, probes unanswered
 REQUIRE_LEADER = {"Grpc-Metadata-Hasleader": "true"}     # clientv3's WithRequireLeader, via the gateway
 TLS_HINT = (" (TLS: is --etcd-ca the CA that signed etcd's certificate, for the address in the URL? "

@@ -17,7 +17,10 @@ import typer
 
 from rlbcommon import cli as common, coordapi
 from rlbcommon import tls as tlsmod
+from rlbcommon.health import Health
 from rlbcommon.heap import Heap
+from rlbcommon.runtime import AgentRuntime
+from rlbcommon.watchdog import Watchdog
 from rlbfabric.fabric import FabricError, load
 
 # the modules of each kind's coordinator, its runner on etcd and its metrics register themselves
@@ -75,6 +78,7 @@ def run(
                                           "certificates (rlbfabric etcd-tls's ca.pem). A report is then "
                                           "taken only from the machine it is about; status and metrics "
                                           "stay readable without a certificate."),
+    hang_s: float = common.HANG_OPTION,
 ):
     """Run the coordinator in the foreground: the command of the rlb-coord unit.
 
@@ -82,6 +86,10 @@ def run(
 
     Example: rlbcoord run --fabric /etc/rlb/fabric.toml --listen fd00:99::1"""
     fab = load(fabric)
+    # its loops (the HTTP mode's expiry; on etcd the follower, leadership, placer and writer) on
+    # the runtime the agents use: supervised, watched for hangs, systemd told while all are alive
+    health = Health(hang_s=hang_s)
+    runtime = AgentRuntime(log, health)
     try:
         coord = COORDINATORS.of(fab)(fab, host_timeout_s, host_qps_max)
     except FabricError as e:
@@ -105,7 +113,7 @@ def run(
             client = etcdauth.client(etcd, etcd_user, etcd_password_file, etcd_ca, etcd_cert)
         except ValueError as e:
             raise CoordError(str(e)) from None
-        runner = on_etcd(coord, client, name, lease_ttl_s=lease_ttl_s, shard=part)
+        runner = on_etcd(coord, client, name, lease_ttl_s=lease_ttl_s, shard=part, health=health)
     if tls_ca and not tls_cert:
         raise CoordError("--tls-ca goes with --tls-cert (clients' certificates are read over HTTPS only)")
     try:
@@ -115,32 +123,28 @@ def run(
     if tls_cert and not tls_ca and runner is None:
         log.warning("HTTPS without --tls-ca: reports are taken from anybody who reaches %s", listen)
     try:
-        server = make_server(coord, listen, port, exposition(coord, runner.status if runner else None),
+        server = make_server(coord, listen, port, exposition(coord, runner.status if runner else None, health, name),
                              reports=runner is None,
                              extra_status=runner.status if runner else None, tls=tls)
     except OSError as e:
         raise CoordError(f"cannot listen on {coordapi.url_for(listen, port)}: {e.strerror}") from None
-    stop = threading.Event()
+    Watchdog(health, log, runtime.stop).start()
     if runner is not None:
-        runner.start()
+        runner.start(runtime)
         log.info("%s: following %s as %s; placements go there, reports come from there", name, etcd,
                  etcd_user if etcd_password_file else "nobody (no authentication)")
 
     heap = Heap()
 
     def expire():
-        while not stop.wait(1.0):
-            try:
-                coord.expire()
-                # reports come all the time over HTTP: the model out of the collector's sight
-                # each second, its full collection once an hour (rlbcommon/heap.py)
-                heap.settle()
-                heap.collect_if_due(idle=True)
-            except Exception:
-                log.exception("expiring silent hosts")
+        coord.expire()
+        # reports come all the time over HTTP: the model out of the collector's sight each
+        # second, its full collection once an hour (rlbcommon/heap.py)
+        heap.settle()
+        heap.collect_if_due(idle=True)
 
     if runner is None:                 # with etcd, leases end hosts
-        threading.Thread(target=expire, name="expire", daemon=True).start()
+        runtime.every("expire", 1.0, expire, expected=())
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     log.info("%s from %s; listening on %s%s", coord.summary(), fabric,
              coordapi.url_for(listen, port, https=tls is not None),
@@ -149,10 +153,9 @@ def run(
         server.serve_forever()
     except KeyboardInterrupt:
         pass
-    stop.set()
+    runtime.stop.set()
     server.server_close()
     if runner is not None:             # the lease revoked: a standby leads at once
-        runner.stop.set()
         runner.join(5.0)
         log.info("%s stopped; a standby coordinator leads (or hosts decide locally)", name)
         return

@@ -28,9 +28,10 @@ import logging
 import threading
 import time
 
-from rlbcommon.etcd import Etcd, EtcdCompacted, EtcdError, EtcdUnavailable, created
+from rlbcommon.etcd import QUIET_WATCH_S, Etcd, EtcdCompacted, EtcdError, EtcdUnavailable, created
 from rlbcommon.heap import Heap
 from rlbcommon.health import Health
+from rlbcommon.runtime import AgentRuntime
 
 from . import keys, shards
 from .service import Coordinator
@@ -295,7 +296,11 @@ class EtcdCoordination:
                     log.info("etcd reachable again: state read afresh")
                     self._down_logged, self._refused_logged = False, ""
                 self.wake.set()
-                for events, rev in self.etcd.watch_prefix(keys.ROOT, rev + 1, self.stop):
+                for events, rev in self.etcd.watch_prefix(keys.ROOT, rev + 1, self.stop, idle_s=QUIET_WATCH_S,
+                                                          quiet=True):
+                    if not events:                   # quiet: alive all the same
+                        self.health.ok("etcd-follower")
+                        continue
                     t = time.thread_time()
                     with self.lock:
                         for e in events:
@@ -491,6 +496,7 @@ class EtcdCoordination:
         while not self.stop.is_set():
             with self.writing:
                 if not self.outbox and not self.writing.wait(0.5):
+                    self.health.ok("etcd-writer")      # nothing to write: alive all the same
                     continue
                 batch, term, self.outbox, self.sending = self.outbox, self.outbox_term, {}, True
             try:
@@ -656,13 +662,14 @@ class EtcdCoordination:
             self.counters["place_cpu_s"] += time.thread_time() - t
 
     # ---- running ---------------------------------------------------------------------------
-    def start(self) -> list[threading.Thread]:
-        self.threads = []
-        for name, target in (("etcd-follower", self.follow), ("etcd-leadership", self.campaign),
-                             ("etcd-placer", self.place), ("etcd-writer", self.write)):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self.threads.append(t)
+    def start(self, runtime: AgentRuntime | None = None) -> list[threading.Thread]:
+        """Its four loops on the coordinator's runtime (one stop, the supervisor's restarts, the
+        hang watch: each beats at least every half second, or each quiet re-open of its watch)."""
+        runtime = runtime or AgentRuntime(log, self.health, self.stop)
+        self.stop = runtime.stop
+        self.threads = [runtime.stream(name, lambda beat, target=target: target())
+                        for name, target in (("etcd-follower", self.follow), ("etcd-leadership", self.campaign),
+                                             ("etcd-placer", self.place), ("etcd-writer", self.write))]
         return self.threads
 
     def join(self, timeout: float):

@@ -5,7 +5,7 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from rlbcommon.certs import CertCollector
-from rlbcommon.metrics import counter, gauge
+from rlbcommon.metrics import counter, gauge, loop_health
 
 from . import COLLECTORS
 from .etcdrun import LINKS_EVERY_S, PLACE_EVERY_S
@@ -82,6 +82,16 @@ class RegistryCollector:
         yield from (h, gpus, reports)
 
 
+class LoopCollector:
+    """The coordinator's loops, as every agent's: errors, age of the last round, hung, restarts."""
+
+    def __init__(self, health, name: str):
+        self.health, self.name = health, name
+
+    def collect(self):
+        yield from loop_health(self.health, "rlb_coord", self.name)
+
+
 class EtcdCollector:
     """A coordinator on etcd (etcdrun.EtcdCoordination.status): whether it leads, and the work
     and refusals of following the tree and writing placements."""
@@ -128,11 +138,13 @@ class EtcdCollector:
             yield c
 
 
-def exposition(coord, etcd_status=None):
+def exposition(coord, etcd_status=None, health=None, name: str = ""):
     """A function returning the Prometheus text for /metrics: of the Coordinator of a
     leaf-spine fabric, or of a rail-only fabric's HRegistry; with etcd_status (a coordinator
-    on etcd), its leadership and work too."""
+    on etcd), its leadership and work too; with health, its loops' (as the agents', node `name`)."""
     registry = CollectorRegistry()
+    if health is not None:
+        registry.register(LoopCollector(health, name))
     registry.register(COLLECTORS.of(coord.fabric)(coord))
     registry.register(CertCollector())         # the etcd TLS files it uses, when they expire
     if etcd_status is not None:

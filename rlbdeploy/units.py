@@ -306,7 +306,8 @@ Description=RLB fabric coordinator (QP placements for the whole fabric{", on etc
 After={" ".join(("network-online.target", *after))}
 [Service]
 ExecStart={site.bin}/rlbcoord run --fabric {fabric_file} --listen {listen}{extra}
-{RESTART}
+{f"Environment={HANG_ENV}={site.hang_s:g}" + chr(10) if site.hang_s else ""}{RESTART}
+{AGENT_WATCHDOG}
 {HARDENING}
 {capabilities(COORDINATOR_CAPS)}
 [Install]

@@ -21,7 +21,7 @@ import threading
 import time
 
 from rlbcommon import coordapi
-from rlbcommon.etcd import Etcd, EtcdCompacted, EtcdError, EtcdUnavailable
+from rlbcommon.etcd import QUIET_WATCH_S, Etcd, EtcdCompacted, EtcdError, EtcdUnavailable
 from rlbcommon.health import Health
 from rlbcommon.runtime import AgentRuntime
 from rlbcoord import keys
@@ -33,8 +33,6 @@ from .verbs.advice import FabricView
 log = logging.getLogger(__name__)
 IDLE_WRITE_S = 1.0
 REFUSED_BACKOFF_S = 1.0
-WATCH_QUIET_S = 20.0     # a quiet watch is opened again this often (+-20 %): its loop beats each
-                         # time, well inside the agent's hang time
 
 
 class Lease:
@@ -229,7 +227,7 @@ class EtcdCoordinatorClient(CoordinatorClient):
 
     def _watch(self, beat, prefix: str, put, changed):
         """Follow one prefix: put(key, value or None) per key, changed() after each batch; beat()
-        after each batch and each quiet WATCH_QUIET_S. Returns (to be called again) after
+        after each batch and each quiet QUIET_WATCH_S. Returns (to be called again) after
         what it expects: etcd away, the revision compacted, a refusal."""
         try:
             kvs, rev = self.etcd.get_prefix(prefix)
@@ -241,7 +239,7 @@ class EtcdCoordinatorClient(CoordinatorClient):
                 put(kv.key, kv.value)
             changed()
             beat()
-            for events, rev in self.etcd.watch_prefix(prefix, rev + 1, self.stop, idle_s=WATCH_QUIET_S, quiet=True):
+            for events, rev in self.etcd.watch_prefix(prefix, rev + 1, self.stop, idle_s=QUIET_WATCH_S, quiet=True):
                 for e in events:
                     put(e.kv.key, None if e.kind == "delete" else e.kv.value)
                 if events:

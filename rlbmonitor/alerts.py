@@ -14,12 +14,12 @@ RULES = [
     # (name, expression, for, severity, summary)
     ("RlbAgentDown", 'up{job=~"rlbswitch|rlbhost|rlbcoord"} == 0', "30s", "critical",
      "{{ $labels.job }} on {{ $labels.instance_node }} is not answering scrapes"),
-    ("RlbAgentLoopErrors", 'increase({__name__=~"rlb_(switch|host)_loop_errors_total"}[2m]) > 0', "1m", "warning",
+    ("RlbAgentLoopErrors", 'increase({__name__=~"rlb_(switch|host|coord)_loop_errors_total"}[2m]) > 0', "1m", "warning",
      "{{ $labels.node }}: agent loop {{ $labels.loop }} keeps failing (rlbswitch/rlbhost status says why)"),
-    ("RlbAgentLoopHung", '{__name__=~"rlb_(switch|host)_loop_hung"} == 1', "0s", "critical",
+    ("RlbAgentLoopHung", '{__name__=~"rlb_(switch|host|coord)_loop_hung"} == 1', "0s", "critical",
      "{{ $labels.node }}: agent loop {{ $labels.loop }} has stopped finishing rounds (a lock or a read that "
      "never returns): the agent is starting afresh; forwarding goes on from the pinned maps"),
-    ("RlbAgentRestartedForHang", 'increase({__name__=~"rlb_(switch|host)_hang_restarts_total"}[30m]) > 0', "0s",
+    ("RlbAgentRestartedForHang", 'increase({__name__=~"rlb_(switch|host|coord)_hang_restarts_total"}[30m]) > 0', "0s",
      "warning", "{{ $labels.node }}: the agent started afresh because a loop hung (its log names the loop): "
      "it works again, but something makes it hang"),
     ("RlbBgpSessionDown", "rlb_switch_bgp_session_up == 0", "30s", "critical",
