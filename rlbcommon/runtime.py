@@ -22,7 +22,6 @@ from typing import Callable
 
 from . import failpoints
 from .health import Health
-from .netlinkevents import NetlinkEvents
 from .supervise import Supervisor
 
 Period = float | Callable[[], float]
@@ -97,6 +96,9 @@ class AgentRuntime:
         applies what it can from the messages themselves and returns True when the state must
         be read again. `ready` is set after the first read. A batch and its resync longer than
         the health's hang_s is a hang."""
+        # (pyroute2, which parses the events, is loaded by the agents that follow netlink, not
+        # by every command that reads an agent's state: a third of such a command's start)
+        from .netlinkevents import NetlinkEvents
         self.health.expect(name)
 
         def loop():

@@ -78,11 +78,11 @@ NO_FABRIC = "clos"          # a host without a fabric file is a leaf-spine host 
 
 
 def assembler(fabric: Fabric | None):
+    # each kind's agent (rlbhost/kinds/, found there) registers its assembler when first
+    # needed: by the command that runs an agent, not by `rlbhost status` and the like (the
+    # kinds bring pyroute2: two thirds of the command's start)
+    from . import kinds  # noqa: F401
     return HOST_AGENTS[NO_FABRIC] if fabric is None else HOST_AGENTS.of(fabric)
-
-
-def health_file(instance: str) -> Path:
-    return RUN_DIR / f"{instance}-host-health.json"
 
 
 def apply_config(dp: HostDataplane, opts: Options):

@@ -27,12 +27,11 @@ from rlbfabric.bird.ctl import BirdError
 from rlbfabric.fabric import FabricError, load
 
 from . import probes
-from . import kinds  # noqa: F401 - each kind's agent (rlbhost/kinds/) registers its assembler
-from .assemble import Options, assembler, health_file
+from .assemble import Options, assembler
 from .dataplane import HostDataplane, HostError
 from .metrics import HostCollector
 from .nics import pinned_dataplanes
-from .kinds.railonly import why_file
+from .runfiles import health_file, why_file
 from .verbs.build import BuildError, build
 from .verbs.check import NicPaths, check as verbs_checks
 from .verbs.paths import socket_path, status_path, table_path

@@ -17,7 +17,7 @@ from rlbcommon import packets as P
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
 from rlbfabric import workloads
 from rlbcoord import etcdauth, keys
-from rlbhost.assemble import health_file
+from rlbhost.runfiles import health_file
 from rlbhost.dataplane import HostDataplane
 from rlblab.matrix import FORGET_S, run_matrix
 from rlblab.traffic import Capture, QpReceiver, QpSender

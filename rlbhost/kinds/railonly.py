@@ -24,7 +24,6 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from rlbcommon import coordapi
-from rlbcommon.constants import RUN_DIR
 from rlbcommon.health import Health
 from rlbcommon.runtime import AgentRuntime
 from rlbcommon.paths import write_atomic
@@ -35,6 +34,7 @@ from rlbfabric.kinds.railonly import (DOMAIN_IF, LOOPBACK_DEVICE, RAIL_IF, RAIL_
 from ..assemble import HOST_AGENTS, Assembled, Options, apply_config, on_loopback_device
 from ..dataplane import HostDataplane, HostError, PortPath
 from ..links import has_carrier, neighbour_macs
+from ..runfiles import why_file
 
 log = logging.getLogger(__name__)
 
@@ -232,11 +232,6 @@ def attach(dp: HostDataplane, fabric: RailOnlyFabric, gpu: str, coordinator: str
     dp.attach_ports(LOOPBACK_DEVICE, fabric.address(gpu), agent.port_paths())
     agent._programmed = agent.port_paths()
     return agent
-
-
-def why_file(instance: str) -> Path:
-    """Where a rail-only GPU's agent writes its decisions (read by `rlbhost why`)."""
-    return RUN_DIR / f"{instance}-host-why.json"
 
 
 @HOST_AGENTS.register("rail-only")
