@@ -78,6 +78,14 @@ class VagrantLab:
             raise
         if proc.returncode:
             raise RuntimeError(f"vagrant up failed (exit {proc.returncode}); see {self.log}")
+        self.adopt()
+
+    def running(self) -> bool:
+        """Every VM of the lab is running (a lab kept up by an earlier run)."""
+        return len(self.domains(running=True)) == len(self.vms)
+
+    def adopt(self):
+        """The running VMs' ssh settings, for the commands run on them."""
         cfg = VAGRANT_DIR / ".vagrant" / "ssh-config"
         out = subprocess.run([*self.prefix, "vagrant", "ssh-config"], cwd=VAGRANT_DIR, env=self.env,
                              capture_output=True, text=True, check=True).stdout
@@ -218,11 +226,19 @@ def lab_session(fabric: str, log: Path, env: dict | None = None):
     boxes = subprocess.run(["vagrant", "box", "list"], capture_output=True, text=True).stdout
     if LOCAL_BOX not in boxes:
         subprocess.run([VAGRANT_DIR / "build-box.sh"], check=True)
-    lab.destroy()
+    # a lab kept up by an earlier run (RLB_VAGRANT_KEEP=1) is taken as it is with RLB_VAGRANT_REUSE=1:
+    # the tests again without the hour of bringing 7 emulated VMs up and converged
+    reuse = os.environ.get("RLB_VAGRANT_REUSE") == "1" and lab.running()
+    if not reuse:
+        lab.destroy()
     try:
         t0 = time.time()
-        lab.up()
-        print(f"vagrant up ({len(lab.vms)} VMs): {time.time() - t0:.0f} s")
+        if reuse:
+            lab.adopt()
+            print(f"RLB_VAGRANT_REUSE=1: the {len(lab.vms)} VMs running already are the lab")
+        else:
+            lab.up()
+            print(f"vagrant up ({len(lab.vms)} VMs): {time.time() - t0:.0f} s")
         yield lab
     finally:    # no return in here: it would swallow the exception that brought us here
         if os.environ.get("RLB_VAGRANT_KEEP") == "1":    # to look at a failure: the VMs stay up
