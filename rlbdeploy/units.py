@@ -144,10 +144,17 @@ NO_START_LIMIT = "StartLimitIntervalSec=0"
 # the agent says it is ready (Type=notify: its watchdog thread, first thing after its imports),
 # so a slow start is not taken for a hang: under emulation the imports alone passed 60 s, and
 # systemd killed every start before it could load its program
-AGENT_WATCHDOG = """Type=notify
+WATCHDOG_S = 60
+
+
+def agent_watchdog(site: Site) -> str:
+    """The unit's watch: WatchdogSec at least the agent's hang time, so that a CPU slow enough
+    to need a longer one (emulated VMs: a process starved for a minute by its neighbours was
+    killed by systemd while its loops were fine) is not killed sooner than its loops are judged."""
+    return f"""Type=notify
 NotifyAccess=main
 TimeoutStartSec=10min
-WatchdogSec=60"""
+WatchdogSec={max(WATCHDOG_S, round(site.hang_s))}"""
 # the users whose jobs may use the verbs socket: the group exists before the agent binds it
 VERBS_GROUP_PRE = f"ExecStartPre=/usr/sbin/groupadd --system --force {VERBS_GROUP}"
 # bird answers BFD and BGP keepalives before anything else on the machine wants the CPU: an
@@ -177,9 +184,11 @@ def capabilities(caps: tuple[str, ...]) -> str:
     return "CapabilityBoundingSet=" + " ".join(caps)
 
 
-# how every agent's unit ends: restarted, watched, hardened, bounded to the agents' capabilities
-AGENT_TAIL = f"""{RESTART}
-{AGENT_WATCHDOG}
+def agent_tail(site: Site) -> str:
+    """How every agent's unit ends: restarted, watched, hardened, bounded to the agents'
+    capabilities."""
+    return f"""{RESTART}
+{agent_watchdog(site)}
 {HARDENING}
 {capabilities(AGENT_CAPS)}
 [Install]
@@ -231,7 +240,7 @@ Wants=rlb-bird.service
 After=rlb-bird.service
 [Service]
 ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {mbps}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}
-{hang}{AGENT_TAIL}
+{hang}{agent_tail(site)}
 """
     elif fabric.is_gpu(node):
         run = site.run_dir
@@ -248,7 +257,7 @@ After=rlb-net.service rlb-bird.service
 [Service]
 {VERBS_GROUP_PRE}
 ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes} --verbs-group {VERBS_GROUP}
-{hang}{AGENT_TAIL}
+{hang}{agent_tail(site)}
 """
     else:
         nics = " ".join(fabric.host_port(h) for h in fabric.endpoints(node))   # a server: every fabric NIC
@@ -260,7 +269,7 @@ After=rlb-net.service
 [Service]
 {VERBS_GROUP_PRE}
 ExecStart={site.bin}/rlbhost attach {nics} {args}{coord} --metrics-addr {mgmt_ip} --verbs-group {VERBS_GROUP}
-{hang}{AGENT_TAIL}
+{hang}{agent_tail(site)}
 """
     return out
 
@@ -307,7 +316,7 @@ After={" ".join(("network-online.target", *after))}
 [Service]
 ExecStart={site.bin}/rlbcoord run --fabric {fabric_file} --listen {listen}{extra}
 {f"Environment={HANG_ENV}={site.hang_s:g}" + chr(10) if site.hang_s else ""}{RESTART}
-{AGENT_WATCHDOG}
+{agent_watchdog(site)}
 {HARDENING}
 {capabilities(COORDINATOR_CAPS)}
 [Install]

@@ -325,6 +325,8 @@ def test_scale_up_fabric_plan_and_units():
     slow = units(fab, vms, g3, fab_file, bfd_ms=1000, probe_ms=500, probe_dead_ms=5000, hang_s=600)
     assert "--probe-ms 500 --probe-dead-ms 5000" in slow["rlb-host"] and "--bfd-ms 1000" in slow["rlb-bird"]
     assert "\nEnvironment=RLB_HANG_S=600\n" in slow["rlb-host"] and "RLB_HANG_S" not in gpu["rlb-host"]
+    # systemd's watch no shorter than the loops' (a starved emulated agent was killed at 60 s)
+    assert "\nWatchdogSec=600\n" in slow["rlb-host"] and "\nWatchdogSec=60\n" in gpu["rlb-host"]
     assert "\nEnvironment=RLB_HANG_S=600\n" in units(fab, vms, node(vms, "p2"), fab_file, hang_s=600)["rlb-switch"]
     plane = units(fab, vms, node(vms, "p2"), fab_file)
     assert f"--speed-mbps {fab.sub_mbps('p2')}" in plane["rlb-switch"] and "eth-g8-2" in plane["rlb-switch"]

@@ -186,7 +186,7 @@ def agent_ready_since(lab, server: str, since: str) -> bool:
 def test_rails_vm_hold_a_hung_loop_and_a_frozen_agent_under_traffic(vlab, gid, tmp_path):
     """a1's agent under systemd, 8 QPs of rxe0 crossing the spines to a2's rxe1 all along:
     1. its sweep loop hangs mid-transfer (a failpoint armed by a file, as a lock never released;
-       the lab's emulated hang time of 600 s shortened for this test to HOLD_HANG_S):
+       the lab's emulated hang time and systemd's watch, 600 s, shortened for this test to HOLD_HANG_S):
        the agent's watchdog names the loop and the agent starts afresh in place (the same main
        PID: systemd sees no failure);
     2. then the whole process is frozen (SIGSTOP, its watchdog thread too): systemd's
@@ -195,7 +195,7 @@ def test_rails_vm_hold_a_hung_loop_and_a_frozen_agent_under_traffic(vlab, gid, t
     the spines as placed (TC and the pinned maps forward while the agent is away)."""
     since = vlab.sh("a1", "date +%s").stdout.strip()
     vlab.sh("a1", f"mkdir -p {DROPIN.rsplit('/', 1)[0]} && rm -f {TRIGGER} && printf "
-                  f"'[Service]\\nEnvironment=RLB_FAILPOINTS=sweep=hang@{TRIGGER} RLB_HANG_S={HOLD_HANG_S}\\n' > {DROPIN} && "
+                  f"'[Service]\\nEnvironment=RLB_FAILPOINTS=sweep=hang@{TRIGGER} RLB_HANG_S={HOLD_HANG_S}\\nWatchdogSec={HOLD_HANG_S}\\n' > {DROPIN} && "
                   "systemctl daemon-reload && systemctl restart rlb-host")
     frozen = None
     try:
