@@ -78,10 +78,7 @@ NO_FABRIC = "clos"          # a host without a fabric file is a leaf-spine host 
 
 
 def assembler(fabric: Fabric | None):
-    # each kind's agent (rlbhost/kinds/, found there) registers its assembler when first
-    # needed: by the command that runs an agent, not by `rlbhost status` and the like (the
-    # kinds bring pyroute2: two thirds of the command's start)
-    from . import kinds  # noqa: F401
+    """The kind's assembler (its module in rlbhost/kinds/ registers it when imported)."""
     return HOST_AGENTS[NO_FABRIC] if fabric is None else HOST_AGENTS.of(fabric)
 
 

@@ -149,6 +149,10 @@ def run(
     health = Health(health_file(dp.instance), hang_s)
     if not once:
         Watchdog(health, log).start()      # systemd hears from it while the programs compile, too
+    # each kind's agent (rlbhost/kinds/, found there) registers its assembler: loaded by this
+    # command, not by `rlbhost status` and the like (the kinds bring pyroute2: two thirds of a
+    # command's start)
+    from . import kinds  # noqa: F401
     built = assembler(fab)(dp, fab, opts, health)
     typer.echo(built.summary)
     if once:
