@@ -184,6 +184,12 @@ def capabilities(caps: tuple[str, ...]) -> str:
     return "CapabilityBoundingSet=" + " ".join(caps)
 
 
+def hang_line(site: Site) -> str:
+    """Every agent's (and the coordinator's) hang time, where the site sets one: in the
+    environment, so a drop-in can set another (as the VM lab's hold test does)."""
+    return f"Environment={HANG_ENV}={site.hang_s:g}\n" if site.hang_s else ""
+
+
 def agent_tail(site: Site) -> str:
     """How every agent's unit ends: restarted, watched, hardened, bounded to the agents'
     capabilities."""
@@ -213,8 +219,7 @@ def units(fabric: Fabric, fabric_file: Path, node: str, mgmt_ip: str,
         coordinator = Coordination(url=coordinator)
     coord = coordinator.agent_args()
     bfd = f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else ""        # bird-config, switch or GPU
-    # every agent; in the environment, so a drop-in can set another (as the VM lab's hold test does)
-    hang = f"Environment={HANG_ENV}={site.hang_s:g}\n" if site.hang_s else ""
+    hang = hang_line(site)
     out = {"rlb-net": f"""[Unit]
 Description=RLB fabric links of {node} ({r})
 After=systemd-udev-settle.service networking.service
@@ -315,7 +320,7 @@ Description=RLB fabric coordinator (QP placements for the whole fabric{", on etc
 After={" ".join(("network-online.target", *after))}
 [Service]
 ExecStart={site.bin}/rlbcoord run --fabric {fabric_file} --listen {listen}{extra}
-{f"Environment={HANG_ENV}={site.hang_s:g}" + chr(10) if site.hang_s else ""}{RESTART}
+{hang_line(site)}{RESTART}
 {agent_watchdog(site)}
 {HARDENING}
 {capabilities(COORDINATOR_CAPS)}
