@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from pyroute2.netlink.rtnl import RTMGRP_LINK
 
-from rlbcommon import runtime as runtime_mod
+from rlbcommon import netlinkevents
 from rlbswitch.watcher import Watcher
 
 
@@ -96,7 +96,7 @@ def run_watcher(monkeypatch, storms, until=None):
     """The watcher run until its storms are spent and `until(log)` holds (each follower bound and
     resynced once, by default), or 5 s."""
     log = Log()
-    monkeypatch.setattr(runtime_mod, "NetlinkEvents", fake_events(log, storms))   # the followers' sockets
+    monkeypatch.setattr(netlinkevents, "NetlinkEvents", fake_events(log, storms))   # the followers' sockets (imported by follow() when it runs)
     w = Watcher(FakeDataplane(log))
     t = threading.Thread(target=w.run, name="agent")
     t.start()
