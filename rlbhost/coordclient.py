@@ -20,14 +20,18 @@ from .verbs.advice import FabricView
 
 log = logging.getLogger(__name__)
 
+IDLE_MAX = 65536    # idle QPs kept from the sweeps between two reports (a stalled report loses the rest)
+
 
 class CoordinatorClient:
     def __init__(self, dp: HostDataplane, node: str, url: str, period_s: float = 0.25,
                  memory_s: float = 3.0, fallback_s: float = 3.0, health: Health | None = None,
                  view: FabricView | None = None, tls: ssl.SSLContext | None = None):
         self.dp, self.node, self.url, self.tls = dp, node, url, tls
-        if dp.swept is None:
-            dp.swept = {}             # the sweep keeps its idle QPs for this client from now on
+        # the QPs the sweeps removed as idle since the last report (the sweep's thread adds them)
+        self._idle: dict[tuple[str, int, int], dict] = {}
+        self._idle_lock = threading.Lock()
+        dp.on_idle(self._went_idle)
         self.view = view              # the coordinator's link loads, for new verbs QPs
         self.period_s, self.memory_s, self.fallback_s = period_s, memory_s, fallback_s
         self.memory: dict[tuple[str, int, int], dict] = {}
@@ -39,10 +43,18 @@ class CoordinatorClient:
         self.loop = "coordinator"    # its loop's name in the health record (a server's: one a NIC)
         self._down_since: float | None = None
 
+    def _went_idle(self, qps: dict) -> None:
+        with self._idle_lock:
+            for key, v in qps.items():
+                if len(self._idle) >= IDLE_MAX:
+                    break
+                self._idle[key] = v
+
     def body(self) -> dict:
         now = time.monotonic()
         paths = {p.index: p for p in self.dp.paths() if p.valid}
-        swept, self.dp.swept = self.dp.swept, {}
+        with self._idle_lock:
+            swept, self._idle = self._idle, {}
         mono_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for key, v in swept.items():          # gone idle since the last read
             if v["path"] in paths:

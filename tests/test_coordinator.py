@@ -165,7 +165,15 @@ class FakeHostDataplane:
     def __init__(self, host, qps):
         self._paths = [self.P(k - 1, k, addr(host, k)) for k in range(1, 5)]
         self._qps, self.placed = qps, {}
-        self.swept = None                 # as a host agent's, until a coordinator client reads it
+        self.sinks = []                   # who hears of the QPs a sweep removes as idle
+
+    def on_idle(self, sink):
+        self.sinks.append(sink)
+
+    def sweep(self, idle):
+        """A sweep that removed `idle` from conntrack."""
+        for sink in self.sinks:
+            sink(idle)
 
     def paths(self):
         return self._paths
@@ -215,22 +223,29 @@ def test_client_reports_a_qp_the_sweep_removed_before_it_looked(coord):
     import time as _t
     from rlbhost.coordclient import CoordinatorClient
     dp = FakeHostDataplane("h1", [])
-    dp.swept = {(addr("h3", 1), 50001, 5): {"path": 2, "bytes": 900,
-                                            "last_ns": _t.clock_gettime_ns(_t.CLOCK_MONOTONIC) - 250_000_000}}
     client = CoordinatorClient(dp, "h1", coord.url)
-    assert client.report_once() == 1 and dp.swept == {}
+    dp.sweep({(addr("h3", 1), 50001, 5): {"path": 2, "bytes": 900,
+                                          "last_ns": _t.clock_gettime_ns(_t.CLOCK_MONOTONIC) - 250_000_000}})
+    assert client.report_once() == 1 and client._idle == {}
     assert list(dp.placed) == [(addr("h3", 1), 50001, 5)]
+    assert client.memory[(addr("h3", 1), 50001, 5)]["active"] is False
 
 
-def test_hold_idle_qps_are_kept_only_for_a_client_that_reads_them(coord):
-    """Without a coordinator nobody drains the sweep's idle QPs, so a host agent keeps none (the
-    table grew with every QP ever idle before); a client turns the keeping on."""
-    from rlbhost.coordclient import CoordinatorClient
-    from rlbhost.dataplane import SWEPT_MAX
+def test_hold_idle_qps_are_kept_only_by_a_client_and_at_most_idle_max(coord):
+    """Without a coordinator nobody keeps the sweep's idle QPs (the host's table grew with every QP
+    ever idle before); a client keeps at most IDLE_MAX between two reports, whatever the sweeps
+    hand it while its reports stall."""
+    from rlbhost.coordclient import IDLE_MAX, CoordinatorClient
+    from rlbhost.dataplane import HostDataplane
+    assert not hasattr(HostDataplane(), "swept") and HostDataplane()._idle_sinks == []
     dp = FakeHostDataplane("h1", [])
-    assert dp.swept is None
-    CoordinatorClient(dp, "h1", coord.url)
-    assert dp.swept == {} and SWEPT_MAX >= 4096
+    client = CoordinatorClient(dp, "h1", coord.url)
+    for n in range(3):
+        dp.sweep({(addr("h3", 1), 50000 + n, q): {"path": 0, "bytes": 1, "last_ns": 0}
+                  for q in range(IDLE_MAX // 2)})
+    assert len(client._idle) == IDLE_MAX and IDLE_MAX >= 4096
+    client.body()
+    assert client._idle == {}
 
 
 # ---- QPs placed through verbs (rlbhost/verbs/): fixed, and the loads a host places new ones by --------

@@ -217,7 +217,6 @@ def test_the_host_client_writes_changes_only_and_applies_watched_placements(etcd
         assert moved == 3 and client.report_once() == 1         # their key, once
         assert client.report_once() == 0                         # nothing changed: nothing written
         dp._qps = live[1:]                                       # one idle: swept from conntrack
-        dp.swept = {}
         live[0]["active"] = False
         idle = client.memory[(live[0]["peer"], live[0]["sport"], live[0]["qp"])]
         idle["active"] = False

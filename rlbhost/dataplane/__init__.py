@@ -24,11 +24,11 @@ from .abi import C, ECHO, MAX_PATHS, PORTS_MODE, REASONS, SOURCE, HostError, Pat
 from .hooks import Hooks
 from .paths import Paths
 from .ports import PortsMode
-from .qptable import SWEPT_MAX, QpTable, sweep_period
+from .qptable import QpTable, sweep_period
 from .verbsqps import VerbsQps
 from .weights import Weights
 
-__all__ = ["C", "MAX_PATHS", "REASONS", "SWEPT_MAX", "HostDataplane", "HostError", "Path_", "PortPath", "VerbsQp",
+__all__ = ["C", "MAX_PATHS", "REASONS", "HostDataplane", "HostError", "Path_", "PortPath", "VerbsQp",
            "sweep_period"]
 
 DEFAULT_EXPIRY_MS = 200
@@ -54,11 +54,8 @@ class HostDataplane(Hooks, Paths, PortsMode, Weights, QpTable, VerbsQps, PinnedS
             self.component = _nic_component(nic)
         super().__init__(instance)
         self.fns = {}
-        # QPs the sweep removed as idle, for whoever keeps their memory (the coordinator client,
-        # which drains it at each report): a short burst can go idle and be swept between two of
-        # its reads. None while nobody reads it; never more than SWEPT_MAX (a reader that stalls
-        # loses the memory of the oldest idle QPs, not the host's memory)
-        self.swept: dict[tuple[str, int, int], dict] | None = None
+        # who hears of the QPs each sweep removes as idle (on_idle): nobody, without a coordinator
+        self._idle_sinks: list = []
         # the verbs service's choose-and-count and the sweep's recount of the active counters
         # exclude each other, so a QP placed through verbs is never counted out of a burst
         self.verbs_lock = threading.RLock()

@@ -15,7 +15,6 @@ from .abi import MAX_PATHS, REASONS, SPRAY, HostError, addr_text, packed_addr
 
 log = logging.getLogger("rlbhost.dataplane")
 
-SWEPT_MAX = 65536     # idle QPs kept for the coordinator client between two of its reports
 
 
 def sweep_period(expiry_ms: float) -> float:
@@ -28,6 +27,12 @@ def sweep_period(expiry_ms: float) -> float:
 class QpTable:
     """(HostDataplane's) QP table, its sweep and the placements."""
 
+    def on_idle(self, sink) -> None:
+        """Call `sink({qp id: {"path", "bytes", "last_ns"}})` with the QPs each sweep removes as
+        idle, outside the table's lock (the coordinator client: a burst shorter than its report
+        period is swept before it reads the table). The table keeps none itself."""
+        self._idle_sinks.append(sink)
+
     def rebalance(self, now_ns: int | None = None, release: bool = False,
                   before: dict[int, list[int]] | None = None, balance: bool = True) -> int:
         """Move the fewest QPs so each weight entry's live QPs match its weights (which ones:
@@ -38,6 +43,7 @@ class QpTable:
         Returns the QPs moved."""
         now = now_ns or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         moved = 0
+        idle: dict[tuple[str, int, int], dict] = {}
         with self.locked():
             ct = self.maps["conntrack"]
             cfg = self.maps["config"].get(0)
@@ -55,8 +61,8 @@ class QpTable:
                 if now - v.last_ns >= expiry or v.wid not in entries:
                     if ct.delete(k):      # idle: re-assigned on its next packet anyway
                         self._adjust(v.wid, v.path, -1)
-                    if self.swept is not None and len(self.swept) < SWEPT_MAX:
-                        self.swept[self._qp_id(k)] = {"path": v.path, "bytes": v.bytes, "last_ns": v.last_ns}
+                    if self._idle_sinks:
+                        idle[self._qp_id(k)] = {"path": v.path, "bytes": v.bytes, "last_ns": v.last_ns}
                     continue
                 live[v.wid].append((k, v))
             for wid, (entry, eff) in entries.items():
@@ -80,6 +86,8 @@ class QpTable:
                 self._count_event("ev_released", moved)
         if moved:
             log.info("released %d QPs to match the weights", moved)
+        for sink in self._idle_sinks if idle else ():
+            sink(idle)
         return moved
 
     def _recount(self, entries: dict, live: dict[int, list], before: bytes):
