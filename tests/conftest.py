@@ -22,6 +22,34 @@ from rlblab import topo
 if os.geteuid() != 0:
     pytest.exit("the RLB test suite needs root (BPF programs, network namespaces)", returncode=2)
 
+# `make test` runs the modules on pytest-xdist workers, a module whole on one worker (its lab is
+# module-scoped). A namespace module waits more than it computes (about 40 % of 2 cores busy), so
+# two share 2 cores well; each holds a lab of agents (180 MB of LLVM apiece), so more than
+# WORKERS_MAX is not taken without asking (RLB_TEST_WORKERS=N).
+WORKERS_ENV, WORKERS_MAX = "RLB_TEST_WORKERS", 2
+
+
+@pytest.hookimpl(optionalhook=True)        # (a plain `pytest` without xdist has no such hook)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: RLB_TEST_WORKERS if set, else one a CPU up to WORKERS_MAX."""
+    asked = os.environ.get(WORKERS_ENV)
+    if asked:
+        if not asked.isdigit() or int(asked) < 1:
+            raise pytest.UsageError(f"{WORKERS_ENV}={asked!r}: a number of workers, 1 or more")
+        return int(asked)
+    return max(1, min(len(os.sched_getaffinity(0)), WORKERS_MAX))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Modules without namespaces first (a broken parser or program fails in the first minutes),
+    then the namespace modules; each module's tests in their own order. A `*_netns.py` module is
+    a namespace module whether or not it says so (`-m "not netns"` leaves it out)."""
+    for item in items:
+        if item.path.name.endswith("_netns.py") and not item.get_closest_marker("netns"):
+            item.add_marker(pytest.mark.netns)
+    lab_files = {item.path for item in items if item.get_closest_marker("netns")}
+    items.sort(key=lambda item: item.path in lab_files)      # stable: files stay in their order
+
 
 class XdpHarness:
     """The switch program loaded in a private namespace with four registered ports p0..p3
