@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 from pyroute2 import IPRoute
@@ -150,6 +151,27 @@ def test_remote_half_plane_releases_the_proportional_qps(dp):
     moved = sum(1 for a, b in zip(before, after) if a != b)
     assert moved == 7
     assert sum(1 for pi in after if pi[0] == 1) == 9
+
+
+def test_a_probe_verdict_taken_back_before_anything_moved_moves_nothing(dp):
+    """A plane judged silent for a moment (its probes lost while the plane's switch moved the
+    peer's sub-link) and answering again before any QP left it: the weights come back to what
+    the QPs are laid out for, so none moves. The release used to compare the new weights with
+    the verdict's (a plane at 0 that still held its QPs) and moved QPs (62 QPs, 15.5 a plane:
+    the planes holding 16 looked over a share that had fallen)."""
+    w = {v: 1.0 for v in range(1, 9)}
+    dp.apply_weights({f"{LOOP_B}/128": (w, False)})
+    frames = qp_frames(62, seed=14)
+    planes_of(dp, frames)
+    dp.rebalance()                                             # the agent's sweep: planes even too
+    before = planes_of(dp, frames)
+    assert sorted(Counter(p for p, _ in before).values()) == [15, 15, 16, 16]
+    assert max(Counter(before).values()) - min(Counter(before).values()) <= 1
+    assert dp.zero_paths(f"{LOOP_B}/128", {value(3, 1), value(3, 2)})
+    released = dp.stats()["reasons"]["ev_released"]
+    dp.apply_weights({f"{LOOP_B}/128": (w, False)})           # answered again: the agent's step
+    assert dp.stats()["reasons"]["ev_released"] == released
+    assert planes_of(dp, frames) == before
 
 
 def test_per_destination_weights_and_a_plane_unusable_for_one_peer_only(dp):

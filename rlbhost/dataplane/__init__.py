@@ -56,6 +56,8 @@ class HostDataplane(Hooks, Paths, PortsMode, Weights, QpTable, VerbsQps, PinnedS
         self.fns = {}
         # who hears of the QPs each sweep removes as idle (on_idle): nobody, without a coordinator
         self._idle_sinks: list = []
+        # {weight entry id: the effective weights its QPs were last balanced to} (rebalance)
+        self._laid_out: dict[int, list[int]] = {}
         # the verbs service's choose-and-count and the sweep's recount of the active counters
         # exclude each other, so a QP placed through verbs is never counted out of a burst
         self.verbs_lock = threading.RLock()

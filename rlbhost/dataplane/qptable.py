@@ -81,6 +81,8 @@ class QpTable:
                     if self._qp_id(q.key) in placed:      # the host's own capacity rules
                         self.maps["placed"].delete(q.key)
                     moved += 1
+            if balance:         # each entry's QPs are now within one QP of these weights
+                self._laid_out = {wid: list(eff) for wid, (_, eff) in entries.items()}
             self._recount(entries, live, window)
             if moved:
                 self._count_event("ev_released", moved)

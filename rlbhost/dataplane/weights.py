@@ -180,5 +180,8 @@ class Weights:
                 for _, v in self.maps["weights"].items()}
 
     def _before(self) -> dict[int, list[int]]:
-        """What a release compares the new weights with: {entry id: effective weights}."""
-        return {wid: eff for wid, (_, eff) in self._effective_all().items()}
+        """What a release compares the new weights with: {entry id: effective weights}, those the
+        entry's QPs were last laid out for where this process balanced them since. Weights that
+        no balancing followed (a probe verdict's zero_paths, answered again before a sweep) moved
+        no QP: compared with them, a plane back from 0 made the others look degraded."""
+        return {wid: self._laid_out.get(wid, eff) for wid, (_, eff) in self._effective_all().items()}
