@@ -10,7 +10,8 @@ demo: setup
 # the layers and no circles first (pyproject.toml, [tool.importlinter]), then every test
 test: setup
 	.venv/bin/lint-imports
-	.venv/bin/python -m pytest -v -n auto --dist loadfile --no-loadscope-reorder tests
+	.venv/bin/python -m pytest -v -n auto --dist loadfile --no-loadscope-reorder -m "not alone" tests
+	.venv/bin/python -m pytest -v -m alone tests
 
 # Real packets through each forwarder side by side (about 3 minutes), then test-run costs.
 bench: setup
