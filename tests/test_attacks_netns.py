@@ -16,7 +16,9 @@ from rlblab.fabricgen import make_fabric
 
 from .conftest import fabric_lab, h1_to_h3_during
 
-pytestmark = pytest.mark.netns
+# floods (2.5 Mpps on a core; made-up neighbours in Linux's one neighbour table for the whole
+# machine, every namespace's): run with the machine to itself, after make test's parallel part
+pytestmark = [pytest.mark.netns, pytest.mark.alone]
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from rlblab.kinds.scaleup import _wait_planes
 
 from .conftest import fabric_lab, scenario_passes
 
-# exact fewest-moves counts under probes and a software plane switch: run with the machine to
-# itself (make test runs these after the parallel part; docs/results.md, "The suite's time")
+# exact fewest-move counts under probes and a software plane switch: run with the machine to
+# itself, after make test's parallel part (docs/results.md, "The suite's time")
 pytestmark = pytest.mark.alone
 
 FABRIC = Path(__file__).resolve().parent.parent / "lab" / "scaleup.toml"

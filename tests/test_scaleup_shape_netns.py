@@ -10,8 +10,8 @@ import pytest
 
 from .conftest import fabric_lab, scenario_passes
 
-# exact fewest-moves counts under probes and a software plane switch: run with the machine to
-# itself (make test runs these after the parallel part; docs/results.md, "The suite's time")
+# exact fewest-move counts under probes and a software plane switch: run with the machine to
+# itself, after make test's parallel part (docs/results.md, "The suite's time")
 pytestmark = pytest.mark.alone
 
 FABRIC = Path(__file__).resolve().parent.parent / "lab" / "scaleup-small.toml"
