@@ -43,6 +43,7 @@ class QpTable:
         Returns the QPs moved."""
         now = now_ns or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         moved = 0
+        how: Counter = Counter()      # (entry id, from path, to path): what moved, for the log
         idle: dict[tuple[str, int, int], dict] = {}
         with self.locked():
             ct = self.maps["conntrack"]
@@ -81,13 +82,18 @@ class QpTable:
                     if self._qp_id(q.key) in placed:      # the host's own capacity rules
                         self.maps["placed"].delete(q.key)
                     moved += 1
+                    how[(wid, q.path, i)] += 1
             if balance:         # each entry's QPs are now within one QP of these weights
                 self._laid_out = {wid: list(eff) for wid, (_, eff) in entries.items()}
             self._recount(entries, live, window)
             if moved:
                 self._count_event("ev_released", moved)
         if moved:
-            log.info("released %d QPs to match the weights", moved)
+            # which entry and path indexes, and whether a change of capacity or the sweep moved
+            # them: a move nobody expected is read from this line
+            log.info("released %d QPs to match the weights (%s: %s)", moved, "release" if release else "sweep",
+                     ", ".join(f"entry {w} index {a}->{b}" + (f" x{n}" if n > 1 else "")
+                               for (w, a, b), n in sorted(how.items())))
         for sink in self._idle_sinks if idle else ():
             sink(idle)
         return moved
