@@ -16,7 +16,6 @@ from .abi import MAX_PATHS, REASONS, SPRAY, HostError, addr_text, packed_addr
 log = logging.getLogger("rlbhost.dataplane")
 
 
-
 def sweep_period(expiry_ms: float) -> float:
     """Seconds between sweeps (an idle QP leaves its path within an expiry and a sweep): half
     the expiry, at least 50 ms and at most 1 s, so that an expiry lowered at run time is seen
