@@ -55,6 +55,9 @@ class Site:
     probe_dead_ms: float = 0                  # defaults (0: rlbhost's), for slow emulation
     hang_s: float = 0                         # how long an agent's loop may take a round (0: the
                                               # agents' 60 s; emulated VMs run 10-100x slower)
+    expiry_ms: float = 0                      # hosts' idle-QP expiry (0: rlbhost's 200 ms); also
+                                              # sets the sweep's cadence (half of it)
+    etcd_lease_s: int = 0                     # hosts' etcd lease (0: rlbhost's 3 s)
 
 
 # where every machine keeps its own etcd user's password (rlbfabric etcd-users issues them)
@@ -266,6 +269,8 @@ ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --m
 """
     else:
         nics = " ".join(fabric.host_port(h) for h in fabric.endpoints(node))   # a server: every fabric NIC
+        slow = (f" --expiry-ms {site.expiry_ms:g}" if site.expiry_ms else "") + \
+            (f" --etcd-lease-s {site.etcd_lease_s}" if site.etcd_lease_s and coordinator.etcd else "")
         out["rlb-host"] = f"""[Unit]
 {NO_START_LIMIT}
 Description=RLB host agent (per-QP path selection) on {nics}
@@ -273,7 +278,7 @@ Requires=rlb-net.service
 After=rlb-net.service
 [Service]
 {VERBS_GROUP_PRE}
-ExecStart={site.bin}/rlbhost attach {nics} {args}{coord} --metrics-addr {mgmt_ip} --verbs-group {VERBS_GROUP}
+ExecStart={site.bin}/rlbhost attach {nics} {args}{coord}{slow} --metrics-addr {mgmt_ip} --verbs-group {VERBS_GROUP}
 {hang}{agent_tail(site)}
 """
     return out

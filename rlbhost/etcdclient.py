@@ -59,6 +59,7 @@ class Lease:
         self.kept_alive = 0.0             # when the last answered keepalive (or the grant) was sent
         self.ended = False
         self.failing = False              # the last keepalive got no answer
+        self._told = 0                    # the ended lease the log has named
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self._started = False
@@ -83,7 +84,8 @@ class Lease:
                 if self.failing and silent > self.ttl_s * 2 / 3:
                     raise EtcdUnavailable(f"no keepalive of lease {self.id:x} answered for {silent:.1f} s")
                 return self.id, self.generation
-            if self.id:
+            if self.id and self._told != self.id:
+                self._told = self.id      # once a lease, however many grants fail after it
                 log.warning("etcd lease %x of %s ended: writing everything again", self.id, who)
             sent = time.monotonic()
             self.id = self.etcd.lease_grant(self.ttl_s)

@@ -169,6 +169,14 @@ def test_rails_a_server_gets_one_agent_unit_for_every_nic():
     assert "rlbfabric net --fabric /etc/rlb/fabric.toml --node a1" in units["rlb-net"]
     slow = deploy.units(f, Path("/etc/rlb/fabric.toml"), "a1", "10.0.0.9", None, deploy.Site(hang_s=600))
     assert "\nEnvironment=RLB_HANG_S=600\n" in slow["rlb-host"] and "RLB_HANG_S" not in units["rlb-host"]
+    # emulated VMs: a slower sweep and a longer etcd lease, the lease only where there is etcd
+    site = deploy.Site(expiry_ms=2000, etcd_lease_s=20)
+    on_etcd = deploy.units(f, Path("/etc/rlb/fabric.toml"), "a1", "10.0.0.9",
+                           deploy.Coordination(etcd="https://10.0.0.1:2379"), site)["rlb-host"]
+    assert "--etcd https://10.0.0.1:2379 " in on_etcd and " --expiry-ms 2000 --etcd-lease-s 20 " in on_etcd
+    alone = deploy.units(f, Path("/etc/rlb/fabric.toml"), "a1", "10.0.0.9", None, site)["rlb-host"]
+    assert " --expiry-ms 2000 " in alone and "--etcd-lease-s" not in alone
+    assert "--expiry-ms" not in units["rlb-host"] and "--etcd-lease-s" not in units["rlb-host"]
     with pytest.raises(FabricError, match="'a1-gpu0_eth' is NIC gpu0_eth of server a1: units, link setup and "
                                           r"the agent are the server's \(a1\)"):
         deploy.units(f, Path("/etc/rlb/fabric.toml"), "a1-gpu0_eth", "10.0.0.9", None)
