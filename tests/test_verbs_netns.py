@@ -23,6 +23,7 @@ from rlbcommon.constants import VERBS_PORT
 from rlbfabric import addrplan
 from rlbhost.verbs import protocol as P
 from rlbhost.verbs.paths import socket_path, table_path
+from rlbhost.verbs.service import VERBS_NICE
 from rlblab import topo
 from rlblab.hostlab import HostLab
 from rlblab.traffic import QpSender
@@ -555,6 +556,18 @@ def test_hold_a_host_with_keys_per_pair_can_speak_only_as_itself(v):
             write_keys(v.keys[k], KEY.hex() + "\n")
         wait_for("both back on the fabric's key", done, timeout=10)
     wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
+
+
+def test_verbs_the_agents_verbs_thread_runs_ahead_of_applications_and_only_it(v):
+    """An RTR's answer waits on the verbs thread: it runs at VERBS_NICE, ahead of busy-polling
+    applications at 0 (in the VM lab two perftests at once kept every answer of the second past
+    its time); the agent's other threads stay at 0."""
+    nice = {}
+    for task in Path(f"/proc/{v.lab.agents[1].pid}/task").iterdir():
+        stat = (task / "stat").read_text()
+        nice[(task / "comm").read_text().strip()] = int(stat[stat.rindex(")") + 2:].split()[16])
+    assert nice.pop("rlb-verbs") == VERBS_NICE == -5
+    assert nice and set(nice.values()) == {0}, nice
 
 
 def test_verbs_a_datagram_of_several_messages_is_taken_line_by_line_and_answered_in_one(v):

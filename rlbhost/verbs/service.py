@@ -109,6 +109,10 @@ BEHIND_S = 0.05                # after a question waited half its time: new pair
 SLICE_NS = 4_000_000           # a round reads clients this long at most before the peers' messages
                                # are read and the round's messages sent (a CONFIRM or an answer
                                # waits on one slice, not on a burst's every question)
+# the verbs thread's nice value (Linux keeps one per thread): ahead of applications' busy-polling
+# threads (NCCL's proxies, perftest), which on a full machine kept every answer past its RTR, and
+# behind bird (rlbdeploy.units.BIRD_NICE); the agent's other threads (LLVM at start) stay at 0
+VERBS_NICE = -5
 DECIDED, AH = HOST_C["RLBH_VF_DECIDED"], HOST_C["RLBH_VF_AH"]
 Key = tuple[Local, str, int]   # a pair: (this end, the peer's base address, the peer's QP number)
 
@@ -207,6 +211,7 @@ class VerbsService:
         self.stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         self.behind_until = 0.0
+        self._niced = 0                      # the thread _prioritise last ran on
         self.recent: collections.deque = collections.deque(maxlen=RECENT)
         self._next_reap = self._next_status = 0.0
         # a server's QPs (thousands of decisions, local QPs, table slots) and the agent's modules
@@ -363,6 +368,8 @@ class VerbsService:
         os.write(self._wake_w, b"x")
 
     def _round(self):
+        if self._niced != threading.get_native_id():
+            self._prioritise()
         now = mono_ns()
         timeout = 0.5
         first = self.link.pending.next_due()
@@ -399,6 +406,15 @@ class VerbsService:
             self.link.reread_keys()
             self.heap.settle()
             self.heap.collect_if_due(idle=not self.link.pending and not self.parked)
+
+    def _prioritise(self):
+        """The calling (verbs) thread at VERBS_NICE, once per thread; without CAP_SYS_NICE it
+        stays as it is, and says so."""
+        self._niced = threading.get_native_id()
+        try:
+            os.setpriority(os.PRIO_PROCESS, self._niced, VERBS_NICE)
+        except OSError as e:
+            log.warning("verbs: its thread keeps its nice value (%s): a busy machine delays answers", e)
 
     def _between_slices(self):
         """Within a long round (a burst of questions from many processes): what settles pairs
