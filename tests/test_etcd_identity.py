@@ -3,7 +3,6 @@ may write only its own subtree and read its own placements; a report forged in a
 or a placement written by anyone but the coordinator, is refused by etcd itself (issue 31)."""
 from __future__ import annotations
 
-import socket
 import stat
 import threading
 import time
@@ -15,14 +14,10 @@ from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError, prefix_end
 from rlbcoord import etcdauth, keys
 from rlbfabric.fabric import load
 from rlblab.etcdserver import EtcdServer
+from .ports import free_port
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -24,16 +23,12 @@ from rlbcoord import etcdauth, etcdtls, keys
 from rlbfabric.fabric import load
 from rlblab.etcdserver import EtcdServer
 
+from .ports import free_port
 from .relay import Relay
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
 FABRIC = load(LAB / "fabric.toml")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
