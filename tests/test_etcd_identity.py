@@ -14,10 +14,10 @@ from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError, prefix_end
 from rlbcoord import etcdauth, keys
 from rlbfabric.fabric import load
 from rlblab.etcdserver import EtcdServer
+
 from .ports import free_port
 
 LAB = Path(__file__).resolve().parent.parent / "lab"
-
 
 
 @pytest.fixture(scope="module")

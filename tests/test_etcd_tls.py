@@ -30,7 +30,6 @@ LAB = Path(__file__).resolve().parent.parent / "lab"
 FABRIC = load(LAB / "fabric.toml")
 
 
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("pki") / "etcd"
