@@ -8,6 +8,7 @@ through the same data-plane API the CLI uses; results come from kernel interface
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import os
 import subprocess
@@ -71,6 +72,20 @@ class SwitchLab:
                 raise RuntimeError(f"agent exited: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.1)
         raise TimeoutError(f"agent did not start: {self.log_path.read_text()[-2000:]}")
+
+    def logged_at(self, text: str, after: float = 0.0) -> float | None:
+        """The wall-clock time of the agent's first log line containing `text` stamped at or
+        after `after` (its log stamps are local time, to the millisecond); None if none is."""
+        for line in self.log_path.read_text().splitlines():
+            if text not in line:
+                continue
+            try:
+                stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            if stamp >= after - 0.001:
+                return stamp
+        return None
 
     def kill_agent(self):
         if self.agent and self.agent.poll() is None:
