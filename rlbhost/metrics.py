@@ -125,6 +125,9 @@ class HostCollector:
         dis = counter("rlb_host_verbs_disagreements", "QP pairs whose two ends may have ended on different "
                       "addresses (an answer lost after the decision)", ["node"])
         dis.add_metric([n], c["disagreements"])
+        withdrawn = counter("rlb_host_verbs_withdrawn", "unconfirmed paths taken back because this end's library "
+                            "may have given up before the path was in its table (the pair keeps)", ["node"])
+        withdrawn.add_metric([n], c.get("withdrawn", 0))
         bad = counter("rlb_host_verbs_refused", "messages and processes the verbs service refused",
                       ["node", "what"])
         bad.add_metric([n, "bad_message"], c["bad_messages"])

@@ -289,7 +289,7 @@ def test_verbs_every_confirm_lost_the_waiting_end_asks_and_both_ends_agree(v, fi
 def test_verbs_a_question_read_late_on_a_pending_pair_waits_for_the_word_rather_than_keep(v):
     """h1's libraries go first and have their paths; h2's pairs are pending (no CONFIRM reaches h2).
     h2's agent is stopped while its library asks, so it reads the question after the question's
-    20 ms: the library waits up to 4 timeouts on a pending pair, and the agent, seeing the pair
+    20 ms: the library waits up to rlbv_wait_ns() on a pending pair, and the agent, seeing the pair
     pending, works on it (HAS) rather than answer keep, which would leave h1's end alone on the
     path. (Before: "timeout" at once, and the pair apart.)"""
     default = {"RLB_VERBS_TIMEOUT_MS": None}

@@ -481,24 +481,30 @@ static int from_table(const struct pair *k, struct answer *a)
     return a->keep;
 }
 
+/* The table's word on a pair, a pending one waited on until `latest` (the agent's own bound for
+ * it): the other end may be on the path already, and whether this end follows is the agent's to
+ * say (the path confirmed, or withdrawn because this end's question came too late). Returns as
+ * from_table. */
+static int settled(const struct pair *k, struct answer *a, long long latest)
+{
+    int t = from_table(k, a);
+    while (t == -2 && now_ns() < latest) {
+        struct timespec pause = {0, 200000};
+        nanosleep(&pause, NULL);
+        t = from_table(k, a);
+    }
+    return t;
+}
+
 /* Ask (the question is formatted after "<kind> <seq> "); 0 and the answer, or a keep reason. A
  * QP's pair (k) pending in the table when the time is up is waited for longer, up to
- * RLBV_WAIT_MAX timeouts: its other end may be on the path already, and a slow agent here must
+ * rlbv_wait_ns(): its other end may be on the path already, and a slow agent here must
  * not leave the two apart. */
 static int ask(struct answer *a, const struct pair *k, const char *kind, const char *fmt, ...)
 {
     long long deadline = now_ns() + cfg.timeout_ns;
     if (!lock_until(deadline))
         return RLBV_KEEP_TIMEOUT;                   /* other threads' questions took the time */
-    if (now_ns() < slow_until_ns) {
-        pthread_mutex_unlock(&lock);                /* a stalled agent costs one wait a second, */
-        return RLBV_KEEP_TIMEOUT;                   /* not one per QP */
-    }
-    int why = ensure_agent(deadline);
-    if (why) {
-        pthread_mutex_unlock(&lock);
-        return why;
-    }
     /* answers to questions given up on may still wait in the socket: they are told apart by
      * number, so every question gets a new one */
     unsigned long long my = a->seq = ++seq;
@@ -509,13 +515,29 @@ static int ask(struct answer *a, const struct pair *k, const char *kind, const c
     vsnprintf(msg + off, sizeof(msg) - off, fmt, ap);
     va_end(ap);
     off = strlen(msg);
+    if (now_ns() < slow_until_ns) {
+        /* A stalled agent costs one wait a second, not one per QP. The question still goes, its
+         * time already up (one try, no wait): an agent that catches up then answers its pair keep
+         * to the peer, rather than give the peer a path this end never saw. */
+        if (agent_fd >= 0) {
+            snprintf(msg + off, sizeof(msg) - off, " %lld %lld", now_ns(), cfg.timeout_ns);
+            send_msg(msg, 0);
+        }
+        pthread_mutex_unlock(&lock);
+        return RLBV_KEEP_TIMEOUT;
+    }
+    int why = ensure_agent(deadline);
+    if (why) {
+        pthread_mutex_unlock(&lock);
+        return why;
+    }
     snprintf(msg + off, sizeof(msg) - off, " %lld %lld", deadline, cfg.timeout_ns);
     if (deliver(msg, deadline) < 0) {
         pthread_mutex_unlock(&lock);
         return agent_fd < 0 ? RLBV_KEEP_NOAGENT : RLBV_KEEP_BUSY;
     }
     why = RLBV_KEEP_TIMEOUT;
-    long long latest = deadline - cfg.timeout_ns + RLBV_WAIT_MAX * cfg.timeout_ns;
+    long long latest = deadline - cfg.timeout_ns + rlbv_wait_ns(cfg.timeout_ns);
     for (;;) {
         int r = recv_msg(msg, sizeof(msg), deadline);
         if (r == 0 && k) {
@@ -621,9 +643,10 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
     if (!why)
         why = from_table(&key, &a);
     if (why < 0) {                                  /* not decided yet, or pending: ask */
+        long long latest = now_ns() + rlbv_wait_ns(cfg.timeout_ns);
         why = ask(&a, &key, "RTR", "%s %d %u %d %s %s %u", dev, port, qp->qp_num, av->grh.sgid_index, s, d,
                   attr->dest_qp_num);
-        if (why == RLBV_KEEP_TIMEOUT && from_table(&key, &a) >= 0)
+        if (why > RLBV_KEEP_NONE && settled(&key, &a, latest) >= 0)
             why = a.path ? RLBV_KEEP_NONE : a.keep;   /* the decision landed as the time ran out */
     }
     if (!why)

@@ -26,7 +26,7 @@
  *                                              and this destination address
  *     KEEP <seq> <keep>                         keep the application's addresses
  *     WAIT <seq> <deadline_ns>                  wait for the answer until this later deadline (at
- *                                              most RLBV_WAIT_MAX timeouts after asking): the
+ *                                              most rlbv_wait_ns() after asking): the
  *                                              other end of the QP may be on the path already and
  *                                              its agent's word is on its way; giving up now could
  *                                              leave the two ends apart
@@ -49,7 +49,12 @@
 #define RLBV_MSG_MAX            512     /* bytes in one message, either way */
 #define RLBV_TIMEOUT_MS         20      /* default: how long a question may take before the QP
                                          * keeps the application's addresses (RLB_VERBS_TIMEOUT_MS) */
-#define RLBV_WAIT_MAX           4       /* WAIT extends a question to at most this many timeouts */
+#define RLBV_WAIT_MAX           4       /* WAIT extends a question to at most this many timeouts, */
+#define RLBV_WAIT_MIN_MS        1000    /* and to this long if that is longer: the other end's
+                                         * library may be on the path already, and its word comes
+                                         * through two agents that a burst can hold back for
+                                         * hundreds of ms; an RTR that waits longer once is cheaper
+                                         * than a QP whose ends are apart for its life */
 #define RLBV_SEND_WAIT_MS       5       /* a full socket (an agent not reading) is waited on this
                                          * long at most; then the agent counts as stalled */
 #define RLBV_RECONNECT_MS       1000    /* a missing agent is looked for again at most this often */
@@ -96,8 +101,8 @@ enum rlbv_keep {
 #define RLBV_SLOT_PENDING       3           /* the pair's path, not this end's yet: the other end's
                                              * library goes first and its agent's word is awaited
                                              * (a library that finds it asks, and may wait up to
-                                             * RLBV_WAIT_MAX timeouts: giving up could leave the
-                                             * two ends apart) */
+                                             * rlbv_wait_ns(): giving up could leave the two ends
+                                             * apart) */
 
 struct rlbv_table_head {
     uint32_t magic;
@@ -130,6 +135,14 @@ static inline uint32_t rlbv_device(const char *dev, uint8_t port)
     for (const unsigned char *p = (const unsigned char *)dev; *p; p++)
         h = (h ^ *p) * 16777619u;
     return (h ^ port) * 16777619u;
+}
+
+/* How long after asking a library waits on a pair the other end may be on already (the agent
+ * parks the question as long: rlbhost/verbs/protocol.py wait_ns). */
+static inline long long rlbv_wait_ns(long long timeout_ns)
+{
+    long long n = RLBV_WAIT_MAX * timeout_ns, floor = RLBV_WAIT_MIN_MS * 1000000LL;
+    return n > floor ? n : floor;
 }
 
 /* FNV-1a over the key. */

@@ -57,6 +57,12 @@ KEEP = {name: v for v, name in enum_names(HEADER, "RLBV_KEEP_", VERBS_SRC).items
 KEEP_NAME = {v: k for k, v in KEEP.items()}
 VERSION, MSG_MAX, AH_BIT = C["RLBV_VERSION"], C["RLBV_MSG_MAX"], C["RLBV_AH_HANDLE_BIT"]
 WAIT_MAX = C["RLBV_WAIT_MAX"]
+WAIT_MIN_NS = C["RLBV_WAIT_MIN_MS"] * 1_000_000
+
+
+def wait_ns(timeout_ns: int) -> int:
+    """rlbv_wait_ns(): how long after asking a library waits on a pair its other end may be on."""
+    return max(WAIT_MAX * timeout_ns, WAIT_MIN_NS)
 QPN_MAX = (1 << 24) - 1
 DATAGRAM_MAX = 1232            # an agent's datagram, seal included: IPv6's minimum MTU less its headers
 

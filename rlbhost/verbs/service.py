@@ -28,7 +28,7 @@ disagreement if its library had the path already.
 
 Loss, slowness and bad neighbours. Questions are sent again until answered (every 2 ms, then less
 often), USED and CONFIRM until acknowledged (ACK), and any of them taken twice changes nothing; a
-library waiting on a pending pair is told to wait longer (WAIT, up to RLBV_WAIT_MAX timeouts), and
+library waiting on a pending pair is told to wait longer (WAIT, up to rlbv_wait_ns()), and
 finds the pair pending in the table itself if its agent is too slow to say so. The agent reads a
 library's backlog before a peer's CHECK or ASK about its QP (what the library said first counts
 first); a question older than its asker's patience is answered keep, not worked on, and none is
@@ -156,6 +156,8 @@ class Decision:
     applied: bool = False          # this end's library reported the QP on the path (USED)
     peer_has: bool = False         # the other end's agent said its library has it (CONFIRM)
     nic: str = ""                  # the NIC this end is on (whose data plane holds the entry)
+    pending_ns: int = 0            # when its unconfirmed path went into the table (monotonic):
+                                   # a library that gave up before then never saw it
 
 
 @dataclass
@@ -190,7 +192,7 @@ class VerbsService:
                                          "peer_questions": 0, "stale_questions": 0,
                                          "foreign_qps": 0, "unknown_qps": 0, "released_qps": 0, "behind": 0,
                                          "unauthenticated": 0, "resent": 0, "unacknowledged": 0,
-                                         "has_asked": 0, "has_confirmed": 0,
+                                         "has_asked": 0, "has_confirmed": 0, "withdrawn": 0,
                                          "messages_sent": 0, "datagrams_sent": 0, "key_file_bad": 0}
         self.sel = selectors.DefaultSelector()
         self.clients = Clients(socket_path, group, self.sel, self.counters, self._local, self._dropped)
@@ -335,6 +337,7 @@ class VerbsService:
             return
         if not d.confirmed:       # the library asks, and waits (longer, if this agent is slow) for the word
             self.table.put(dev, port, qpn, remote, peer, d.path, pending=True)
+            d.pending_ns = d.pending_ns or mono_ns()
             return
         v = self.views.view(nic)
         ours = v.addr.get(d.path)
@@ -544,14 +547,20 @@ class VerbsService:
             return self._keep(c, q, "error")
         key = (lq.key, peer, q.dest_qpn)
         d = self._decision(key)
+        here = addr_lt(ours, peer)
+        if d is not None and d.path and not d.confirmed and d.pending_ns >= q.deadline_ns:
+            # the path went into the table after this question's time was up: its library may
+            # have looked, found nothing and kept (its USED may not be here yet), so the pair keeps
+            return self._withdraw(key, d, "timeout", c, q)
         if d is not None:                          # (whatever this user's caps: it costs no peer a word)
             return self._answer(c, q, key, d, v)
+        # A keep answered here is the pair's from now on (recorded, so that a peer's CHECK or ASK
+        # read after it is answered keep, not given a path this end's library has given up on)
         if late:
-            return self._keep(c, q, "timeout")
+            return self._decide_keep(key, here, "timeout", c, q, nic)
         if c.pending >= MAX_PENDING_PER_CLIENT or self.clients.per_uid[c.uid]["pending"] >= MAX_PENDING_PER_UID:
             self.counters["refused_questions"] += 1
-            return self._keep(c, q, "busy")
-        here = addr_lt(ours, peer)
+            return self._decide_keep(key, here, "busy", c, q, nic)
         if self._behind(q, now):                   # both ends keep, rather than one too late
             self._decide_keep(key, here, "busy", c, q, nic)
             return self._tell_peer(key, 0, "busy", nic)
@@ -696,7 +705,7 @@ class VerbsService:
         if d.path and not d.confirmed:
             # the other end's library goes first, and may have the path already: this library
             # waits longer for its word (a bounded WAIT) rather than give up and leave them apart
-            latest = q.deadline_ns - q.timeout_ns + P.WAIT_MAX * q.timeout_ns
+            latest = q.deadline_ns - q.timeout_ns + P.wait_ns(q.timeout_ns)
             if latest > q.deadline_ns:
                 self.clients.send(c, P.wait_reply(q.seq, latest))
             self.parked.setdefault(key, []).append(Parked(c, q, max(latest, q.deadline_ns)))
@@ -815,6 +824,17 @@ class VerbsService:
             key, d = got
             self._unplace(key, d, keep)
             self._tell_peer(key, 0, keep, self.nics.get(d.nic))  # the peer turns to keep too, or counts a disagreement
+
+    def _withdraw(self, key: Key, d: Decision, keep: str, c: Client | None = None, q: P.Question | None = None):
+        """An unconfirmed path this end's library may never have seen: the pair keeps here, the
+        library is answered keep, and a peer already told of the path is told it keeps."""
+        self.counters["withdrawn"] += 1
+        self._unplace(key, d, keep)
+        if c is not None:
+            self._keep(c, q, keep)
+        if d.peer_told:
+            self._tell_peer(key, 0, keep, self.nics.get(d.nic))
+        self._release(key, d)
 
     def _unplace(self, key: Key, d: Decision, keep: str):
         self._drop_entry(d)
@@ -995,10 +1015,16 @@ class VerbsService:
             usable = self.views.usable(nic, v, m.a_base, dev or None, port)
             paths = self.views.paths(v, usable)
             if known is None and m.path in paths:
-                # taken: recorded (and in the table for this end's library) before the yes
+                # taken: recorded (and in the table for this end's library) before the yes, and
+                # the library's backlog read once more after that: a question of it whose time ran
+                # out before the path was in the table withdraws it (its library may have kept)
                 known = self._record(key, Decision(m.path, entry=self._put(nic, v, key, lq, m.path, 0),
                                                    confirmed=False, nic=nic.ifname,
                                                    why=f"proposed by {m.a_base}'s agent, the pair's rendezvous"))
+                self._known_qp(nic, m.b_qpn, drain=True)
+                known = self._decision(key)
+                if known is not None and not known.path:
+                    return self.link.reply(m, src, me, verdict="NO", keep=P.KEEP[known.keep or "timeout"])
             took = known.path if known is not None and known.path == m.path else 0
             return self.link.reply(m, src, me, verdict="YES", path=took, paths=paths)
         # ASK: this host is the pair's rendezvous (its library's word read first, as for CHECK)
@@ -1020,6 +1046,9 @@ class VerbsService:
                 # it asked already (its question parks) or asks later
                 d = self._decide(key, lq, nic, m.paths, confirmed=False)
                 self._complete_check(key)
+                if d.path:        # in the table now: what the library said meanwhile (as for CHECK)
+                    self._known_qp(nic, m.b_qpn, drain=True)
+                    d = self._decision(key) or d
         d.peer_told = True
         # PATH: the asker goes first (this end waits for its CONFIRM, or has the path on the QP
         # already); HELD: this end's library is being given the path, the asker waits for our CONFIRM
