@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,7 @@ class ScriptedAgent:
     def __init__(self, path: Path, answer):
         self.path, self.answer = path, answer
         self.messages: list[str] = []
+        self.arrived: list[int] = []    # when each message was read (CLOCK_MONOTONIC, as deadlines are)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock.bind(str(path))
         self.sock.listen(8)
@@ -79,6 +81,7 @@ class ScriptedAgent:
                 if not data:
                     return
                 text = data.decode()
+                self.arrived.append(time.monotonic_ns())
                 self.messages.append(text)
                 if text.startswith("HELLO"):
                     conn.send(P.hello_reply([("stub0", 1)]))
@@ -166,7 +169,12 @@ def test_verbs_a_silent_agent_costs_two_waits_not_one_per_qp(built, tmp_path, ho
     assert all(300 <= w < 3000 for w in waits[:2])
     assert max(waits[2:]) < 150
     assert "no answer in time" in err
-    assert len(agent.kinds("RTR")) == 2
+    # every QP's question still goes, so that an agent that catches up keeps the pair at both ends
+    # (never a path for the peer this end gave up on), but only the first two had time to wait
+    rtr = [(int(m.split()[9]), at) for m, at in zip(agent.messages, agent.arrived) if m.startswith("RTR")]
+    assert len(rtr) == 6
+    assert all(deadline - at > 200_000_000 for deadline, at in rtr[:2])
+    assert all(deadline <= at for deadline, at in rtr[2:])
     assert [int(m[5]) for m in agent.kinds("USED")] == [P.KEEP["timeout"]] * 6
 
 
