@@ -322,6 +322,48 @@ def test_verbs_a_question_read_late_on_a_pending_pair_waits_for_the_word_rather_
     assert paths[0x100] in (2, 3, 4) and after[2]["has_confirmed"] == before[2]["has_confirmed"] + 1
 
 
+def test_verbs_the_first_ends_word_held_up_300_ms_still_reaches_the_second_end_in_time(v):
+    """h1's library goes first and has its path; h1's agent then stops for 300 ms (a burst holds
+    agents back that long), so h2's library, asking meanwhile at the default 20 ms timeout, finds
+    its pair pending and no word comes (no CONFIRM, HAS unanswered). It waits on the pending pair
+    for rlbv_wait_ns() (at least RLBV_WAIT_MIN_MS, 1 s), not 4 timeouts: the word comes after
+    300 ms and both ends agree. (Before: h2 kept after 80 ms, h1 alone on its path: the 100-process
+    burst of bench/verbs_bench.py left up to 31 pairs of 1000 apart that way.)"""
+    default = {"RLB_VERBS_TIMEOUT_MS": None}
+    before = {h: v.status(h)["counters"] for h in (1, 2)}
+    v.no_confirm.touch()
+    v.lab.cli(1, "weights", "set", "1=0")          # placed is off the application's addresses
+    agent = v.lab.agents[1]
+    try:
+        a, b = App(v, 1, 1, 0x100, 0x200, **default), App(v, 2, 1, 0x200, 0x100, **default)
+        try:
+            a.go()
+            os.kill(agent.pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                b.p.stdin.write("go\n")
+                b.p.stdin.flush()
+                time.sleep(0.3)
+            finally:
+                os.kill(agent.pid, signal.SIGCONT)
+            b.out = [b.p.stdout.readline()]
+            waited = time.monotonic() - started
+            paths = agreed(a, b)
+        finally:
+            a.close(), b.close()
+    finally:
+        v.no_confirm.unlink()
+        v.lab.cli(1, "weights", "set", "1=1")
+    wait_for("the QPs gone", lambda: not v.rows(1) and not v.rows(2))
+    time.sleep(1.2)
+    after = {h: v.status(h)["counters"] for h in (1, 2)}
+    print(f"h2's RTR returned {waited * 1000:.0f} ms after it began, on path {paths[0x100]}")
+    assert paths[0x100] in (2, 3, 4)
+    assert 0.3 <= waited < P.wait_ns(P.C["RLBV_TIMEOUT_MS"] * 1_000_000) / 1e9 + 0.5
+    assert after[2]["has_confirmed"] == before[2]["has_confirmed"] + 1
+    assert after[1]["disagreements"] == before[1]["disagreements"]
+
+
 def test_verbs_qps_count_with_the_qps_tc_placed(v):
     """TC-seen QPs and verbs QPs share the per-path counts: two QPs TC placed on paths 1 and 2
     leave paths 3 and 4 to the next two QPs placed through verbs."""
