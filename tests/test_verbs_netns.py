@@ -286,54 +286,16 @@ def test_verbs_every_confirm_lost_the_waiting_end_asks_and_both_ends_agree(v, fi
     assert min(d[h]["placed_rtr"] for h in (1, 2)) >= 36 and len(set(paths.values()) - {1}) == 3
 
 
-def test_verbs_a_question_read_late_on_a_pending_pair_waits_for_the_word_rather_than_keep(v):
-    """h1's libraries go first and have their paths; h2's pairs are pending (no CONFIRM reaches h2).
-    h2's agent is stopped while its library asks, so it reads the question after the question's
-    20 ms: the library waits up to rlbv_wait_ns() on a pending pair, and the agent, seeing the pair
-    pending, works on it (HAS) rather than answer keep, which would leave h1's end alone on the
-    path. (Before: "timeout" at once, and the pair apart.)"""
+def stopped_while_second_end_asks(v, host: int, pause_s: float):
+    """h1's library goes first (one QP, no CONFIRM ever sent: the word comes by HAS only) and has
+    its path; host's agent is then stopped for pause_s while h2's library asks, at the default
+    timeout. Returns (the pair's path at both ends, h2's RTR in seconds, each agent's counters
+    before and after)."""
     default = {"RLB_VERBS_TIMEOUT_MS": None}
     before = {h: v.status(h)["counters"] for h in (1, 2)}
     v.no_confirm.touch()
     v.lab.cli(1, "weights", "set", "1=0")          # placed is off the application's addresses
-    agent = v.lab.agents[2]
-    try:
-        a, b = App(v, 1, 1, 0x100, 0x200, **default), App(v, 2, 1, 0x200, 0x100, **default)
-        try:
-            a.go()
-            os.kill(agent.pid, signal.SIGSTOP)
-            try:
-                b.p.stdin.write("go\n")
-                b.p.stdin.flush()
-                time.sleep(0.035)                 # past the question's 20 ms, within its 80
-            finally:
-                os.kill(agent.pid, signal.SIGCONT)
-            b.out = [b.p.stdout.readline()]
-            paths = agreed(a, b)
-        finally:
-            a.close(), b.close()
-    finally:
-        v.no_confirm.unlink()
-        v.lab.cli(1, "weights", "set", "1=1")
-    wait_for("the QPs gone", lambda: not v.rows(1) and not v.rows(2))
-    time.sleep(1.2)
-    after = {h: v.status(h)["counters"] for h in (1, 2)}
-    assert after[1]["disagreements"] == before[1]["disagreements"]
-    assert paths[0x100] in (2, 3, 4) and after[2]["has_confirmed"] == before[2]["has_confirmed"] + 1
-
-
-def test_verbs_the_first_ends_word_held_up_300_ms_still_reaches_the_second_end_in_time(v):
-    """h1's library goes first and has its path; h1's agent then stops for 300 ms (a burst holds
-    agents back that long), so h2's library, asking meanwhile at the default 20 ms timeout, finds
-    its pair pending and no word comes (no CONFIRM, HAS unanswered). It waits on the pending pair
-    for rlbv_wait_ns() (at least RLBV_WAIT_MIN_MS, 1 s), not 4 timeouts: the word comes after
-    300 ms and both ends agree. (Before: h2 kept after 80 ms, h1 alone on its path: the 100-process
-    burst of bench/verbs_bench.py left up to 31 pairs of 1000 apart that way.)"""
-    default = {"RLB_VERBS_TIMEOUT_MS": None}
-    before = {h: v.status(h)["counters"] for h in (1, 2)}
-    v.no_confirm.touch()
-    v.lab.cli(1, "weights", "set", "1=0")          # placed is off the application's addresses
-    agent = v.lab.agents[1]
+    agent = v.lab.agents[host]
     try:
         a, b = App(v, 1, 1, 0x100, 0x200, **default), App(v, 2, 1, 0x200, 0x100, **default)
         try:
@@ -343,7 +305,7 @@ def test_verbs_the_first_ends_word_held_up_300_ms_still_reaches_the_second_end_i
                 started = time.monotonic()
                 b.p.stdin.write("go\n")
                 b.p.stdin.flush()
-                time.sleep(0.3)
+                time.sleep(pause_s)
             finally:
                 os.kill(agent.pid, signal.SIGCONT)
             b.out = [b.p.stdout.readline()]
@@ -355,10 +317,31 @@ def test_verbs_the_first_ends_word_held_up_300_ms_still_reaches_the_second_end_i
         v.no_confirm.unlink()
         v.lab.cli(1, "weights", "set", "1=1")
     wait_for("the QPs gone", lambda: not v.rows(1) and not v.rows(2))
-    time.sleep(1.2)
-    after = {h: v.status(h)["counters"] for h in (1, 2)}
-    print(f"h2's RTR returned {waited * 1000:.0f} ms after it began, on path {paths[0x100]}")
-    assert paths[0x100] in (2, 3, 4)
+    time.sleep(1.2)                               # the status files are written every second
+    return paths[0x100], waited, before, {h: v.status(h)["counters"] for h in (1, 2)}
+
+
+def test_verbs_a_question_read_late_on_a_pending_pair_waits_for_the_word_rather_than_keep(v):
+    """h1's libraries go first and have their paths; h2's pairs are pending (no CONFIRM reaches h2).
+    h2's agent is stopped while its library asks, so it reads the question after the question's
+    20 ms: the library waits up to rlbv_wait_ns() on a pending pair, and the agent, seeing the pair
+    pending, works on it (HAS) rather than answer keep, which would leave h1's end alone on the
+    path. (Before: "timeout" at once, and the pair apart.)"""
+    path, _, before, after = stopped_while_second_end_asks(v, 2, 0.035)   # past the question's 20 ms
+    assert after[1]["disagreements"] == before[1]["disagreements"]
+    assert path in (2, 3, 4) and after[2]["has_confirmed"] == before[2]["has_confirmed"] + 1
+
+
+def test_verbs_the_first_ends_word_held_up_300_ms_still_reaches_the_second_end_in_time(v):
+    """h1's library goes first and has its path; h1's agent then stops for 300 ms (a burst holds
+    agents back that long), so h2's library, asking meanwhile at the default 20 ms timeout, finds
+    its pair pending and no word comes (no CONFIRM, HAS unanswered). It waits on the pending pair
+    for rlbv_wait_ns() (at least RLBV_WAIT_MIN_MS, 1 s), not 4 timeouts: the word comes after
+    300 ms and both ends agree. (Before: h2 kept after 80 ms, h1 alone on its path: the 100-process
+    burst of bench/verbs_bench.py left up to 13 pairs of 1000 apart that way.)"""
+    path, waited, before, after = stopped_while_second_end_asks(v, 1, 0.3)
+    print(f"h2's RTR returned {waited * 1000:.0f} ms after it began, on path {path}")
+    assert path in (2, 3, 4)
     assert 0.3 <= waited < P.wait_ns(P.C["RLBV_TIMEOUT_MS"] * 1_000_000) / 1e9 + 0.5
     assert after[2]["has_confirmed"] == before[2]["has_confirmed"] + 1
     assert after[1]["disagreements"] == before[1]["disagreements"]
