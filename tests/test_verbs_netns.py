@@ -95,12 +95,12 @@ class App:
     """verbs_app on one host: QPs made and moved to INIT, then (go) to RTR towards the other host."""
 
     def __init__(self, v: VLab, host: int, n: int, qpn: int, dest: int, preload: bool = True, ah: bool = False,
-                 **env):
+                 threads: bool = False, **env):
         self.v, self.host, self.n = v, host, n
         self.log = v.tmp / f"stub-h{host}-{qpn:x}-{time.monotonic_ns()}.log"
         dgid = v.lab.addresses(3 - host)[1]
         args = [str(v.built.linked), str(n), str(v.gid[host][1]), dgid, hex(dest)] + (["ah"] if ah else []) + \
-            ["sync", "hold"]
+            (["threads"] if threads else []) + ["sync", "hold"]
         # the agreement, not the agents' speed on a busy test machine, is what these tests check
         # (None: the library's default)
         env = {k: val for k, val in {"RLB_VERBS_TIMEOUT_MS": "1000", **env}.items() if val is not None}
@@ -344,6 +344,50 @@ def test_verbs_the_first_ends_word_held_up_300_ms_still_reaches_the_second_end_i
     assert path in (2, 3, 4)
     assert 0.3 <= waited < P.wait_ns(P.C["RLBV_TIMEOUT_MS"] * 1_000_000) / 1e9 + 0.5
     assert after[2]["has_confirmed"] == before[2]["has_confirmed"] + 1
+    assert after[1]["disagreements"] == before[1]["disagreements"]
+
+
+def test_verbs_a_thread_waiting_on_a_pending_pair_does_not_silence_the_processs_other_threads(v):
+    """One process on h2, two threads: the first's QP (0x200) is pending (h1's library went first,
+    h1's agent then stopped for 300 ms, no CONFIRM); 50 ms later the second thread's QP (0x201)
+    asks, its pair not decided anywhere. The first waits for the word in the table, without the
+    library's lock, so the second's question reaches h2's agent, which keeps the pair; when h1's
+    library later asks for 0x101, the pair is kept at both ends. (With the lock held through the
+    first's wait, the second kept without a word to its agent, and h1's later CHECK was given the
+    path: the pair apart.)"""
+    default = {"RLB_VERBS_TIMEOUT_MS": None}
+    before = {h: v.status(h)["counters"] for h in (1, 2)}
+    v.no_confirm.touch()
+    v.lab.cli(1, "weights", "set", "1=0")          # placed is off the application's addresses
+    agent = v.lab.agents[1]
+    try:
+        a1, a2 = App(v, 1, 1, 0x100, 0x200, **default), App(v, 1, 1, 0x101, 0x201, **default)
+        b = App(v, 2, 2, 0x200, 0x100, threads=True, **default)
+        try:
+            a1.go()
+            os.kill(agent.pid, signal.SIGSTOP)
+            try:
+                b.p.stdin.write("go\n")
+                b.p.stdin.flush()
+                time.sleep(0.3)
+            finally:
+                os.kill(agent.pid, signal.SIGCONT)
+            b.out = [b.p.stdout.readline() for _ in range(2)]
+            a2.go()
+            got = {**a1.paths(), **a2.paths()}, b.paths()
+        finally:
+            a1.close(), a2.close(), b.close()
+    finally:
+        v.no_confirm.unlink()
+        v.lab.cli(1, "weights", "set", "1=1")
+    wait_for("the QPs gone", lambda: not v.rows(1) and not v.rows(2))
+    time.sleep(1.2)
+    after = {h: v.status(h)["counters"] for h in (1, 2)}
+    h1, h2 = got
+    print(f"h1 {h1}, h2 {h2}")
+    assert h1[0x100] == h2[0x200] and h1[0x100][0] in (2, 3, 4)       # the pending pair: placed
+    assert h1[0x101] == h2[0x201] == (1, 1)                            # the other: kept at both
+    assert after[2]["questions_rtr"] - before[2]["questions_rtr"] == 2  # both threads asked
     assert after[1]["disagreements"] == before[1]["disagreements"]
 
 

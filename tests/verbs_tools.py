@@ -39,8 +39,8 @@ def build_all(out: Path, defines: tuple[str, ...] = ()) -> Built:
     (stub / "libibverbs.so").unlink(missing_ok=True)
     (stub / "libibverbs.so").symlink_to("libibverbs.so.1")
     subprocess.run([*cc, "-o", str(out / "app_linked"), str(HERE / "verbs_app.c"), f"-L{stub}", "-libverbs",
-                    f"-Wl,-rpath,{stub}"], check=True)
-    subprocess.run([*cc, "-DUSE_DLOPEN", "-o", str(out / "app_dlopen"), str(HERE / "verbs_app.c"), "-ldl"],
+                    f"-Wl,-rpath,{stub}", "-lpthread"], check=True)
+    subprocess.run([*cc, "-DUSE_DLOPEN", "-o", str(out / "app_dlopen"), str(HERE / "verbs_app.c"), "-ldl", "-lpthread"],
                    check=True)
     return Built(lib, stub, out / "app_linked", out / "app_dlopen")
 

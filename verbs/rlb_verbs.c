@@ -496,10 +496,21 @@ static int settled(const struct pair *k, struct answer *a, long long latest)
     return t;
 }
 
+/* A question whose pair is pending in the table (called with `lock` held): the agent's word lands
+ * in the table (the path confirmed, or the pair kept), so it is waited for there, after letting go
+ * of the lock: a wait this long (up to rlbv_wait_ns()) must not hold up the questions of the
+ * process's other threads, which would keep their QPs without a word to the agent. */
+static int pending(const struct pair *k, struct answer *a, long long latest)
+{
+    pthread_mutex_unlock(&lock);
+    int t = settled(k, a, latest);
+    return t >= 0 ? t : RLBV_KEEP_TIMEOUT;
+}
+
 /* Ask (the question is formatted after "<kind> <seq> "); 0 and the answer, or a keep reason. A
- * QP's pair (k) pending in the table when the time is up is waited for longer, up to
- * rlbv_wait_ns(): its other end may be on the path already, and a slow agent here must
- * not leave the two apart. */
+ * QP's pair (k) pending in the table when the time is up, or when the agent says WAIT, is waited
+ * for longer, up to rlbv_wait_ns(), in the table (pending()): its other end may be on the path
+ * already, and a slow agent here must not leave the two apart. */
 static int ask(struct answer *a, const struct pair *k, const char *kind, const char *fmt, ...)
 {
     long long deadline = now_ns() + cfg.timeout_ns;
@@ -542,10 +553,8 @@ static int ask(struct answer *a, const struct pair *k, const char *kind, const c
         int r = recv_msg(msg, sizeof(msg), deadline);
         if (r == 0 && k) {
             int t = from_table(k, a);
-            if (t == -2 && deadline < latest) {
-                deadline = latest;
-                continue;
-            }
+            if (t == -2)
+                return pending(k, a, latest);       /* (lets go of the lock) */
             if (t >= 0) {
                 why = t;                            /* decided, the answer still on its way */
                 break;
@@ -564,6 +573,8 @@ static int ask(struct answer *a, const struct pair *k, const char *kind, const c
         int keep;
         long long later;
         if (sscanf(msg, "WAIT %llu %lld", &s, &later) == 2) {
+            if (s == my && k && from_table(k, a) == -2)
+                return pending(k, a, latest);       /* (lets go of the lock) */
             if (s == my && later > deadline)        /* the other end may have the path: its word */
                 deadline = later < latest ? later : latest;     /* is worth a bounded wait */
             continue;

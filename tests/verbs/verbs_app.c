@@ -4,13 +4,16 @@
  * as NCCL does. Prints one line per QP: its number, the RTR call's duration and result, and the
  * application's own attribute struct after the call (which must be left as it was).
  *
- *   verbs_app <qps> <sgid_index> <dgid> <dest_qpn> [ah] [sync] [hold]
+ *   verbs_app <qps> <sgid_index> <dgid> <dest_qpn> [ah] [sync] [hold] [threads]
  * sync: after INIT, print READY and wait for a line on stdin (the exchange of QP numbers an
- * application makes with its peer) before the RTRs; hold: keep the QPs until stdin closes. */
+ * application makes with its peer) before the RTRs; hold: keep the QPs until stdin closes;
+ * threads: each QP's RTR in a thread of its own (as NCCL's threads connect), QP i's started
+ * i x 50 ms after the first's. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +42,37 @@ static long long now_ns(void)
     return ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+struct rtr {
+    struct ibv_qp *qp;
+    unsigned dest;
+    union ibv_gid dgid;
+    int sgid_index;
+    int after_ms;                       /* a pause before the RTR */
+};
+
+/* One QP to RTR, timed, and its line printed (one printf: whole lines from every thread). */
+static void *rtr(void *arg)
+{
+    struct rtr *r = arg;
+    struct timespec pause = {r->after_ms / 1000, (r->after_ms % 1000) * 1000000L};
+    nanosleep(&pause, NULL);
+    long long t0 = now_ns();
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = r->dest,
+                            .max_dest_rd_atomic = 1, .min_rnr_timer = 12};
+    a.ah_attr.is_global = 1;
+    a.ah_attr.port_num = 1;
+    a.ah_attr.grh.dgid = r->dgid;
+    a.ah_attr.grh.sgid_index = r->sgid_index;
+    a.ah_attr.grh.hop_limit = 64;
+    int rc = VERB(ibv_modify_qp)(r->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    char text[INET6_ADDRSTRLEN];
+    inet_ntop(AF_INET6, a.ah_attr.grh.dgid.raw, text, sizeof(text));
+    printf("QP %u ns=%lld rc=%d app_sgid_index=%d app_dgid=%s\n", r->qp->qp_num, now_ns() - t0, rc,
+           a.ah_attr.grh.sgid_index, text);
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 5) {
@@ -54,8 +88,9 @@ int main(int argc, char **argv)
 #endif
     int n = atoi(argv[1]), sgid_index = atoi(argv[2]);
     unsigned dest = strtoul(argv[4], NULL, 0);
-    int ah = 0, hold = 0, sync = 0;
+    int ah = 0, hold = 0, sync = 0, threads = 0;
     for (int i = 5; i < argc; i++) {
+        threads |= !strcmp(argv[i], "threads");
         ah |= !strcmp(argv[i], "ah");
         hold |= !strcmp(argv[i], "hold");
         sync |= !strcmp(argv[i], "sync");
@@ -82,7 +117,17 @@ int main(int argc, char **argv)
         if (!fgets(line, sizeof(line), stdin))
             return 5;
     }
-    for (int i = 0; i < n; i++) {
+    struct rtr *rs = calloc(n, sizeof(*rs));
+    for (int i = 0; i < n; i++)
+        rs[i] = (struct rtr){qps[i], dest + i, dgid, sgid_index, threads ? 50 * i : 0};
+    if (threads && !ah) {
+        pthread_t *ts = calloc(n, sizeof(*ts));
+        for (int i = 0; i < n; i++)
+            pthread_create(&ts[i], NULL, rtr, &rs[i]);
+        for (int i = 0; i < n; i++)
+            pthread_join(ts[i], NULL);
+    }
+    for (int i = 0; i < n && !(threads && !ah); i++) {
         long long t0 = now_ns();
         int rc;
         if (ah) {
@@ -96,18 +141,7 @@ int main(int argc, char **argv)
                    aa.grh.sgid_index, text);
             continue;
         }
-        struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = dest + i,
-                                .max_dest_rd_atomic = 1, .min_rnr_timer = 12};
-        a.ah_attr.is_global = 1;
-        a.ah_attr.port_num = 1;
-        a.ah_attr.grh.dgid = dgid;
-        a.ah_attr.grh.sgid_index = sgid_index;
-        a.ah_attr.grh.hop_limit = 64;
-        rc = VERB(ibv_modify_qp)(qps[i], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-        inet_ntop(AF_INET6, a.ah_attr.grh.dgid.raw, text, sizeof(text));
-        printf("QP %u ns=%lld rc=%d app_sgid_index=%d app_dgid=%s\n", qps[i]->qp_num, now_ns() - t0, rc,
-               a.ah_attr.grh.sgid_index, text);
+        rtr(&rs[i]);
     }
     fflush(stdout);
     if (hold)
