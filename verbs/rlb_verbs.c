@@ -26,6 +26,7 @@
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -260,10 +261,14 @@ static int table_find(uint32_t device, uint32_t local_qpn, uint32_t remote_qpn, 
     uint32_t first = rlbv_slot(device, local_qpn, remote_qpn, iid) % h->slots;
     for (uint32_t i = 0; i < RLBV_TABLE_PROBE; i++) {
         const struct rlbv_record *r = &recs[(first + i) % h->slots];
-        for (int tries = 0; tries < 8; tries++) {
+        int tries;
+        for (tries = 0; tries < 64; tries++) {
             uint32_t s1 = __atomic_load_n(&r->seq, __ATOMIC_ACQUIRE);
-            if (s1 & 1)
-                continue;                           /* being written */
+            if (s1 & 1) {
+                if (tries >= 8)
+                    sched_yield();                  /* the agent is in the middle of writing it */
+                continue;
+            }
             memcpy(out, (const void *)r, sizeof(*out));
             __atomic_thread_fence(__ATOMIC_ACQUIRE);
             if (__atomic_load_n(&r->seq, __ATOMIC_RELAXED) != s1)
@@ -275,6 +280,8 @@ static int table_find(uint32_t device, uint32_t local_qpn, uint32_t remote_qpn, 
                 return out->state == RLBV_SLOT_LIVE ? 1 : 2;
             break;                                  /* another pair's, or removed: the next slot */
         }
+        if (tries == 64)
+            return 3;           /* never read whole: this pair's may be the one being written */
     }
     return 0;
 }
@@ -470,8 +477,8 @@ static int from_table(const struct pair *k, struct answer *a)
     int found = table_find(k->device, k->local_qpn, k->remote_qpn, k->peer, &r);
     if (!found)
         return -1;
-    if (found == 2)
-        return -2;
+    if (found >= 2)
+        return -2;                              /* pending, or being written: waited on as pending */
     a->path = r.path;
     a->gid_index = r.gid_index;
     a->keep = r.path ? RLBV_KEEP_NONE : (r.keep > RLBV_KEEP_NONE && r.keep < RLBV_KEEP_MAX ? (int)r.keep
