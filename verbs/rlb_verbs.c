@@ -495,9 +495,11 @@ static int from_table(const struct pair *k, struct answer *a)
 static int settled(const struct pair *k, struct answer *a, long long latest)
 {
     int t = from_table(k, a);
-    while (t == -2 && now_ns() < latest) {
-        struct timespec pause = {0, 200000};
+    long pause_ns = 200000;         /* 0.2 ms, doubling to 5: a burst's hundreds of waiting */
+    while (t == -2 && now_ns() < latest) {      /* processes must not take the agents' CPU */
+        struct timespec pause = {0, pause_ns};
         nanosleep(&pause, NULL);
+        pause_ns = pause_ns < 2500000 ? 2 * pause_ns : 5000000;
         t = from_table(k, a);
     }
     return t;
