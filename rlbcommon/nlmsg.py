@@ -10,6 +10,12 @@ NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 HDR = struct.Struct("=IHHII")        # nlmsghdr: len, type, flags, seq, pid
 NLA = struct.Struct("=HH")           # nlattr / rtattr: len, type
 NLA_TYPE_MASK = 0x3FFF               # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
+IFF_UP, IFF_LOWER_UP = 0x1, 0x10000  # <linux/if.h>: a link set up, and its carrier
+
+
+def link_up(flags: int) -> bool:
+    """A link's ifi_flags say it forwards: set up and with carrier."""
+    return flags & (IFF_UP | IFF_LOWER_UP) == (IFF_UP | IFF_LOWER_UP)
 
 
 def messages(buf: bytes):

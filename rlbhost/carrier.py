@@ -34,7 +34,6 @@ log = logging.getLogger("rlbhost.carrier")
 
 NETLINK_ROUTE, RTMGRP_LINK = 0, 1
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
-IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
 IFLA_IFNAME = 3
 IFINFOMSG = struct.Struct("=BxHiII")      # family, type, index, flags, change
 PR_SET_PDEATHSIG = 1
@@ -53,7 +52,7 @@ def link_events(buf: bytes):
             _fam, _type, index, flags, _change = IFINFOMSG.unpack_from(body)
             name = next((v.split(b"\0", 1)[0].decode() for k, v in nlmsg.attributes(body[IFINFOMSG.size:])
                          if k == IFLA_IFNAME), None)
-            up = mtype == RTM_NEWLINK and flags & (IFF_UP | IFF_LOWER_UP) == (IFF_UP | IFF_LOWER_UP)
+            up = mtype == RTM_NEWLINK and nlmsg.link_up(flags)
             yield ("del" if mtype == RTM_DELLINK else "new"), index, name, bool(up)
 
 

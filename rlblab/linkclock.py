@@ -15,8 +15,7 @@ from pyroute2.netlink.rtnl import RTMGRP_LINK
 
 from rlbcommon import netns
 from rlbcommon.netlinkevents import NetlinkEvents
-
-IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
+from rlbcommon.nlmsg import link_up
 
 
 class LinkDownClock:
@@ -54,8 +53,7 @@ class LinkDownClock:
                 ns, ev = by_fd[fd]
                 for msg in ev.batch(timeout=0):
                     name = msg.get_attr("IFLA_IFNAME")
-                    down = (msg["flags"] & (IFF_UP | IFF_LOWER_UP)) != (IFF_UP | IFF_LOWER_UP)
-                    if down and name in self.watch[ns]:
+                    if not link_up(msg["flags"]) and name in self.watch[ns]:
                         self.seen.setdefault((ns, name), now)
 
     def when(self, ns: str, ifname: str, timeout: float = 5.0) -> float:

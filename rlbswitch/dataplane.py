@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from rlbcommon.constants import ROCE_PORT
 from rlbcommon.filelock import Tenure
 from rlbcommon.maps import checked_set
+from rlbcommon.nlmsg import link_up
 from rlbcommon.pinnedstate import PinnedState
 from rlbfabric.routes import NextHop, Route
 
@@ -30,7 +31,6 @@ from .tables import SwitchTables, describe
 log = logging.getLogger(__name__)
 
 XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE = 1 << 1, 1 << 2
-IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
 # Neighbour states whose MAC can be used: REACHABLE STALE DELAY PROBE NOARP PERMANENT
 NUD_USABLE = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80
 
@@ -359,8 +359,7 @@ class SwitchDataplane(PinnedState):
 
     @staticmethod
     def _link_up(link) -> bool:
-        flags = link["flags"]
-        return bool(flags & IFF_UP) and bool(flags & IFF_LOWER_UP)
+        return link_up(link["flags"])
 
     def set_port_up(self, ifindex: int, up: bool, mtu: int | None = None) -> bool:
         """Liveness (and MTU) from netlink; returns True when the liveness changed. Under the

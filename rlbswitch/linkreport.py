@@ -15,16 +15,12 @@ from pyroute2.netlink.rtnl import RTM_DELLINK, RTM_NEWLINK, RTMGRP_LINK
 
 from rlbcommon import coordapi
 from rlbcommon.etcd import Etcd, EtcdError, EtcdUnavailable
+from rlbcommon.nlmsg import link_up
 from rlbcommon.runtime import AgentRuntime
 from rlbfabric.kinds.clos import ClosFabric
 from rlbcoord import keys
 
 log = logging.getLogger(__name__)
-IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
-
-
-def link_up(flags: int) -> bool:
-    return bool(flags & IFF_UP and flags & IFF_LOWER_UP)
 
 
 class HttpUplinks:
