@@ -117,17 +117,18 @@ int main(int argc, char **argv)
         if (!fgets(line, sizeof(line), stdin))
             return 5;
     }
+    int threaded = threads && !ah;          /* address handles are made in order, as before */
     struct rtr *rs = calloc(n, sizeof(*rs));
     for (int i = 0; i < n; i++)
-        rs[i] = (struct rtr){qps[i], dest + i, dgid, sgid_index, threads ? 50 * i : 0};
-    if (threads && !ah) {
+        rs[i] = (struct rtr){qps[i], dest + i, dgid, sgid_index, threaded ? 50 * i : 0};
+    if (threaded) {
         pthread_t *ts = calloc(n, sizeof(*ts));
         for (int i = 0; i < n; i++)
             pthread_create(&ts[i], NULL, rtr, &rs[i]);
         for (int i = 0; i < n; i++)
             pthread_join(ts[i], NULL);
     }
-    for (int i = 0; i < n && !(threads && !ah); i++) {
+    for (int i = 0; i < n && !threaded; i++) {
         long long t0 = now_ns();
         int rc;
         if (ah) {
