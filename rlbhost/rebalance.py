@@ -14,6 +14,14 @@ class LiveQp:
     path: int                   # path index it is on
     created_ns: int
     placed_here: bool = False   # the coordinator placed it on this path
+    # the path it held when the layout last stood still (None: where it is). A QP away from it
+    # was moved by a change not yet settled: it moves again first, and back home when it can, so
+    # a change that comes in two steps, or is taken back, moves no QP the net change keeps still
+    home: int | None = None
+
+    @property
+    def away(self) -> bool:
+        return self.home is not None and self.home != self.path
 
 
 def moves(qps: Sequence[LiveQp], eff: Sequence[int], release: bool, group_size: int = 1, rotation: int = 0,
@@ -26,7 +34,8 @@ def moves(qps: Sequence[LiveQp], eff: Sequence[int], release: bool, group_size: 
     path gets a target within one QP of its share that moves the fewest (`before`: the previous
     effective weights), across planes first and then over a plane's sub-ports when paths are
     grouped (group_size > 1: the sweep keeps each plane within one QP of its share too, since the
-    data plane places new QPs per sub-port). The newest QPs move first."""
+    data plane places new QPs per sub-port). QPs away from home move first, then the newest; a
+    path that takes QPs takes back its own first."""
     n = len(eff)
     on = {i: [q for q in qps if q.path == i] for i in range(n)}
     if release or group_size > 1:
@@ -34,19 +43,38 @@ def moves(qps: Sequence[LiveQp], eff: Sequence[int], release: bool, group_size: 
                                           before if release else None)
     else:
         lo, hi = share_bounds(eff, len(qps))
-    surplus: list[LiveQp] = []
+    surplus: list[LiveQp] = []      # the end first
     for i in range(n):
         movable = [q for q in on[i] if release or not eff[i] or not q.placed_here]
         extra = min(len(on[i]) - hi[i], len(movable))
         if extra > 0:
-            surplus += sorted(movable, key=lambda q: q.created_ns)[-extra:]
+            surplus += sorted(movable, key=lambda q: (q.away, q.created_ns))[-extra:]
+    by_home: dict[int, list[LiveQp]] = {}
+    for q in surplus:
+        if q.away:
+            by_home.setdefault(q.home, []).append(q)
     count = {i: len(on[i]) for i in range(n)}
-    out = []
+    out: list[tuple[LiveQp, int]] = []
+    given: set[int] = set()
+
+    def give(q: LiveQp, i: int):
+        given.add(id(q))
+        count[q.path] -= 1
+        count[i] += 1
+        out.append((q, i))
+
     for bound in (lo, hi):
+        for i in range(n):          # a path's own QPs back first
+            mine = by_home.get(i, [])
+            while mine and count[i] < bound[i]:
+                q = mine.pop()
+                if id(q) not in given:
+                    give(q, i)
         for i in range(n):
-            while surplus and count[i] < bound[i]:
-                q = surplus.pop()
-                count[q.path] -= 1
-                count[i] += 1
-                out.append((q, i))
+            while count[i] < bound[i]:
+                while surplus and id(surplus[-1]) in given:
+                    surplus.pop()
+                if not surplus:
+                    break
+                give(surplus.pop(), i)
     return out

@@ -58,6 +58,10 @@ class HostDataplane(Hooks, Paths, PortsMode, Weights, QpTable, VerbsQps, PinnedS
         self._idle_sinks: list = []
         # {weight entry id: the effective weights its QPs were last balanced to} (rebalance)
         self._laid_out: dict[int, list[int]] = {}
+        # {conntrack key: the path it held when the layout last held still}, and when the
+        # weights last changed (rebalance: a change taken back soon moves the same QPs back)
+        self._homes: dict[bytes, int] = {}
+        self._changed_ns = 0
         # the verbs service's choose-and-count and the sweep's recount of the active counters
         # exclude each other, so a QP placed through verbs is never counted out of a burst
         self.verbs_lock = threading.RLock()

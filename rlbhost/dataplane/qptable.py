@@ -16,6 +16,12 @@ from .abi import MAX_PATHS, REASONS, SPRAY, HostError, addr_text, packed_addr
 log = logging.getLogger("rlbhost.dataplane")
 
 
+# A layout that stood this long without a change of weights is where its QPs belong (their home,
+# rlbhost/rebalance.py): a change taken back sooner, or made in steps closer together, moves
+# back the QPs it moved rather than others.
+HOME_HOLD_NS = 2_000_000_000
+
+
 def sweep_period(expiry_ms: float) -> float:
     """Seconds between sweeps (an idle QP leaves its path within an expiry and a sweep): half
     the expiry, at least 50 ms and at most 1 s, so that an expiry lowered at run time is seen
@@ -57,6 +63,10 @@ class QpTable:
             # each map read once a sweep: a server's eight NICs sweep eight tables ten times a second
             placed = {self._qp_id(k): v.value for k, v in self.maps["placed"].items()} if flows_now else {}
             live: dict[int, list] = {wid: [] for wid in entries}
+            # weights other than those last balanced to: a change, and homes wait for it to hold
+            if release or any(self._laid_out.get(wid) != list(eff) for wid, (_, eff) in entries.items()):
+                self._changed_ns = now
+            homes = self._homes
             for k, v in flows_now:
                 if now - v.last_ns >= expiry or v.wid not in entries:
                     if ct.delete(k):      # idle: re-assigned on its next packet anyway
@@ -69,7 +79,8 @@ class QpTable:
                 flows = live[wid]
                 if not balance or entry.flags & SPRAY or not flows or not any(eff):
                     continue
-                qps = [LiveQp(k, v.path, v.created_ns, placed.get(self._qp_id(k)) == v.path) for k, v in flows]
+                qps = [LiveQp(k, v.path, v.created_ns, placed.get(self._qp_id(k)) == v.path,
+                              homes.get(bytes(k), v.path)) for k, v in flows]
                 values = {id(k): v for k, v in flows}
                 for q, i in moves(qps, eff, release, cfg.group_size, cfg.rotation,
                                   (before or {}).get(wid)):
@@ -84,6 +95,11 @@ class QpTable:
                     how[(wid, q.path, i)] += 1
             if balance:         # each entry's QPs are now within one QP of these weights
                 self._laid_out = {wid: list(eff) for wid, (_, eff) in entries.items()}
+                # where each live QP belongs: where it is once the layout has held, else where it
+                # was (a QP first seen: where it is); gone QPs are forgotten
+                settled = now - self._changed_ns >= HOME_HOLD_NS
+                self._homes = {kb: v.path if settled else homes.get(kb, v.path)
+                               for flows in live.values() for kb, v in ((bytes(k), v) for k, v in flows)}
             self._recount(entries, live, window)
             if moved:
                 self._count_event("ev_released", moved)
