@@ -17,9 +17,10 @@ log = logging.getLogger("rlbhost.dataplane")
 
 
 # A layout that stood this long without a change of weights is where its QPs belong (their home,
-# rlbhost/rebalance.py): a change taken back sooner, or made in steps closer together, moves
-# back the QPs it moved rather than others.
-HOME_HOLD_NS = 2_000_000_000
+# rlbhost/rebalance.py): a change taken back sooner (a probe verdict, a flapping link), or made in
+# steps closer together, moves back the QPs it moved rather than others. How many QPs move never
+# depends on it, only which.
+HOME_HOLD_NS = 5_000_000_000
 
 
 def sweep_period(expiry_ms: float) -> float:
