@@ -110,10 +110,10 @@ def path_answer(text: str, path_of=lambda qpn: 1, index=lambda k: 2 * k, saddr=N
     return P.path_reply(int(f[1]), k, index(k), saddr or A[k], B[k])
 
 
-def run(built, how, tmp_path, sysfs, agent_socket, n=4, dgid=B[1], timeout=30, **env):
+def run(built, how, tmp_path, sysfs, agent_socket, n=4, dgid=B[1], timeout=30, args=(), **env):
     log = tmp_path / "stub.log"
     log.unlink(missing_ok=True)
-    r = subprocess.run([str(built.app(how)), str(n), str(BASE_GID), dgid, "0x200"],
+    r = subprocess.run([str(built.app(how)), str(n), str(BASE_GID), dgid, "0x200", *args],
                        env=app_env(built, sysfs, log, 0x100, agent_socket, **env),
                        capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -477,3 +477,31 @@ int main(int argc, char **argv) {
     wrapped = {"ibv_modify_qp", "ibv_destroy_qp", "ibv_create_ah", "ibv_destroy_ah"}
     assert found == {n: {"librlbverbs.so"} if n in wrapped else {"libibverbs.so.1"} for n in found}
     assert len(found) == 7
+
+
+def test_verbs_an_agent_silent_for_a_moment_is_asked_again_once_it_speaks(built, tmp_path, host):
+    """The agent lets two questions time out (judged stalled: the next are not waited for), then
+    answers again, the late-sent question included: the library asks it again from the next QP
+    on, not a second later. One RTR every 20 ms: before, the 6 QPs after the two were all kept."""
+    sysfs, v2 = host
+    seen = []
+
+    def answer(text):
+        if not text.startswith("RTR"):
+            return None
+        seen.append(text)
+        return None if len(seen) <= 2 else path_answer(text, lambda q: 3)
+
+    agent = ScriptedAgent(tmp_path / "agent.sock", answer)
+    try:
+        lines, got, err = run(built, "linked", tmp_path, sysfs, agent.path, n=8, RLB_VERBS_TIMEOUT_MS="100",
+                              args=("paced",))
+    finally:
+        agent.close()
+    kept = {0x100 + i: (BASE_GID, B[1]) for i in range(3)}
+    placed = {0x100 + i: (v2[3], B[3]) for i in range(3, 8)}
+    assert got == {**kept, **placed}, err
+    waits = [ln["ns"] / 1e6 for ln in lines]
+    assert all(100 <= w < 1000 for w in waits[:2]) and waits[2] < 50
+    assert [int(m.split()[5]) for m in agent.messages if m.startswith("USED")] == \
+        [P.KEEP["timeout"]] * 3 + [0] * 5

@@ -102,6 +102,7 @@ static long long next_try_ns;           /* no connection attempt before this */
 static long long slow_until_ns;         /* the agent let questions time out: none asked till then */
 static int timeouts;                    /* questions in a row the agent did not answer in time */
 static long long heard_ns;              /* when the agent last sent anything (a late answer too) */
+static long long slow_since_ns;         /* when the agent was last judged stalled */
 static unsigned long long seq;
 static unsigned long long kept_unreported[RLBV_KEEP_MAX];   /* told to the agent at HELLO */
 static atomic_int logged[RLBV_KEEP_MAX];
@@ -294,6 +295,13 @@ static void disconnect(void)
     agent_fd = -1;
 }
 
+/* The agent is stalled: ask it nothing (one try, no wait) for a while, or until it is heard again. */
+static void go_slow(void)
+{
+    slow_since_ns = now_ns();
+    slow_until_ns = slow_since_ns + RLBV_RECONNECT_MS * 1000000LL;
+}
+
 /* Send before the deadline: a burst (a thousand QPs' INITs) may fill the socket faster than the
  * agent reads it, so a full socket is waited on, but for RLBV_SEND_WAIT_MS at most: an agent that
  * does not read is a stalled one (asked nothing for a while, as when it does not answer; a QP it
@@ -318,7 +326,7 @@ static int send_msg(const char *msg, long long deadline)
         long long left = deadline - now_ns();
         if (left <= 0) {
             if (now_ns() >= slow_until_ns)
-                slow_until_ns = now_ns() + RLBV_RECONNECT_MS * 1000000LL;
+                go_slow();
             return -1;
         }
         struct pollfd p = {.fd = agent_fd, .events = POLLOUT};
@@ -535,6 +543,19 @@ static int ask(struct answer *a, const struct pair *k, const char *kind, const c
     vsnprintf(msg + off, sizeof(msg) - off, fmt, ap);
     va_end(ap);
     off = strlen(msg);
+    if (now_ns() < slow_until_ns && agent_fd >= 0) {
+        /* A word from the agent since it was judged stalled (the answers to the questions sent
+         * meanwhile, late ones): it was busy for a moment, not stalled, and is asked again now
+         * rather than up to a second later (a 40 ms silence kept every QP a process readied in
+         * the next second on its addresses). What is read here answers questions given up on. */
+        char late[RLBV_MSG_MAX];
+        while (recv_msg(late, sizeof(late), 0) > 0)
+            ;
+        if (heard_ns > slow_since_ns) {
+            slow_until_ns = 0;
+            timeouts = 0;
+        }
+    }
     if (now_ns() < slow_until_ns) {
         /* A stalled agent costs one wait a second, not one per QP. The question still goes, its
          * time already up (one try, no wait): an agent that catches up then answers its pair keep
@@ -574,7 +595,7 @@ static int ask(struct answer *a, const struct pair *k, const char *kind, const c
             /* a stalled agent (two questions in a row and not a word since the first): stop asking
              * for a while; a busy one, still answering late, is asked on */
             if (r == 0 && ++timeouts >= 2 && now_ns() - heard_ns > 2 * cfg.timeout_ns)
-                slow_until_ns = now_ns() + RLBV_RECONNECT_MS * 1000000LL;
+                go_slow();
             break;
         }
         unsigned long long s;

@@ -76,7 +76,7 @@ static void *rtr(void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 5) {
-        fprintf(stderr, "usage: %s qps sgid_index dgid dest_qpn [ah] [hold]\n", argv[0]);
+        fprintf(stderr, "usage: %s qps sgid_index dgid dest_qpn [ah] [hold] [sync] [threads] [paced]\n", argv[0]);
         return 2;
     }
 #ifdef USE_DLOPEN
@@ -88,9 +88,10 @@ int main(int argc, char **argv)
 #endif
     int n = atoi(argv[1]), sgid_index = atoi(argv[2]);
     unsigned dest = strtoul(argv[4], NULL, 0);
-    int ah = 0, hold = 0, sync = 0, threads = 0;
+    int ah = 0, hold = 0, sync = 0, threads = 0, paced = 0;
     for (int i = 5; i < argc; i++) {
         threads |= !strcmp(argv[i], "threads");
+        paced |= !strcmp(argv[i], "paced");         /* one RTR every 20 ms, in order */
         ah |= !strcmp(argv[i], "ah");
         hold |= !strcmp(argv[i], "hold");
         sync |= !strcmp(argv[i], "sync");
@@ -120,7 +121,7 @@ int main(int argc, char **argv)
     int threaded = threads && !ah;          /* address handles are made in order, as before */
     struct rtr *rs = calloc(n, sizeof(*rs));
     for (int i = 0; i < n; i++)
-        rs[i] = (struct rtr){qps[i], dest + i, dgid, sgid_index, threaded ? 50 * i : 0};
+        rs[i] = (struct rtr){qps[i], dest + i, dgid, sgid_index, threaded ? 50 * i : paced && i ? 20 : 0};
     if (threaded) {
         pthread_t *ts = calloc(n, sizeof(*ts));
         for (int i = 0; i < n; i++)
