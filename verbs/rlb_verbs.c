@@ -102,7 +102,6 @@ static long long next_try_ns;           /* no connection attempt before this */
 static long long slow_until_ns;         /* the agent let questions time out: none asked till then */
 static int timeouts;                    /* questions in a row the agent did not answer in time */
 static long long heard_ns;              /* when the agent last sent anything (a late answer too) */
-static long long slow_since_ns;         /* when the agent was last judged stalled */
 static unsigned long long seq;
 static unsigned long long kept_unreported[RLBV_KEEP_MAX];   /* told to the agent at HELLO */
 static atomic_int logged[RLBV_KEEP_MAX];
@@ -298,8 +297,7 @@ static void disconnect(void)
 /* The agent is stalled: ask it nothing (one try, no wait) for a while, or until it is heard again. */
 static void go_slow(void)
 {
-    slow_since_ns = now_ns();
-    slow_until_ns = slow_since_ns + RLBV_RECONNECT_MS * 1000000LL;
+    slow_until_ns = now_ns() + RLBV_RECONNECT_MS * 1000000LL;
 }
 
 /* Send before the deadline: a burst (a thousand QPs' INITs) may fill the socket faster than the
@@ -551,7 +549,7 @@ static int ask(struct answer *a, const struct pair *k, const char *kind, const c
         char late[RLBV_MSG_MAX];
         while (recv_msg(late, sizeof(late), 0) > 0)
             ;
-        if (heard_ns > slow_since_ns) {
+        if (heard_ns > slow_until_ns - RLBV_RECONNECT_MS * 1000000LL) {     /* since go_slow() */
             slow_until_ns = 0;
             timeouts = 0;
         }
