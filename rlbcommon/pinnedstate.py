@@ -46,13 +46,27 @@ class PinnedState:
         with IPRoute() as ipr:
             yield ipr
 
+    def _once(self, attr: str, make):
+        """self.<attr>, made by make() on first use, once for all threads: the agents' threads
+        first ask at about the same instant, and two of something that keeps state (the
+        switch's route model) means one of them goes stale behind the other's writes."""
+        made = getattr(self, attr)
+        if made is None:
+            with self._thread_lock:
+                made = getattr(self, attr)
+                if made is None:
+                    made = make()
+                    setattr(self, attr, made)
+        return made
+
     @property
     def maps(self):
-        if self._maps is None:
-            if not self.exists():
-                raise self.error(f"no {self.component} data plane at {self.pins}: {self.hint}")
-            self._maps = bpfprog.open_maps(self.source, self.pins)
-        return self._maps
+        return self._once("_maps", self._open_maps)
+
+    def _open_maps(self):
+        if not self.exists():
+            raise self.error(f"no {self.component} data plane at {self.pins}: {self.hint}")
+        return bpfprog.open_maps(self.source, self.pins)
 
     def exists(self) -> bool:
         return (self.pins / self.marker).exists()

@@ -92,11 +92,9 @@ class SwitchDataplane(PinnedState):
     def tables(self):
         """The routing model: the only writer of routes, groups and next hops (in the process
         that owns them: see claim)."""
-        if self._tables is None:
-            # the model's collaborators: the maps, and this object as the ports, the
-            # neighbour resolver and the one-writer lock (tables.py's protocols)
-            self._tables = SwitchTables(self.maps, ports=self, neighbours=self, writer=self)
-        return self._tables
+        # the model's collaborators: the maps, and this object as the ports, the neighbour
+        # resolver and the one-writer lock (tables.py's protocols)
+        return self._once("_tables", lambda: SwitchTables(self.maps, ports=self, neighbours=self, writer=self))
 
     # ---- one writer -------------------------------------------------------------------
     # The routing maps (routes, groups, next hops, the /64 table) and the settings have one
@@ -116,9 +114,7 @@ class SwitchDataplane(PinnedState):
         return True
 
     def _tenure(self) -> Tenure:
-        if self._owner is None:
-            self._owner = Tenure(f"{self.instance}-switch.owner")
-        return self._owner
+        return self._once("_owner", lambda: Tenure(f"{self.instance}-switch.owner"))
 
     def owns(self) -> bool:
         return self._owner is not None and self._owner.held

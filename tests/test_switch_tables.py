@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -159,6 +160,32 @@ def test_orphans_left_by_a_crash_are_reclaimed_at_adoption(tables, fresh):
     assert dp.tables.load() == (0, 0)           # the first load already reclaimed both
     check(dp)
     assert dp.maps["groups"].get(77).n_members == 0 and not dp.maps["nexthops"].get(99).flags
+
+
+def test_threads_that_ask_for_the_model_at_once_share_one(tables, fresh):
+    """The agent's threads (bird follower, link watcher, heartbeats, control socket) first ask for
+    the model at about the same instant. Each must get the same one: a second model, loaded
+    while the first was about to write, stays behind the maps and later frees next hops that
+    routes still use (CI: `route show` found a pinned route whose next hop was zeroed)."""
+    tables.apply([pinned("fc00:2::/64", 0, [1])])
+    dp = fresh.dp
+    for _ in range(3):
+        dp._tables = None                          # as at the agent's start: nobody asked yet
+        start, got = threading.Barrier(4), []
+
+        def ask():
+            start.wait()
+            got.append(dp.tables)
+        threads = [threading.Thread(target=ask) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len({id(m) for m in got}) == 1 and got[0] is dp.tables, f"{len({id(m) for m in got})} models"
+    # what one thread writes through its model, the model every thread now has holds
+    got[0].apply([pinned("fc00:2::/64", 1, [2])])
+    assert dp.tables.apply([pinned("fc00:2::/64", 1, [2])]).unchanged == 1
+    check(dp)
 
 
 def test_one_writer_at_a_time_and_the_next_starts_from_what_the_last_left(tables, fresh):
