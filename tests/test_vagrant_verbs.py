@@ -77,6 +77,10 @@ def run_pair(lab, tmp_path, server_cmd: str, client_cmd: str, during=None, timeo
     for qp, path in logged.items():                       # the agents' view is the libraries'
         peer_qp, p1 = d1[qp]
         assert p1 == path and d2[peer_qp] == (qp, path), (hex(qp), path, d1.get(qp), d2.get(peer_qp))
+    for host in ("h1", "h2"):       # who made each QP was the kernel's word (rdma netlink on rxe0),
+        st = verbs_status(lab, host)  # and it named every process that spoke as its QPs' owner
+        assert st["qp_owners"].startswith("the kernel (rdma netlink)") and "rxe0" in st["qp_owners"], st["qp_owners"]
+        assert (st["counters"].get("unknown_qps", 0), st["counters"].get("foreign_qps", 0)) == (0, 0), st["counters"]
     return c_out + s_out, {s: after[s] - before[s] for s in after}, logged
 
 
