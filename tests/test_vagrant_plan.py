@@ -1,6 +1,7 @@
 """The Vagrant lab's plan from a fabric file: every link has two consistent ends."""
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -640,3 +641,21 @@ def test_units_for_an_etcd_over_tls_give_every_agent_the_ca_and_its_certificate(
     assert "--etcd http://10.0.0.2:2379 --etcd-password-file" in clear and "--etcd-ca" not in clear
     custom = Coordination(etcd="https://e:2379", ca_file=Path("/srv/ca.pem"), cert_file=Path("/srv/me.pem"))
     assert custom.agent_args().endswith(" --etcd-ca /srv/ca.pem --etcd-cert /srv/me.pem")
+
+
+def test_a_failed_session_leaves_each_vms_rlb_units_to_read(tmp_path, monkeypatch):
+    """Before a failed session destroys its VMs, each VM's rlb units (status and journal) are
+    saved, one file per VM; a VM that does not answer is named in its file, not a crash."""
+    from rlblab.vm.driver import VagrantLab
+    # ssh -F CFG -o LogLevel=ERROR VM COMMAND: $5 is the VM, $6 what runs there
+    fake = fake_tools(tmp_path, ssh='if [ "$5" = l1 ]; then echo "l1: connection timed out" >&2; exit 255; fi\n'
+                                    'echo "on $5: $6"\n')
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    lab = VagrantLab(log=tmp_path / "log")
+    lab._ssh_config = tmp_path / "ssh-config"
+    into = lab.save_journals(tmp_path / "journals")
+    assert sorted(p.name for p in into.iterdir()) == sorted(f"{v.name}.log" for v in lab.vms)
+    h1 = (into / "h1.log").read_text()
+    sudo, sh, dash_c, inner = shlex.split(h1.removeprefix("on h1: "))
+    assert (sudo, sh, dash_c) == ("sudo", "sh", "-c") and "status 'rlb*'" in inner and "-u 'rlb*'" in inner
+    assert (into / "l1.log").read_text() == "l1: connection timed out\n"

@@ -133,6 +133,22 @@ class VagrantLab:
     def vm(self, name: str) -> VmNode:
         return node(self.vms, name)
 
+    def save_journals(self, into: Path) -> Path:
+        """Each VM's rlb units as they ended (status and journal), into `into`/VM.log: what a failed
+        session leaves to read once its VMs are destroyed (a switch agent that never attached
+        left nothing to read but the test's timeout)."""
+        into.mkdir(parents=True, exist_ok=True)
+        for v in self.vms:
+            try:
+                res = self.sh(v.name, "systemctl --no-pager --all status 'rlb*'; "
+                                      "journalctl --no-pager -o short-monotonic -n 600 -u 'rlb*'",
+                              check=False, timeout=120)
+                text = res.stdout + res.stderr
+            except (OSError, subprocess.SubprocessError) as e:   # a VM that does not answer: say so
+                text = f"could not read {v.name}: {e}\n"
+            (into / f"{v.name}.log").write_text(text)
+        return into
+
     def wait(self, what: str, pred, timeout: float = 600, every: float = 3):
         deadline = time.time() + timeout
         last = None
@@ -239,7 +255,12 @@ def lab_session(fabric: str, log: Path, env: dict | None = None):
         else:
             lab.up()
             print(f"vagrant up ({len(lab.vms)} VMs): {time.time() - t0:.0f} s")
-        yield lab
+        try:
+            yield lab
+        except BaseException:
+            if lab._ssh_config is not None:
+                print(f"the VMs' rlb units as they ended: {lab.save_journals(log.parent / 'journals')}")
+            raise
     finally:    # no return in here: it would swallow the exception that brought us here
         if os.environ.get("RLB_VAGRANT_KEEP") == "1":    # to look at a failure: the VMs stay up
             inside = f"ip netns exec {netns} " if netns else ""
