@@ -15,6 +15,7 @@ NICs (per device). The budget is 1 ms at the median and 5 ms at worst per QP.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from rlbhost.verbs.paths import socket_path  # noqa: E402
 from rlblab.hostlab import HostLab  # noqa: E402
 from tests.verbs_tools import agent_env, app_env, app_lines, build_all, fake_sysfs, rtrs  # noqa: E402
 
+WIRE = ("messages_sent", "datagrams_sent", "resent", "peer_questions")
 FIRST_QPN = {1: 0x1000, 2: 0x200000}        # every device of a server numbers from here
 
 
@@ -74,6 +76,19 @@ def run(lab, built, sysfs, gid, tmp, devices: int, n: int, timeout_ms: float):
     return lines, agree
 
 
+def peer_wire(lab, host) -> dict[str, int]:
+    """What the host's agent has sent its peers so far: messages, datagrams, copies sent again."""
+    c = json.loads(lab.cli(host, "verbs", "status", "--json"))["service"]["counters"]
+    return {k: c[k] for k in WIRE}
+
+
+def idle_share(since: tuple[int, int] | None = None):
+    """The machine's (idle, total) jiffies now; with `since`, the share idle in between."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    now = (f[3] + f[4], sum(f[:8]))
+    return now if since is None else (now[0] - since[0]) / max(1, now[1] - since[1])
+
+
 def threads_s(pid: int) -> dict[str, float]:
     """CPU seconds (user and kernel) each named thread of a process has used so far."""
     out: dict[str, float] = {}
@@ -117,43 +132,51 @@ def main():
         for devices in (1, args.devices):
             time.sleep(2)
             before = {h: counts(lab, h) for h in (1, 2)}
+            wire0 = {h: peer_wire(lab, h) for h in (1, 2)}
             cpu0, t0 = {h: cpu_s(lab.agents[h].pid) for h in (1, 2)}, time.monotonic()
             th0 = {h: threads_s(lab.agents[h].pid) for h in (1, 2)}
+            idle0 = idle_share()
             lines, agree = run(lab, built, sysfs, gid, tmp, devices, args.qps, args.timeout_ms)
             wall = time.monotonic() - t0
+            idle = idle_share(idle0)
             cpu = {h: tuple(b - a for a, b in zip(cpu0[h], cpu_s(lab.agents[h].pid))) for h in (1, 2)}
             th = {h: {k: v - th0[h].get(k, 0.0) for k, v in threads_s(lab.agents[h].pid).items()} for h in (1, 2)}
             cpu = {h: (*cpu[h], th[h]) for h in (1, 2)}
             time.sleep(1.5)              # the agents write their status every second
-            kept = {}
+            kept, wire = {}, {}
             for h in (1, 2):
                 placed, k = counts(lab, h)
                 kept[h] = (placed - before[h][0], {r: v - before[h][1].get(r, 0) for r, v in k.items()
                                                    if v - before[h][1].get(r, 0)})
-            out.append((devices, {h: figures(lines[h]) for h in (1, 2)}, agree, kept, wall, cpu))
+                wire[h] = {k: v - wire0[h][k] for k, v in peer_wire(lab, h).items()}
+            out.append((devices, {h: figures(lines[h]) for h in (1, 2)}, agree, kept, (wall, idle), cpu, wire))
     finally:
         lab.down()
     print(f"\nRTR of {args.qps} QPs per device per server, stand-in libibverbs, library timeout {args.timeout_ms:g} ms; "
           f"{args.devices} NICs per server, one agent each")
     print(f"{'case':<34}{'server':<8}{'QPs':>6}{'median ms':>11}{'p99 ms':>9}{'max ms':>9}{'placed':>8}  kept")
-    for devices, figs, _, kept, _, _ in out:
+    for devices, figs, _, kept, *_ in out:
         name = "one device (today's shape)" if devices == 1 else f"{devices} devices at once"
         for h in (1, 2):
             f = figs[h]
             print(f"{name:<34}{'a' + str(h):<8}{f['n']:>6}{f['median']:>11.3f}{f['p99']:>9.3f}{f['max']:>9.3f}"
                   f"{kept[h][0]:>8}  {kept[h][1] or '-'}")
     print("\nboth ends of each QP on the same path of their own NICs (per device; QPs per path on server 1):")
-    for devices, _, agree, _, _, _ in out:
+    for devices, _, agree, *_ in out:
         for dev, (same, total, split) in agree.items():
             print(f"  {devices} device(s), stub{dev}: {same} of {total}, per path {split}")
     print("\neach case's time, and each agent's CPU in it (user + kernel, and per QP end):")
-    for devices, _, _, _, wall, cpu in out:
+    for devices, _, _, _, (wall, idle), cpu, wire in out:
         n = devices * args.qps
-        print(f"  {devices} device(s): {wall:.2f} s; " + "; ".join(
+        print(f"  {devices} device(s): {wall:.2f} s, the machine {idle:.0%} idle; " + "; ".join(
             f"a{h} {cpu[h][0]:.2f} + {cpu[h][1]:.2f} s ({(cpu[h][0] + cpu[h][1]) / n * 1e3:.3f} ms a QP)" for h in (1, 2)))
         for h in (1, 2):
             busy = sorted(((v, k) for k, v in cpu[h][2].items() if v >= 0.01), reverse=True)
             print(f"    a{h}'s threads: " + ", ".join(f"{k} {v:.2f} s" for v, k in busy))
+            w = wire[h]
+            print(f"    a{h} to its peers: {w['messages_sent']} messages in {w['datagrams_sent']} datagrams "
+                  f"({w['datagrams_sent'] / n:.2f} a QP end), {w['resent']} sent again; "
+                  f"{w['peer_questions']} questions from peers")
 
 
 if __name__ == "__main__":

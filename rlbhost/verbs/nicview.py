@@ -56,7 +56,7 @@ class NicViews:
     def __init__(self, nics: dict[str, NicState], gids: GidTable):
         self.nics, self.gids = nics, gids
         self.by_base: dict[str, NicState] = {}      # a NIC's base address (as last viewed) -> it
-        self.why = ""
+        self.why: Why | str = ""
 
     def view(self, nic: NicState) -> View:
         """Read again when older than VIEW_S (a path gone in the meantime is the switches'
@@ -124,13 +124,32 @@ class NicViews:
         value = None if i is None else next(val for val, idx in v.index.items() if idx == i)
         if value is not None and nic.advice is not None:
             nic.advice.placed(peer, value)
-        counts = ", ".join(f"{k}: {active[v.index[k]]}" for k in sorted(best or usable))
-        self.why = ((f"{nic.ifname}: " if len(self.nics) > 1 else "")
-                    + f"paths both ends can use {sorted(usable)}"
-                    + (f", of which the coordinator's link loads make {sorted(best)} best" if best else "")
-                    + f"; QPs on them {{{counts}}} for weights {[eff[v.index[k]] / 1000 for k in sorted(best or usable)]}"
-                    + f", ties from path {v.rotation + 1}")
+        self.why = Why(nic.ifname if len(self.nics) > 1 else "", usable, best, active, eff, v.index, v.rotation)
         return value
+
+
+class Why:
+    """Why the local rule chose a path, put into words only when read (`rlbhost why`, the status
+    file's last decisions): a server's thousands of choices a second are not all read."""
+    __slots__ = ("lead", "nic", "usable", "best", "active", "eff", "index", "rotation")
+
+    def __init__(self, nic: str, usable: set[int], best, active: list[int], eff: list[int],
+                 index: dict[int, int], rotation: int, lead: str = ""):
+        self.lead, self.nic, self.usable, self.best = lead, nic, usable, best
+        self.active, self.eff, self.index, self.rotation = active, eff, index, rotation
+
+    def said(self, lead: str) -> Why:
+        """This choice, introduced by `lead` ("decided here")."""
+        return Why(self.nic, self.usable, self.best, self.active, self.eff, self.index, self.rotation, f"{lead}: ")
+
+    def __str__(self) -> str:
+        shown = sorted(self.best or self.usable)
+        counts = ", ".join(f"{k}: {self.active[self.index[k]]}" for k in shown)
+        return (self.lead + (f"{self.nic}: " if self.nic else "")
+                + f"paths both ends can use {sorted(self.usable)}"
+                + (f", of which the coordinator's link loads make {sorted(self.best)} best" if self.best else "")
+                + f"; QPs on them {{{counts}}} for weights {[self.eff[self.index[k]] / 1000 for k in shown]}"
+                + f", ties from path {self.rotation + 1}")
 
 
 # Addresses repeat (a host's peers, their paths): the conversions are remembered.
