@@ -131,25 +131,29 @@ class NicViews:
 class Why:
     """Why the local rule chose a path, put into words only when read (`rlbhost why`, the status
     file's last decisions): a server's thousands of choices a second are not all read."""
-    __slots__ = ("lead", "nic", "usable", "best", "active", "eff", "index", "rotation")
+    __slots__ = ("lead", "nic", "usable", "best", "active", "eff", "index", "rotation", "_text")
 
     def __init__(self, nic: str, usable: set[int], best, active: list[int], eff: list[int],
                  index: dict[int, int], rotation: int, lead: str = ""):
         self.lead, self.nic, self.usable, self.best = lead, nic, usable, best
         self.active, self.eff, self.index, self.rotation = active, eff, index, rotation
+        self._text = ""
 
     def said(self, lead: str) -> Why:
         """This choice, introduced by `lead` ("decided here")."""
         return Why(self.nic, self.usable, self.best, self.active, self.eff, self.index, self.rotation, f"{lead}: ")
 
     def __str__(self) -> str:
-        shown = sorted(self.best or self.usable)
-        counts = ", ".join(f"{k}: {self.active[self.index[k]]}" for k in shown)
-        return (self.lead + (f"{self.nic}: " if self.nic else "")
-                + f"paths both ends can use {sorted(self.usable)}"
-                + (f", of which the coordinator's link loads make {sorted(self.best)} best" if self.best else "")
-                + f"; QPs on them {{{counts}}} for weights {[self.eff[self.index[k]] / 1000 for k in shown]}"
-                + f", ties from path {self.rotation + 1}")
+        if not self._text:                   # (the status file shows the last ones every second)
+            shown = sorted(self.best or self.usable)
+            counts = ", ".join(f"{k}: {self.active[self.index[k]]}" for k in shown)
+            self._text = (self.lead + (f"{self.nic}: " if self.nic else "")
+                          + f"paths both ends can use {sorted(self.usable)}"
+                          + (f", of which the coordinator's link loads make {sorted(self.best)} best"
+                             if self.best else "")
+                          + f"; QPs on them {{{counts}}} for weights "
+                          + f"{[self.eff[self.index[k]] / 1000 for k in shown]}, ties from path {self.rotation + 1}")
+        return self._text
 
 
 # Addresses repeat (a host's peers, their paths): the conversions are remembered.
