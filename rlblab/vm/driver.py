@@ -47,11 +47,34 @@ class VagrantLab:
             raise RuntimeError(f"vagrant {' '.join(args)} failed (exit {res.returncode}); see {self.log}")
         return ""
 
-    def up(self, start_timeout: float = 900, timeout: float = 5400):
+    def up(self, start_timeout: float = 900, timeout: float = 5400, tries: int = 2):
         """`vagrant up`, watched: if no VM of the lab is running after start_timeout (the first up
         of a box also uploads its 1.6 GB base volume, a few minutes), vagrant has stalled and
-        waiting longer would not help: stop it and say where to look."""
+        waiting longer would not help: stop it and say where to look. A `vagrant up` that fails
+        with some VMs running and others not is run again for those (up to `tries` in all):
+        vagrant-libvirt gives a VM 10 minutes to take a DHCP lease, and one emulated VM booting
+        among seven on two cores missed that once, when the others were up and provisioned."""
         self.refuse_foreign_domains()
+        t0 = time.time()
+        for attempt in range(1, tries + 1):
+            rc = self._up_once(start_timeout, timeout - (time.time() - t0))
+            if not rc:
+                break
+            running = self.domains(running=True)
+            missing = [v.name for v in self.vms if f"vagrant_{v.name}" not in running]
+            if not running or not missing or attempt == tries:
+                raise RuntimeError(f"vagrant up failed (exit {rc})"
+                                   + (f" with {', '.join(missing)} not running" if running and missing else "")
+                                   + f"; see {self.log}")
+            note = (f"vagrant up failed (exit {rc}) with {', '.join(missing)} not running and "
+                    f"{len(running)} VMs up: vagrant up again for those (try {attempt + 1} of {tries})")
+            print(note, flush=True)
+            with open(self.log, "a") as f:
+                f.write(f"\n# {note}\n")
+        self.adopt()
+
+    def _up_once(self, start_timeout: float, timeout: float) -> int:
+        """One `vagrant up` to its end: its exit code, or TimeoutError (stalled, or too long)."""
         with open(self.log, "a") as f:
             f.write("\n$ vagrant up\n")
             f.flush()
@@ -76,9 +99,7 @@ class VagrantLab:
                 proc.kill()
                 proc.wait()
             raise
-        if proc.returncode:
-            raise RuntimeError(f"vagrant up failed (exit {proc.returncode}); see {self.log}")
-        self.adopt()
+        return proc.returncode
 
     def running(self) -> bool:
         """Every VM of the lab is running (a lab kept up by an earlier run)."""
