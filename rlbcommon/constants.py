@@ -19,3 +19,6 @@ COLOUR_COMMUNITY = 0x030B0000
 MAX_BANDWIDTH = 3.4e38
 # Runtime files (bird includes, sockets, locks, layouts); RLB_RUN_DIR moves them (tests, labs).
 RUN_DIR = Path(os.environ.get("RLB_RUN_DIR", "/run/rlb"))
+# What a machine learns once and keeps across reboots (what its kernel's verifier accepts);
+# RLB_STATE_DIR moves it.
+STATE_DIR = Path(os.environ.get("RLB_STATE_DIR", "/var/lib/rlb"))

@@ -370,7 +370,7 @@ def test_groups_wider_than_the_kernels_dlb_scan_are_refused_for_the_modes_that_s
     16), a dlb or spray route of 9 next hops and a pinned route of 9 backups are refused with the
     reason; 8 go in, and weighted routes, which do not scan, take any width."""
     record = tmp_path / "switch-dlb-scan.json"
-    record.write_text(json.dumps({"kernel": os.uname().release, "scan": 8}))
+    record.write_text(json.dumps({"kernel": os.uname().release, "program": dlbscan.program(), "scan": 8}))
     monkeypatch.setattr(dlbscan, "RECORD", record)
     fresh.dp._tables = None
     t = fresh.dp.tables
@@ -412,7 +412,33 @@ def test_a_kernel_refusing_the_widest_dlb_scan_gets_the_program_built_narrower(t
     dp = SwitchDataplane(f"rlbscan{os.getpid()}")
     try:
         assert dp.load() > 0 and widths == [dlbscan.MAX_MEMBERS, 32]
-        assert json.loads(record.read_text()) == {"kernel": os.uname().release, "scan": 32}
+        assert json.loads(record.read_text()) == {"kernel": os.uname().release, "program": dlbscan.program(),
+                                                  "scan": 32}
         assert dlbscan.to_try() == [32, 16, 8] and dp.tables.dlb_scan == 32
     finally:
         dp.remove_pins()
+
+
+def test_the_dlb_scan_recorded_for_this_kernel_is_kept_across_reboots_but_not_across_programs(tmp_path, monkeypatch,
+                                                                                           caplog):
+    """The width is recorded in the state directory (kept across reboots: on Debian 12 each width
+    refused costs a compile and the verifier's million-instruction walk at every start), for this
+    kernel and this program's source: a record of another kernel, of another version of the
+    program, or of a width the program does not build starts from the widest again."""
+    from rlbcommon.constants import STATE_DIR
+    assert dlbscan.RECORD.parent == STATE_DIR
+    record = tmp_path / "switch-dlb-scan.json"
+    monkeypatch.setattr(dlbscan, "RECORD", record)
+    dlbscan.record(16)
+    assert json.loads(record.read_text()) == {"kernel": os.uname().release, "program": dlbscan.program(), "scan": 16}
+    assert dlbscan.width() == 16 and dlbscan.to_try() == [16, 8]
+    for other in ({"kernel": "6.1.0-99-amd64"}, {"program": "0" * 16}, {"scan": 12}, {"program": None}):
+        record.write_text(json.dumps({**json.loads(record.read_text()), "kernel": os.uname().release,
+                                      "program": dlbscan.program(), "scan": 16, **other}))
+        assert dlbscan.width() == dlbscan.MAX_MEMBERS, other
+    record.write_text("{half a file")
+    assert dlbscan.width() == dlbscan.MAX_MEMBERS
+    monkeypatch.setattr(dlbscan, "RECORD", tmp_path / "not-a-dir" / "x.json")
+    (tmp_path / "not-a-dir").write_text("")
+    dlbscan.record(32)                    # unwritable: said, and the load goes on
+    assert "cannot record the DLB scan this kernel takes in" in caplog.text
