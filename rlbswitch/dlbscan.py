@@ -12,15 +12,14 @@ were most of a leaf's time to converge). Another kernel, or another version of t
 tries again from the widest."""
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import logging
 import os
 
+from rlbcommon.bpfprog import source_digest
 from rlbcommon.cheader import constants
 from rlbcommon.constants import STATE_DIR
-from rlbcommon.paths import BPF_DIR, write_atomic
+from rlbcommon.paths import write_atomic
 
 log = logging.getLogger(__name__)
 MAX_MEMBERS = constants("rlb_switch.h")["RLB_MAX_MEMBERS"]
@@ -29,13 +28,9 @@ RECORD = STATE_DIR / "switch-dlb-scan.json"
 REFUSED = "Argument list too long"         # E2BIG: the verifier's instruction limit
 
 
-@functools.lru_cache(maxsize=1)
 def program() -> str:
-    """The switch program's source (itself and the headers it includes), as a short digest."""
-    h = hashlib.sha256()
-    for f in sorted([BPF_DIR / "rlb_switch.c", BPF_DIR / "rlb_switch.h", *(BPF_DIR / "lib").glob("*.h")]):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:16]
+    """This version of the switch program (the digest its layout cache is kept by)."""
+    return source_digest("rlb_switch.c")
 
 
 def width() -> int:
