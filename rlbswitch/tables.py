@@ -113,7 +113,7 @@ class Neighbours(Protocol):
     """The kernel's neighbour table: a gateway's MAC, and asking for one not known yet."""
     def lookup_neighbour(self, ifindex: int, gateway: str) -> str | None: ...
 
-    def solicit(self, ifname: str, gateway: str) -> None: ...
+    def solicit(self, ifname: str, gateway: str) -> bool: ...
 
 
 class Writer(Protocol):
@@ -646,7 +646,8 @@ class SwitchTables:
 
     def gateways(self, ifindex: int) -> list[str]:
         """Neighbours the next hops on a port go through (to resolve them again after a flap)."""
-        return [str(ipaddress.IPv6Address(k[1])) for k in self.nh_by_key if k[0] == ifindex and k[1]]
+        keys = list(self.nh_by_key)         # one copy: the writer's thread may change it meanwhile
+        return [str(ipaddress.IPv6Address(k[1])) for k in keys if k[0] == ifindex and k[1]]
 
     # ---- reading ----------------------------------------------------------------------------
     def usage(self) -> dict:

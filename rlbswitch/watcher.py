@@ -22,6 +22,18 @@ from rlbfabric.routes import Route
 log = logging.getLogger(__name__)
 
 
+IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x08, 0x40
+
+
+def usable_link_local(msg) -> bool:
+    """An address event for an IPv6 link-local address the kernel will send from (DAD done)."""
+    addr = msg.get_attr("IFA_ADDRESS")
+    flags = msg.get_attr("IFA_FLAGS") or msg["flags"]
+    return (msg["family"] == socket.AF_INET6 and bool(addr)
+            and ipaddress.IPv6Address(addr).is_link_local
+            and not flags & (IFA_F_TENTATIVE | IFA_F_DADFAILED))
+
+
 class Watcher:
     def __init__(self, dp: SwitchDataplane, health: Health | None = None,
                  reattach: dict[str, dict] | None = None, runtime: AgentRuntime | None = None):
@@ -133,14 +145,20 @@ class Watcher:
             self.resolve(link["index"])
 
     def resolve(self, ifindex: int, gateways: list[str] | None = None):
-        ifname = self.dp.ifname(ifindex)
-        for gw in gateways if gateways is not None else self.dp.tables.gateways(ifindex):
-            self.dp.solicit(ifname, gw)
+        gateways = self.dp.tables.gateways(ifindex) if gateways is None else gateways
+        if gateways:                # none on a port no next hop uses, or on no port at all
+            ifname = self.dp.ifname(ifindex)
+            for gw in gateways:
+                self.dp.solicit(ifname, gw)
 
     def on_others(self, msgs: list):
         """One batch of neighbour and address events: each neighbour's last state, and the
-        addresses read once if any changed (a storm of 500 neighbours is 500 writes at most)."""
-        neighbours, addresses = {}, False
+        addresses read once if any changed (a storm of 500 neighbours is 500 writes at most).
+        A port's link-local address becoming usable resolves its next hops again: the kernel
+        gives a port that comes up its link-local address only after the carrier event, and
+        until then it refuses to send from it (EADDRNOTAVAIL), so the solicitation made for
+        the carrier event may have gone nowhere."""
+        neighbours, addresses, sources = {}, False, set()
         for msg in msgs:
             if msg["event"] in ("RTM_NEWNEIGH", "RTM_DELNEIGH"):
                 dst = msg.get_attr("NDA_DST")
@@ -148,10 +166,14 @@ class Watcher:
                     neighbours[(msg["ifindex"], dst)] = msg
             elif msg["event"] in ("RTM_NEWADDR", "RTM_DELADDR"):
                 addresses = True
+                if msg["event"] == "RTM_NEWADDR" and usable_link_local(msg):
+                    sources.add(msg["index"])
         for msg in neighbours.values():
             self.guarded("neighbours", self.on_neighbour, msg)
         if addresses:
             self.guarded("neighbours", self.sync_addresses)
+        for index in sources:
+            self.guarded("neighbours", self.resolve, index)
 
     def on_neighbour(self, msg):
         event, dst = msg["event"], msg.get_attr("NDA_DST")

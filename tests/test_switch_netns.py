@@ -320,3 +320,29 @@ def test_netlink_storm_leaves_the_agent_alive_and_its_state_equal_to_the_kernels
     topo.run(lab.sw, "ip", "link", "set", "up3", "up")
     topo.run(lab.sw, "ip", "-6", "neigh", "flush", "dev", "h1", "to", "fc00:99::/64")
     lab.wait_resolved()
+
+
+def test_a_port_that_comes_back_resolves_its_next_hops_when_it_can_send_again(lab):
+    """A port set down and up again loses its neighbours, and the agent solicits them again on
+    the carrier event. But the kernel gives the port back its link-local address only after
+    that event, and with DAD (real routers run it; the lab turns it off elsewhere) the address
+    is tentative for a second more: until then it cannot send from it and that solicitation is
+    refused. The peer here sends no router solicitation (a router, or a host told not to) that
+    would resolve the neighbour for us: the next hop comes back only if the agent asks again
+    once the address is usable (CI saw the same race under load without DAD)."""
+    clear(lab)
+    program_pinned(lab)
+    topo.sysctl(lab.dst, "net.ipv6.conf.sw3.router_solicitations", "0")
+    topo.sysctl(lab.sw, "net.ipv6.conf.up3.accept_dad", "1")
+    try:
+        for _ in range(2):
+            topo.run(lab.sw, "ip", "link", "set", "up3", "down")
+            topo.run(lab.sw, "ip", "link", "set", "up3", "up")
+            lab.wait_resolved()
+            with lab.dataplane() as dp:
+                via = [n for n in dp.stats()["nexthops"] if n["via"].endswith("%up3")]
+            assert via and all(n["resolved"] and n["port_up"] for n in via)
+            assert via[0]["mac"] == topo.mac(lab.dst, "sw3")
+    finally:
+        topo.sysctl(lab.sw, "net.ipv6.conf.up3.accept_dad", "0")
+        topo.sysctl(lab.dst, "net.ipv6.conf.sw3.router_solicitations", "-1")

@@ -231,3 +231,26 @@ def test_netlink_events_hand_over_a_storm_as_one_batch_parsed():
         assert w0[-1]["flags"] & 0x1 == 0                           # it ended down
     finally:
         topo.run(None, "ip", "netns", "del", ns)
+
+
+def test_a_ports_link_local_address_usable_again_resolves_its_next_hops():
+    """The kernel refuses to send from a port before its link-local address is back (and out of
+    DAD): the address event is when the watcher asks again. Tentative, global or foreign-family
+    addresses are not that event."""
+    from rlbswitch.watcher import usable_link_local
+    dp = RecordingDataplane(Log())
+    w = Watcher(dp)
+
+    def addr(address, flags=0x80, family=10, event="RTM_NEWADDR"):
+        return Msg({"IFA_ADDRESS": address, "IFA_FLAGS": flags}, event=event, index=3,
+                   family=family, flags=flags & 0xff)
+    assert not usable_link_local(addr("fe80::2", flags=0x40))           # tentative (DAD running)
+    assert not usable_link_local(addr("fe80::2", flags=0x08))           # DAD failed
+    assert not usable_link_local(addr("fc00::2"))
+    assert not usable_link_local(addr("169.254.0.1", family=2))
+    assert usable_link_local(addr("fe80::2"))
+    w.sync_addresses = lambda: None          # the global addresses' part has tests of its own
+    w.on_others([addr("fe80::2", flags=0x40), addr("fc00::2"), addr("fe80::2", event="RTM_DELADDR")])
+    assert dp.solicited == []
+    w.on_others([addr("fe80::2", flags=0x40), addr("fe80::2")])
+    assert dp.solicited == ["fe80::1"]                 # once, for the port's one gateway
