@@ -18,6 +18,7 @@ from rlbswitch.dataplane import SwitchDataplane
 from rlbfabric import balance, workloads
 from rlbfabric.policy import localrule
 from rlblab import topo
+from rlblab.vm.driver import VagrantLab
 
 if os.geteuid() != 0:
     pytest.exit("the RLB test suite needs root (BPF programs, network namespaces)", returncode=2)
@@ -27,6 +28,30 @@ if os.geteuid() != 0:
 # two share 2 cores well; each holds a lab of agents (180 MB of LLVM apiece), so more than
 # WORKERS_MAX is not taken without asking (RLB_TEST_WORKERS=N).
 WORKERS_ENV, WORKERS_MAX = "RLB_TEST_WORKERS", 2
+
+
+CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Remember a test whose body failed, for the fixtures that act on it at teardown."""
+    report = (yield).get_result()
+    if report.when == "call" and report.failed:
+        item.stash[CALL_FAILED] = True
+
+
+@pytest.fixture(autouse=True)
+def vm_journals_of_a_failed_test(request, tmp_path_factory):
+    """A VM test that failed saves the VMs' rlb units as they were then (status and journal)
+    beside its own files: the lab goes on to the next test and is destroyed at the end, and
+    the agents' side of a failure (why a QP kept the application's addresses) was lost."""
+    yield
+    if not request.node.stash.get(CALL_FAILED, False):
+        return
+    for lab in [v for v in request.node.funcargs.values() if isinstance(v, VagrantLab)]:
+        into = tmp_path_factory.mktemp("journals")
+        print(f"the VMs' rlb units when {request.node.name} failed: {lab.save_journals(into, lines=3000)}")
 
 
 @pytest.hookimpl(optionalhook=True)        # (a plain `pytest` without xdist has no such hook)
