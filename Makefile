@@ -16,6 +16,7 @@ test: setup
 # Real packets through each forwarder side by side (about 3 minutes), then test-run costs.
 bench: setup
 	.venv/bin/python bench/wire_bench.py
+	.venv/bin/python bench/xdp_cpus_bench.py
 	.venv/bin/python bench/xdp_bench.py
 	.venv/bin/python bench/route_cli.py
 

@@ -75,8 +75,8 @@ static __always_inline int police_ok(u32 bucket, u32 slot)
     return 1;
 }
 
-/* What the stages pass along. The flow hash is computed only by the modes that need it
- * (a pinned route whose primary is up never does). */
+/* What the stages pass along. The flow hash, and the L4 ports and QP it reads, are computed
+ * only by the modes that need them (a pinned route whose primary is up never does). */
 struct pkt {
     struct rlb_l3 l3;
     u32 in;            /* ingress ifindex: classify() turns it into edge and slot */
@@ -120,9 +120,30 @@ static __always_inline int pass(u32 reason, struct pkt *pk)
     return pass_at(reason, pk, pk->slot);
 }
 
-static __always_inline void hash_packet(struct pkt *pk)
+/* The flow's L4 ports, and its RoCEv2 destination QP: only the modes that hash read them. */
+static __always_inline void flow_fields(struct pkt *pk, void *data_end)
+{
+    if (pk->l3.proto == IPPROTO_TCP) {
+        struct tcphdr *th = pk->l3.l4;
+        if ((void *)(th + 1) <= data_end)
+            pk->ports = *(u32 *)th;        /* hashed only: byte order does not matter */
+    } else if (pk->l3.proto == IPPROTO_UDP) {
+        struct udphdr *uh = pk->l3.l4;
+        if ((void *)(uh + 1) > data_end)
+            return;
+        pk->ports = *(u32 *)uh;
+        if (uh->dest == htons(pk->cfg->roce_port)) {
+            s32 qp = bth_dest_qp((u8 *)(uh + 1), data_end);
+            if (qp >= 0)
+                pk->qp = htonl(qp);     /* hashed as the wire's BTH word, reserved byte zero */
+        }
+    }
+}
+
+static __always_inline void hash_packet(struct pkt *pk, void *data_end)
 {
     struct ipv6hdr *ip6 = pk->l3.ip6;
+    flow_fields(pk, data_end);
     pk->hash = flow_hash(pk->cfg->hash_seed, ip6->saddr.in6_u.u6_addr8, ip6->daddr.in6_u.u6_addr8,
                          proto_label(ip6), pk->ports, pk->qp);
 }
@@ -153,21 +174,12 @@ static __always_inline int punt(struct pkt *pk, void *data_end)
             return RLB_R_PASS_MALFORMED;
         if (th->source == htons(179) || th->dest == htons(179))
             return RLB_R_PASS_CONTROL; /* BGP */
-        pk->ports = *(u32 *)th;        /* hashed only: byte order does not matter */
         break;
     }
-    case IPPROTO_UDP: {
-        struct udphdr *uh = pk->l3.l4;
-        if ((void *)(uh + 1) > data_end)
+    case IPPROTO_UDP:
+        if (pk->l3.l4 + sizeof(struct udphdr) > data_end)
             return RLB_R_PASS_MALFORMED;
-        pk->ports = *(u32 *)uh;
-        if (uh->dest == htons(pk->cfg->roce_port)) {
-            s32 qp = bth_dest_qp((u8 *)(uh + 1), data_end);
-            if (qp >= 0)
-                pk->qp = htonl(qp);     /* hashed as the wire's BTH word, reserved byte zero */
-        }
         break;
-    }
     }
     if (ip6->hop_limit <= 1)
         return RLB_R_PASS_HOP_LIMIT;   /* the kernel sends Time Exceeded */
@@ -282,11 +294,20 @@ static __always_inline u32 port_band(u32 slot, struct rlb_port *port, struct pkt
     return band >= RLB_LOAD_BANDS ? RLB_LOAD_BANDS - 1 : (u32)band;
 }
 
-static __always_inline void port_add_load(u32 slot, struct pkt *pk)
+/* The port's load gets this CPU's bytes once they make a share of its band (rlb_port_load). */
+static __always_inline void port_add_load(u32 slot, struct rlb_port *port, struct rlb_port_stats *ps,
+                                          struct pkt *pk)
 {
+    u64 held = ps->load_held + pk->len;
+    u32 unit = port->band_bytes ? port->band_bytes : pk->cfg->default_band_bytes;
+    if (held < (unit >> RLB_LOAD_HOLD_SHIFT)) {
+        ps->load_held = held;
+        return;
+    }
+    ps->load_held = 0;
     struct rlb_port_load *ld = port_load.lookup(&slot);
     if (ld)
-        __sync_fetch_and_add(&ld->tx_bytes, pk->len);
+        __sync_fetch_and_add(&ld->tx_bytes, held);
 }
 
 /* A next hop is usable only with a resolved MAC on a live port. */
@@ -474,14 +495,15 @@ static __always_inline int forward(struct pkt *pk, u32 slot, struct rlb_port *po
     pk->l3.ip6->hop_limit--;
 
     struct rlb_port_stats *ps = port_stats.lookup(&slot);
-    if (ps)
+    if (ps) {
         bump_bytes(&ps->tx_packets, &ps->tx_bytes, pk->len);
+        port_add_load(slot, port, ps, pk);
+    }
     if (nh_id) {
         struct rlb_counter *c = nh_stats.lookup(&nh_id);
         if (c)
             bump_bytes(&c->packets, &c->bytes, pk->len);
     }
-    port_add_load(slot, pk);
     return XDP_REDIRECT;
 }
 
@@ -579,7 +601,7 @@ int rlb_switch(struct xdp_md *ctx)
         }
         break;
     case RLB_MODE_WEIGHTED:
-        hash_packet(&pk);
+        hash_packet(&pk, data_end);
         nh = weighted_select(rt->group, &pk);
         nhp = usable_nh(nh, &port);
         if (!nhp) {
@@ -603,7 +625,7 @@ int rlb_switch(struct xdp_md *ctx)
         return pass(RLB_R_PASS_NO_ROUTE, &pk);
     }
     if (dlb_group) {
-        hash_packet(&pk);      /* again after weighted: one path for the verifier */
+        hash_packet(&pk, data_end);   /* again after weighted: one path for the verifier */
         pk.now = bpf_ktime_get_ns();   /* flowlets and load: only DLB reads the clock */
         nhp = group_dlb(dlb_group, &pk, &port, &nh);
     }

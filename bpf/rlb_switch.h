@@ -198,9 +198,13 @@ struct rlb_port {
     u8  pad[2];
 };
 
-/* Shared by all CPUs: DLB must see every CPU's load on a port. Forwarding only adds bytes
- * (one atomic add, no clock read); DLB decisions, which read the clock anyway, fold the bytes
- * since their last look into the decayed figure. */
+/* Shared by all CPUs: DLB must see every CPU's load on a port. Forwarding adds bytes without a
+ * clock read, and not one packet at a time: each CPU holds its bytes back (rlb_port_stats) and
+ * adds them in one atomic add once they reach 1/2^RLB_LOAD_HOLD_SHIFT of the port's quality band,
+ * so CPUs forwarding to one port do not fight over this cache line for every packet, and DLB
+ * misjudges a port by less than that share of a band per CPU. DLB decisions, which read the
+ * clock anyway, fold the bytes since their last look into the decayed figure. */
+#define RLB_LOAD_HOLD_SHIFT  4
 struct rlb_port_load {
     u64 tx_bytes;      /* cumulative, atomic adds */
     u64 seen_bytes;    /* tx_bytes when last folded in */
@@ -212,6 +216,7 @@ struct rlb_port_load {
 struct rlb_port_stats {
     u64 tx_packets;
     u64 tx_bytes;
+    u64 load_held;     /* bytes not added to rlb_port_load yet (see there) */
 };
 
 struct rlb_counter {

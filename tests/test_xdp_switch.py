@@ -1,6 +1,7 @@
 """The XDP switch program under BPF_PROG_TEST_RUN: verdicts, rewritten bytes, splits, failover."""
 from __future__ import annotations
 
+import os
 import random
 import struct
 import subprocess
@@ -259,6 +260,40 @@ def test_dlb_sticks_within_timeout_and_moves_after_a_gap(fresh):
     for k in range(4):
         slot, port = xdp.dp.port_slot(xdp.ifindex[k])
         port.band_bytes = 0
+        maps["ports"].set(slot, port)
+
+
+def test_a_cpus_bytes_reach_the_ports_shared_load_in_shares_of_its_band(fresh):
+    """Forwarding writes nothing that other CPUs share on every packet: a CPU holds a port's
+    bytes back (per CPU) and adds them to the port's load, which DLB reads, once they make a
+    sixteenth of the port's quality band. The counters are exact all along."""
+    xdp = fresh
+    maps = xdp.dp.maps
+    slot, port = xdp.dp.port_slot(xdp.ifindex[2])
+    band = port.band_bytes
+    port.band_bytes = 16 * 1000                      # a share of 1000 bytes
+    maps["ports"].set(slot, port)
+    route(xdp, "fc00:2::/64", "pinned", [xdp.nh(2)])
+    frame = roce()
+    n = 1000 // len(frame) + 1                       # the packet that makes the share
+    cpu = min(os.sched_getaffinity(0))
+    everywhere = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})                  # the hold is per CPU: one CPU runs them all
+    try:
+        maps["port_load"].zero(slot)
+        maps["port_stats"].zero(slot)                # what earlier tests left held, too
+        tx0 = xdp.dp.port_tx()["p2"]["tx_bytes"]
+        for i in range(1, n + 1):
+            assert xdp.run(frame)[0] == XDP_REDIRECT
+            shared = maps["port_load"].get(slot).tx_bytes
+            assert xdp.dp.port_tx()["p2"]["tx_bytes"] - tx0 == i * len(frame)
+            assert shared == (n * len(frame) if i == n else 0), (i, shared)
+        for _ in range(n):                               # and again, from nothing held
+            xdp.run(frame)
+        assert maps["port_load"].get(slot).tx_bytes == 2 * n * len(frame)
+    finally:
+        os.sched_setaffinity(0, everywhere)
+        port.band_bytes = band
         maps["ports"].set(slot, port)
 
 
