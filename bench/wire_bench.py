@@ -201,37 +201,46 @@ def run_case(chain: Chain, args, results: list, case: str, frame: bytes, prog_fd
               + f"  delivered {min(r.delivered):.3f}", file=sys.stderr)
 
 
-def switch_cases(chain: Chain, args, results: list):
+@contextlib.contextmanager
+def switch_on(chain: Chain, ingress: tuple[str, ...] = ("in0",), outs: int = 3):
+    """rlbswitch attached in the forwarder namespace (its ingress ports and out0..): the data
+    plane and a next hop to each sink, with a pinned route to out0 (backup out1); destroyed after."""
     from rlbfabric.routes import NextHop, Route
     from rlbswitch.dataplane import SwitchDataplane
     with netns.inside(chain.fwd):
         dp = SwitchDataplane(chain.instance)
         try:
-            for name in ("in0", "out0", "out1", "out2"):
+            for name in (*ingress, *(f"out{k}" for k in range(outs))):
                 dp.attach(name)
-            nh = [NextHop.parse(f"out{k}@{SINK_MAC[k]}") for k in range(3)]
+            nh = [NextHop.parse(f"out{k}@{SINK_MAC[k]}") for k in range(outs)]
             dp.add_route(Route("fc00:2:0:1::/64", "pinned", [nh[0]], [nh[1]]))
-            dp.add_route(Route("fc00:2:0:2::/64", "weighted", [NextHop(h.ifname, mac=h.mac, weight=1)
-                                                                for h in nh[:2]]))
-            dp.add_route(Route("fc00:2:0:3::/64", "dlb", nh[:2]))
-            dp.add_route(Route("fc00:2:0:4::/64", "pinned", [nh[2]], nh[:2]))
-            dp.add_route(Route("fc00:2:0:5::/64", "spray", [NextHop(h.ifname, mac=h.mac, weight=1)
-                                                             for h in nh[:2]]))
-            dp.add_route(Route("fc00:9::/64", "connected", dev="out0"))
-            dp.update_neighbour(dp.ifindex("out0"), "fc00:9::5", SINK_MAC[0])
-            dp.set_port_up(dp.ifindex("out2"), False)     # the failover route's primary is down
-            fd = dp.prog_fd
-            for extra in (0, args.routes) if args.routes else (0,):
-                if extra:
-                    many = [Route(f"fc00:3:{i >> 16:x}:{i & 0xffff:x}::/64", "pinned", [nh[i % 2]])
-                            for i in range(extra)]
-                    dp.apply_routes(many, merge=True)
-                for mode, dst in DST.items():
-                    if mode not in args.modes.split(","):
-                        continue
-                    run_case(chain, args, results, f"rlbswitch {mode}", chain.frame(dst), fd, extra)
+            yield dp, nh
         finally:
             dp.destroy()
+
+
+def switch_cases(chain: Chain, args, results: list):
+    from rlbfabric.routes import NextHop, Route
+    with switch_on(chain) as (dp, nh):
+        dp.add_route(Route("fc00:2:0:2::/64", "weighted", [NextHop(h.ifname, mac=h.mac, weight=1)
+                                                            for h in nh[:2]]))
+        dp.add_route(Route("fc00:2:0:3::/64", "dlb", nh[:2]))
+        dp.add_route(Route("fc00:2:0:4::/64", "pinned", [nh[2]], nh[:2]))
+        dp.add_route(Route("fc00:2:0:5::/64", "spray", [NextHop(h.ifname, mac=h.mac, weight=1)
+                                                         for h in nh[:2]]))
+        dp.add_route(Route("fc00:9::/64", "connected", dev="out0"))
+        dp.update_neighbour(dp.ifindex("out0"), "fc00:9::5", SINK_MAC[0])
+        dp.set_port_up(dp.ifindex("out2"), False)     # the failover route's primary is down
+        fd = dp.prog_fd
+        for extra in (0, args.routes) if args.routes else (0,):
+            if extra:
+                many = [Route(f"fc00:3:{i >> 16:x}:{i & 0xffff:x}::/64", "pinned", [nh[i % 2]])
+                        for i in range(extra)]
+                dp.apply_routes(many, merge=True)
+            for mode, dst in DST.items():
+                if mode not in args.modes.split(","):
+                    continue
+                run_case(chain, args, results, f"rlbswitch {mode}", chain.frame(dst), fd, extra)
 
 
 def host_cases(chain: Chain, args, results: list):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.wire_bench import DST, IN_MAC, SINK_MAC, STATS_SYSCTL, Chain  # noqa: E402
+from bench.wire_bench import DST, IN_MAC, STATS_SYSCTL, Chain, switch_on  # noqa: E402
 from rlbcommon import netns  # noqa: E402
 from rlbcommon.libbpf import prog_info  # noqa: E402
 from rlbcommon.testrun import live_frames  # noqa: E402
@@ -64,8 +64,6 @@ def main() -> int:
         ap.error("needs two CPUs")
     if os.geteuid():
         ap.error("run as root (namespaces, XDP)")
-    from rlbfabric.routes import NextHop, Route
-    from rlbswitch.dataplane import SwitchDataplane
     stats_was = STATS_SYSCTL.read_text().strip()
     STATS_SYSCTL.write_text("1")
     chain = Chain(128)
@@ -75,20 +73,12 @@ def main() -> int:
             g = [Chain._ifindex("g0"), Chain._ifindex("g1")]
         frame = chain.frame(DST["pinned"])
         chain.set_traffic(frame, 1)
-        with netns.inside(chain.fwd):
-            dp = SwitchDataplane(chain.instance)
-            try:
-                for name in ("in0", "in1", "out0", "out1"):
-                    dp.attach(name)
-                nh = [NextHop.parse(f"out{k}@{SINK_MAC[k]}") for k in range(2)]
-                dp.add_route(Route("fc00:2:0:1::/64", "pinned", [nh[0]], [nh[1]]))
-                one, two = [], []
-                for _ in range(args.rounds):
-                    one.append(program_ns(chain, dp.prog_fd, frame, args.packets, [(cpus[0], g[0])]))
-                    two.append(program_ns(chain, dp.prog_fd, frame, args.packets,
-                                          [(cpus[0], g[0]), (cpus[1], g[1])]))
-            finally:
-                dp.destroy()
+        with switch_on(chain, ("in0", "in1"), outs=2) as (dp, _):
+            one, two = [], []
+            for _ in range(args.rounds):
+                one.append(program_ns(chain, dp.prog_fd, frame, args.packets, [(cpus[0], g[0])]))
+                two.append(program_ns(chain, dp.prog_fd, frame, args.packets,
+                                      [(cpus[0], g[0]), (cpus[1], g[1])]))
     finally:
         chain.close()
         STATS_SYSCTL.write_text(stats_was)
