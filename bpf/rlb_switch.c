@@ -266,6 +266,12 @@ static __always_inline struct rlb_port *live_port(u32 slot, u32 ifindex)
     return port;
 }
 
+/* Bytes of decayed load per quality band of a port (its own, from its speed, or the default). */
+static __always_inline u32 band_unit(struct rlb_port *port, struct pkt *pk)
+{
+    return port->band_bytes ? port->band_bytes : pk->cfg->default_band_bytes;
+}
+
 /* A port's recent tx bytes, decayed to now, quantised into a quality band (0 = idle). Bytes
  * sent since the last look count as recent; after a gap longer than the half-life only the
  * share that fell in the last half-life does. Racing readers write the same kind of value. */
@@ -289,7 +295,7 @@ static __always_inline u32 port_band(u32 slot, struct rlb_port *port, struct pkt
         ld->recent_bytes = recent;
         ld->seen_bytes = total;
     }
-    u32 unit = port->band_bytes ? port->band_bytes : pk->cfg->default_band_bytes;
+    u32 unit = band_unit(port, pk);
     u64 band = recent / (unit ? unit : 1);
     return band >= RLB_LOAD_BANDS ? RLB_LOAD_BANDS - 1 : (u32)band;
 }
@@ -299,8 +305,7 @@ static __always_inline void port_add_load(u32 slot, struct rlb_port *port, struc
                                           struct pkt *pk)
 {
     u64 held = ps->load_held + pk->len;
-    u32 unit = port->band_bytes ? port->band_bytes : pk->cfg->default_band_bytes;
-    if (held < (unit >> RLB_LOAD_HOLD_SHIFT)) {
+    if (held < (band_unit(port, pk) >> RLB_LOAD_HOLD_SHIFT)) {
         ps->load_held = held;
         return;
     }

@@ -453,18 +453,16 @@ class SwitchDataplane(PinnedState):
                 return n.get_attr("NDA_LLADDR")
         return None
 
-    def solicit(self, ifname: str, gateway: str) -> bool:
-        """Make the kernel resolve a neighbour: send it one datagram (discard port). False when
-        the kernel would not send it: a port down, or one that has no link-local address yet
-        (the watcher asks again when that address comes)."""
+    def solicit(self, ifname: str, gateway: str):
+        """Make the kernel resolve a neighbour: send it one datagram (discard port). The kernel
+        refuses it from a port that is down or has no link-local address yet (the watcher asks
+        again when that address comes): logged."""
         try:
             with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
                 scope = socket.if_nametoindex(ifname) if ipaddress.IPv6Address(gateway).is_link_local else 0
                 s.sendto(b"", (gateway, 9, 0, scope))
-            return True
         except OSError as e:
             log.debug("cannot solicit %s%%%s yet: %s", gateway, ifname, e.strerror)
-            return False
 
     def update_neighbour(self, ifindex: int, address: str, mac: str | None) -> int:
         """Neighbour table change: fix next hops and connected hosts. Returns entries changed."""

@@ -12,6 +12,7 @@ import socket
 import threading
 
 from pyroute2.netlink.rtnl import RTMGRP_IPV6_IFADDR, RTMGRP_LINK, RTMGRP_NEIGH
+from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_DADFAILED, IFA_F_TENTATIVE
 
 from rlbcommon.health import Health
 from rlbcommon.runtime import AgentRuntime
@@ -20,9 +21,6 @@ from .dataplane import NUD_USABLE, SwitchDataplane
 from rlbfabric.routes import Route
 
 log = logging.getLogger(__name__)
-
-
-IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x08, 0x40
 
 
 def usable_link_local(msg) -> bool:
