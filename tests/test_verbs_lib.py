@@ -417,6 +417,38 @@ def test_verbs_a_table_of_another_layout_is_replaced_by_rename_never_rewritten_u
     reader.close()
 
 
+def test_verbs_a_tables_record_is_fenced_step_by_step_where_cpus_may_reorder_stores(tmp_path, monkeypatch):
+    """Where CPUs may show each other a record's stores out of order (aarch64), each step of a
+    write is fenced with libatomic's release fence (the real one, watched here): the count odd
+    before any of the body, the whole body before the count even. x86 needs no fence; a weak
+    machine without libatomic gets no table (the agent answers every pair itself)."""
+    from rlbhost.verbs import table as T
+    fence = T.release_fence()
+    assert fence is not None                          # libatomic1 comes with gcc, which builds the library
+    peer = "fc00:1:2:3::b"
+    off = T.HEAD.size + T.slot(T.device("rxe0", 1), 0x11, 0x12, T.iid_of(peer)) * T.RECORD.size
+    seen = []
+
+    def watched():
+        fence()
+        seen.append(T.RECORD.unpack_from(t.map, off)[:2] + (T.RECORD.unpack_from(t.map, off)[6],))
+
+    t = T.DecisionTable(tmp_path / "t", fence=watched, in_order=False)
+    t.clear()
+    assert t.put("rxe0", 1, 0x11, 0x12, peer, 3, 6)
+    # (seq, state, path) at each fence: odd with the old body, then odd with the new one
+    assert seen == [(1, T.EMPTY, 0), (1, T.LIVE, 3)], seen
+    assert T.RECORD.unpack_from(t.map, off)[:2] == (2, T.LIVE)
+    t.remove("rxe0", 1, 0x11, 0x12, peer)
+    assert seen[2:] == [(3, T.LIVE, 3), (3, T.REMOVED, 0)] and T.RECORD.unpack_from(t.map, off)[0] == 4
+    t.close()
+    assert T.DecisionTable(tmp_path / "u", in_order=False).fence is not None
+    assert T.STORES_IN_ORDER and T.DecisionTable(tmp_path / "v").fence is None     # this x86 machine
+    monkeypatch.setattr(T, "release_fence", lambda: None)
+    with pytest.raises(T.NoFence, match="libatomic"):
+        T.DecisionTable(tmp_path / "w", in_order=False)
+
+
 def stat_mode(path) -> int:
     return os.stat(path).st_mode & 0o777
 

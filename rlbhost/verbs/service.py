@@ -85,7 +85,7 @@ from .kernelqps import MISSING, KernelQps
 from .nicview import NicState, NicViews, View, Why, addr_lt, with_field
 from .outstanding import Pending
 from .peerlink import UDP, PeerLink, mono_ns
-from .table import DecisionTable
+from .table import DecisionTable, NoFence
 
 log = logging.getLogger(__name__)
 
@@ -244,8 +244,11 @@ class VerbsService:
         self.link.open()
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         if self.table_path is not None:
-            self.table = DecisionTable(self.table_path)
-            self.table.clear()
+            try:
+                self.table = DecisionTable(self.table_path)
+                self.table.clear()
+            except NoFence as e:
+                log.warning("verbs: no decision table for the libraries (%s): they ask this agent for every pair", e)
         self._adopt()
         log.info("verbs: answering on %s (%s), agreeing with peers on UDP %d; NICs %s; RDMA ports %s; "
                  "QP owners: %s", self.socket_path, self.clients.access, self.port, ", ".join(self.nics),

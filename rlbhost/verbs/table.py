@@ -3,15 +3,26 @@ rlbv_record): the second end of a QP reads its path there instead of asking a bu
 
 One file per agent instance, kept across restarts (a library's mapping of it stays good: the agent
 rewrites the records it adopted, and removes the rest). Each record is written under its sequence
-count: odd while it changes, so a reader copies between two equal even counts."""
+count: odd while it changes, so a reader copies between two equal even counts.
+
+The reader (rlb_verbs.c) loads the count with acquire order, so the writer's stores must reach
+other CPUs in order: the count odd, then the body, then the count even. x86 keeps stores in
+program order (and each step here is a C call of its own, which no compiler moves across the
+others); weaker CPUs (aarch64: Grace) do not, so there each step is fenced with libatomic's
+atomic_thread_fence, which every host that builds the library has (gcc depends on it). A weak
+machine without it gets no table: the libraries ask the agent for every pair instead."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import ipaddress
 import mmap
 import os
+import platform
 import struct
 from pathlib import Path
+from typing import Callable
 
 from rlbcommon.ipv6 import ipv6_packed
 
@@ -50,8 +61,34 @@ def iid_of(address: str) -> bytes:
     return ipaddress.IPv6Address(address).packed[8:]
 
 
+STORES_IN_ORDER = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
+ATOMIC_RELEASE = 3                                 # __ATOMIC_RELEASE
+
+
+class NoFence(RuntimeError):
+    """This machine may show other CPUs a record's stores out of order, and no fence is to be had."""
+
+
+@functools.lru_cache(maxsize=1)
+def release_fence() -> Callable[[], None] | None:
+    """libatomic's atomic_thread_fence(__ATOMIC_RELEASE), or None where libatomic is missing."""
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("atomic") or "libatomic.so.1")
+        fence = lib.atomic_thread_fence
+    except (OSError, AttributeError):
+        return None
+    fence.argtypes, fence.restype = [ctypes.c_int], None
+    return functools.partial(fence, ATOMIC_RELEASE)
+
+
 class DecisionTable:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, fence: Callable[[], None] | None = None, in_order: bool = STORES_IN_ORDER):
+        """fence: what orders one step's stores before the next's (by default libatomic's where the
+        machine needs one, nothing on x86); NoFence where it needs one and has none."""
+        self.fence = fence or (None if in_order else release_fence())
+        if self.fence is None and not in_order:
+            raise NoFence(f"no libatomic (atomic_thread_fence) on this {platform.machine()} machine, whose "
+                          "CPUs may see a record's stores out of order (apt install libatomic1)")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.map = self._open() or self._replace()
@@ -104,8 +141,12 @@ class DecisionTable:
         off = HEAD.size + i * RECORD.size
         seq = struct.unpack_from("<I", self.map, off)[0]
         struct.pack_into("<I", self.map, off, (seq + 1) | 1)              # odd: being written
+        if self.fence:
+            self.fence()                          # the odd count seen before any of the body
         BODY.pack_into(self.map, off + 4, state, device_key, local_qpn, remote_qpn, iid, path, gid_index, keep,
                        saddr, daddr)
+        if self.fence:
+            self.fence()                          # the whole body seen before the even count
         struct.pack_into("<I", self.map, off, ((seq + 1) | 1) + 1)        # even: stable
 
     def put(self, dev: str, port: int, local_qpn: int, remote_qpn: int, peer: str, path: int = 0,
