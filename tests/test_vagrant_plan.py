@@ -658,6 +658,7 @@ def test_a_failed_session_leaves_each_vms_rlb_units_to_read(tmp_path, monkeypatc
     h1 = (into / "h1.log").read_text()
     sudo, sh, dash_c, inner = shlex.split(h1.removeprefix("on h1: "))
     assert (sudo, sh, dash_c) == ("sudo", "sh", "-c") and "status 'rlb*'" in inner and "-u 'rlb*'" in inner
+    assert "/run/rlb/*.json" in inner                  # the agents' counters too (the verbs service's keeps)
     assert (into / "l1.log").read_text() == "l1: connection timed out\n"
 
 

@@ -155,14 +155,17 @@ class VagrantLab:
         return node(self.vms, name)
 
     def save_journals(self, into: Path, lines: int = 600) -> Path:
-        """Each VM's rlb units as they ended (status and the journal's last `lines`), into
-        `into`/VM.log: what a failed session leaves to read once its VMs are destroyed (a switch
-        agent that never attached left nothing to read but the test's timeout)."""
+        """Each VM's rlb units as they ended (status and the journal's last `lines`) and the
+        agents' status files (/run/rlb/*.json: the verbs service's counters and keep reasons,
+        which the journal does not hold), into `into`/VM.log: what a failed session leaves to
+        read once its VMs are destroyed (a switch agent that never attached left nothing to read
+        but the test's timeout)."""
         into.mkdir(parents=True, exist_ok=True)
         for v in self.vms:
             try:
                 res = self.sh(v.name, "systemctl --no-pager --all status 'rlb*'; "
-                                      f"journalctl --no-pager -o short-monotonic -n {lines} -u 'rlb*'",
+                                      f"journalctl --no-pager -o short-monotonic -n {lines} -u 'rlb*'; "
+                                      "for f in /run/rlb/*.json; do [ -f \"$f\" ] && echo \"== $f\" && cat \"$f\"; done",
                               check=False, timeout=120)
                 text = res.stdout + res.stderr
             except (OSError, subprocess.SubprocessError) as e:   # a VM that does not answer: say so
