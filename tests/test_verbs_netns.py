@@ -629,16 +629,17 @@ def test_hold_a_host_with_keys_per_pair_can_speak_only_as_itself(v):
     wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
 
 
-def test_verbs_the_agents_verbs_thread_runs_ahead_of_applications_and_only_it(v):
-    """An RTR's answer waits on the verbs thread: it runs at VERBS_NICE, ahead of busy-polling
-    applications at 0 (in the VM lab two perftests at once kept every answer of the second past
-    its time); the agent's other threads stay at 0."""
+def test_verbs_every_thread_of_the_agent_runs_ahead_of_applications(v):
+    """An RTR's answer waits on the verbs thread, which runs only while it holds the interpreter's
+    lock: every thread of the agent runs at VERBS_NICE, ahead of busy-polling applications at 0
+    (in the VM lab a transfer's polling kept the next transfer's answers past their time while
+    the verbs thread alone was ahead: the thread holding the lock was not)."""
     nice = {}
     for task in Path(f"/proc/{v.lab.agents[1].pid}/task").iterdir():
         stat = (task / "stat").read_text()
         nice[(task / "comm").read_text().strip()] = int(stat[stat.rindex(")") + 2:].split()[16])
-    assert nice.pop("rlb-verbs") == VERBS_NICE == -5
-    assert nice and set(nice.values()) == {0}, nice
+    assert "rlb-verbs" in nice and len(nice) > 3, nice
+    assert set(nice.values()) == {VERBS_NICE} and VERBS_NICE == -5, nice
 
 
 def test_verbs_a_datagram_of_several_messages_is_taken_line_by_line_and_answered_in_one(v):

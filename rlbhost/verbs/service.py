@@ -109,9 +109,10 @@ BEHIND_S = 0.05                # after a question waited half its time: new pair
 SLICE_NS = 4_000_000           # a round reads clients this long at most before the peers' messages
                                # are read and the round's messages sent (a CONFIRM or an answer
                                # waits on one slice, not on a burst's every question)
-# the verbs thread's nice value (Linux keeps one per thread): ahead of applications' busy-polling
+# the agent's nice value once its verbs service runs (Linux keeps one per thread; every thread
+# of the agent, since they share the interpreter's lock): ahead of applications' busy-polling
 # threads (NCCL's proxies, perftest), which on a full machine kept every answer past its RTR, and
-# behind bird (rlbdeploy.units.BIRD_NICE); the agent's other threads (LLVM at start) stay at 0
+# behind bird (rlbdeploy.units.BIRD_NICE); LLVM at start compiles at 0, before it is set
 VERBS_NICE = -5
 DECIDED, AH = HOST_C["RLBH_VF_DECIDED"], HOST_C["RLBH_VF_AH"]
 Key = tuple[Local, str, int]   # a pair: (this end, the peer's base address, the peer's QP number)
@@ -436,13 +437,21 @@ class VerbsService:
             self.heap.collect_if_due(idle=not self.link.pending and not self.parked)
 
     def _prioritise(self):
-        """The calling (verbs) thread at VERBS_NICE, once per thread; without CAP_SYS_NICE it
-        stays as it is, and says so."""
+        """Every thread of the agent at VERBS_NICE, from the verbs thread's first round (its
+        programs are loaded by then: LLVM compiled at 0). Not the verbs thread alone: it runs
+        only while it holds the interpreter's lock, and a thread at 0 holding that lock behind
+        busy-polling applications held up every answer (in the VM lab about 1 s a QP while another
+        transfer polled, against 0.15 s without). Threads started later inherit it. Without
+        CAP_SYS_NICE they stay as they are, and say so."""
         self._niced = threading.get_native_id()
         try:
-            os.setpriority(os.PRIO_PROCESS, self._niced, VERBS_NICE)
+            for task in os.listdir("/proc/self/task"):
+                try:
+                    os.setpriority(os.PRIO_PROCESS, int(task), VERBS_NICE)
+                except ProcessLookupError:
+                    pass                        # a thread that ended meanwhile
         except OSError as e:
-            log.warning("verbs: its thread keeps its nice value (%s): a busy machine delays answers", e)
+            log.warning("verbs: the agent's threads keep their nice value (%s): a busy machine delays answers", e)
 
     def _between_slices(self):
         """Within a long round (a burst of questions from many processes): what settles pairs
