@@ -431,7 +431,8 @@ def test_verbs_a_tables_record_is_fenced_step_by_step_where_cpus_may_reorder_sto
 
     def watched():
         fence()
-        seen.append(T.RECORD.unpack_from(t.map, off)[:2] + (T.RECORD.unpack_from(t.map, off)[6],))
+        rec = T.RECORD.unpack_from(t.map, off)
+        seen.append((rec[0], rec[1], rec[6]))
 
     t = T.DecisionTable(tmp_path / "t", fence=watched, in_order=False)
     t.clear()

@@ -440,8 +440,9 @@ class VerbsService:
         """Every thread of the agent at VERBS_NICE, from the verbs thread's first round (its
         programs are loaded by then: LLVM compiled at 0). Not the verbs thread alone: it runs
         only while it holds the interpreter's lock, and a thread at 0 holding that lock behind
-        busy-polling applications held up every answer (in the VM lab about 1 s a QP while another
-        transfer polled, against 0.15 s without). Threads started later inherit it. Without
+        busy-polling applications holds its answers up (the likely cause of about 1 s a QP in the
+        VM lab while another transfer polled, against 0.15 s without). Threads started later
+        inherit it. Without
         CAP_SYS_NICE they stay as they are, and say so."""
         self._niced = threading.get_native_id()
         try:
