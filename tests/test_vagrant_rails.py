@@ -92,8 +92,11 @@ class Transfer:
     def start(self) -> "Transfer":
         lab = self.lab
         lab.wait(f"perftest listens on a2:{self.port}", lambda: listening(lab, "a2", self.port), timeout=300, every=1)
-        self.client = lab.spawn("a1", f"{PRELOAD} {self.cmd} -d {self.client_dev} -x {self.client_gid} "
-                                      f"{lab.vm('a2').mgmt_ip}", self.out["client"])
+        return self.spawn_client()
+
+    def spawn_client(self) -> "Transfer":
+        self.client = self.lab.spawn("a1", f"{PRELOAD} {self.cmd} -d {self.client_dev} -x {self.client_gid} "
+                                           f"{self.lab.vm('a2').mgmt_ip}", self.out["client"])
         return self
 
     def finish(self, timeout: float = 1800) -> dict[int, tuple[int, int]]:
@@ -110,6 +113,19 @@ class Transfer:
         return {qp: (path, peer) for qp, (_, path, peer) in c.items()}
 
 
+def start_together(lab, *transfers: Transfer) -> None:
+    """Every client spawned in the same instant once every server listens: a client started
+    after another's transfer began asks its agents while that one busy-polls both servers, which
+    7 emulated VMs on 2 cores cannot answer in the library's time (a later rail placed 1 of 8)."""
+    ports = [t.port for t in transfers]
+    def all_listen() -> bool:
+        out = lab.sh("a2", "ss -ltnH").stdout
+        return all(f":{p} " in out for p in ports)
+    lab.wait(f"perftest listens on a2:{ports}", all_listen, timeout=300, every=1)
+    for t in transfers:
+        t.spawn_client()
+
+
 def test_rails_vm_both_devices_at_once_each_qp_on_its_own_nics_path_both_ends_agreeing(vlab, gid, tmp_path):
     """rxe0 of a1 to rxe1 of a2 and rxe1 of a1 to rxe0 of a2 at once (across the rails: each
     transfer crosses the spines, one each way), 8 QPs each: 4 a path on each, both ends agreeing,
@@ -118,7 +134,7 @@ def test_rails_vm_both_devices_at_once_each_qp_on_its_own_nics_path_both_ends_ag
     t0 = spine_tx(vlab)
     rail0 = Transfer(vlab, tmp_path, gid, "rxe0", "rxe1", 18515, f"-n {ITERS}")
     rail1 = Transfer(vlab, tmp_path, gid, "rxe1", "rxe0", 18516, f"-n {ITERS}")
-    rail0.start(), rail1.start()
+    start_together(vlab, rail0, rail1)
     q0, q1 = rail0.finish(), rail1.finish()
     t1 = spine_tx(vlab)
     d = {k: t1[k] - t0[k] for k in t0}
@@ -148,7 +164,7 @@ def test_rails_vm_a_rail_leaf_uplink_pulled_mid_transfer(vlab, gid, tmp_path):
     marks = {}
     rail0 = Transfer(vlab, tmp_path, gid, "rxe0", "rxe1", 18517, "-D 30")
     rail1 = Transfer(vlab, tmp_path, gid, "rxe1", "rxe1", 18518, "-D 30")
-    rail0.start(), rail1.start()
+    start_together(vlab, rail0, rail1)
     try:
         time.sleep(15)
         marks["cut"] = spine_tx(vlab)
