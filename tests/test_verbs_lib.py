@@ -208,8 +208,8 @@ def test_verbs_wait_extends_a_question_up_to_its_bound_and_no_further(built, tmp
         if qpn == 0x100:            # waits, and the answer comes at 2.5 timeouts: taken
             threading.Timer(2.5 * timeout_ms / 1000, lambda: conn_send(path_answer(text, lambda q: 3))).start()
             return P.wait_reply(seq, deadline + 3 * timeout_ms * 1_000_000)
-        # asks for ten times the timeout: held to rlbv_wait_ns(), and nothing comes
-        return P.wait_reply(seq, deadline + 10 * timeout_ms * 1_000_000)
+        # asks for twice the bound: held to rlbv_wait_ns(), and nothing comes
+        return P.wait_reply(seq, deadline + 2 * P.wait_ns(timeout_ms * 1_000_000))
 
     sent = []
 
@@ -228,7 +228,7 @@ def test_verbs_wait_extends_a_question_up_to_its_bound_and_no_further(built, tmp
     assert got == {0x100: (v2[3], B[3]), 0x101: (BASE_GID, B[1])}
     waits = {ln["qpn"]: ln["ns"] / 1e6 for ln in lines}
     assert 2.4 * timeout_ms <= waits[0x100] < 3.5 * timeout_ms
-    bound_ms = P.wait_ns(timeout_ms * 1_000_000) / 1e6        # 1000 ms: more than 4 timeouts here
+    bound_ms = P.wait_ns(timeout_ms * 1_000_000) / 1e6        # RLBV_WAIT_MIN_MS: more than 4 timeouts here
     assert bound_ms * 0.95 <= waits[0x101] < bound_ms + timeout_ms
 
 

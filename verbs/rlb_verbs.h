@@ -50,11 +50,13 @@
 #define RLBV_TIMEOUT_MS         20      /* default: how long a question may take before the QP
                                          * keeps the application's addresses (RLB_VERBS_TIMEOUT_MS) */
 #define RLBV_WAIT_MAX           4       /* WAIT extends a question to at most this many timeouts, */
-#define RLBV_WAIT_MIN_MS        1000    /* and to this long if that is longer: the other end's
+#define RLBV_WAIT_MIN_MS        10000   /* and to this long if that is longer: the other end's
                                          * library may be on the path already, and its word comes
-                                         * through two agents that a burst can hold back for
-                                         * hundreds of ms; an RTR that waits longer once is cheaper
-                                         * than a QP whose ends are apart for its life */
+                                         * through two agents that a burst or a starved machine can
+                                         * hold back for seconds (1 s left 1 pair in 4000 apart
+                                         * under overload, and one in a VM lab starved for 7 s);
+                                         * an RTR that waits longer once is cheaper than a QP
+                                         * whose ends are apart for its life */
 #define RLBV_SEND_WAIT_MS       5       /* a full socket (an agent not reading) is waited on this
                                          * long at most; then the agent counts as stalled */
 #define RLBV_RECONNECT_MS       1000    /* a missing agent is looked for again at most this often */
