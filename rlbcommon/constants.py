@@ -12,6 +12,10 @@ METRICS_PORT = {"switch": 9471, "host": 9472, "coordinator": 9473}
 COORDINATOR_PORT = METRICS_PORT["coordinator"]   # the coordinator's API and /metrics share it
 VERBS_GROUP = "rlb-verbs"            # the users whose jobs may use the verbs socket (`rlbhost verbs install` makes it)
 VERBS_PORT = 4798                   # host agents agree on verbs QPs' paths (UDP, between base addresses)
+# Their datagrams' traffic class: DSCP CS6 (network control, as BGP and BFD are sent), so a fabric
+# can queue them apart from the data they place; in the default class they are dropped first when
+# a link is full of RoCE, and a QP being set up then keeps its addresses (nopeer).
+VERBS_TCLASS = 48 << 2
 # Colour k travels as the generic ext community (COLOUR_COMMUNITY, k): transitive, type 0x03,
 # sub-type 0x0b (RFC 9012's colour extended community).
 COLOUR_COMMUNITY = 0x030B0000

@@ -17,6 +17,7 @@ import time
 from typing import Callable
 
 from rlbcommon import failpoints
+from rlbcommon.constants import VERBS_TCLASS
 
 from ..probekeys import KeyFile
 from . import protocol as P
@@ -57,6 +58,7 @@ class PeerLink:
         u = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
         u.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         u.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        u.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, VERBS_TCLASS)
         u.bind(("::", self.port))
         self.udp = u
         self.sel.register(u, selectors.EVENT_READ, UDP)
