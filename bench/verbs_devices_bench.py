@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -108,6 +110,20 @@ def cpu_s(pid: int) -> tuple[float, float]:
     return int(f[11]) / os.sysconf("SC_CLK_TCK"), int(f[12]) / os.sysconf("SC_CLK_TCK")
 
 
+def py_spy() -> str | None:
+    """py-spy on PATH, or beside this interpreter (a venv's)."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
+def profile(lab, into: Path) -> list[subprocess.Popen]:
+    """py-spy sampling each agent (every thread; not pausing it, which collapsed the 8-device case)."""
+    into.mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen([py_spy(), "record", "--pid", str(lab.agents[h].pid), "--threads", "--nonblocking",
+                              "--rate", "250", "--format", "raw", "--output", str(into / f"a{h}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for h in (1, 2)]
+
+
 def _path(gids: dict[int, int], index: int) -> int:
     return next((k for k, i in gids.items() if i == index), 0)
 
@@ -117,7 +133,12 @@ def main():
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--qps", type=int, default=1000, help="QPs per device per server")
     ap.add_argument("--timeout-ms", type=float, default=20)
+    ap.add_argument("--profile", type=Path, metavar="DIR",
+                    help="sample each agent's threads with py-spy during the several-device case and write "
+                         "DIR/a<N>.txt (collapsed stacks, for flamegraph.pl or speedscope)")
     args = ap.parse_args()
+    if args.profile and not py_spy():
+        ap.error("--profile needs py-spy (.venv/bin/pip install py-spy)")
     tmp = Path(tempfile.mkdtemp(prefix="rlb-verbs-devices-"))
     built = build_all(tmp / "build")
     lab = HostLab("rlbvd", nics=args.devices)
@@ -136,9 +157,13 @@ def main():
             cpu0, t0 = {h: cpu_s(lab.agents[h].pid) for h in (1, 2)}, time.monotonic()
             th0 = {h: threads_s(lab.agents[h].pid) for h in (1, 2)}
             idle0 = idle_share()
+            spies = profile(lab, args.profile) if args.profile and devices > 1 else []
             lines, agree = run(lab, built, sysfs, gid, tmp, devices, args.qps, args.timeout_ms)
             wall = time.monotonic() - t0
             idle = idle_share(idle0)
+            for spy in spies:
+                spy.send_signal(signal.SIGINT)      # py-spy writes what it sampled on SIGINT
+                spy.wait(timeout=60)
             cpu = {h: tuple(b - a for a, b in zip(cpu0[h], cpu_s(lab.agents[h].pid))) for h in (1, 2)}
             th = {h: {k: v - th0[h].get(k, 0.0) for k, v in threads_s(lab.agents[h].pid).items()} for h in (1, 2)}
             cpu = {h: (*cpu[h], th[h]) for h in (1, 2)}

@@ -208,6 +208,31 @@ def test_verbs_qps_count_in_the_active_counters_and_leave_them_when_dropped(ab):
             adj.set(w * n + i, adj.leaf_type(0))
 
 
+def test_verbs_qps_per_path_are_counted_as_they_come_and_go_not_walked_by_every_sweep(ab):
+    """The sweep adds verbs QPs to each slot's count from a tally kept by verbs_put and
+    verbs_drop (walking every QP of every NIC each sweep took the GIL from the verbs thread at
+    8 x 1000 QPs); the tally is what the QPs say, through a move, a drop, and a new process."""
+    a, _ = ab
+    wid = a.dp.weights_for(B[1])[0]
+    qs = [verbs_qp(a, B[1], k, 0x620 + i, 0x720 + i) for i, k in enumerate((1, 2, 2, 4))]
+    assert a.dp.verbs_counts() == {(wid, 0): 1, (wid, 1): 2, (wid, 3): 1}
+    verbs_qp(a, B[1], 2, 0x621, 0x721)                       # the same entry put again: no more QPs
+    assert a.dp.verbs_drop(qs[1])                             # moved 2 -> 3, as the agent moves one
+    verbs_qp(a, B[1], 3, 0x621, 0x721)
+    a.dp.verbs_drop(qs[3])
+    want = {(wid, 0): 1, (wid, 1): 1, (wid, 2): 1}
+    assert a.dp.verbs_counts() == want
+    a.dp.rebalance()
+    assert a.dp.active_counts(wid)[:4] == [1, 1, 1, 0]
+    a.dp._verbs = None                                        # a new process: read from the map
+    assert a.dp.verbs_counts() == want
+    for q in a.dp.verbs_qps():
+        a.dp.verbs_drop(q)
+    assert a.dp.verbs_counts() == {}
+    a.dp.rebalance()
+    assert a.dp.active_counts(wid)[:4] == [0, 0, 0, 0]
+
+
 def test_a_qp_the_data_plane_places_while_the_sweep_counts_is_not_lost(ab, monkeypatch):
     """The sweep recounts the active counters from the table; a QP placed after the table was
     read but before the counters were written used to vanish from them, and the next QPs all

@@ -13,6 +13,7 @@ abi.py what the programs and user space agree on."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 from rlbcommon.constants import ROCE_PORT
 from rlbcommon.paths import pin_dir
@@ -68,6 +69,7 @@ class HostDataplane(Hooks, Paths, PortsMode, Weights, QpTable, VerbsQps, PinnedS
         # the verbs map's QPs as this process last wrote or read them: the agent, their only
         # writer, counts and reports them without walking the map (2 entries a QP) each time
         self._verbs: dict[tuple[str, int], VerbsQp] | None = None
+        self._verbs_counts: Counter = Counter()      # (entry, path) -> QPs of _verbs on it
 
     @classmethod
     def pinned(cls, instance: str | None = None) -> list[str | None]:

@@ -131,8 +131,7 @@ class QpTable:
         after = act.array_slice(0, span)
         dp_now = struct.unpack(f"{span}i", after)
         with self.verbs_lock:
-            for q in self.verbs_qps():     # placed through verbs: active until destroyed
-                counts[(q.wid, q.path)] += 1
+            counts.update(self.verbs_counts())     # placed through verbs: active until destroyed
             adj = self.maps["active_adj"]
             adj_now = struct.unpack(f"{span}i", adj.array_slice(0, span))
             for wid in wids:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import struct
 import time
+from collections import Counter
 
 from .abi import C, MAX_PATHS, VerbsQp, packed_addr
 
@@ -45,8 +46,11 @@ class VerbsQps:
         if not q.is_ah:
             m.set(self._verbs_key(q.peer_addr, q.local_qpn, C["RLBH_V_RX"]), v)
         mirror[(q.peer_addr, q.remote_qpn)] = q
+        counts = self._verbs_counts
         if old is not None:
+            counts[(old.wid, old.path)] -= 1
             self._adjust(old.wid, old.path, -1)
+        counts[(q.wid, q.path)] += 1
         self._adjust(q.wid, q.path, +1)
 
     def verbs_drop(self, q: VerbsQp) -> bool:
@@ -55,7 +59,9 @@ class VerbsQps:
             gone = m.delete(self._verbs_key(q.peer_addr, q.remote_qpn, C["RLBH_V_TX"]))
             if not q.is_ah:
                 m.delete(self._verbs_key(q.peer_addr, q.local_qpn, C["RLBH_V_RX"]))
-            self._verbs_mirror().pop((q.peer_addr, q.remote_qpn), None)
+            was = self._verbs_mirror().pop((q.peer_addr, q.remote_qpn), None)
+            if was is not None:
+                self._verbs_counts[(was.wid, was.path)] -= 1
             if gone:
                 self._adjust(q.wid, q.path, -1)
         return bool(gone)
@@ -65,12 +71,21 @@ class VerbsQps:
         with self.verbs_lock:
             self.maps["verbs"].clear()
             self._verbs = {}
+            self._verbs_counts = Counter()
 
     def _verbs_mirror(self) -> dict[tuple[str, int], VerbsQp]:
         with self.verbs_lock:
             if self._verbs is None:
                 self._verbs = {(q.peer_addr, q.remote_qpn): q for q in self._verbs_from_map()}
+                self._verbs_counts = Counter((q.wid, q.path) for q in self._verbs.values())
             return self._verbs
+
+    def verbs_counts(self) -> dict[tuple[int, int], int]:
+        """Verbs QPs per (weight entry, path index), kept with the mirror: the sweep adds them to
+        the table's count without walking every QP (a server's thousands, each NIC, every sweep)."""
+        with self.verbs_lock:
+            self._verbs_mirror()
+            return {k: n for k, n in self._verbs_counts.items() if n}
 
     def _verbs_from_map(self) -> list[VerbsQp]:
         out = []
