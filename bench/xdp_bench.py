@@ -4,6 +4,8 @@ Switch (XDP):
 
     empty            an XDP program that returns XDP_PASS (the test-run floor)
     parse+redirect   parse Ethernet/IPv6, rewrite MACs, hop limit, devmap redirect
+    router           that, after a route lookup (LPM trie) and a next hop read, with a per-CPU
+                     count: a router's work (the kernel's xdp_router_ipv4 sample, in IPv6)
     our modes        pinned, weighted, dlb, pinned failover, connected, pass (no route)
 Host (TC):
     empty TC         returns TC_ACT_OK
@@ -19,7 +21,8 @@ forwarder's hop-limit decrement accumulates: frames start at hop limit 255 and e
 Numbers are for comparison on one machine, not absolute line-rate claims.
 
 The guard: each case's ratio to its reference measured in the same run (the switch's to
-parse+redirect, the host's to an empty TC program, ports mode to TC parse+redirect) is printed
+parse+redirect, and again to the router, the host's to an empty TC program, ports mode to TC
+parse+redirect) is printed
 beside the ratio recorded in bench/ratios.json, and a case more than 10 % above its record is
 named. --check exits 1 then; --record writes this run's ratios as the new record (after a
 change meant to move them). tests/test_bench_guard.py runs the switch cases briefly in `make
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import ipaddress
 import json
 import statistics
 import subprocess
@@ -69,7 +73,9 @@ def ns_per_packet(cases: list[tuple[str, int, bytes, int]], repeat: int, rounds:
 RECORD = Path(__file__).with_name("ratios.json")
 WARN, FAIL = 1.10, 1.50          # over the record: named by the bench; failed by the test
 # each case's reference: the first case of its group, measured in the same run
-REFERENCES = {"switch": "parse+redirect baseline", "host": "empty TC", "ports": "TC parse+redirect"}
+REFERENCES = {"switch": "parse+redirect baseline", "router": "router baseline", "host": "empty TC",
+              "ports": "TC parse+redirect"}
+MEASURED = ("switch", "host", "ports")   # "router" is the switch group's figures over another reference
 
 
 def measure(repeat: int = 250, rounds: int = 300, groups=("switch", "host", "ports")) -> dict[str, dict[str, float]]:
@@ -88,6 +94,7 @@ def measure(repeat: int = 250, rounds: int = 300, groups=("switch", "host", "por
             try:
                 if "switch" in groups:
                     out["switch"] = dict(run_cases(ref, dp, repeat, rounds))
+                    out["router"] = out["switch"]     # the same figures, over a router's work
                 if "host" in groups:
                     out["host"] = dict(run_host_cases(ref, host, rounds))
                 if "ports" in groups:
@@ -122,13 +129,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=250, help="packets per kernel test run (max 253)")
     ap.add_argument("--rounds", type=int, default=300, help="test runs per case (median taken; a "
                     "run takes about 16 ms here, whatever it carries: the kernel's set-up)")
-    ap.add_argument("--only", choices=tuple(REFERENCES), help="run one group of cases")
+    ap.add_argument("--only", choices=MEASURED, help="run one group of cases")
     ap.add_argument("--check", action="store_true", help="exit 1 when a ratio is over 1.1x its record")
     ap.add_argument("--record", action="store_true", help=f"write this run's ratios to {RECORD.name}")
     args = ap.parse_args()
     if not 1 <= args.repeat <= 253:
         ap.error("--repeat must be 1..253 (the hop limit would run out and change the path)")
-    results = measure(args.repeat, args.rounds, (args.only,) if args.only else tuple(REFERENCES))
+    results = measure(args.repeat, args.rounds, (args.only,) if args.only else MEASURED)
     now, record = ratios(results), recorded()
     report(args, results, now, record)
     if args.record:
@@ -143,7 +150,9 @@ def run_cases(ref, dp, repeat: int, rounds: int) -> list[tuple[str, float]]:
     from bcc import BPF
     empty = ref.load_func(b"xdp_empty", BPF.XDP).fd
     base = ref.load_func(b"xdp_parse_redirect", BPF.XDP).fd
+    router = ref.load_func(b"xdp_router", BPF.XDP).fd
     ref[b"bench_tx"][ctypes.c_int(0)] = ctypes.c_int(dp.ifindex("p0"))
+    router_route(ref, "fc00:2:0:1::/64", 1, port=0, dmac="02:00:00:00:01:00", smac="02:00:00:00:02:00")
     dp.load()
     for bucket in POLICE.values():             # the policer would cut the to-the-kernel case to its
         dp.set_police(bucket, 0, 1)           # burst: measured is the program's cost, not its drops
@@ -167,6 +176,7 @@ def run_cases(ref, dp, repeat: int, rounds: int) -> list[tuple[str, float]]:
     cases = [
         ("empty XDP", empty, frame("fc00:2:0:1::1"), XDP_PASS),
         ("parse+redirect baseline", base, frame("fc00:2:0:1::1"), XDP_REDIRECT),
+        ("router baseline", router, frame("fc00:2:0:1::1"), XDP_REDIRECT),
         ("rlb pinned", dp.prog_fd, frame("fc00:2:0:1::1"), XDP_REDIRECT),
         ("rlb weighted (3 members)", dp.prog_fd, frame("fc00:2:0:2::1"), XDP_REDIRECT),
         ("rlb spray (3 members)", dp.prog_fd, frame("fc00:2:0:5::1"), XDP_REDIRECT),
@@ -176,6 +186,20 @@ def run_cases(ref, dp, repeat: int, rounds: int) -> list[tuple[str, float]]:
         ("rlb no route (to kernel)", dp.prog_fd, frame("fd00::1"), XDP_PASS),
     ]
     return ns_per_packet(cases, repeat, rounds)
+
+
+def router_route(ref, prefix: str, nh: int, port: int, dmac: str, smac: str):
+    """A route of the router reference (xdp_router): prefix -> next hop nh on devmap slot port."""
+    net = ipaddress.IPv6Network(prefix)
+    key = ref[b"bench_routes"].Key()
+    key.prefixlen = net.prefixlen
+    key.addr[:] = list(net.network_address.packed)
+    ref[b"bench_routes"][key] = ctypes.c_uint32(nh)
+    v = ref[b"bench_nexthops"].Leaf()
+    v.port = port
+    v.dmac[:] = list(bytes.fromhex(dmac.replace(":", "")))
+    v.smac[:] = list(bytes.fromhex(smac.replace(":", "")))
+    ref[b"bench_nexthops"][ctypes.c_int(nh)] = v
 
 
 def run_host_cases(ref, host, rounds: int) -> list[tuple[str, float]]:
