@@ -13,16 +13,24 @@ int xdp_empty(struct xdp_md *ctx)
     return XDP_PASS;
 }
 
+/* The Ethernet header of an IPv6 frame a forwarder may forward (hop limit left; its IPv6 header
+ * follows), or 0. */
+static __always_inline struct ethhdr *forwardable(struct xdp_md *ctx)
+{
+    void *data_end = (void *)(long)ctx->data_end;
+    struct ethhdr *eth = (void *)(long)ctx->data;
+    struct ipv6hdr *ip6 = (void *)(eth + 1);
+    if ((void *)(ip6 + 1) > data_end || eth->h_proto != htons(ETH_P_IPV6) || ip6->hop_limit <= 1)
+        return 0;
+    return eth;
+}
+
 int xdp_parse_redirect(struct xdp_md *ctx)
 {
-    void *data = (void *)(long)ctx->data;
-    void *data_end = (void *)(long)ctx->data_end;
-    struct ethhdr *eth = data;
+    struct ethhdr *eth = forwardable(ctx);
+    if (!eth)
+        return XDP_PASS;
     struct ipv6hdr *ip6 = (void *)(eth + 1);
-    if ((void *)(ip6 + 1) > data_end || eth->h_proto != htons(ETH_P_IPV6))
-        return XDP_PASS;
-    if (ip6->hop_limit <= 1)
-        return XDP_PASS;
     ip6->hop_limit--;
     __builtin_memset(eth->h_dest, 0x02, ETH_ALEN);
     __builtin_memset(eth->h_source, 0x04, ETH_ALEN);
@@ -53,14 +61,10 @@ BPF_PERCPU_ARRAY(bench_counts, struct bench_count, 16);
 
 int xdp_router(struct xdp_md *ctx)
 {
-    void *data = (void *)(long)ctx->data;
-    void *data_end = (void *)(long)ctx->data_end;
-    struct ethhdr *eth = data;
+    struct ethhdr *eth = forwardable(ctx);
+    if (!eth)
+        return XDP_PASS;
     struct ipv6hdr *ip6 = (void *)(eth + 1);
-    if ((void *)(ip6 + 1) > data_end || eth->h_proto != htons(ETH_P_IPV6))
-        return XDP_PASS;
-    if (ip6->hop_limit <= 1)
-        return XDP_PASS;
     struct bench_lpm_key key = {.prefixlen = 128};
     __builtin_memcpy(key.addr, ip6->daddr.in6_u.u6_addr8, 16);
     u32 *id = bench_routes.lookup(&key);
@@ -73,7 +77,7 @@ int xdp_router(struct xdp_md *ctx)
     struct bench_count *c = bench_counts.lookup(&nid);
     if (c) {
         c->packets++;
-        c->bytes += data_end - data;
+        c->bytes += ctx->data_end - ctx->data;
     }
     ip6->hop_limit--;
     __builtin_memcpy(eth->h_dest, nh->dmac, ETH_ALEN);
