@@ -78,7 +78,7 @@ REFERENCES = {"switch": "parse+redirect baseline", "router": "router baseline", 
 MEASURED = ("switch", "host", "ports")   # "router" is the switch group's figures over another reference
 
 
-def measure(repeat: int = 250, rounds: int = 300, groups=("switch", "host", "ports")) -> dict[str, dict[str, float]]:
+def measure(repeat: int = 250, rounds: int = 300, groups=MEASURED) -> dict[str, dict[str, float]]:
     """{group: {case: ns per packet}}, in a scratch namespace removed afterwards."""
     from bcc import BPF
     ns = f"rlbbench-{uuid.uuid4().hex[:6]}"
@@ -197,8 +197,8 @@ def router_route(ref, prefix: str, nh: int, port: int, dmac: str, smac: str):
     ref[b"bench_routes"][key] = ctypes.c_uint32(nh)
     v = ref[b"bench_nexthops"].Leaf()
     v.port = port
-    v.dmac[:] = list(bytes.fromhex(dmac.replace(":", "")))
-    v.smac[:] = list(bytes.fromhex(smac.replace(":", "")))
+    v.dmac[:] = list(P.mac_bytes(dmac))
+    v.smac[:] = list(P.mac_bytes(smac))
     ref[b"bench_nexthops"][ctypes.c_int(nh)] = v
 
 

@@ -67,8 +67,10 @@ def verbs_status(lab, server: str) -> dict:
     return lab.json(server, "cat /run/rlb/default-host-verbs.json")
 
 
-def listening(lab, server: str, port: int) -> bool:
-    return f":{port} " in lab.sh(server, "ss -ltnH").stdout
+def listening(lab, server: str, *ports: int) -> bool:
+    """Every one of the TCP ports listens on the server (one command: one ssh)."""
+    out = lab.sh(server, "ss -ltnH").stdout
+    return all(f":{p} " in out for p in ports)
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +95,8 @@ class Transfer:
         self.client = None
 
     def start(self) -> "Transfer":
-        lab = self.lab
-        lab.wait(f"perftest listens on a2:{self.port}", lambda: listening(lab, "a2", self.port), timeout=300, every=1)
-        return self.spawn_client()
+        start_together(self.lab, self)
+        return self
 
     def spawn_client(self) -> "Transfer":
         self.client = self.lab.spawn("a1", f"{PRELOAD} {self.cmd} -d {self.client_dev} -x {self.client_gid} "
@@ -121,10 +122,7 @@ def start_together(lab, *transfers: Transfer) -> None:
     after another's transfer began asks its agents while that one busy-polls both servers, which
     7 emulated VMs on 2 cores cannot answer in the library's time (a later rail placed 1 of 8)."""
     ports = [t.port for t in transfers]
-    def all_listen() -> bool:
-        out = lab.sh("a2", "ss -ltnH").stdout
-        return all(f":{p} " in out for p in ports)
-    lab.wait(f"perftest listens on a2:{ports}", all_listen, timeout=300, every=1)
+    lab.wait(f"perftest listens on a2:{ports}", lambda: listening(lab, "a2", *ports), timeout=300, every=1)
     for t in transfers:
         t.spawn_client()
 

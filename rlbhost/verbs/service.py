@@ -442,8 +442,7 @@ class VerbsService:
         only while it holds the interpreter's lock, and a thread at 0 holding that lock behind
         busy-polling applications holds its answers up (the likely cause of about 1 s a QP in the
         VM lab while another transfer polled, against 0.15 s without). Threads started later
-        inherit it. Without
-        CAP_SYS_NICE they stay as they are, and say so."""
+        inherit it. Without CAP_SYS_NICE they stay as they are, and say so."""
         self._niced = threading.get_native_id()
         try:
             for task in os.listdir("/proc/self/task"):
