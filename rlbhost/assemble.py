@@ -53,6 +53,7 @@ class Options:
     etcd_cert: Path | None = None       # ... and this host's (certificate and key, one file)
     etcd_lease_s: int = 3               # its keys' lease: how long a dead host's QPs stay placed
     coordinator_tls: ssl.SSLContext | None = None   # with an https:// --coordinator (coordapi.client_tls)
+    verbs_max_timeout_ms: int = 2000    # the longest a library's question is worked on
 
     @property
     def interface(self) -> str:
@@ -117,7 +118,8 @@ def verbs_service(nics, opts: Options, health: Health, advice: dict | None = Non
     instance = nics[0].dp.instance
     service = VerbsService({n.ifname: n.dp for n in nics}, socket_path(instance), group=opts.verbs_group,
                            health=health, status_path=status_path(instance), advice=advice or {},
-                           table_path=table_path(instance), keys=keys)
+                           table_path=table_path(instance), keys=keys,
+                           max_timeout_ns=opts.verbs_max_timeout_ms * 1_000_000)
     try:
         service.open()
     except KeyError:

@@ -118,6 +118,10 @@ def run(
         f"verbs socket (mode 0660; default {VERBS_GROUP}, made by `rlbhost verbs install`; without it "
         "only root's jobs). '*': every local user, who could then make other users' QPs keep their "
         "addresses."),
+    verbs_max_timeout_ms: int = typer.Option(2000, min=100, max=60000, help="The longest the agent works "
+        "on a library's question, whatever RLB_VERBS_TIMEOUT_MS asks: a QP's RTR waits this long at most "
+        "before it keeps the application's addresses. Raise it only where agents answer slowly (an "
+        "emulated lab: the VM lab's hosts use 6000 under qemu)."),
 ):
     """Run the host agent in the foreground: `attach` with the interface optional (adopted).
 
@@ -145,7 +149,7 @@ def run(
                    coordinator, etcd, etcd_password_file, report_ms, qp_memory_s, run_dir, probe_ms,
                    probe_dead_ms, probe_key, carrier_rt_priority, tc, verbs, verbs_group, once,
                    etcd_ca=etcd_ca, etcd_cert=etcd_cert, etcd_lease_s=etcd_lease_s,
-                   coordinator_tls=coordinator_tls)
+                   coordinator_tls=coordinator_tls, verbs_max_timeout_ms=verbs_max_timeout_ms)
     health = Health(health_file(dp.instance), hang_s)
     if not once:
         Watchdog(health, log).start()      # systemd hears from it while the programs compile, too

@@ -177,6 +177,10 @@ def test_rails_a_server_gets_one_agent_unit_for_every_nic():
     alone = deploy.units(f, Path("/etc/rlb/fabric.toml"), "a1", "10.0.0.9", None, site)["rlb-host"]
     assert " --expiry-ms 2000 " in alone and "--etcd-lease-s" not in alone
     assert "--expiry-ms" not in units["rlb-host"] and "--etcd-lease-s" not in units["rlb-host"]
+    # and agents that work longer on a verbs question (an emulated lab's datagrams take seconds)
+    capped = deploy.units(f, Path("/etc/rlb/fabric.toml"), "a1", "10.0.0.9", None,
+                          deploy.Site(verbs_max_timeout_ms=6000))["rlb-host"]
+    assert " --verbs-max-timeout-ms 6000 " in capped and "--verbs-max-timeout-ms" not in units["rlb-host"]
     with pytest.raises(FabricError, match="'a1-gpu0_eth' is NIC gpu0_eth of server a1: units, link setup and "
                                           r"the agent are the server's \(a1\)"):
         deploy.units(f, Path("/etc/rlb/fabric.toml"), "a1-gpu0_eth", "10.0.0.9", None)

@@ -25,10 +25,7 @@ LIB = "/usr/local/lib/rlb/librlbverbs.so"
 RLBHOST = "/opt/rlb/venv/bin/rlbhost"
 NIC = {"rxe0": "gpu0_eth", "rxe1": "gpu1_eth"}
 LEAF = {"rxe0": "l1", "rxe1": "l2"}
-# 2 s (the most an agent works on a question; the real default is 20 ms): 7 emulated VMs on 2
-# cores starve agents and libraries for seconds at once; a pending pair's second end then waits
-# up to RLBV_WAIT_MIN_MS (10 s) for the first's word
-PRELOAD = f"env LD_PRELOAD={LIB} RLB_VERBS_TIMEOUT_MS=2000 RLB_VERBS_LOG=2"
+CAP = re.compile(r"--verbs-max-timeout-ms (\d+)")
 HOLD_HANG_S = 90     # the hold test's hang time: the hang is found well inside its transfer
 DECISION = re.compile(r"QP 0x([0-9a-f]+) on (\S+): path (\d+), GID index \d+, peer \S+ \(QP 0x([0-9a-f]+)\)")
 
@@ -74,6 +71,17 @@ def listening(lab, server: str, *ports: int) -> bool:
 
 
 @pytest.fixture(scope="module")
+def preload(vlab) -> str:
+    """The library's environment, its timeout the most a1's agent works on a question (the real
+    default is 20 ms): the unit's --verbs-max-timeout-ms (Vagrantfile RLB_VERBS_MAX_MS: 6 s under
+    qemu, where 7 emulated VMs on 2 cores starve agents and libraries for seconds at once), else
+    rlbhost's 2 s. A pending pair's second end waits longer still: RLBV_WAIT_MIN_MS (10 s) or
+    four timeouts, for the first's word."""
+    cap = CAP.search(vlab.sh("a1", "systemctl cat rlb-host").stdout)
+    return f"env LD_PRELOAD={LIB} RLB_VERBS_TIMEOUT_MS={cap[1] if cap else 2000} RLB_VERBS_LOG=2"
+
+
+@pytest.fixture(scope="module")
 def gid(vlab) -> dict[tuple[str, str], int]:
     """{(server, device): its GID index on path 1}, read once: a command takes a minute on an
     emulated VM, and transfers meant to run at once started minutes apart when each read its own."""
@@ -85,12 +93,13 @@ class Transfer:
     a TCP port of its own: the server starts here, the client at start(), once the server
     listens (not after a guess). Start the servers of transfers meant to run together first."""
 
-    def __init__(self, lab, tmp_path, gid: dict, client_dev: str, server_dev: str, port: int, extra: str):
-        self.lab, self.client_dev, self.server_dev, self.port = lab, client_dev, server_dev, port
+    def __init__(self, lab, tmp_path, gid: dict, preload: str, client_dev: str, server_dev: str, port: int,
+                 extra: str):
+        self.lab, self.client_dev, self.server_dev, self.port, self.preload = lab, client_dev, server_dev, port, preload
         self.out = {s: tmp_path / f"{s}-{client_dev}-{server_dev}-{port}.out" for s in ("client", "server")}
         self.cmd = f"ib_write_bw -i 1 -q 8 -s {SIZE} -t 2 -F --report_gbits -p {port} {extra}"
         self.client_gid = gid[("a1", client_dev)]
-        self.server = lab.spawn("a2", f"{PRELOAD} {self.cmd} -d {server_dev} -x {gid[('a2', server_dev)]}",
+        self.server = lab.spawn("a2", f"{preload} {self.cmd} -d {server_dev} -x {gid[('a2', server_dev)]}",
                                 self.out["server"])
         self.client = None
 
@@ -99,7 +108,7 @@ class Transfer:
         return self
 
     def spawn_client(self) -> "Transfer":
-        self.client = self.lab.spawn("a1", f"{PRELOAD} {self.cmd} -d {self.client_dev} -x {self.client_gid} "
+        self.client = self.lab.spawn("a1", f"{self.preload} {self.cmd} -d {self.client_dev} -x {self.client_gid} "
                                            f"{self.lab.vm('a2').mgmt_ip}", self.out["client"])
         return self
 
@@ -127,14 +136,14 @@ def start_together(lab, *transfers: Transfer) -> None:
         t.spawn_client()
 
 
-def test_rails_vm_both_devices_at_once_each_qp_on_its_own_nics_path_both_ends_agreeing(vlab, gid, tmp_path):
+def test_rails_vm_both_devices_at_once_each_qp_on_its_own_nics_path_both_ends_agreeing(vlab, gid, preload, tmp_path):
     """rxe0 of a1 to rxe1 of a2 and rxe1 of a1 to rxe0 of a2 at once (across the rails: each
     transfer crosses the spines, one each way), 8 QPs each: 4 a path on each, both ends agreeing,
     each direction's bytes split over the spines as the QPs are."""
     before = {s: verbs_status(vlab, s)["counters"] for s in ("a1", "a2")}
     t0 = spine_tx(vlab)
-    rail0 = Transfer(vlab, tmp_path, gid, "rxe0", "rxe1", 18515, f"-n {ITERS}")
-    rail1 = Transfer(vlab, tmp_path, gid, "rxe1", "rxe0", 18516, f"-n {ITERS}")
+    rail0 = Transfer(vlab, tmp_path, gid, preload, "rxe0", "rxe1", 18515, f"-n {ITERS}")
+    rail1 = Transfer(vlab, tmp_path, gid, preload, "rxe1", "rxe0", 18516, f"-n {ITERS}")
     start_together(vlab, rail0, rail1)
     q0, q1 = rail0.finish(), rail1.finish()
     t1 = spine_tx(vlab)
@@ -158,13 +167,13 @@ def test_rails_vm_both_devices_at_once_each_qp_on_its_own_nics_path_both_ends_ag
         assert set(nics) == {"gpu0_eth", "gpu1_eth"} and all(len(e["ports"]) == 1 for e in nics.values())
 
 
-def test_rails_vm_a_rail_leaf_uplink_pulled_mid_transfer(vlab, gid, tmp_path):
+def test_rails_vm_a_rail_leaf_uplink_pulled_mid_transfer(vlab, gid, preload, tmp_path):
     """Rail 0 (rxe0 of a1 to rxe1 of a2: up l1, over the spines, down l2) while rail 1 runs on its
     own leaf (rxe1 to rxe1, l2 only); l1's cable to s2 pulled 15 s in: rail 0's transfer completes,
     its traffic on s1 from then on, and rail 1's transfer completes untouched."""
     marks = {}
-    rail0 = Transfer(vlab, tmp_path, gid, "rxe0", "rxe1", 18517, "-D 30")
-    rail1 = Transfer(vlab, tmp_path, gid, "rxe1", "rxe1", 18518, "-D 30")
+    rail0 = Transfer(vlab, tmp_path, gid, preload, "rxe0", "rxe1", 18517, "-D 30")
+    rail1 = Transfer(vlab, tmp_path, gid, preload, "rxe1", "rxe1", 18518, "-D 30")
     start_together(vlab, rail0, rail1)
     try:
         time.sleep(15)
@@ -200,7 +209,7 @@ def agent_ready_since(lab, server: str, since: str) -> bool:
     return "verbs: answering on" in journal_since(lab, server, since)
 
 
-def test_rails_vm_hold_a_hung_loop_and_a_frozen_agent_under_traffic(vlab, gid, tmp_path):
+def test_rails_vm_hold_a_hung_loop_and_a_frozen_agent_under_traffic(vlab, gid, preload, tmp_path):
     """a1's agent under systemd, 8 QPs of rxe0 crossing the spines to a2's rxe1 all along:
     1. its sweep loop hangs mid-transfer (a failpoint armed by a file, as a lock never released;
        the lab's emulated hang time and systemd's watch, 600 s, shortened for this test to HOLD_HANG_S):
@@ -220,7 +229,7 @@ def test_rails_vm_hold_a_hung_loop_and_a_frozen_agent_under_traffic(vlab, gid, t
         first = unit_show(vlab, "a1")
         t0 = spine_tx(vlab)
         losses0 = vlab.sh("a1", "rdma statistic show link rxe0/1", check=False).stdout
-        transfer = Transfer(vlab, tmp_path, gid, "rxe0", "rxe1", 18519, "-D 240").start()
+        transfer = Transfer(vlab, tmp_path, gid, preload, "rxe0", "rxe1", 18519, "-D 240").start()
         time.sleep(20)
         hung_at = vlab.sh("a1", f"date +%s; touch {TRIGGER}").stdout.split()[0]
         vlab.wait("a1's agent starts afresh after the hung sweep",

@@ -123,6 +123,38 @@ def test_verbs_hostile_2000_idle_connections_are_capped_per_user(v):
     wait_for("no connection left", lambda: v.status(1)["clients"] == 0, timeout=S.STATUS_EVERY_S + 2)
 
 
+def test_verbs_hostile_an_agents_cap_on_a_question_is_its_verbs_max_timeout_ms(v):
+    """Started with --verbs-max-timeout-ms 400, an agent gives up a question that asks 60 s of a
+    peer whose agent is stopped after 0.4 s (answered keep), not after the default 2 s."""
+    args = v.agent_args
+    v.lab.kill_agent(2)
+    v.lab.kill_agent(1)
+    v.agent_args = (*args, "--verbs-max-timeout-ms", "400")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        v.start(1)
+        s.connect(str(socket_path(v.lab.h[1])))
+        s.send(f"HELLO {P.VERSION} {os.getpid()} 0".encode())
+        assert s.recv(P.MSG_MAX).startswith(b"HELLO")
+        kernel_has(v.sysfs[1], 0x900, os.getpid())
+        s.send(b"INIT stub0 1 2304")
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        s.send(f"RTR 1 stub0 1 {0x900} {v.gid[1][1]} {v.lab.base(1)} {v.lab.base(2)} {0xa00} "
+               f"{now + 60 * 10**9} {60 * 10**9}".encode())
+        s.settimeout(10)
+        answer = s.recv(P.MSG_MAX).decode()
+        took = (time.clock_gettime_ns(time.CLOCK_MONOTONIC) - now) / 1e9
+        print(f"a 60 s question to a stopped peer, the agent's cap 400 ms: {answer!r} after {took:.3f} s")
+        assert answer.startswith("KEEP ") and 0.35 <= took < 1.2, (answer, took)
+    finally:
+        s.close()
+        kernel_drops(v.sysfs[1], 0x900)
+        v.agent_args = args
+        v.lab.kill_agent(1)
+        v.start(1)
+        v.start(2)
+
+
 def test_verbs_hostile_deadlines_far_off_are_worked_on_for_2_s_at_most(v):
     """256 questions with 11-day deadlines to a peer whose agent is stopped: the agent gives them
     up 2 s later (answered keep), and stops sending their questions to the peer."""

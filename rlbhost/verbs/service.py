@@ -32,8 +32,9 @@ library waiting on a pending pair is told to wait longer (WAIT, up to rlbv_wait_
 finds the pair pending in the table itself if its agent is too slow to say so. The agent reads a
 library's backlog before a peer's CHECK or ASK about its QP (what the library said first counts
 first); a question older than its asker's patience is answered keep, not worked on, and none is
-worked on longer than MAX_TIMEOUT_NS whatever it asks; an agent that finds questions waiting half
-their time sheds new pairs for a while (keep at both ends) rather than answer one end too late.
+worked on longer than the agent's cap (--verbs-max-timeout-ms, 2 s) whatever it asks; an agent
+that finds questions waiting half their time sheds new pairs for a while (keep at both ends)
+rather than answer one end too late.
 Local users: the socket is root's and the verbs group's (0660), each user's connections, QPs and
 questions in flight are capped, answers to a process that does not read are dropped, never waited
 on. bench/verbs_bench.py measures the two ends' devices (--loss: with the agents' datagrams lost).
@@ -102,6 +103,7 @@ MAX_QPS_PER_UID = 131072       # (a server's 8 NICs x 16k QPs)
 MAX_PENDING_PER_CLIENT = 256   # questions of one process waiting on peers at once
 MAX_PENDING_PER_UID = 1024     # ... and of one user's processes
 MAX_TIMEOUT_NS = 2_000_000_000 # a question is worked on this long at most, whatever its asker says
+                               # (the default of the agent's --verbs-max-timeout-ms)
 MAX_DRAIN = 1024               # a library's messages read to find a QP a peer asks about (bounded:
                                # a library's INIT is among its last few messages)
 RECENT = 256                   # decisions kept with their reasons for `rlbhost why`
@@ -173,9 +175,12 @@ class VerbsService:
     def __init__(self, dps: dict[str, HostDataplane], socket_path: Path, port: int = VERBS_PORT,
                  group: str | None = None, gids: GidTable | None = None, health: Health | None = None,
                  status_path: Path | None = None, advice: dict[str, FabricView] | None = None,
-                 table_path: Path | None = None, keys: KeyFile | None = None, kernel: KernelQps | None = None):
+                 table_path: Path | None = None, keys: KeyFile | None = None, kernel: KernelQps | None = None,
+                 max_timeout_ns: int = MAX_TIMEOUT_NS):
         """`dps`: {fabric NIC: its data plane}; `advice`: the coordinator's view from each NIC;
-        `kernel`: the kernel's word on QPs (read from rdma netlink when not given)."""
+        `kernel`: the kernel's word on QPs (read from rdma netlink when not given);
+        `max_timeout_ns`: the longest any question is worked on."""
+        self.max_timeout_ns = max_timeout_ns
         self.nics = {ifname: NicState(ifname, dp, (advice or {}).get(ifname)) for ifname, dp in dps.items()}
         self.port = port
         self.instance = next(iter(dps.values())).instance
@@ -545,10 +550,11 @@ class VerbsService:
     def _question(self, c: Client, q: P.Question):
         self.counters["questions_rtr" if q.kind == "RTR" else "questions_ah"] += 1
         now = mono_ns()
-        if q.timeout_ns > MAX_TIMEOUT_NS or q.deadline_ns > now + min(q.timeout_ns, MAX_TIMEOUT_NS):
+        cap = self.max_timeout_ns
+        if q.timeout_ns > cap or q.deadline_ns > now + min(q.timeout_ns, cap):
             # a deadline far off would keep this question (and its peers' resends) alive for as
-            # long as the asker likes: worked on for its stated time, at most MAX_TIMEOUT_NS
-            timeout = min(q.timeout_ns, MAX_TIMEOUT_NS)
+            # long as the asker likes: worked on for its stated time, at most max_timeout_ns
+            timeout = min(q.timeout_ns, cap)
             q = dataclasses.replace(q, deadline_ns=min(q.deadline_ns, now + timeout), timeout_ns=timeout)
         # too late to work on, unless the pair is decided already: a pair pending here (the other
         # end goes first) is one the library waits longer for, and a keep now could leave the

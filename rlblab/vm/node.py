@@ -127,12 +127,13 @@ def etcd_config(vms: list[VmNode]) -> dict[Path, str]:
 
 def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, xdp: str = "native",
           bfd_ms: int = 0, probe_ms: float = 0, probe_dead_ms: float = 0, hang_s: float = 0,
-          expiry_ms: float = 0, etcd_lease_s: int = 0) -> dict[str, str]:
+          expiry_ms: float = 0, etcd_lease_s: int = 0, verbs_max_timeout_ms: int = 0) -> dict[str, str]:
     """{unit name: unit file} for one VM: what an operator installs (rlbdeploy.units), plus the
     lab's own: Soft-RoCE on the hosts; on the monitor the etcd users issued, and Prometheus
     beside the coordinator."""
     site = deploy.Site(bin=VENV, run_dir=RUN, xdp=xdp, bfd_ms=bfd_ms, probe_ms=probe_ms,
-                       probe_dead_ms=probe_dead_ms, hang_s=hang_s, expiry_ms=expiry_ms, etcd_lease_s=etcd_lease_s)
+                       probe_dead_ms=probe_dead_ms, hang_s=hang_s, expiry_ms=expiry_ms, etcd_lease_s=etcd_lease_s,
+                       verbs_max_timeout_ms=verbs_max_timeout_ms)
     coord = coordination(fab, vms)
     if vm.role == "monitor":
         out = {}
@@ -185,7 +186,7 @@ WantedBy=multi-user.target
 
 
 def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: float = 0, probe_dead_ms: float = 0,
-          hang_s: float = 0, expiry_ms: float = 0, etcd_lease_s: int = 0):
+          hang_s: float = 0, expiry_ms: float = 0, etcd_lease_s: int = 0, verbs_max_timeout_ms: int = 0):
     fab = load(fabric_file)
     vms = plan(fab)
     vm = node(vms, name)
@@ -207,7 +208,8 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
     if vm.role == "host" and fab.paths_by_address:
         # the verbs library, as an operator installs it (`rlbhost verbs install`)
         sh(str(VENV / "rlbhost"), "verbs", "install", "--dir", str(VERBS_LIB))
-    todo = units(fab, vms, vm, fabric_file, xdp, bfd_ms, probe_ms, probe_dead_ms, hang_s, expiry_ms, etcd_lease_s)
+    todo = units(fab, vms, vm, fabric_file, xdp, bfd_ms, probe_ms, probe_dead_ms, hang_s, expiry_ms, etcd_lease_s,
+                 verbs_max_timeout_ms)
     for u, body in todo.items():
         (UNITS / f"{u}.service").write_text(body)
     if vm.role == "monitor":
@@ -357,11 +359,15 @@ def setup_cmd(
                                     "(0: rlbhost's 200 ms; emulated VMs send slower than that)."),
     etcd_lease_s: int = typer.Option(0, min=0, max=60, help="Hosts' etcd lease (0: rlbhost's 3 s; an "
                                      "emulated monitor answers keepalives seconds late)."),
+    verbs_max_timeout_ms: int = typer.Option(0, min=0, max=60000, help="The longest hosts' agents work on a "
+                                             "verbs question (0: rlbhost's 2 s; emulated VMs answer seconds "
+                                             "late)."),
 ):
     """Once, by the provisioner: name the fabric NICs, write and start the node's units.
 
     Example: /opt/rlb/venv/bin/python -m rlblab.vm.node setup --fabric /opt/rlb/src/lab/fabric-2x2.toml --node l1"""
-    setup(fabric, node_name, xdp.value, bfd_ms, probe_ms, probe_dead_ms, hang_s, expiry_ms, etcd_lease_s)
+    setup(fabric, node_name, xdp.value, bfd_ms, probe_ms, probe_dead_ms, hang_s, expiry_ms, etcd_lease_s,
+          verbs_max_timeout_ms)
 
 
 @app.command("net")
