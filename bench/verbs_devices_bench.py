@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -157,10 +158,13 @@ def main():
             cpu0, t0 = {h: cpu_s(lab.agents[h].pid) for h in (1, 2)}, time.monotonic()
             th0 = {h: threads_s(lab.agents[h].pid) for h in (1, 2)}
             idle0 = idle_share()
+            apps0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             spies = profile(lab, args.profile) if args.profile and devices > 1 else []
             lines, agree = run(lab, built, sysfs, gid, tmp, devices, args.qps, args.timeout_ms)
             wall = time.monotonic() - t0
             idle = idle_share(idle0)
+            apps1 = resource.getrusage(resource.RUSAGE_CHILDREN)     # the applications, waited for by run()
+            apps = (apps1.ru_utime - apps0.ru_utime, apps1.ru_stime - apps0.ru_stime)
             for spy in spies:
                 spy.send_signal(signal.SIGINT)      # py-spy writes what it sampled on SIGINT
                 spy.wait(timeout=60)
@@ -174,7 +178,7 @@ def main():
                 kept[h] = (placed - before[h][0], {r: v - before[h][1].get(r, 0) for r, v in k.items()
                                                    if v - before[h][1].get(r, 0)})
                 wire[h] = {k: v - wire0[h][k] for k, v in peer_wire(lab, h).items()}
-            out.append((devices, {h: figures(lines[h]) for h in (1, 2)}, agree, kept, (wall, idle), cpu, wire))
+            out.append((devices, {h: figures(lines[h]) for h in (1, 2)}, agree, kept, (wall, idle, apps), cpu, wire))
     finally:
         lab.down()
     print(f"\nRTR of {args.qps} QPs per device per server, stand-in libibverbs, library timeout {args.timeout_ms:g} ms; "
@@ -191,9 +195,10 @@ def main():
         for dev, (same, total, split) in agree.items():
             print(f"  {devices} device(s), stub{dev}: {same} of {total}, per path {split}")
     print("\neach case's time, and each agent's CPU in it (user + kernel, and per QP end):")
-    for devices, _, _, _, (wall, idle), cpu, wire in out:
+    for devices, _, _, _, (wall, idle, apps), cpu, wire in out:
         n = devices * args.qps
-        print(f"  {devices} device(s): {wall:.2f} s, the machine {idle:.0%} idle; " + "; ".join(
+        print(f"  {devices} device(s): {wall:.2f} s, the machine {idle:.0%} idle; the applications "
+              f"{apps[0]:.2f} + {apps[1]:.2f} s ({sum(apps) / n / 2 * 1e3:.3f} ms a QP end); " + "; ".join(
             f"a{h} {cpu[h][0]:.2f} + {cpu[h][1]:.2f} s ({(cpu[h][0] + cpu[h][1]) / n * 1e3:.3f} ms a QP)" for h in (1, 2)))
         for h in (1, 2):
             busy = sorted(((v, k) for k, v in cpu[h][2].items() if v >= 0.01), reverse=True)

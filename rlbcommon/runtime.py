@@ -57,7 +57,8 @@ class AgentRuntime:
                 # cores did, and starved every other thread of the lab)
                 wait = period() if callable(period) else period
                 if wake is None:
-                    self.stop.wait(wait)
+                    if wait > 0:              # (rounds back to back: stop is checked above)
+                        self.stop.wait(wait)
                 else:
                     wake.wait(wait)
                     wake.clear()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import secrets
 from dataclasses import dataclass, field, replace
 
 from . import protocol as P
@@ -142,7 +141,7 @@ class Outstanding:
         """The next copy of p (its message with a new id and `changes`), and when the one after
         it goes: at the peer's interval while the answer may still be awaited, then at doubling
         intervals."""
-        copy = replace(p.msg, id=secrets.randbits(63), **changes)
+        copy = replace(p.msg, id=P.message_id(), **changes)
         p.msg = copy
         p.copies[copy.id] = now
         self.by_id[copy.id] = p

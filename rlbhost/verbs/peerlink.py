@@ -9,7 +9,6 @@ import errno
 import functools
 import ipaddress
 import logging
-import secrets
 import selectors
 import socket
 import struct
@@ -87,7 +86,7 @@ class PeerLink:
         acknowledges it (outstanding.py: how often), for NOTIFY_FOR_NS."""
         if self.udp is None:
             return
-        msg = P.PeerMsg(**{**msg.__dict__, "id": secrets.randbits(63)})
+        msg = P.PeerMsg(**{**msg.__dict__, "id": P.message_id()})
         now = mono_ns()
 
         def acked(reply):

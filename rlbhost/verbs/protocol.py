@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import os
+import struct
 from dataclasses import dataclass
 
 from rlbcommon.cheader import constants, enum_names
@@ -65,6 +67,21 @@ def wait_ns(timeout_ns: int) -> int:
     return max(WAIT_MAX * timeout_ns, WAIT_MIN_NS)
 QPN_MAX = (1 << 24) - 1
 DATAGRAM_MAX = 1232            # an agent's datagram, seal included: IPv6's minimum MTU less its headers
+
+
+_IDS: list[int] = []          # message ids drawn ahead (message_id)
+_IDS_AT_ONCE = 512
+os.register_at_fork(after_in_child=_IDS.clear)     # a child never sends its parent's ids
+
+
+def message_id() -> int:
+    """A random 63-bit id for a peer message, as secrets.randbits(63) gives, but drawn from the
+    kernel's generator 512 at a time: one getrandom call a message was a syscall a QP end."""
+    try:
+        return _IDS.pop()
+    except IndexError:
+        _IDS.extend(v >> 1 for v in struct.unpack(f"<{_IDS_AT_ONCE}Q", os.urandom(8 * _IDS_AT_ONCE)))
+        return _IDS.pop()
 
 
 class BadMessage(ValueError):

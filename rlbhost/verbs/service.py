@@ -62,7 +62,6 @@ import dataclasses
 import json
 import logging
 import os
-import secrets
 import selectors
 import threading
 import time
@@ -402,7 +401,7 @@ class VerbsService:
         os.write(self._wake_w, b"x")
 
     def _round(self):
-        if self._niced != threading.get_native_id():
+        if self._niced != threading.get_ident():   # (no syscall, unlike the native id)
             self._prioritise()
         now = mono_ns()
         timeout = 0.5
@@ -448,7 +447,7 @@ class VerbsService:
         busy-polling applications holds its answers up (the likely cause of about 1 s a QP in the
         VM lab while another transfer polled, against 0.15 s without). Threads started later
         inherit it. Without CAP_SYS_NICE they stay as they are, and say so."""
-        self._niced = threading.get_native_id()
+        self._niced = threading.get_ident()
         try:
             for task in os.listdir("/proc/self/task"):
                 try:
@@ -611,7 +610,7 @@ class VerbsService:
         if here:
             return self._propose(c, q, key, lq, nic, peer, mine)
         budget = q.deadline_ns - now - MARGIN_NS
-        msg = P.PeerMsg("ASK", secrets.randbits(63), budget // 1000, ours, q.qpn, peer, q.dest_qpn, mine)
+        msg = P.PeerMsg("ASK", P.message_id(), budget // 1000, ours, q.qpn, peer, q.dest_qpn, mine)
 
         def asked(reply, c=c, q=q, key=key, lq=lq):
             known = self._decision(key)
@@ -662,7 +661,7 @@ class VerbsService:
         why = self.views.why.said("decided here")
         self.proposals[key] = (path, entry)
         budget = q.deadline_ns - mono_ns() - MARGIN_NS
-        msg = P.PeerMsg("CHECK", secrets.randbits(63), budget // 1000, v.base_addr, q.qpn, peer, q.dest_qpn, mine,
+        msg = P.PeerMsg("CHECK", P.message_id(), budget // 1000, v.base_addr, q.qpn, peer, q.dest_qpn, mine,
                         path=path)
 
         def checked(reply):
@@ -761,7 +760,7 @@ class VerbsService:
             return
         local, peer, remote = key
         base = self.views.view(nic).base_addr
-        msg = P.PeerMsg("HAS", secrets.randbits(63), (deadline_ns - mono_ns()) // 1000, base, local[2], peer, remote,
+        msg = P.PeerMsg("HAS", P.message_id(), (deadline_ns - mono_ns()) // 1000, base, local[2], peer, remote,
                         path=d.path)
 
         def answered(reply, key=key):
@@ -968,7 +967,7 @@ class VerbsService:
             self._tell_local(c, q, v2, peer, Decision(path, nic=nic.ifname))
         if known and time.monotonic() - known[0] < PEER_PATHS_TTL_S:
             return decide(known[1])
-        msg = P.PeerMsg("PATHS", secrets.randbits(63), (q.deadline_ns - mono_ns() - MARGIN_NS) // 1000,
+        msg = P.PeerMsg("PATHS", P.message_id(), (q.deadline_ns - mono_ns() - MARGIN_NS) // 1000,
                         v.base_addr, b_base=peer)
 
         def got(reply):
