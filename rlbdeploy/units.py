@@ -58,8 +58,8 @@ class Site:
     expiry_ms: float = 0                      # hosts' idle-QP expiry (0: rlbhost's 200 ms); also
                                               # sets the sweep's cadence (half of it)
     etcd_lease_s: int = 0                     # hosts' etcd lease (0: rlbhost's 3 s)
-    verbs_max_timeout_ms: int = 0             # the longest hosts' agents work on a verbs question
-                                              # (0: rlbhost's 2 s)
+    verbs_max_timeout_ms: int = 0             # the longest GPU servers' agents work on a verbs
+                                              # question (0: rlbhost's 2 s)
 
 
 def _verbs_cap(site: Site) -> str:
@@ -270,7 +270,7 @@ Wants=rlb-bird.service
 After=rlb-net.service rlb-bird.service
 [Service]
 {VERBS_GROUP_PRE}
-ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes}{_verbs_cap(site)} --verbs-group {VERBS_GROUP}
+ExecStart={site.bin}/rlbhost attach {LOOPBACK_DEVICE} {args} --run-dir {run} --metrics-addr {mgmt_ip}{probes} --verbs-group {VERBS_GROUP}
 {hang}{agent_tail(site)}
 """
     else:
