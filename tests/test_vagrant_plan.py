@@ -418,7 +418,7 @@ def test_a_failed_vm_setup_command_is_one_line_with_its_output(monkeypatch, caps
     the command and what it printed, not an internal error."""
     from rlblab.vm import node
 
-    def fails(*args):
+    def fails(*args, **knobs):
         raise subprocess.CalledProcessError(1, ["ip", "link", "set", "eth9", "up"], "", 'Cannot find device "eth9"\n')
     monkeypatch.setattr(node, "setup", fails)
     monkeypatch.setattr(sys, "argv", ["vmnode", "setup", "--fabric", str(LAB / "fabric-2x2.toml"), "--node", "l1"])

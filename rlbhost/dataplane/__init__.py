@@ -155,10 +155,12 @@ class HostDataplane(Hooks, Paths, PortsMode, Weights, QpTable, VerbsQps, PinnedS
         stats = self.stats()
         down = self.ports_down()
         default = next((w for w in self.weights() if w["prefix"] == "::/0"), {"weights": {}})
-        verbs = self.verbs_qps()
+        verbs = Counter()                # verbs QPs per path index, from the tally kept as they come and go
+        for (_, path), n in self.verbs_counts().items():
+            verbs[path] += n
         paths = []
         for p in self.paths():
-            on = sum(1 for q in verbs if q.path == p.index)
+            on = verbs[p.index]
             paths.append({"index": p.index, "path": p.value, "address": p.address, "valid": p.valid,
                           "carrier": not down >> p.index & 1,
                           "weight": default["weights"].get(p.value, 0.0),
@@ -169,7 +171,7 @@ class HostDataplane(Hooks, Paths, PortsMode, Weights, QpTable, VerbsQps, PinnedS
         # evict their oldest QP when full, the others refuse the next
         tables = {"conntrack": (len(qps), C["RLBH_CT_ENTRIES"]), "weights": (len(weights), C["RLBH_MAX_WEIGHTS"]),
                   "placements": (len(self.placements()), C["RLBH_PLACEMENTS"]),
-                  "verbs": (2 * len(verbs), C["RLBH_VERBS_ENTRIES"]),      # a send and a receive entry each
+                  "verbs": (2 * sum(verbs.values()), C["RLBH_VERBS_ENTRIES"]),   # a send and a receive entry each
                   "echo_keys": (sum(1 for _ in self.maps["echo_keys"].keys()), C["RLBH_ECHO_KEYS"])}
         return {"config": self.config(), "paths": paths, "weights": weights,
                 "reasons": stats["reasons"], "tables": tables}

@@ -125,15 +125,12 @@ def etcd_config(vms: list[VmNode]) -> dict[Path, str]:
             ETCD_DROPIN: f"[Unit]\n{deploy.NO_START_LIMIT}\n[Service]\n{deploy.RESTART}\n"}
 
 
-def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, xdp: str = "native",
-          bfd_ms: int = 0, probe_ms: float = 0, probe_dead_ms: float = 0, hang_s: float = 0,
-          expiry_ms: float = 0, etcd_lease_s: int = 0, verbs_max_timeout_ms: int = 0) -> dict[str, str]:
+def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, **knobs) -> dict[str, str]:
     """{unit name: unit file} for one VM: what an operator installs (rlbdeploy.units), plus the
     lab's own: Soft-RoCE on the hosts; on the monitor the etcd users issued, and Prometheus
-    beside the coordinator."""
-    site = deploy.Site(bin=VENV, run_dir=RUN, xdp=xdp, bfd_ms=bfd_ms, probe_ms=probe_ms,
-                       probe_dead_ms=probe_dead_ms, hang_s=hang_s, expiry_ms=expiry_ms, etcd_lease_s=etcd_lease_s,
-                       verbs_max_timeout_ms=verbs_max_timeout_ms)
+    beside the coordinator. `knobs`: deploy.Site's (xdp, bfd_ms, hang_s, ...: what the
+    provisioner was given)."""
+    site = deploy.Site(bin=VENV, run_dir=RUN, **knobs)
     coord = coordination(fab, vms)
     if vm.role == "monitor":
         out = {}
@@ -185,8 +182,8 @@ WantedBy=multi-user.target
     return out
 
 
-def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: float = 0, probe_dead_ms: float = 0,
-          hang_s: float = 0, expiry_ms: float = 0, etcd_lease_s: int = 0, verbs_max_timeout_ms: int = 0):
+def setup(fabric_file: Path, name: str, **knobs):
+    """`knobs`: deploy.Site's, for the node's units (units())."""
     fab = load(fabric_file)
     vms = plan(fab)
     vm = node(vms, name)
@@ -208,8 +205,7 @@ def setup(fabric_file: Path, name: str, xdp: str, bfd_ms: int = 0, probe_ms: flo
     if vm.role == "host" and fab.paths_by_address:
         # the verbs library, as an operator installs it (`rlbhost verbs install`)
         sh(str(VENV / "rlbhost"), "verbs", "install", "--dir", str(VERBS_LIB))
-    todo = units(fab, vms, vm, fabric_file, xdp, bfd_ms, probe_ms, probe_dead_ms, hang_s, expiry_ms, etcd_lease_s,
-                 verbs_max_timeout_ms)
+    todo = units(fab, vms, vm, fabric_file, **knobs)
     for u, body in todo.items():
         (UNITS / f"{u}.service").write_text(body)
     if vm.role == "monitor":
@@ -366,8 +362,8 @@ def setup_cmd(
     """Once, by the provisioner: name the fabric NICs, write and start the node's units.
 
     Example: /opt/rlb/venv/bin/python -m rlblab.vm.node setup --fabric /opt/rlb/src/lab/fabric-2x2.toml --node l1"""
-    setup(fabric, node_name, xdp.value, bfd_ms, probe_ms, probe_dead_ms, hang_s, expiry_ms, etcd_lease_s,
-          verbs_max_timeout_ms)
+    setup(fabric, node_name, xdp=xdp.value, bfd_ms=bfd_ms, probe_ms=probe_ms, probe_dead_ms=probe_dead_ms,
+          hang_s=hang_s, expiry_ms=expiry_ms, etcd_lease_s=etcd_lease_s, verbs_max_timeout_ms=verbs_max_timeout_ms)
 
 
 @app.command("net")
