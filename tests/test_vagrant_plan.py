@@ -712,3 +712,26 @@ def test_a_vagrant_up_that_fails_with_no_vm_running_is_not_run_again(tmp_path, m
     with pytest.raises(RuntimeError, match=r"^vagrant up failed \(exit 1\); see "):
         lab.up(start_timeout=30)
     assert lab.log.read_text().count("$ vagrant up") == 1
+
+
+def test_the_vagrantfile_hands_every_setup_option_by_name_to_the_vms():
+    """The Vagrantfile's knobs reach `rlblab.vm.node setup` by name (provision.sh passes them on as
+    they are): every option of setup but the fabric and node is in SETUP_OPTIONS, and nothing else
+    is, so a knob added to one and not the other fails here, not in a 40-minute VM run."""
+    import re
+
+    import typer.main
+
+    from rlblab.vm import node as vmnode
+    root = LAB.parent
+    vagrantfile = (root / "vagrant" / "Vagrantfile").read_text()
+    block = re.search(r"^SETUP_OPTIONS = \[(.*?)\]", vagrantfile, re.S | re.M)
+    assert block, "no SETUP_OPTIONS in the Vagrantfile"
+    given = re.findall(r'"(--[a-z-]+)"', block.group(1))
+    setup = typer.main.get_command(vmnode.app).commands["setup"]
+    options = {o for p in setup.params for o in p.opts if o.startswith("--")} - {"--fabric", "--node"}
+    assert len(given) == len(set(given)) and set(given) == options
+    assert 'args: [n["name"], FABRIC, *SETUP_OPTIONS]' in vagrantfile
+    provision = (root / "vagrant" / "provision.sh").read_text()
+    assert re.search(r'rlblab\.vm\.node setup --fabric "\$src/\$fabric" --node "\$node" "\$@"', provision)
+    assert subprocess.run(["bash", str(root / "vagrant" / "provision.sh")], capture_output=True, text=True).returncode == 2

@@ -1,15 +1,18 @@
 #!/bin/bash
 # Vagrant's provisioner for one lab VM (runs as root inside it):
-#   provision.sh NODE FABRIC [native|generic] [BFD_MS (0: the fabric file's)] [PROBE_MS PROBE_DEAD_MS
-#   (a scale-up GPU's probes; 0: the agent's defaults) [HANG_S (0: the agents' 60 s) [EXPIRY_MS
-#   ETCD_LEASE_S (hosts'; 0: rlbhost's 200 ms and 3 s) [VERBS_MAX_MS (hosts' longest verbs
-#   question; 0: rlbhost's 2 s)]]]]
+#   provision.sh NODE FABRIC [SETUP OPTION...]
+# the options go to `python -m rlblab.vm.node setup` as they are (the Vagrantfile's SETUP_OPTIONS:
+# --xdp, --bfd-ms, ...; `python -m rlblab.vm.node setup --help` lists them).
 # Dependencies come pre-installed in the local box (build-box.sh); on a public Debian 12 box they
 # are installed from the network here. Then the project (editable, from the synced source) and
 # the node's role: NIC names, bird2, the switch or host agent, rxe0, Prometheus/Grafana.
 set -euo pipefail
-node=$1 fabric=$2 xdp=${3:-native} bfd_ms=${4:-0} probe_ms=${5:-0} probe_dead_ms=${6:-0} hang_s=${7:-0} expiry_ms=${8:-0} \
-    etcd_lease_s=${9:-0} verbs_max_ms=${10:-0}
+if [ $# -lt 2 ]; then
+    echo "usage: provision.sh NODE FABRIC [SETUP OPTION...]" >&2
+    exit 2
+fi
+node=$1 fabric=$2
+shift 2
 src=/opt/rlb/src venv=/opt/rlb/venv
 if [ ! -x $venv/bin/python ]; then
     echo "provision: $node: installing dependencies from the network (public box)"
@@ -28,8 +31,6 @@ if ! modinfo rdma_rxe >/dev/null 2>&1; then
          "apt-get install linux-image-amd64, reboot, vagrant provision $node" >&2
 fi
 cd /
-$venv/bin/python -m rlblab.vm.node setup --fabric "$src/$fabric" --node "$node" --xdp "$xdp" --bfd-ms "$bfd_ms" \
-    --probe-ms "$probe_ms" --probe-dead-ms "$probe_dead_ms" --hang-s "$hang_s" \
-    --expiry-ms "$expiry_ms" --etcd-lease-s "$etcd_lease_s" --verbs-max-timeout-ms "$verbs_max_ms"
+$venv/bin/python -m rlblab.vm.node setup --fabric "$src/$fabric" --node "$node" "$@"
 systemctl reset-failed    # the boot-time ifup of unconfigured NICs fails harmlessly
 echo "provision: $node ready"
