@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.verbs_bench import counts, figures  # noqa: E402 - as the one-device bench reads them
+from rlbhost.verbs import answertimes  # noqa: E402
 from rlbhost.verbs.paths import socket_path  # noqa: E402
 from rlblab.hostlab import HostLab  # noqa: E402
 from tests.verbs_tools import agent_env, app_env, app_lines, build_all, fake_sysfs, rtrs  # noqa: E402
@@ -79,10 +80,11 @@ def run(lab, built, sysfs, gid, tmp, devices: int, n: int, timeout_ms: float):
     return lines, agree
 
 
-def peer_wire(lab, host) -> dict[str, int]:
-    """What the host's agent has sent its peers so far: messages, datagrams, copies sent again."""
-    c = json.loads(lab.cli(host, "verbs", "status", "--json"))["service"]["counters"]
-    return {k: c[k] for k in WIRE}
+def peer_wire(lab, host) -> tuple[dict[str, int], dict]:
+    """What the host's agent has sent its peers so far (messages, datagrams, copies sent again),
+    and how long its libraries have waited for its answers (answertimes' snapshot)."""
+    s = json.loads(lab.cli(host, "verbs", "status", "--json"))["service"]
+    return {k: s["counters"][k] for k in WIRE}, s.get("answer_times", {})
 
 
 def idle_share(since: tuple[int, int] | None = None):
@@ -177,7 +179,9 @@ def main():
                 placed, k = counts(lab, h)
                 kept[h] = (placed - before[h][0], {r: v - before[h][1].get(r, 0) for r, v in k.items()
                                                    if v - before[h][1].get(r, 0)})
-                wire[h] = {k: v - wire0[h][k] for k, v in peer_wire(lab, h).items()}
+                now, waited = peer_wire(lab, h)
+                wire[h] = {k: v - wire0[h][0][k] for k, v in now.items()}
+                wire[h]["answered"] = answertimes.summary(answertimes.between(waited, wire0[h][1]))
             out.append((devices, {h: figures(lines[h]) for h in (1, 2)}, agree, kept, (wall, idle, apps), cpu, wire))
     finally:
         lab.down()
@@ -190,6 +194,14 @@ def main():
             f = figs[h]
             print(f"{name:<34}{'a' + str(h):<8}{f['n']:>6}{f['median']:>11.3f}{f['p99']:>9.3f}{f['max']:>9.3f}"
                   f"{kept[h][0]:>8}  {kept[h][1] or '-'}")
+    print("\nthe same RTRs as the agent saw them: from the library's asking to the agent's answer (a path "
+          "or a keep; questions the library found decided in the table are not asked), to a bucket's precision:")
+    for devices, _, _, _, _, _, wire in out:
+        name = "one device (today's shape)" if devices == 1 else f"{devices} devices at once"
+        for h in (1, 2):
+            a = wire[h]["answered"]
+            print(f"  {name:<32}a{h}: {a['n']} answered, median {a['median_ms'] or 0:.2f} ms, "
+                  f"p99 {a['p99_ms'] or 0:.2f} ms, {a['over_5ms']} over 5 ms")
     print("\nboth ends of each QP on the same path of their own NICs (per device; QPs per path on server 1):")
     for devices, _, agree, *_ in out:
         for dev, (same, total, split) in agree.items():

@@ -6,7 +6,7 @@ import logging
 import time
 
 from prometheus_client import start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
 from .certs import CertCollector
@@ -14,7 +14,7 @@ from .health import hang_restarts
 
 log = logging.getLogger(__name__)
 
-__all__ = ["serve", "counter", "gauge", "table_fill", "loop_health"]
+__all__ = ["serve", "counter", "gauge", "histogram", "table_fill", "loop_health"]
 
 
 def serve(collector, port: int, addr: str = "127.0.0.1") -> CollectorRegistry:
@@ -33,6 +33,10 @@ def counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
 
 def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def histogram(name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, labels=labels)
 
 
 def table_fill(prefix: str, rows: list[tuple[list[str], str, int, int]], labels: list[str]):

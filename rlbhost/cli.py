@@ -32,6 +32,7 @@ from .dataplane import HostDataplane, HostError
 from .metrics import HostCollector
 from .nics import pinned_dataplanes
 from .runfiles import health_file, why_file
+from .verbs import answertimes
 from .verbs.build import BuildError, build
 from .verbs.check import NicPaths, check as verbs_checks
 from .verbs.paths import socket_path, status_path, table_path
@@ -473,6 +474,14 @@ def verbs_status(as_json: bool = typer.Option(False, "--json", help="Machine-rea
                            f"{e['placed']['rtr']} QP ends and {e['placed']['ah']} address handles")
         typer.echo(f"asked: {c['questions_rtr']} QPs, {c['questions_ah']} address handles; placed: "
                    f"{c['placed_rtr']} QP ends, {c['placed_ah']} address handles; disagreements {c['disagreements']}")
+        if "answer_times" in s:
+            for kind, what in (("rtr", "QPs"), ("ah", "address handles")):
+                f = answertimes.summary(answertimes.between(s["answer_times"], None, kind))
+                if f["n"]:
+                    typer.echo(f"answered {what} in (since the agent started, from the library's asking): median "
+                               f"{f['median_ms']:.2f} ms, 99th percentile {f['p99_ms']:.2f} ms, {f['over_5ms']} over 5 ms"
+                               + (f"; {c.get('answered_late', 0)} answers came after their library stopped waiting"
+                                  if kind == "rtr" and c.get("answered_late") else ""))
         kept = {k: v for k, v in s["kept"].items() if v}
         typer.echo("kept the application's addresses: " +
                    (", ".join(f"{k} {v}" for k, v in kept.items()) if kept else "none")

@@ -2,9 +2,10 @@
 `nic` label: a GPU server's fabric NIC ('' on a host with one NIC), whose paths are its own."""
 from __future__ import annotations
 
-from rlbcommon.metrics import counter, gauge, loop_health, table_fill
+from rlbcommon.metrics import counter, gauge, histogram, loop_health, table_fill
 
 from .dataplane import HostDataplane
+from .verbs.answertimes import KINDS, buckets
 
 
 class HostCollector:
@@ -166,4 +167,12 @@ class HostCollector:
             for kind in ("rtr", "ah"):
                 nic_placed.add_metric([n, e["label"], kind], e["placed"][kind])
         qps.add_metric([n, "none"], v["qps"] - on_nics)
-        yield from (asked, placed, kept, dis, bad, peers, sent, keyfile, clients, qps, nic_placed)
+        waited = histogram("rlb_host_verbs_answer_seconds", "how long the verbs library waited for the agent's "
+                           "answer (path or keep), from asking; answers it no longer waited for are "
+                           "rlb_host_verbs_answered_late", ["node", "kind"])
+        for kind in KINDS:
+            waited.add_metric([n, kind], *buckets(v["answer_times"], kind))
+        late = counter("rlb_host_verbs_answered_late", "answers the library had stopped waiting for "
+                       "(it kept the application's addresses)", ["node"])
+        late.add_metric([n], c.get("answered_late", 0))
+        yield from (asked, placed, kept, dis, bad, peers, sent, keyfile, clients, qps, nic_placed, waited, late)

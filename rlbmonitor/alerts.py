@@ -82,6 +82,12 @@ RULES = [
      "{{ $value }} host(s) hold more QPs in etcd than a host may have placed (rlbcoord run --host-qps-max): "
      "their new QPs are not placed and the coordinator keeps only a count of them (rlbcoord status names "
      "them): a job far larger than planned, or a host misbehaving"),
+    ("RlbVerbsAnswersSlow",
+     'histogram_quantile(0.99, sum by (node, le) (rate(rlb_host_verbs_answer_seconds_bucket{kind="rtr"}[5m]))) > 0.005',
+     "10m", "warning",
+     "{{ $labels.node }}: 1 in 100 of its verbs libraries' RTRs waited more than {{ $value | humanizeDuration }} "
+     "for the agent (5 ms is the budget): the agent is behind its questions (a burst of QPs, or a busy machine "
+     "starving it): QPs still agree, but RTRs take longer and past the libraries' timeout keep their addresses"),
     ("RlbVerbsPeerMessagesLost",
      'rate(rlb_host_verbs_peer_messages_total{what="resent"}[5m]) > 10', "10m", "warning",
      "{{ $labels.node }}: the verbs agents' messages (UDP 4798) are being sent again more than 10 a second: "

@@ -128,6 +128,12 @@ def hosts_dashboard() -> dict:
         _panel(10, "Verbs QPs placed per server NIC (/s)",
                f"rate(rlb_host_verbs_placed_per_nic_total{{{HOST}}}[$__rate_interval])", "{{node}} {{nic}} {{kind}}",
                "short", 12, 32),
+        # how long libraries wait for the agent (the RTR's share that is the agent's: against a 1 ms
+        # median and 5 ms at worst, the budget of a server's eight NICs' QPs)
+        _panel(11, "Verbs answer time, 99th percentile (from the library's asking)",
+               f"histogram_quantile(0.99, sum by (node, kind, le) "
+               f"(rate(rlb_host_verbs_answer_seconds_bucket{{{HOST}}}[$__rate_interval])))",
+               "{{node}} {{kind}}", "s", 0, 40),
     ]
     return _dashboard("rlb-hosts", "RLB: host QPs per path", ["rlb", "rdma"], _variables("host"), panels)
 

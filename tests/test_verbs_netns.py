@@ -21,7 +21,7 @@ import pytest
 
 from rlbcommon.constants import VERBS_PORT
 from rlbfabric import addrplan
-from rlbhost.verbs import protocol as P
+from rlbhost.verbs import answertimes, protocol as P
 from rlbhost.verbs.paths import socket_path, table_path
 from rlbhost.verbs.service import VERBS_NICE
 from rlblab import topo
@@ -232,7 +232,7 @@ def test_verbs_lost_messages_never_leave_a_qps_two_ends_apart(v, loss):
     ends get the same path from their devices, placed or both on the application's addresses;
     the messages lost were sent again, and most QPs are still placed."""
     default = {"RLB_VERBS_TIMEOUT_MS": None}
-    before = {h: v.status(h)["counters"] for h in (1, 2)}
+    before = {h: counted(v, h) for h in (1, 2)}
     topo.lossy_udp(v.lab.r, VERBS_PORT, loss)
     total = 0
     try:
@@ -267,7 +267,7 @@ def test_verbs_every_confirm_lost_the_waiting_end_asks_and_both_ends_agree(v, fi
     is counted as a disagreement. (Before HAS, every such pair's waiting end gave up and kept its
     addresses while the other end's device had the path.)"""
     default = {"RLB_VERBS_TIMEOUT_MS": None}
-    before = {h: v.status(h)["counters"] for h in (1, 2)}
+    before = {h: counted(v, h) for h in (1, 2)}
     v.no_confirm.touch()
     try:
         a, b = pair(v, 40, first, h1=default, h2=default)
@@ -294,7 +294,7 @@ def stopped_while_second_end_asks(v, host: int, pause_s: float):
     timeout. Returns (the pair's path at both ends, h2's RTR in seconds, each agent's counters
     before and after)."""
     default = {"RLB_VERBS_TIMEOUT_MS": None}
-    before = {h: v.status(h)["counters"] for h in (1, 2)}
+    before = {h: counted(v, h) for h in (1, 2)}
     v.no_confirm.touch()
     v.lab.cli(1, "weights", "set", "1=0")          # placed is off the application's addresses
     agent = v.lab.agents[host]
@@ -320,7 +320,13 @@ def stopped_while_second_end_asks(v, host: int, pause_s: float):
         v.lab.cli(1, "weights", "set", "1=1")
     wait_for("the QPs gone", lambda: not v.rows(1) and not v.rows(2))
     time.sleep(1.2)                               # the status files are written every second
-    return paths[0x100], waited, before, {h: v.status(h)["counters"] for h in (1, 2)}
+    return paths[0x100], waited, before, {h: counted(v, h) for h in (1, 2)}
+
+
+def counted(v, host: int) -> dict:
+    """The agent's counters, with how long its libraries have waited for its answers."""
+    s = v.status(host)
+    return {**s["counters"], "answer_times": s["answer_times"]}
 
 
 def test_verbs_a_question_read_late_on_a_pending_pair_waits_for_the_word_rather_than_keep(v):
@@ -345,6 +351,11 @@ def test_verbs_the_first_ends_word_held_up_300_ms_still_reaches_the_second_end_i
     print(f"h2's RTR returned {waited * 1000:.0f} ms after it began, on path {path}")
     assert path in (2, 3, 4)
     assert 0.3 <= waited < P.wait_ns(P.C["RLBV_TIMEOUT_MS"] * 1_000_000) / 1e9 + 0.5
+    # and h2's agent says how long its library waited for that one answer: the 300 ms, not its own work
+    got = answertimes.between(after[2]["answer_times"], before[2]["answer_times"])
+    (i,) = [k for k, n in enumerate(got) if n]
+    assert got[i] == 1 and answertimes.BUCKETS_MS[i] >= 300 and answertimes.BUCKETS_MS[i - 1] <= waited * 1000, got
+    assert after[2]["answered_late"] == before[2]["answered_late"]
     assert after[2]["has_confirmed"] == before[2]["has_confirmed"] + 1
     assert after[1]["disagreements"] == before[1]["disagreements"]
 
@@ -358,7 +369,7 @@ def test_verbs_a_thread_waiting_on_a_pending_pair_does_not_silence_the_processs_
     first's wait, the second kept without a word to its agent, and h1's later CHECK was given the
     path: the pair apart.)"""
     default = {"RLB_VERBS_TIMEOUT_MS": None}
-    before = {h: v.status(h)["counters"] for h in (1, 2)}
+    before = {h: counted(v, h) for h in (1, 2)}
     v.no_confirm.touch()
     v.lab.cli(1, "weights", "set", "1=0")          # placed is off the application's addresses
     agent = v.lab.agents[1]

@@ -152,6 +152,7 @@ class Question:                    # RTR (a QP) or AH (an address handle)
     dest_qpn: int                  # 0 for an address handle
     deadline_ns: int               # CLOCK_MONOTONIC
     timeout_ns: int                # how long the asker waits in all
+    asked_ns: int = 0              # when it was asked (the deadline less the timeout, as sent)
 
 
 @dataclass(frozen=True)
@@ -188,12 +189,14 @@ def parse_local(data: bytes):
     if kind == "INIT" and n == 4:
         return Init(_dev(f[1]), _int(f[2], 1, 255), _int(f[3], 0, QPN_MAX))
     if kind == "RTR" and n == 11:
+        deadline, timeout = _int(f[9], 0, u64), _int(f[10], 1, 60_000_000_000)
         return Question("RTR", _int(f[1], 0, u64), _dev(f[2]), _int(f[3], 1, 255), _int(f[4], 0, QPN_MAX),
                         _int(f[5], 0, 0xFFFF), _addr(f[6]), _addr(f[7]), _int(f[8], 0, QPN_MAX),
-                        _int(f[9], 0, u64), _int(f[10], 1, 60_000_000_000))
+                        deadline, timeout, max(0, deadline - timeout))
     if kind == "AH" and n == 9:
+        deadline, timeout = _int(f[7], 0, u64), _int(f[8], 1, 60_000_000_000)
         return Question("AH", _int(f[1], 0, u64), _dev(f[2]), _int(f[3], 1, 255), 0, _int(f[4], 0, 0xFFFF),
-                        _addr(f[5]), _addr(f[6]), 0, _int(f[7], 0, u64), _int(f[8], 1, 60_000_000_000))
+                        _addr(f[5]), _addr(f[6]), 0, deadline, timeout, max(0, deadline - timeout))
     if kind == "USED" and n == 8:
         return Used(_dev(f[1]), _int(f[2], 1, 255), _int(f[3], 0, QPN_MAX), _int(f[4], 0, 0xFFFF),
                     _int(f[5], 0, len(KEEP) - 1), _addr(f[6]), _int(f[7], 0, QPN_MAX))

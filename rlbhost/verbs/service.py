@@ -80,6 +80,7 @@ from ..gids import GidTable
 from ..probekeys import KeyFile
 from . import protocol as P
 from .advice import FabricView
+from .answertimes import AnswerTimes
 from .clients import LISTEN, Client, Clients, Local, proc_start
 from .kernelqps import MISSING, KernelQps
 from .nicview import NicState, NicViews, View, Why, addr_lt, with_field
@@ -198,7 +199,9 @@ class VerbsService:
                                          "foreign_qps": 0, "unknown_qps": 0, "released_qps": 0, "behind": 0,
                                          "unauthenticated": 0, "resent": 0, "unacknowledged": 0,
                                          "has_asked": 0, "has_confirmed": 0, "withdrawn": 0,
-                                         "messages_sent": 0, "datagrams_sent": 0, "key_file_bad": 0}
+                                         "messages_sent": 0, "datagrams_sent": 0, "key_file_bad": 0,
+                                         "answered_late": 0}
+        self.answer_times = AnswerTimes()    # how long libraries waited for their answers
         self.sel = selectors.DefaultSelector()
         self.clients = Clients(socket_path, group, self.sel, self.counters, self._local, self._dropped)
         # the fabric's keys: the peers' messages sealed with them
@@ -713,8 +716,18 @@ class VerbsService:
             on_reply(reply)
         return done
 
-    def _keep(self, c: Client, q: P.Question, keep: str):
-        self.clients.send(c, P.keep_reply(q.seq, keep))
+    def _keep(self, c: Client, q: P.Question, keep: str, until_ns: int = 0):
+        self._reply(c, q, P.keep_reply(q.seq, keep), until_ns)
+
+    def _reply(self, c: Client, q: P.Question, data: bytes, until_ns: int = 0):
+        """A question's final answer (a path or a keep), and how long its library waited for it,
+        if it still waits (until its deadline, or until_ns: a wait extended by WAIT)."""
+        self.clients.send(c, data)
+        now = mono_ns()
+        if now <= max(until_ns, q.deadline_ns):
+            self.answer_times.add("rtr" if q.kind == "RTR" else "ah", now - q.asked_ns)
+        else:
+            self.counters["answered_late"] += 1
 
     def _decide_keep(self, key: Key, here: bool, keep: str, c: Client | None = None, q: P.Question | None = None,
                      nic: NicState | None = None):
@@ -723,20 +736,21 @@ class VerbsService:
             self._tell_local(c, q, None, key[1], d)
         return d
 
-    def _tell_local(self, c: Client, q: P.Question, v: View | None, peer: str, d: Decision):
-        """Answer the library with a decision; a path whose GID is missing here is a keep."""
+    def _tell_local(self, c: Client, q: P.Question, v: View | None, peer: str, d: Decision, until_ns: int = 0):
+        """Answer the library with a decision; a path whose GID is missing here is a keep.
+        until_ns: the library waits this long (a parked question's wait, extended by WAIT)."""
         d.local_told = True
         if not d.path:
-            return self._keep(c, q, d.keep or "nopath")
+            return self._keep(c, q, d.keep or "nopath", until_ns)
         nic = self.nics.get(d.nic)
         if nic is None:
-            return self._keep(c, q, "othernic")
+            return self._keep(c, q, "othernic", until_ns)
         v = v or self.views.view(nic)
         ours = v.addr.get(d.path)
         idx = self.gids.index_of(q.dev, q.port, ours) if ours else None
         if idx is None:
-            return self._keep(c, q, "nogid")
-        self.clients.send(c, P.path_reply(q.seq, d.path, idx, ours, with_field(peer, v.field, d.path)))
+            return self._keep(c, q, "nogid", until_ns)
+        self._reply(c, q, P.path_reply(q.seq, d.path, idx, ours, with_field(peer, v.field, d.path)), until_ns)
 
     def _answer(self, c: Client, q: P.Question, key: Key, d: Decision, v: View | None = None):
         """Answer the library with the pair's decision, or, while the other end's library has not
@@ -1153,7 +1167,7 @@ class VerbsService:
         v = self.views.view(nic) if nic is not None else None
         for w in self.parked.pop(key, []):
             if w.c in self.clients:
-                self._tell_local(w.c, w.q, v, key[1], d)
+                self._tell_local(w.c, w.q, v, key[1], d, w.deadline_ns)
 
     def _parked_timers(self, now: int):
         """A parked question whose asker is about to give up: it keeps, and so does the pair."""
@@ -1217,6 +1231,7 @@ class VerbsService:
                                         "qps": on_nic.get(n.ifname, 0),
                                         "placed": dict(n.placed)} for n in self.nics.values()},
                     "counters": dict(self.counters), "kept": dict(self.kept),
+                    "answer_times": self.answer_times.snapshot(),
                     "decisions": [{"at": round(t, 3), "dev": k[0][0], "port": k[0][1], "qp": k[0][2], "nic": d.nic,
                                    "peer": k[1], "peer_qp": k[2], "path": d.path, "keep": d.keep, "why": str(d.why)}
                                   for t, k, d in list(self.recent)]}
