@@ -682,3 +682,41 @@ def test_verbs_a_datagram_of_several_messages_is_taken_line_by_line_and_answered
     assert after["bad_messages"] == before["bad_messages"] + 1
     assert after["messages_sent"] == before["messages_sent"] + 2
     assert after["datagrams_sent"] == before["datagrams_sent"] + 1
+
+
+@pytest.mark.parametrize("lossy", [1, 2], ids=["rendezvous-end", "other-end"])
+def test_verbs_a_library_that_lost_its_words_to_a_stopped_agent_leaves_no_pair_apart(v, lossy):
+    """One host's agent is stopped while that host's application takes 3000 QPs to RTR at a 20 ms
+    timeout: its library times out twice, stops waiting (one try a message) and keeps every QP;
+    its socket fills, so what it says of the later QPs never reaches the agent. The agent
+    resumes, and only then does the other host's application ask for the same pairs (its agent
+    asks, or proposes to, the resumed one, whose library said nothing it could read of them).
+    No pair may end apart: the lossy end is on the application's addresses, so the other end
+    must be too. (Before: 1225 of 3000 pairs apart, the other end on a path.)"""
+    n = 3000
+    apps = {1: App(v, 1, n, 0x100, 0x200, RLB_VERBS_TIMEOUT_MS="20"),
+            2: App(v, 2, n, 0x200, 0x100, RLB_VERBS_TIMEOUT_MS="20")}
+    agent = v.lab.agents[lossy]
+    before = v.status(lossy)["counters"]
+    try:
+        os.kill(agent.pid, signal.SIGSTOP)
+        try:
+            lines = apps[lossy].go()
+        finally:
+            os.kill(agent.pid, signal.SIGCONT)
+        # every QP of that end kept its addresses (no agent to answer): its own GID, path 1's
+        assert len(lines) == n and {q["sgid_index"] for q in lines} == {v.gid[lossy][1]}
+        time.sleep(1.5)                            # the agent reads what did reach it
+        apps[3 - lossy].go()
+        pa, pb = apps[1].paths(), apps[2].paths()
+        apart = {hex(q): (pa[q], pb.get(q + 0x100)) for q in pa if pb.get(q + 0x100) != pa[q]}
+        assert not apart, f"{len(apart)} pairs apart, e.g. {list(apart.items())[:3]}"
+        time.sleep(1.2)                            # the status files are written every second
+        after = v.status(lossy)["counters"]
+        heard = after["questions_rtr"] - before["questions_rtr"]
+        # the loss is real (the socket held fewer than the QPs' words), and each QP whose words
+        # were lost kept when the other end asked, counted once
+        assert heard < n - 1000 and after["kept_unheard"] - before["kept_unheard"] == n - heard
+    finally:
+        apps[1].close(), apps[2].close()
+    wait_for("gone", lambda: not v.rows(1) and not v.rows(2), timeout=30)

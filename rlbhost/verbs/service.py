@@ -134,6 +134,7 @@ class LocalQp:
     nic: str = ""                  # the fabric NIC its RDMA port is on ('' if none)
     uid: int = -1                  # whose (-1: adopted after a restart)
     asked: bool = False            # a peer was asked about it (it may hold a path for it)
+    heard: bool = False            # its library asked this agent about it (a question read here)
     at: float = 0.0                # when it was registered (monotonic; 0: adopted after a restart)
 
     @property
@@ -200,7 +201,7 @@ class VerbsService:
                                          "unauthenticated": 0, "resent": 0, "unacknowledged": 0,
                                          "has_asked": 0, "has_confirmed": 0, "withdrawn": 0,
                                          "messages_sent": 0, "datagrams_sent": 0, "key_file_bad": 0,
-                                         "answered_late": 0}
+                                         "answered_late": 0, "kept_unheard": 0}
         self.answer_times = AnswerTimes()    # how long libraries waited for their answers
         self.sel = selectors.DefaultSelector()
         self.clients = Clients(socket_path, group, self.sel, self.counters, self._local, self._dropped)
@@ -223,6 +224,10 @@ class VerbsService:
         self.has_asks: dict[Key, int] = {}                    # a parked pair's HAS -> its pending id
         self.peer_paths: dict[str, tuple[float, frozenset[int]]] = {}
         self.ah_ids = 0
+        # processes whose library stopped waiting on this agent: (pid, start) -> when a question of
+        # theirs was read after its time (their QPs registered before then and never asked about
+        # may have kept their addresses without a word reaching here: _unheard)
+        self.gave_up: dict[tuple[int, int | None], float] = {}
         self.kept: dict[str, int] = {k: 0 for k in P.KEEP if k != "none"}
         self.stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
@@ -325,6 +330,7 @@ class VerbsService:
             mine.discard(lq.key)
             if not mine:
                 del self.of_process[(lq.pid, lq.start)]
+                self.gave_up.pop((lq.pid, lq.start), None)
 
     def _decision(self, key: Key) -> Decision | None:
         got = self.decisions.get(key[0])
@@ -476,6 +482,8 @@ class VerbsService:
             self._ah_drop(c.ah_nic.get(handle, ""), entry)
         for entry, nic in c.ah_pending.values():
             self._ah_drop(nic, entry)
+        if (c.pid, c.start) not in self.of_process:
+            self.gave_up.pop((c.pid, c.start), None)
 
     def _ah_drop(self, nic: str, entry: VerbsQp):
         if nic in self.nics:
@@ -552,6 +560,8 @@ class VerbsService:
     def _question(self, c: Client, q: P.Question):
         self.counters["questions_rtr" if q.kind == "RTR" else "questions_ah"] += 1
         now = mono_ns()
+        if now >= q.deadline_ns:
+            self._gave_up(c)
         cap = self.max_timeout_ns
         if q.timeout_ns > cap or q.deadline_ns > now + min(q.timeout_ns, cap):
             # a deadline far off would keep this question (and its peers' resends) alive for as
@@ -587,6 +597,7 @@ class VerbsService:
         lq = self._register(c, q.dev, q.port, q.qpn)
         if lq is None:
             return self._keep(c, q, "error")
+        lq.heard = True
         key = (lq.key, peer, q.dest_qpn)
         d = self._decision(key)
         here = addr_lt(ours, peer)
@@ -691,6 +702,30 @@ class VerbsService:
                 self._tell_peer(key, 0, keep, nic)
         lq.asked = True
         self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, self._counted(c, checked), v.base_addr, key)
+
+    def _gave_up(self, c: Client):
+        """A question of c read after its time: its library stopped waiting on this agent, and may
+        have stopped waiting at all for a while (a library whose agent seems stalled sends each
+        word once, without waiting for room in a full socket, and keeps its QPs): what it said of
+        its later QPs may never reach here. Those it registered before now and never asks about
+        keep their addresses when their peers ask (_unheard), rather than go on a path their own
+        end may never take."""
+        proc = (c.pid, c.start)
+        if proc not in self.gave_up:
+            log.warning("verbs: pid %d stopped waiting on this agent (a question read after its time): its QPs "
+                        "it has not asked about keep their addresses if their peers ask first", c.pid)
+        self.gave_up[proc] = time.monotonic()
+
+    def _unheard(self, lq: LocalQp | None) -> bool:
+        """A QP its library has said nothing of but INIT, registered before its process gave up
+        on this agent: it may have kept its addresses with its words lost."""
+        if lq is None or lq.heard:
+            return False
+        since = self.gave_up.get((lq.pid, lq.start))
+        if since is None or since < lq.at:
+            return False
+        self.counters["kept_unheard"] += 1
+        return True
 
     def _behind(self, q: P.Question | None = None, now: int = 0) -> bool:
         """Is this agent behind its questions? A question that waited here half its asker's time
@@ -1065,8 +1100,9 @@ class VerbsService:
             key = (self._local_of(nic, m.b_qpn), m.a_base, m.a_qpn)     # its INIT may have come just now
             known = self._decision(key)
             busy = known is None and self._behind()
-            if not fresh or lq is None or busy or (known is not None and not known.path):
-                keep = (known.keep if known is not None else "timeout" if not fresh else
+            unheard = known is None and self._unheard(lq)
+            if not fresh or lq is None or busy or unheard or (known is not None and not known.path):
+                keep = (known.keep if known is not None else "timeout" if not fresh or unheard else
                         "peerkeeps" if lq is None else "busy")
                 if known is None:
                     self._decide_keep(key, False, keep, nic=nic)
@@ -1101,6 +1137,8 @@ class VerbsService:
                 d = self._decide_keep(key, True, "busy", nic=nic)
             elif lq is None:
                 d = self._decide_keep(key, True, "peerkeeps", nic=nic)
+            elif self._unheard(lq):
+                d = self._decide_keep(key, True, "timeout", nic=nic)
             else:
                 # the asker's library goes first: this end's waits for its word (CONFIRM), whether
                 # it asked already (its question parks) or asks later
