@@ -34,7 +34,7 @@ from rlbhost.verbs.paths import socket_path  # noqa: E402
 from rlblab.hostlab import HostLab  # noqa: E402
 from tests.verbs_tools import agent_env, app_env, app_lines, build_all, fake_sysfs, rtrs  # noqa: E402
 
-WIRE = ("messages_sent", "datagrams_sent", "resent", "peer_questions")
+WIRE = ("messages_sent", "datagrams_sent", "resent", "peer_questions", "kept_unheard")
 FIRST_QPN = {1: 0x1000, 2: 0x200000}        # every device of a server numbers from here
 
 
@@ -218,7 +218,8 @@ def main():
             w = wire[h]
             print(f"    a{h} to its peers: {w['messages_sent']} messages in {w['datagrams_sent']} datagrams "
                   f"({w['datagrams_sent'] / n:.2f} a QP end), {w['resent']} sent again; "
-                  f"{w['peer_questions']} questions from peers")
+                  f"{w['peer_questions']} questions from peers; {w['kept_unheard']} of its QPs kept as their "
+                  f"process had stopped waiting on it")
 
 
 if __name__ == "__main__":

@@ -370,7 +370,7 @@ static int ensure_agent(long long deadline)
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return RLBV_KEEP_NOAGENT;
-    int sndbuf = 1 << 20;                           /* a burst of INITs fits (as the kernel allows) */
+    int sndbuf = RLBV_SNDBUF;                       /* a burst of INITs fits (as the kernel allows) */
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     memcpy(sa.sun_path, cfg.socket_path, sizeof(sa.sun_path));

@@ -60,6 +60,9 @@
 #define RLBV_SEND_WAIT_MS       5       /* a full socket (an agent not reading) is waited on this
                                          * long at most; then the agent counts as stalled */
 #define RLBV_RECONNECT_MS       1000    /* a missing agent is looked for again at most this often */
+#define RLBV_SNDBUF             1048576     /* the library's socket buffer (the kernel caps it at
+                                             * net.core.wmem_max, and doubles it): a burst of INITs
+                                             * fits, and the agent knows when it may not have */
 #define RLBV_AH_HANDLE_BIT      0x1000000   /* address handles are accounted as QP number
                                              * RLBV_AH_HANDLE_BIT | id: above any 24-bit QPN */
 

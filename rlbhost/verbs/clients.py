@@ -30,6 +30,19 @@ ACCEPT_PAUSE_S = 1.0           # out of file descriptors: new connections wait t
 MAX_BATCH = 2                  # messages read from one client per round: no client starves others,
                                # and the peers' answers (read first each round) wait for no burst
 LISTEN = "listen"              # the listener's mark in the service's selector
+MESSAGE_TRUESIZE = 768         # what the kernel charges a library's socket for one short message
+                               # (2 MB held 2730 of them here): with RLBV_SNDBUF, what a socket holds
+
+
+def socket_holds(wmem_max: int | None = None) -> int:
+    """About how many messages a library's socket holds before its sends fail: its RLBV_SNDBUF,
+    as the kernel caps (net.core.wmem_max) and doubles it."""
+    if wmem_max is None:
+        try:
+            wmem_max = int(Path("/proc/sys/net/core/wmem_max").read_text())
+        except (OSError, ValueError):
+            wmem_max = 212992                 # the kernel's default
+    return 2 * min(P.C["RLBV_SNDBUF"], wmem_max) // MESSAGE_TRUESIZE
 UCRED = struct.Struct("3i")
 MSG_TRUNC, SEND_FLAGS = int(socket.MSG_TRUNC), int(socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)  # plain ints:
                                # an enum's & and | cost a call each, on every message
@@ -60,6 +73,7 @@ class Client:
     ahs: dict[int, VerbsQp] = field(default_factory=dict)        # handle -> entry
     ah_pending: dict[int, tuple[VerbsQp, str]] = field(default_factory=dict)  # question seq -> (entry, NIC)
     ah_nic: dict[int, str] = field(default_factory=dict)         # handle -> its NIC
+    backlog: int = 0               # messages read since its socket was last found empty
 
 
 class Clients:
@@ -69,9 +83,13 @@ class Clients:
     process that leaves, before it is forgotten."""
 
     def __init__(self, path: Path, group: str | None, sel: selectors.BaseSelector, counters: dict[str, int],
-                 on_message: Callable[[Client, object], None], on_drop: Callable[[Client], None]):
+                 on_message: Callable[[Client, object], None], on_drop: Callable[[Client], None],
+                 on_full: Callable[[Client], None] | None = None):
+        """on_full(c): c's backlog reached half of what its socket holds, so its library's sends
+        may have failed (words lost): told once each time it does."""
         self.path, self.group, self.sel, self.counters = Path(path), group, sel, counters
-        self.on_message, self.on_drop = on_message, on_drop
+        self.on_message, self.on_drop, self.on_full = on_message, on_drop, on_full
+        self.full_at = max(1, socket_holds() // 2)
         self.by_sock: dict[socket.socket, Client] = {}
         self.per_uid: dict[int, dict[str, int]] = collections.defaultdict(
             lambda: {"clients": 0, "qps": 0, "pending": 0})       # what each user holds
@@ -185,19 +203,24 @@ class Clients:
         self.on_drop(c)
         log.info("verbs: pid %d %s (%d QPs stay until they are destroyed or it ends)", c.pid, why, len(c.qpns))
 
-    def read(self, c: Client, limit: int = MAX_BATCH):
-        """Up to `limit` of the process's messages, each to on_message."""
+    def read(self, c: Client, limit: int = MAX_BATCH) -> bool:
+        """Up to `limit` of the process's messages, each to on_message; True when none is left
+        (or the process is gone), False when its socket may hold more."""
         for _ in range(limit):
             try:
                 data, _, flags, _ = c.sock.recvmsg(P.MSG_MAX + 1)
             except BlockingIOError:
-                return
+                c.backlog = 0
+                return True
             except OSError as e:
                 self.drop(c, f"left ({e.strerror})")
-                return
+                return True
             if not data:
                 self.drop(c, "disconnected")
-                return
+                return True
+            c.backlog += 1
+            if c.backlog == self.full_at and self.on_full is not None:
+                self.on_full(c)
             try:
                 if len(data) > P.MSG_MAX or flags & MSG_TRUNC:
                     raise P.BadMessage("message too long")
@@ -206,7 +229,8 @@ class Clients:
                 self.counters["bad_messages"] += 1
                 log.warning("verbs: pid %d sent a bad message (%s): cut off", c.pid, e)
                 self.drop(c, "cut off")
-                return
+                return True
+        return False
 
     @staticmethod
     def send(c: Client, data: bytes):

@@ -204,7 +204,8 @@ class VerbsService:
                                          "answered_late": 0, "kept_unheard": 0}
         self.answer_times = AnswerTimes()    # how long libraries waited for their answers
         self.sel = selectors.DefaultSelector()
-        self.clients = Clients(socket_path, group, self.sel, self.counters, self._local, self._dropped)
+        self.clients = Clients(socket_path, group, self.sel, self.counters, self._local, self._dropped,
+                               self._gave_up)
         # the fabric's keys: the peers' messages sealed with them
         self.link = PeerLink(port, keys or KeyFile(None), self.sel, self.counters, self._peer)
         self.local: dict[Local, LocalQp] = {}
@@ -224,9 +225,9 @@ class VerbsService:
         self.has_asks: dict[Key, int] = {}                    # a parked pair's HAS -> its pending id
         self.peer_paths: dict[str, tuple[float, frozenset[int]]] = {}
         self.ah_ids = 0
-        # processes whose library stopped waiting on this agent: (pid, start) -> when a question of
-        # theirs was read after its time (their QPs registered before then and never asked about
-        # may have kept their addresses without a word reaching here: _unheard)
+        # processes whose library may have lost words: (pid, start) -> when its socket was found
+        # half full (its QPs registered before then and never asked about may have kept their
+        # addresses without a word reaching here: _unheard)
         self.gave_up: dict[tuple[int, int | None], float] = {}
         self.kept: dict[str, int] = {k: 0 for k in P.KEEP if k != "none"}
         self.stop = threading.Event()
@@ -560,8 +561,6 @@ class VerbsService:
     def _question(self, c: Client, q: P.Question):
         self.counters["questions_rtr" if q.kind == "RTR" else "questions_ah"] += 1
         now = mono_ns()
-        if now >= q.deadline_ns:
-            self._gave_up(c)
         cap = self.max_timeout_ns
         if q.timeout_ns > cap or q.deadline_ns > now + min(q.timeout_ns, cap):
             # a deadline far off would keep this question (and its peers' resends) alive for as
@@ -704,21 +703,21 @@ class VerbsService:
         self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, self._counted(c, checked), v.base_addr, key)
 
     def _gave_up(self, c: Client):
-        """A question of c read after its time: its library stopped waiting on this agent, and may
-        have stopped waiting at all for a while (a library whose agent seems stalled sends each
-        word once, without waiting for room in a full socket, and keeps its QPs): what it said of
-        its later QPs may never reach here. Those it registered before now and never asks about
-        keep their addresses when their peers ask (_unheard), rather than go on a path their own
-        end may never take."""
+        """c's socket held half of what it can unread (Clients.on_full): its library's sends may
+        have failed (it waits a few ms for room, then counts this agent stalled, sends each word
+        once and keeps its QPs), so what it said of its later QPs may never reach here. Those it
+        registered before now and never asks about keep their addresses when their peers ask
+        (_unheard), rather than go on a path their own end may never take."""
         proc = (c.pid, c.start)
         if proc not in self.gave_up:
-            log.warning("verbs: pid %d stopped waiting on this agent (a question read after its time): its QPs "
-                        "it has not asked about keep their addresses if their peers ask first", c.pid)
+            log.warning("verbs: pid %d's socket held %d messages unread: what its library said after may be lost, "
+                        "so its QPs it has not asked about keep their addresses if their peers ask first",
+                        c.pid, c.backlog)
         self.gave_up[proc] = time.monotonic()
 
     def _unheard(self, lq: LocalQp | None) -> bool:
-        """A QP its library has said nothing of but INIT, registered before its process gave up
-        on this agent: it may have kept its addresses with its words lost."""
+        """A QP its library has said nothing of but INIT, registered before its process's socket
+        was found half full: it may have kept its addresses with its words lost."""
         if lq is None or lq.heard:
             return False
         since = self.gave_up.get((lq.pid, lq.start))
@@ -1096,10 +1095,11 @@ class VerbsService:
         if m.kind == "CHECK":
             # what this end's library said before the CHECK came (its question, or that it gave
             # up) is read first: a path taken for a library that gave up would leave the two apart
-            lq = self._known_qp(nic, m.b_qpn, drain=True)
+            lq, drained = self._known_qp(nic, m.b_qpn, drain=True)
             key = (self._local_of(nic, m.b_qpn), m.a_base, m.a_qpn)     # its INIT may have come just now
             known = self._decision(key)
-            busy = known is None and self._behind()
+            # (not drained: its library's word may wait further back in its socket)
+            busy = known is None and (self._behind() or not drained)
             unheard = known is None and self._unheard(lq)
             if not fresh or lq is None or busy or unheard or (known is not None and not known.path):
                 keep = (known.keep if known is not None else "timeout" if not fresh or unheard else
@@ -1117,14 +1117,15 @@ class VerbsService:
                 known = self._record(key, Decision(m.path, entry=self._put(nic, v, key, lq, m.path, 0),
                                                    confirmed=False, nic=nic.ifname,
                                                    why=f"proposed by {m.a_base}'s agent, the pair's rendezvous"))
-                self._known_qp(nic, m.b_qpn, drain=True)
+                if not self._known_qp(nic, m.b_qpn, drain=True)[1] and known.path:
+                    self._withdraw(key, known, "busy")     # its library's word may wait further back
                 known = self._decision(key)
                 if known is not None and not known.path:
                     return self.link.reply(m, src, me, verdict="NO", keep=P.KEEP[known.keep or "timeout"])
             took = known.path if known is not None and known.path == m.path else 0
             return self.link.reply(m, src, me, verdict="YES", path=took, paths=paths)
         # ASK: this host is the pair's rendezvous (its library's word read first, as for CHECK)
-        lq = self._known_qp(nic, m.b_qpn, drain=True)
+        lq, drained = self._known_qp(nic, m.b_qpn, drain=True)
         key = (self._local_of(nic, m.b_qpn), m.a_base, m.a_qpn)
         d = self._decision(key)
         if d is None:
@@ -1133,7 +1134,7 @@ class VerbsService:
                 # the asker, or this end's own library waiting on its own question, will have
                 # given up by the time a path could reach it: both keep
                 d = self._decide_keep(key, True, "timeout", nic=nic)
-            elif self._behind():
+            elif self._behind() or not drained:      # (not drained: its library's word may wait further back)
                 d = self._decide_keep(key, True, "busy", nic=nic)
             elif lq is None:
                 d = self._decide_keep(key, True, "peerkeeps", nic=nic)
@@ -1145,7 +1146,8 @@ class VerbsService:
                 d = self._decide(key, lq, nic, m.paths, confirmed=False)
                 self._complete_check(key)
                 if d.path:        # in the table now: what the library said meanwhile (as for CHECK)
-                    self._known_qp(nic, m.b_qpn, drain=True)
+                    if not self._known_qp(nic, m.b_qpn, drain=True)[1] and self._decision(key) is d and d.path:
+                        self._withdraw(key, d, "busy")
                     d = self._decision(key) or d
         d.peer_told = True
         # PATH: the asker goes first (this end waits for its CONFIRM, or has the path on the QP
@@ -1219,24 +1221,27 @@ class VerbsService:
                 self._tell_peer(key, 0, "timeout", self.nics.get(d.nic))
             self._release(key, d or Decision(0, "timeout"))
 
-    def _known_qp(self, nic: NicState, qpn: int, drain: bool = False) -> LocalQp | None:
+    def _known_qp(self, nic: NicState, qpn: int, drain: bool = False) -> tuple[LocalQp | None, bool]:
         """A QP of this NIC that takes part; the INIT may still wait in a library's socket (it was
         sent before the application could hand the QP number out), so read those first. drain: a
         known QP's process is read first too (what its library said before the peer's message).
         One process's backlog read here is bounded: a process that floods its socket costs the
-        peers' answers little, and others' QPs nothing."""
+        peers' answers little, and others' QPs nothing. Returns the QP and whether its process's
+        socket was read to the end (False: its library's word on it may wait further back)."""
         local = self.by_nic.get((nic.ifname, qpn))
         owner = self.local.get(local) if local else None
+        emptied: dict[int, bool] = {}              # pid -> its socket read to the end
         if owner is None:
             for c in self.clients.all():
                 if c in self.clients:
-                    self.clients.read(c, MAX_DRAIN)
+                    emptied[c.pid] = self.clients.read(c, MAX_DRAIN) and emptied.get(c.pid, True)
         elif drain:
             for c in self.clients.all():
                 if c.pid == owner.pid and c in self.clients:
-                    self.clients.read(c, MAX_DRAIN)
+                    emptied[c.pid] = self.clients.read(c, MAX_DRAIN) and emptied.get(c.pid, True)
         local = self.by_nic.get((nic.ifname, qpn))
-        return self.local.get(local) if local else None
+        lq = self.local.get(local) if local else None
+        return lq, lq is None or emptied.get(lq.pid, True)
 
     def _peer_kept(self, key: Key, keep: str, nic: NicState | None = None):
         """The other end kept its addresses (USED, or a HAS answered): so does this one, or, if its
