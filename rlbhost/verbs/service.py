@@ -26,8 +26,13 @@ given up on. Whatever cannot be settled in time keeps the application's addresse
 both ends: an end that keeps says so (USED) and the other turns to keep too, or counts a
 disagreement if its library had the path already.
 
-Loss, slowness and bad neighbours. Questions are sent again until answered (every 2 ms, then less
-often), USED and CONFIRM until acknowledged (ACK), and any of them taken twice changes nothing; a
+Loss, slowness and bad neighbours. A library that finds its agent stalled sends each word once
+and keeps its QPs, so with its socket full its words are lost: the agent counts what it reads of
+each library since its socket was last empty, and at half of what the socket holds takes that
+process's QPs it never heard a question for as kept (a peer asking is answered keep), and a peer's
+question about a QP whose process still has words unread after the drain as busy. Questions are
+sent again until answered (every 2 ms, then less often), USED and CONFIRM until acknowledged
+(ACK), and any of them taken twice changes nothing; a
 library waiting on a pending pair is told to wait longer (WAIT, up to rlbv_wait_ns()), and
 finds the pair pending in the table itself if its agent is too slow to say so. The agent reads a
 library's backlog before a peer's CHECK or ASK about its QP (what the library said first counts
@@ -205,7 +210,7 @@ class VerbsService:
         self.answer_times = AnswerTimes()    # how long libraries waited for their answers
         self.sel = selectors.DefaultSelector()
         self.clients = Clients(socket_path, group, self.sel, self.counters, self._local, self._dropped,
-                               self._gave_up)
+                               self._words_may_be_lost)
         # the fabric's keys: the peers' messages sealed with them
         self.link = PeerLink(port, keys or KeyFile(None), self.sel, self.counters, self._peer)
         self.local: dict[Local, LocalQp] = {}
@@ -228,7 +233,7 @@ class VerbsService:
         # processes whose library may have lost words: (pid, start) -> when its socket was found
         # half full (its QPs registered before then and never asked about may have kept their
         # addresses without a word reaching here: _unheard)
-        self.gave_up: dict[tuple[int, int | None], float] = {}
+        self.lost_words: dict[tuple[int, int | None], float] = {}
         self.kept: dict[str, int] = {k: 0 for k in P.KEEP if k != "none"}
         self.stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
@@ -331,7 +336,7 @@ class VerbsService:
             mine.discard(lq.key)
             if not mine:
                 del self.of_process[(lq.pid, lq.start)]
-                self.gave_up.pop((lq.pid, lq.start), None)
+                self.lost_words.pop((lq.pid, lq.start), None)
 
     def _decision(self, key: Key) -> Decision | None:
         got = self.decisions.get(key[0])
@@ -484,7 +489,7 @@ class VerbsService:
         for entry, nic in c.ah_pending.values():
             self._ah_drop(nic, entry)
         if (c.pid, c.start) not in self.of_process:
-            self.gave_up.pop((c.pid, c.start), None)
+            self.lost_words.pop((c.pid, c.start), None)
 
     def _ah_drop(self, nic: str, entry: VerbsQp):
         if nic in self.nics:
@@ -702,25 +707,25 @@ class VerbsService:
         lq.asked = True
         self._ask_peer(msg, peer, q.deadline_ns - MARGIN_NS, self._counted(c, checked), v.base_addr, key)
 
-    def _gave_up(self, c: Client):
+    def _words_may_be_lost(self, c: Client):
         """c's socket held half of what it can unread (Clients.on_full): its library's sends may
         have failed (it waits a few ms for room, then counts this agent stalled, sends each word
         once and keeps its QPs), so what it said of its later QPs may never reach here. Those it
         registered before now and never asks about keep their addresses when their peers ask
         (_unheard), rather than go on a path their own end may never take."""
         proc = (c.pid, c.start)
-        if proc not in self.gave_up:
+        if proc not in self.lost_words:
             log.warning("verbs: pid %d's socket held %d messages unread: what its library said after may be lost, "
                         "so its QPs it has not asked about keep their addresses if their peers ask first",
                         c.pid, c.backlog)
-        self.gave_up[proc] = time.monotonic()
+        self.lost_words[proc] = time.monotonic()
 
     def _unheard(self, lq: LocalQp | None) -> bool:
         """A QP its library has said nothing of but INIT, registered before its process's socket
         was found half full: it may have kept its addresses with its words lost."""
         if lq is None or lq.heard:
             return False
-        since = self.gave_up.get((lq.pid, lq.start))
+        since = self.lost_words.get((lq.pid, lq.start))
         if since is None or since < lq.at:
             return False
         self.counters["kept_unheard"] += 1
@@ -1100,7 +1105,7 @@ class VerbsService:
             known = self._decision(key)
             # (not drained: its library's word may wait further back in its socket)
             busy = known is None and (self._behind() or not drained)
-            unheard = known is None and self._unheard(lq)
+            unheard = known is None and fresh and lq is not None and not busy and self._unheard(lq)
             if not fresh or lq is None or busy or unheard or (known is not None and not known.path):
                 keep = (known.keep if known is not None else "timeout" if not fresh or unheard else
                         "peerkeeps" if lq is None else "busy")
