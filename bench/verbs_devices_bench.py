@@ -219,7 +219,7 @@ def main():
             print(f"    a{h} to its peers: {w['messages_sent']} messages in {w['datagrams_sent']} datagrams "
                   f"({w['datagrams_sent'] / n:.2f} a QP end), {w['resent']} sent again; "
                   f"{w['peer_questions']} questions from peers; {w['kept_unheard']} of its QPs kept as their "
-                  f"process had stopped waiting on it")
+                  f"process's words may have been lost (its socket found half full)")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ MAX_BATCH = 2                  # messages read from one client per round: no cli
 LISTEN = "listen"              # the listener's mark in the service's selector
 MESSAGE_TRUESIZE = 768         # what the kernel charges a library's socket for one short message
                                # (2 MB held 2730 of them here): with RLBV_SNDBUF, what a socket holds
+UCRED = struct.Struct("3i")
+MSG_TRUNC, SEND_FLAGS = int(socket.MSG_TRUNC), int(socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)  # plain ints:
+                               # an enum's & and | cost a call each, on every message
+
+Local = tuple[str, int, int]   # a QP of this host: (RDMA device, port, QP number)
 
 
 def socket_holds(wmem_max: int | None = None) -> int:
@@ -43,11 +48,6 @@ def socket_holds(wmem_max: int | None = None) -> int:
         except (OSError, ValueError):
             wmem_max = 212992                 # the kernel's default
     return 2 * min(P.C["RLBV_SNDBUF"], wmem_max) // MESSAGE_TRUESIZE
-UCRED = struct.Struct("3i")
-MSG_TRUNC, SEND_FLAGS = int(socket.MSG_TRUNC), int(socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)  # plain ints:
-                               # an enum's & and | cost a call each, on every message
-
-Local = tuple[str, int, int]   # a QP of this host: (RDMA device, port, QP number)
 
 
 def proc_start(pid: int) -> int | None:
