@@ -175,4 +175,9 @@ class HostCollector:
         late = counter("rlb_host_verbs_answered_late", "answers the library had stopped waiting for "
                        "(it kept the application's addresses)", ["node"])
         late.add_metric([n], c.get("answered_late", 0))
-        yield from (asked, placed, kept, dis, bad, peers, sent, keyfile, clients, qps, nic_placed, waited, late)
+        unheard = counter("rlb_host_verbs_kept_unheard", "QPs kept when a peer asked because their process's "
+                          "words may have been lost (its socket found half full while the agent was behind): "
+                          "both ends keep the application's addresses", ["node"])
+        unheard.add_metric([n], c.get("kept_unheard", 0))
+        yield from (asked, placed, kept, dis, bad, peers, sent, keyfile, clients, qps, nic_placed, waited, late,
+                    unheard)

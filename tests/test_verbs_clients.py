@@ -10,10 +10,26 @@ from rlbhost.verbs import clients as C
 from rlbhost.verbs import protocol as P
 
 
-def test_a_socket_holds_what_the_librarys_buffer_and_the_kernel_cap_allow():
-    # RLBV_SNDBUF (1 MB), doubled by the kernel, unless net.core.wmem_max caps it first
-    assert C.socket_holds(4 << 20) == 2 * P.C["RLBV_SNDBUF"] // C.MESSAGE_TRUESIZE == 2730
-    assert C.socket_holds(212992) == 554            # the kernel's default cap
+def test_the_room_is_what_a_librarys_socket_takes_before_its_sends_fail():
+    # measured, not assumed: a socket set up as the library's is filled with messages of two
+    # lengths (a short INIT, a long RTR question) until a send fails, and the room says how many
+    room = C.measure_room()
+    assert room.sndbuf >= 2 * min(P.C["RLBV_SNDBUF"], 212992)      # at least the kernel's default cap, doubled
+    for length in (20, P.MSG_MAX):
+        lib, agent = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with lib, agent:
+            lib.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, P.C["RLBV_SNDBUF"])
+            lib.setblocking(False)
+            sent = 0
+            try:
+                while True:
+                    lib.send(b"x" * length)
+                    sent += 1
+            except BlockingIOError:
+                pass
+        # a send goes while what is charged is under the buffer: one more than fit
+        assert sent == -(-room.sndbuf // room.charge(length)), (length, sent, room.charge(length))
+    assert room.charge(P.MSG_MAX) > room.charge(20)                 # longer messages cost more buffer
 
 
 def test_a_backlog_half_of_what_the_socket_holds_is_told_once_and_reads_say_what_is_left(tmp_path):
@@ -22,7 +38,7 @@ def test_a_backlog_half_of_what_the_socket_holds_is_told_once_and_reads_say_what
     sel = selectors.DefaultSelector()
     clients = C.Clients(tmp_path / "s", None, sel, {}, lambda c, m: got.append(m),
                         lambda c: None, lambda c: full.append(c.backlog))
-    clients.full_at = 5
+    clients.full_at = 5 * clients.room.charge(16)                     # five INITs' worth
     agent, library = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     agent.setblocking(False)
     c = C.Client(agent, 1, 0, None)
@@ -30,12 +46,12 @@ def test_a_backlog_half_of_what_the_socket_holds_is_told_once_and_reads_say_what
     sel.register(agent, selectors.EVENT_READ, c)
     for i in range(8):
         library.send(f"INIT stub0 1 {i}".encode())
-    assert clients.read(c, 3) is False and c.backlog == 3 and not full       # 5 still waiting
-    assert clients.read(c, 3) is False and full == [5]                      # the fifth read: told
+    assert clients.read(c, 3) is False and c.backlog == 3 * clients.room.charge(16) and not full   # 5 waiting
+    assert clients.read(c, 3) is False and full == [clients.full_at]                # the fifth read: told
     assert clients.read(c, 3) is True and c.backlog == 0                    # 2 read, then empty
-    assert [m.qpn for m in got] == list(range(8)) and full == [5]
+    assert [m.qpn for m in got] == list(range(8)) and full == [clients.full_at]
     for i in range(6):                                                      # a second backlog: told again
         library.send(f"INIT stub0 1 {i}".encode())
-    assert clients.read(c, 10) is True and full == [5, 5]
+    assert clients.read(c, 10) is True and full == [clients.full_at] * 2
     library.close()
     assert clients.read(c, 1) is True                                       # gone: nothing more to read

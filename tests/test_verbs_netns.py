@@ -14,11 +14,13 @@ import re
 import signal
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from rlbcommon import netns
 from rlbcommon.constants import VERBS_PORT
 from rlbfabric import addrplan
 from rlbhost.verbs import answertimes, protocol as P
@@ -58,6 +60,12 @@ class VLab:
 
     def status(self, host: int) -> dict:
         return json.loads(self.lab.cli(host, "verbs", "status", "--json"))["service"]
+
+    def metrics(self, host: int) -> dict[str, float]:
+        """The host agent's Prometheus page, as {'name{labels}': value}."""
+        with netns.inside(self.lab.h[host]):
+            body = urllib.request.urlopen("http://127.0.0.1:9472/metrics", timeout=5).read().decode()
+        return {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in body.splitlines() if ln and ln[0] != "#")}
 
 
 def write_keys(path: Path, text: str):
@@ -721,6 +729,9 @@ def test_verbs_a_library_that_lost_its_words_to_a_stopped_agent_leaves_no_pair_a
         # the loss is real (the socket held fewer than the QPs' words), and each QP whose words
         # were lost kept when the other end asked, counted once
         assert heard < n - 1000 and after["kept_unheard"] - before["kept_unheard"] == n - heard
+        # and an operator sees the same on the agent's metrics
+        scraped = v.metrics(lossy)[f'rlb_host_verbs_kept_unheard_total{{node="{v.lab.h[lossy]}"}}']
+        assert scraped == after["kept_unheard"]
     finally:
         apps[1].close(), apps[2].close()
     wait_for("gone", lambda: not v.rows(1) and not v.rows(2), timeout=30)

@@ -30,24 +30,42 @@ ACCEPT_PAUSE_S = 1.0           # out of file descriptors: new connections wait t
 MAX_BATCH = 2                  # messages read from one client per round: no client starves others,
                                # and the peers' answers (read first each round) wait for no burst
 LISTEN = "listen"              # the listener's mark in the service's selector
-MESSAGE_TRUESIZE = 768         # what the kernel charges a library's socket for one short message
-                               # (2 MB held 2730 of them here): with RLBV_SNDBUF, what a socket holds
 UCRED = struct.Struct("3i")
+SO_MEMINFO, MEMINFO = 55, struct.Struct("9I")       # SK_MEMINFO_*: [2] wmem charged, [3] sndbuf granted
+CHARGE_STEP = 8                # message lengths are measured in steps of this many bytes
 MSG_TRUNC, SEND_FLAGS = int(socket.MSG_TRUNC), int(socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)  # plain ints:
                                # an enum's & and | cost a call each, on every message
 
 Local = tuple[str, int, int]   # a QP of this host: (RDMA device, port, QP number)
 
 
-def socket_holds(wmem_max: int | None = None) -> int:
-    """About how many messages a library's socket holds before its sends fail: its RLBV_SNDBUF,
-    as the kernel caps (net.core.wmem_max) and doubles it."""
-    if wmem_max is None:
-        try:
-            wmem_max = int(Path("/proc/sys/net/core/wmem_max").read_text())
-        except (OSError, ValueError):
-            wmem_max = 212992                 # the kernel's default
-    return 2 * min(P.C["RLBV_SNDBUF"], wmem_max) // MESSAGE_TRUESIZE
+@dataclass(frozen=True)
+class SocketRoom:
+    """What a library's socket holds before its sends fail, as this kernel counts it: the send
+    buffer it grants the library's RLBV_SNDBUF (capped at net.core.wmem_max, doubled), and what
+    it charges that buffer for one message of each length (the message's buffers, rounded up to
+    an allocator's size: 768 bytes for up to 192 here, 1280 beyond). Messages read by the agent
+    were charged so while they waited."""
+    sndbuf: int
+    charges: tuple[int, ...]          # [i]: a message of up to i * CHARGE_STEP bytes
+
+    def charge(self, length: int) -> int:
+        return self.charges[min(len(self.charges) - 1, -(-length // CHARGE_STEP))]
+
+
+def measure_room() -> SocketRoom:
+    """Measured once on a socket pair set up as the library sets up its own: each length sent,
+    its charge read back (SO_MEMINFO), the message taken off again."""
+    lib, agent = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with lib, agent:
+        lib.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, P.C["RLBV_SNDBUF"])
+        charges = []
+        for i in range(-(-(P.MSG_MAX + 1) // CHARGE_STEP) + 1):
+            lib.send(b"x" * max(1, i * CHARGE_STEP))
+            charges.append(MEMINFO.unpack(lib.getsockopt(socket.SOL_SOCKET, SO_MEMINFO, MEMINFO.size))[2])
+            agent.recv(P.MSG_MAX + CHARGE_STEP)
+        sndbuf = MEMINFO.unpack(lib.getsockopt(socket.SOL_SOCKET, SO_MEMINFO, MEMINFO.size))[3]
+    return SocketRoom(sndbuf, tuple(charges))
 
 
 def proc_start(pid: int) -> int | None:
@@ -73,7 +91,8 @@ class Client:
     ahs: dict[int, VerbsQp] = field(default_factory=dict)        # handle -> entry
     ah_pending: dict[int, tuple[VerbsQp, str]] = field(default_factory=dict)  # question seq -> (entry, NIC)
     ah_nic: dict[int, str] = field(default_factory=dict)         # handle -> its NIC
-    backlog: int = 0               # messages read since its socket was last found empty
+    backlog: int = 0               # bytes its messages read since its socket was last found empty
+                                   # were charged there (SocketRoom)
 
 
 class Clients:
@@ -89,7 +108,8 @@ class Clients:
         may have failed (words lost): told once each time it does."""
         self.path, self.group, self.sel, self.counters = Path(path), group, sel, counters
         self.on_message, self.on_drop, self.on_full = on_message, on_drop, on_full
-        self.full_at = max(1, socket_holds() // 2)
+        self.room = measure_room()
+        self.full_at = self.room.sndbuf // 2          # bytes charged to a library's socket
         self.by_sock: dict[socket.socket, Client] = {}
         self.per_uid: dict[int, dict[str, int]] = collections.defaultdict(
             lambda: {"clients": 0, "qps": 0, "pending": 0})       # what each user holds
@@ -218,8 +238,9 @@ class Clients:
             if not data:
                 self.drop(c, "disconnected")
                 return True
-            c.backlog += 1
-            if c.backlog == self.full_at and self.on_full is not None:
+            held = c.backlog
+            c.backlog += self.room.charge(len(data))
+            if held < self.full_at <= c.backlog and self.on_full is not None:
                 self.on_full(c)
             try:
                 if len(data) > P.MSG_MAX or flags & MSG_TRUNC:

@@ -28,7 +28,8 @@ disagreement if its library had the path already.
 
 Loss, slowness and bad neighbours. A library that finds its agent stalled sends each word once
 and keeps its QPs, so with its socket full its words are lost: the agent counts what it reads of
-each library since its socket was last empty, and at half of what the socket holds takes that
+each library since its socket was last empty (charged as the kernel charges it), and at half
+of what the socket holds takes that
 process's QPs it never heard a question for as kept (a peer asking is answered keep), and a peer's
 question about a QP whose process still has words unread after the drain as busy. Questions are
 sent again until answered (every 2 ms, then less often), USED and CONFIRM until acknowledged
@@ -715,9 +716,9 @@ class VerbsService:
         (_unheard), rather than go on a path their own end may never take."""
         proc = (c.pid, c.start)
         if proc not in self.lost_words:
-            log.warning("verbs: pid %d's socket held %d messages unread: what its library said after may be lost, "
-                        "so its QPs it has not asked about keep their addresses if their peers ask first",
-                        c.pid, c.backlog)
+            log.warning("verbs: pid %d's socket held half of its %d bytes unread: what its library said after may be "
+                        "lost, so its QPs it has not asked about keep their addresses if their peers ask first",
+                        c.pid, self.clients.room.sndbuf)
         self.lost_words[proc] = time.monotonic()
 
     def _unheard(self, lq: LocalQp | None) -> bool:
