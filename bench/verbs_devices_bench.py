@@ -11,7 +11,11 @@ Per QP: the RTR call's duration in the application (median, 99th percentile, wor
 what each end's device was given, whether both ends of each QP are on the same path of their own
 NICs (per device). The budget is 1 ms at the median and 5 ms at worst per QP.
 
-    .venv/bin/python bench/verbs_devices_bench.py [--devices 8] [--qps 1000] [--timeout-ms 20]"""
+Both servers share this machine's CPUs unless --cpu-per-server puts each (its agent and its
+applications) on a CPU of its own, as two machines would be: the applications then compete with
+their own server's agent only, not with the other server's as well.
+
+    .venv/bin/python bench/verbs_devices_bench.py [--devices 8] [--qps 1000] [--timeout-ms 20] [--cpu-per-server]"""
 from __future__ import annotations
 
 import argparse
@@ -38,27 +42,29 @@ WIRE = ("messages_sent", "datagrams_sent", "resent", "peer_questions", "kept_unh
 FIRST_QPN = {1: 0x1000, 2: 0x200000}        # every device of a server numbers from here
 
 
-def start(lab, built, sysfs, gid, host, dev, n, timeout_ms, log):
-    """verbs_app on one server's device `dev`, n QPs towards the other server's same NIC."""
+def start(lab, built, sysfs, gid, host, dev, n, timeout_ms, log, cpu=None):
+    """verbs_app on one server's device `dev`, n QPs towards the other server's same NIC (on
+    `cpu` alone, if given)."""
     peer = 3 - host
     args = [str(built.linked), str(n), str(gid[(host, dev)][1]), lab.addresses(peer, dev)[1],
             hex(FIRST_QPN[peer]), "sync", "hold"]
     env = app_env(built, sysfs[host], log, FIRST_QPN[host], socket_path(lab.h[host]),
                   STUB_DEVICE=f"stub{dev}", RLB_VERBS_TIMEOUT_MS=str(timeout_ms))
-    p = subprocess.Popen(["nice", "-n", "10", "ip", "netns", "exec", lab.h[host], *args], env=env, stdin=subprocess.PIPE,
+    pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
+    p = subprocess.Popen([*pin, "nice", "-n", "10", "ip", "netns", "exec", lab.h[host], *args], env=env, stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert p.stdout.readline().strip() == "READY"
     return p
 
 
-def run(lab, built, sysfs, gid, tmp, devices: int, n: int, timeout_ms: float):
+def run(lab, built, sysfs, gid, tmp, devices: int, n: int, timeout_ms: float, cpus: dict[int, int] | None = None):
     """Both servers' processes (one a device) go at once; ({host: per-QP lines}, agreement per device)."""
     apps, logs = {1: [], 2: []}, {1: {}, 2: {}}
     for dev in range(devices):
         for host in (1, 2):
             log = tmp / f"h{host}-stub{dev}-{time.monotonic_ns()}.log"
             logs[host][dev] = log
-            apps[host].append(start(lab, built, sysfs, gid, host, dev, n, timeout_ms, log))
+            apps[host].append(start(lab, built, sysfs, gid, host, dev, n, timeout_ms, log, (cpus or {}).get(host)))
     for host in (1, 2):
         for p in apps[host]:
             p.stdin.write("go\n")
@@ -139,7 +145,10 @@ def main():
     ap.add_argument("--profile", type=Path, metavar="DIR",
                     help="sample each agent's threads with py-spy during the several-device case and write "
                          "DIR/a<N>.txt (collapsed stacks, for flamegraph.pl or speedscope)")
+    ap.add_argument("--cpu-per-server", action="store_true",
+                    help="each server (its agent and applications) on a CPU of its own, as on two machines")
     args = ap.parse_args()
+    cpus = {1: 0, 2: 1 % os.cpu_count()} if args.cpu_per_server else None
     if args.profile and not py_spy():
         ap.error("--profile needs py-spy (.venv/bin/pip install py-spy)")
     tmp = Path(tempfile.mkdtemp(prefix="rlb-verbs-devices-"))
@@ -153,6 +162,9 @@ def main():
                for k in (1, 2) for d in range(args.devices)}
         for k in (1, 2):
             lab.start_agent(k, env=agent_env(sysfs[k]), timeout=300)
+            if cpus:                                         # every thread, those started later too
+                subprocess.run(["taskset", "-a", "-p", "-c", str(cpus[k]), str(lab.agents[k].pid)],
+                               check=True, stdout=subprocess.DEVNULL)
         for devices in (1, args.devices):
             time.sleep(2)
             before = {h: counts(lab, h) for h in (1, 2)}
@@ -162,7 +174,7 @@ def main():
             idle0 = idle_share()
             apps0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             spies = profile(lab, args.profile) if args.profile and devices > 1 else []
-            lines, agree = run(lab, built, sysfs, gid, tmp, devices, args.qps, args.timeout_ms)
+            lines, agree = run(lab, built, sysfs, gid, tmp, devices, args.qps, args.timeout_ms, cpus)
             wall = time.monotonic() - t0
             idle = idle_share(idle0)
             apps1 = resource.getrusage(resource.RUSAGE_CHILDREN)     # the applications, waited for by run()
@@ -186,7 +198,8 @@ def main():
     finally:
         lab.down()
     print(f"\nRTR of {args.qps} QPs per device per server, stand-in libibverbs, library timeout {args.timeout_ms:g} ms; "
-          f"{args.devices} NICs per server, one agent each")
+          f"{args.devices} NICs per server, one agent each; "
+          + ("each server on a CPU of its own" if cpus else "both servers on all of this machine's CPUs"))
     print(f"{'case':<34}{'server':<8}{'QPs':>6}{'median ms':>11}{'p99 ms':>9}{'max ms':>9}{'placed':>8}  kept")
     for devices, figs, _, kept, *_ in out:
         name = "one device (today's shape)" if devices == 1 else f"{devices} devices at once"
