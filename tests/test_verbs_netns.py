@@ -696,6 +696,46 @@ def test_verbs_a_datagram_of_several_messages_is_taken_line_by_line_and_answered
     assert after["datagrams_sent"] == before["datagrams_sent"] + 1
 
 
+def test_verbs_a_killed_jobs_thousands_of_qps_are_let_go_without_holding_up_a_new_jobs_answers(v):
+    """A job of 12000 QP pairs is killed (SIGKILL: no GONE for any QP) while a new job, two
+    processes of 1000 QPs a host, its QPs made, goes to RTR asking at 100 ms. Each agent finds
+    the old process ended within a second and lets go of its 12000 QPs (each costs its map
+    entries) a slice a round: the new job's questions are answered meanwhile, so every new QP is
+    placed, both ends agreeing, none kept. (Before: the 12000 went in one round, the new job's
+    questions timed out and its libraries counted their agent stalled: 601 and 1455 kept.)"""
+    n = 1000                          # a process: its INITs well inside its socket (no words lost)
+    old = pair(v, 12000, first=None)
+    assert len(set(agreed(*old).values())) == 4                          # the old job placed
+    before = {h: v.status(h) for h in (1, 2)}
+    new = [App(v, 1, n, 0x10000 + i * n, 0x20000 + i * n, RLB_VERBS_TIMEOUT_MS="100") for i in (0, 1)] + \
+          [App(v, 2, n, 0x20000 + i * n, 0x10000 + i * n, RLB_VERBS_TIMEOUT_MS="100") for i in (0, 1)]
+    try:
+        for a in old:
+            a.p.kill()
+            a.p.wait()
+        for a in new:
+            a.p.stdin.write("go\n")
+            a.p.stdin.flush()
+        for a in new:
+            a.out = [a.p.stdout.readline() for _ in range(n)]
+        pa = {q: p for a in new[:2] for q, p in a.paths().items()}
+        pb = {q: p for a in new[2:] for q, p in a.paths().items()}
+        apart = {hex(q): (pa[q], pb.get(q + 0x10000)) for q in pa if pb.get(q + 0x10000) != pa[q]}
+        assert len(pa) == 2 * n and not apart, f"{len(apart)} pairs apart, e.g. {list(apart.items())[:3]}"
+        time.sleep(1.2)                            # the status files are written every second
+        after = {h: v.status(h) for h in (1, 2)}
+        for h in (1, 2):
+            kept = {r: k - before[h]["kept"].get(r, 0) for r, k in after[h]["kept"].items()
+                    if k != before[h]["kept"].get(r, 0)}
+            assert not kept, f"h{h}'s new QPs kept: {kept}"
+            assert after[h]["qps"] == 2 * n        # the old job's QPs let go, the new job's known
+        assert split({q: p[0] for q, p in pa.items()}) == {k: n // 2 for k in (1, 2, 3, 4)}
+    finally:
+        for a in new:
+            a.close()
+    wait_for("gone", lambda: not v.rows(1) and not v.rows(2), timeout=30)
+
+
 @pytest.mark.parametrize("lossy", [1, 2], ids=["rendezvous-end", "other-end"])
 def test_verbs_a_library_that_lost_its_words_to_a_stopped_agent_leaves_no_pair_apart(v, lossy):
     """One host's agent is stopped while that host's application takes 3000 QPs to RTR at a 20 ms

@@ -117,6 +117,8 @@ BEHIND_S = 0.05                # after a question waited half its time: new pair
 SLICE_NS = 4_000_000           # a round reads clients this long at most before the peers' messages
                                # are read and the round's messages sent (a CONFIRM or an answer
                                # waits on one slice, not on a burst's every question)
+RELEASE_SLICE_NS = 2_000_000   # a round lets go of reaped QPs this long at most (each costs its map
+                               # entries, about 0.25 ms: a job's 1000 at once held every answer 250 ms)
 # the agent's nice value once its verbs service runs (Linux keeps one per thread; every thread
 # of the agent, since they share the interpreter's lock): ahead of applications' busy-polling
 # threads (NCCL's proxies, perftest), which on a full machine kept every answer past its RTR, and
@@ -223,6 +225,8 @@ class VerbsService:
         self.of_process: dict[tuple[int, int | None], set[Local]] = {}             # (pid, start) -> its QPs
         self.on_nic: collections.Counter = collections.Counter()                    # NIC -> its QPs
         self.unowned: collections.deque = collections.deque()   # (when, QP) of keeps for QPs not here
+        self.releasing: collections.deque[LocalQp] = collections.deque()    # reaped, let go a slice a round
+        self.to_release: set[Local] = set()                                  # ... their QPs, queued once
         # by this host's QP: (the pair's key, decision)
         self.decisions: dict[Local, tuple[Key, Decision]] = {}
         self.checks: dict[Key, int] = {}                      # a pair's CHECK waiting -> its pending id
@@ -426,7 +430,7 @@ class VerbsService:
         due += [w.deadline_ns - MARGIN_NS for waiting in self.parked.values() for w in waiting]
         if due:
             timeout = max(0.0, min(timeout, (min(due) - now) / 1e9))
-        ready = self.sel.select(timeout)
+        ready = self.sel.select(0 if self.releasing else timeout)
         if len(ready) > 1:
             ready.sort(key=_udp_first)                     # the peers' answers first
         slice_end = mono_ns() + SLICE_NS
@@ -449,6 +453,8 @@ class VerbsService:
         if t >= self._next_reap:
             self._next_reap = t + REAP_EVERY_S
             self._reap()
+        if self.releasing:
+            self._let_go(mono_ns() + RELEASE_SLICE_NS)
         if t >= self._next_status:
             self._next_status = t + STATUS_EVERY_S
             self._write_status()
@@ -970,23 +976,23 @@ class VerbsService:
 
     def _reap(self):
         """QPs the kernel no longer has (destroyed, their GONE lost), QPs of processes that ended
-        without destroying them; keeps answered long ago."""
+        without destroying them: queued, and let go a slice a round (_let_go), so that a job
+        killed with thousands of QPs does not hold up the answers of the jobs starting beside it;
+        keeps answered long ago."""
         looked_at, present = self.kernel.seen or (0.0, {})
         for dev, has in present.items():
             for qpn in self.dev_qpns.get(dev, set()) - has:
                 local = self.by_dev.get((dev, qpn))
                 lq = self.local.get(local)
-                if lq is None or lq.at >= looked_at:     # (made since the kernel was looked at)
+                if lq is None or lq.at >= looked_at or local in self.to_release:   # (made since the look)
                     continue
                 self.counters["released_qps"] += 1
                 log.info("verbs: %s of pid %d is gone from the kernel: released", qp_text(local), lq.pid)
-                self._forget_qp(local)
-                for c in self.clients.all():     # its process may live on: no longer its QP
-                    c.qpns.discard(local)
+                self._queue_release(lq)
         for (pid, start), mine in list(self.of_process.items()):
             if start is None or proc_start(pid) != start:
-                for local in list(mine):
-                    self._forget_qp(local)
+                for local in mine - self.to_release:
+                    self._queue_release(self.local[local])
         old = time.monotonic() - KEPT_TTL_S
         while self.unowned and self.unowned[0][0] < old:
             _, local = self.unowned.popleft()
@@ -995,6 +1001,21 @@ class VerbsService:
                 self._forget_qp(local)
         for peer in [p for p, (t, _) in self.peer_paths.items() if time.monotonic() - t > PEER_PATHS_TTL_S]:
             del self.peer_paths[peer]
+
+    def _queue_release(self, lq: LocalQp):
+        self.releasing.append(lq)
+        self.to_release.add(lq.key)
+
+    def _let_go(self, until_ns: int):
+        """Reaped QPs let go until until_ns: each only if it is still the QP that was reaped (its
+        number may have been taken meanwhile by a new QP, which _register let the old one go for)."""
+        while self.releasing and mono_ns() < until_ns:
+            lq = self.releasing.popleft()
+            self.to_release.discard(lq.key)
+            if self.local.get(lq.key) is lq:
+                self._forget_qp(lq.key)
+                for c in self.clients.all():     # its process may live on: no longer its QP
+                    c.qpns.discard(lq.key)
 
     # ---- address handles ---------------------------------------------------------------------
     def _ah(self, c: Client, q: P.Question, nic: NicState, v: View, peer: str):
