@@ -28,10 +28,10 @@ disagreement if its library had the path already.
 
 Loss, slowness and bad neighbours. A library that finds its agent stalled sends each word once
 and keeps its QPs, so with its socket full its words are lost: the agent counts what it reads of
-each library since its socket was last empty (charged as the kernel charges it), and at half
-of what the socket holds takes that
-process's QPs it never heard a question for as kept (a peer asking is answered keep), and a peer's
-question about a QP whose process still has words unread after the drain as busy. Questions are
+each library since its socket was last empty (charged as the kernel charges it), and at half of
+what the socket holds takes that process's QPs it never heard a question for as kept (a peer
+asking is answered keep), and a peer's question about a QP whose process still has words unread
+after the drain as busy. Questions are
 sent again until answered (every 2 ms, then less often), USED and CONFIRM until acknowledged
 (ACK), and any of them taken twice changes nothing; a
 library waiting on a pending pair is told to wait longer (WAIT, up to rlbv_wait_ns()), and
