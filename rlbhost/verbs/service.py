@@ -225,7 +225,8 @@ class VerbsService:
         self.of_process: dict[tuple[int, int | None], set[Local]] = {}             # (pid, start) -> its QPs
         self.on_nic: collections.Counter = collections.Counter()                    # NIC -> its QPs
         self.unowned: collections.deque = collections.deque()   # (when, QP) of keeps for QPs not here
-        self.releasing: collections.deque[LocalQp] = collections.deque()    # reaped, let go a slice a round
+        self.releasing: collections.deque[tuple[LocalQp, bool]] = collections.deque()  # reaped (and whether
+                                                         # its process lives on), let go a slice a round
         self.to_release: set[Local] = set()                                  # ... their QPs, queued once
         # by this host's QP: (the pair's key, decision)
         self.decisions: dict[Local, tuple[Key, Decision]] = {}
@@ -988,11 +989,11 @@ class VerbsService:
                     continue
                 self.counters["released_qps"] += 1
                 log.info("verbs: %s of pid %d is gone from the kernel: released", qp_text(local), lq.pid)
-                self._queue_release(lq)
+                self._queue_release(lq, True)
         for (pid, start), mine in list(self.of_process.items()):
             if start is None or proc_start(pid) != start:
                 for local in mine - self.to_release:
-                    self._queue_release(self.local[local])
+                    self._queue_release(self.local[local], False)
         old = time.monotonic() - KEPT_TTL_S
         while self.unowned and self.unowned[0][0] < old:
             _, local = self.unowned.popleft()
@@ -1002,20 +1003,21 @@ class VerbsService:
         for peer in [p for p, (t, _) in self.peer_paths.items() if time.monotonic() - t > PEER_PATHS_TTL_S]:
             del self.peer_paths[peer]
 
-    def _queue_release(self, lq: LocalQp):
-        self.releasing.append(lq)
+    def _queue_release(self, lq: LocalQp, lives_on: bool):
+        self.releasing.append((lq, lives_on))
         self.to_release.add(lq.key)
 
     def _let_go(self, until_ns: int):
         """Reaped QPs let go until until_ns: each only if it is still the QP that was reaped (its
         number may have been taken meanwhile by a new QP, which _register let the old one go for)."""
         while self.releasing and mono_ns() < until_ns:
-            lq = self.releasing.popleft()
+            lq, lives_on = self.releasing.popleft()
             self.to_release.discard(lq.key)
             if self.local.get(lq.key) is lq:
                 self._forget_qp(lq.key)
-                for c in self.clients.all():     # its process may live on: no longer its QP
-                    c.qpns.discard(lq.key)
+                if lives_on:                     # no longer its process's QP (an ended one has no client)
+                    for c in self.clients.all():
+                        c.qpns.discard(lq.key)
 
     # ---- address handles ---------------------------------------------------------------------
     def _ah(self, c: Client, q: P.Question, nic: NicState, v: View, peer: str):
