@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -144,6 +145,7 @@ def main():
                 rows.append((name, f"h{host} ({role})", figures(lines[host]), placed - before[host][0], kept))
     finally:
         lab.down()
+        shutil.rmtree(tmp, ignore_errors=True)        # the built library and every application's log
     print(f"\nRTR of {n} QPs per host against the stub libibverbs; library timeout {args.timeout_ms:g} ms")
     print(f"{'case':<56}{'end':<16}{'QPs':>6}{'median ms':>11}{'p99 ms':>9}{'max ms':>9}{'placed':>8}  "
           "kept (and disagreements, if any)")

@@ -38,7 +38,7 @@ from rlbhost.verbs.paths import socket_path  # noqa: E402
 from rlblab.hostlab import HostLab  # noqa: E402
 from tests.verbs_tools import agent_env, app_env, app_lines, build_all, fake_sysfs, rtrs  # noqa: E402
 
-WIRE = ("messages_sent", "datagrams_sent", "resent", "peer_questions", "kept_unheard")
+WIRE = ("messages_sent", "datagrams_sent", "resent", "peer_questions", "kept_unheard", "slow_rounds")
 FIRST_QPN = {1: 0x1000, 2: 0x200000}        # every device of a server numbers from here
 
 
@@ -197,6 +197,7 @@ def main():
             out.append((devices, {h: figures(lines[h]) for h in (1, 2)}, agree, kept, (wall, idle, apps), cpu, wire))
     finally:
         lab.down()
+        shutil.rmtree(tmp, ignore_errors=True)        # the built library and every application's log
     print(f"\nRTR of {args.qps} QPs per device per server, stand-in libibverbs, library timeout {args.timeout_ms:g} ms; "
           f"{args.devices} NICs per server, one agent each; "
           + ("each server on a CPU of its own" if cpus else "both servers on all of this machine's CPUs"))
@@ -232,7 +233,8 @@ def main():
             print(f"    a{h} to its peers: {w['messages_sent']} messages in {w['datagrams_sent']} datagrams "
                   f"({w['datagrams_sent'] / n:.2f} a QP end), {w['resent']} sent again; "
                   f"{w['peer_questions']} questions from peers; {w['kept_unheard']} of its QPs kept as their "
-                  f"process's words may have been lost (its socket found half full)")
+                  f"process's words may have been lost (its socket found half full); {w['slow_rounds']} "
+                  f"rounds of its verbs thread over 50 ms (its log: what they spent it on)")
 
 
 if __name__ == "__main__":

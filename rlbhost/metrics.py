@@ -179,5 +179,9 @@ class HostCollector:
                           "words may have been lost (its socket found half full while the agent was behind): "
                           "both ends keep the application's addresses", ["node"])
         unheard.add_metric([n], c.get("kept_unheard", 0))
+        slow = counter("rlb_host_verbs_slow_rounds", "rounds of the agent's verbs thread over 50 ms (each "
+                       "held every library's answer that long; the agent's log says what the round spent it on)",
+                       ["node"])
+        slow.add_metric([n], c.get("slow_rounds", 0))
         yield from (asked, placed, kept, dis, bad, peers, sent, keyfile, clients, qps, nic_placed, waited, late,
-                    unheard)
+                    unheard, slow)

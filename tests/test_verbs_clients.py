@@ -32,13 +32,14 @@ def test_the_room_is_what_a_librarys_socket_takes_before_its_sends_fail():
     assert room.charge(P.MSG_MAX) > room.charge(20)                 # longer messages cost more buffer
 
 
-def test_a_backlog_half_of_what_the_socket_holds_is_told_once_and_reads_say_what_is_left(tmp_path):
+def test_a_backlog_half_of_what_the_socket_holds_is_told_at_the_mark_and_at_its_end_and_reads_say_what_is_left(tmp_path):
     full: list[int] = []
     got: list[object] = []
     sel = selectors.DefaultSelector()
     clients = C.Clients(tmp_path / "s", None, sel, {}, lambda c, m: got.append(m),
                         lambda c: None, lambda c: full.append(c.backlog))
-    clients.full_at = 5 * clients.room.charge(16)                     # five INITs' worth
+    one = clients.room.charge(16)
+    clients.full_at = 5 * one                                               # five INITs' worth
     agent, library = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     agent.setblocking(False)
     c = C.Client(agent, 1, 0, None)
@@ -46,12 +47,15 @@ def test_a_backlog_half_of_what_the_socket_holds_is_told_once_and_reads_say_what
     sel.register(agent, selectors.EVENT_READ, c)
     for i in range(8):
         library.send(f"INIT stub0 1 {i}".encode())
-    assert clients.read(c, 3) is False and c.backlog == 3 * clients.room.charge(16) and not full   # 5 waiting
-    assert clients.read(c, 3) is False and full == [clients.full_at]                # the fifth read: told
-    assert clients.read(c, 3) is True and c.backlog == 0                    # 2 read, then empty
-    assert [m.qpn for m in got] == list(range(8)) and full == [clients.full_at]
+    assert clients.read(c, 3) is False and c.backlog == 3 * one and not full   # 5 waiting
+    assert clients.read(c, 3) is False and full == [5 * one]                # the fifth read: told
+    # 2 read, then empty: told again (the QPs of the INITs read after the mark are as much at risk)
+    assert clients.read(c, 3) is True and c.backlog == 0 and full == [5 * one, 8 * one]
+    assert [m.qpn for m in got] == list(range(8))
     for i in range(6):                                                      # a second backlog: told again
         library.send(f"INIT stub0 1 {i}".encode())
-    assert clients.read(c, 10) is True and full == [clients.full_at] * 2
-    library.close()
+    assert clients.read(c, 10) is True and full == [5 * one, 8 * one, 5 * one, 6 * one]
+    for i in range(4):                                                      # under the mark: never told
+        library.send(f"INIT stub0 1 {i}".encode())
+    assert clients.read(c, 10) is True and len(full) == 4
     assert clients.read(c, 1) is True                                       # gone: nothing more to read

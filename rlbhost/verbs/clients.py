@@ -105,7 +105,9 @@ class Clients:
                  on_message: Callable[[Client, object], None], on_drop: Callable[[Client], None],
                  on_full: Callable[[Client], None] | None = None):
         """on_full(c): c's backlog reached half of what its socket holds, so its library's sends
-        may have failed (words lost): told once each time it does."""
+        may have failed (words lost): told once each time it does, and again once that backlog is
+        read to its end (a QP whose INIT was read after the first word is as much at risk: its
+        library may have given up on it with its later words lost)."""
         self.path, self.group, self.sel, self.counters = Path(path), group, sel, counters
         self.on_message, self.on_drop, self.on_full = on_message, on_drop, on_full
         self.room = measure_room()
@@ -230,6 +232,8 @@ class Clients:
             try:
                 data, _, flags, _ = c.sock.recvmsg(P.MSG_MAX + 1)
             except BlockingIOError:
+                if c.backlog >= self.full_at and self.on_full is not None:
+                    self.on_full(c)                 # the end of a backlog that could overflow
                 c.backlog = 0
                 return True
             except OSError as e:

@@ -29,7 +29,8 @@ disagreement if its library had the path already.
 Loss, slowness and bad neighbours. A library that finds its agent stalled sends each word once
 and keeps its QPs, so with its socket full its words are lost: the agent counts what it reads of
 each library since its socket was last empty (charged as the kernel charges it), and at half of
-what the socket holds takes that process's QPs it never heard a question for as kept (a peer
+what the socket holds takes that process's QPs it never heard a question for (those registered
+until the socket is read empty included) as kept (a peer
 asking is answered keep), and a peer's question about a QP whose process still has words unread
 after the drain as busy. Questions are
 sent again until answered (every 2 ms, then less often), USED and CONFIRM until acknowledged
@@ -92,6 +93,7 @@ from .kernelqps import MISSING, KernelQps
 from .nicview import NicState, NicViews, View, Why, addr_lt, with_field
 from .outstanding import Pending
 from .peerlink import UDP, PeerLink, mono_ns
+from .roundclock import RoundClock
 from .table import DecisionTable, NoFence
 
 log = logging.getLogger(__name__)
@@ -209,8 +211,9 @@ class VerbsService:
                                          "unauthenticated": 0, "resent": 0, "unacknowledged": 0,
                                          "has_asked": 0, "has_confirmed": 0, "withdrawn": 0,
                                          "messages_sent": 0, "datagrams_sent": 0, "key_file_bad": 0,
-                                         "answered_late": 0, "kept_unheard": 0}
+                                         "answered_late": 0, "kept_unheard": 0, "slow_rounds": 0}
         self.answer_times = AnswerTimes()    # how long libraries waited for their answers
+        self.clock = RoundClock()            # what a long round spent its time on
         self.sel = selectors.DefaultSelector()
         self.clients = Clients(socket_path, group, self.sel, self.counters, self._local, self._dropped,
                                self._words_may_be_lost)
@@ -413,6 +416,9 @@ class VerbsService:
         self.runtime = runtime or AgentRuntime(log, self.health)
         self.stop = self.runtime.stop
         self.runtime.every("verbs", 0, self._round, expected=())    # a failed round: the supervisor's back-off
+        # the status file from a thread of its own: a write that waits on the disk (a journal
+        # commit; /run on a disk, as on this project's CI machine) held every answer up to a second
+        self.runtime.every("verbs-status", STATUS_EVERY_S, self._write_status)
         if self.kernel.available:
             self.runtime.every("verbs-kernel", REAP_EVERY_S, self.kernel.look)
         return self.runtime
@@ -431,7 +437,11 @@ class VerbsService:
         due += [w.deadline_ns - MARGIN_NS for waiting in self.parked.values() for w in waiting]
         if due:
             timeout = max(0.0, min(timeout, (min(due) - now) / 1e9))
-        ready = self.sel.select(0 if self.releasing else timeout)
+        if self.releasing:
+            timeout = 0
+        ready = self.sel.select(timeout)
+        clock = self.clock
+        clock.start(mono_ns() - now, int(timeout * 1e9))
         if len(ready) > 1:
             ready.sort(key=_udp_first)                     # the peers' answers first
         slice_end = mono_ns() + SLICE_NS
@@ -447,21 +457,29 @@ class VerbsService:
                 if mono_ns() > slice_end:
                     self._between_slices()
                     slice_end = mono_ns() + SLICE_NS
+        clock.mark("reading")
         self._timers(mono_ns())
+        clock.mark("timers")
         self.link.flush()
+        clock.mark("sending")
         self.clients.resume()
+        clock.mark("resuming clients")
         t = time.monotonic()
         if t >= self._next_reap:
             self._next_reap = t + REAP_EVERY_S
             self._reap()
+            clock.mark("reaping")
         if self.releasing:
             self._let_go(mono_ns() + RELEASE_SLICE_NS)
+            clock.mark("letting go")
         if t >= self._next_status:
             self._next_status = t + STATUS_EVERY_S
-            self._write_status()
             self.link.reread_keys()
             self.heap.settle()
             self.heap.collect_if_due(idle=not self.link.pending and not self.parked)
+            clock.mark("keys and heap")
+        if clock.end():
+            self.counters["slow_rounds"] += 1
 
     def _prioritise(self):
         """Every thread of the agent at VERBS_NICE, from the verbs thread's first round (its
@@ -720,7 +738,10 @@ class VerbsService:
         have failed (it waits a few ms for room, then counts this agent stalled, sends each word
         once and keeps its QPs), so what it said of its later QPs may never reach here. Those it
         registered before now and never asks about keep their addresses when their peers ask
-        (_unheard), rather than go on a path their own end may never take."""
+        (_unheard), rather than go on a path their own end may never take. Told again when that
+        backlog has been read to its end: the QPs whose INITs were behind the half mark are
+        covered too (a job whose INITs were still unread when its agent stopped left 1024 pairs
+        of 3000 apart: the lost-words test's inits-unread case)."""
         proc = (c.pid, c.start)
         if proc not in self.lost_words:
             log.warning("verbs: pid %d's socket held half of its %d bytes unread: what its library said after may be "
@@ -1309,6 +1330,8 @@ class VerbsService:
                                   for t, k, d in list(self.recent)]}
 
     def _write_status(self):
+        """The status file, for `rlbhost verbs status` (written by its own thread: snapshot()
+        takes its copies under the interpreter's lock; the write may wait on the disk)."""
         if self.status_path is not None:
             try:
                 write_atomic(self.status_path, json.dumps(self.snapshot()))
