@@ -769,12 +769,11 @@ def test_verbs_a_library_that_lost_its_words_to_a_stopped_agent_leaves_no_pair_a
     n = 3000
     agent = v.lab.agents[lossy]
     before = v.status(lossy)["counters"]
-    apps = {3 - lossy: App(v, 3 - lossy, n, 0x100 if lossy == 2 else 0x200, 0x200 if lossy == 2 else 0x100,
-                           RLB_VERBS_TIMEOUT_MS="20")}
+    first = {1: 0x100, 2: 0x200}                  # each host's first QP number
+    apps = {3 - lossy: App(v, 3 - lossy, n, first[3 - lossy], first[lossy], RLB_VERBS_TIMEOUT_MS="20")}
     watcher = _stop_once_connected(agent.pid) if inits_unread else None
     try:
-        apps[lossy] = App(v, lossy, n, 0x100 if lossy == 1 else 0x200, 0x200 if lossy == 1 else 0x100,
-                          RLB_VERBS_TIMEOUT_MS="20")
+        apps[lossy] = App(v, lossy, n, first[lossy], first[3 - lossy], RLB_VERBS_TIMEOUT_MS="20")
         if watcher is None:
             os.kill(agent.pid, signal.SIGSTOP)
         else:

@@ -17,16 +17,13 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import time
+
+from .peerlink import mono_ns
 
 log = logging.getLogger(__name__)
 
 SLOW_NS = 50_000_000          # a round this long already kept questions past a library's 20 ms
 LOG_EVERY_NS = 1_000_000_000  # at most one line a second; the others are counted in it
-
-
-def mono_ns() -> int:
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
 class _Collections:
