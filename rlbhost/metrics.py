@@ -179,9 +179,17 @@ class HostCollector:
                           "words may have been lost (its socket found half full while the agent was behind): "
                           "both ends keep the application's addresses", ["node"])
         unheard.add_metric([n], c.get("kept_unheard", 0))
+        busy = counter("rlb_host_verbs_kept_busy", "QP pairs kept when a peer asked because this agent was "
+                       "behind its questions, or the QP's library still had words unread here: both ends "
+                       "keep the application's addresses", ["node"])
+        busy.add_metric([n], c.get("kept_busy", 0))
         slow = counter("rlb_host_verbs_slow_rounds", "rounds of the agent's verbs thread over 50 ms (each "
                        "held every library's answer that long; the agent's log says what the round spent it on)",
                        ["node"])
         slow.add_metric([n], c.get("slow_rounds", 0))
+        errors = counter("rlb_host_verbs_message_errors", "peer agents' messages whose handling failed in "
+                         "this agent (a fault of the agent's: its log has the traceback); the others go on",
+                         ["node"])
+        errors.add_metric([n], c.get("message_errors", 0))
         yield from (asked, placed, kept, dis, bad, peers, sent, keyfile, clients, qps, nic_placed, waited, late,
                     unheard, slow)

@@ -88,6 +88,10 @@ RULES = [
      "{{ $labels.node }}: 1 in 100 of its verbs libraries' RTRs waited more than {{ $value | humanizeDuration }} "
      "for the agent (5 ms is the budget): the agent is behind its questions (a burst of QPs, or a busy machine "
      "starving it): QPs still agree, but RTRs take longer and past the libraries' timeout keep their addresses"),
+    ("RlbVerbsMessageErrors", "increase(rlb_host_verbs_message_errors_total[10m]) > 0", "0m", "warning",
+     "{{ $labels.node }}: the verbs agent failed to handle {{ $value }} peer agents' message(s) in 10 min: a "
+     "fault of the agent's own (its log has the traceback: report it); the other messages go on, but the "
+     "pairs those messages were about may keep their addresses"),
     ("RlbVerbsPeerMessagesLost",
      'rate(rlb_host_verbs_peer_messages_total{what="resent"}[5m]) > 10', "10m", "warning",
      "{{ $labels.node }}: the verbs agents' messages (UDP 4798) are being sent again more than 10 a second: "

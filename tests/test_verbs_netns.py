@@ -455,7 +455,9 @@ def test_verbs_zero_weight_paths_are_never_chosen_at_either_end(v):
     try:
         a, b = pair(v, 6, first=2)
         try:
-            assert split(agreed(a, b)) == {1: 3, 4: 3}
+            got = split(agreed(a, b))
+            # a wrong split says why: each end's reasons (the QP counts it saw, path by path)
+            assert got == {1: 3, 4: 3}, (got, v.lab.cli(1, "why"), v.lab.cli(2, "why"))
         finally:
             a.close(), b.close()
     finally:
@@ -697,6 +699,51 @@ def test_verbs_a_datagram_of_several_messages_is_taken_line_by_line_and_answered
     assert after["datagrams_sent"] == before["datagrams_sent"] + 1
 
 
+def test_verbs_a_late_copy_of_a_check_for_a_pair_on_a_path_is_answered_as_it_stands(v):
+    """A copy of the rendezvous's CHECK sent again reaches the other end after its time, when the
+    pair is on its path there already (under load, the copies of a slow peer's questions do): it
+    is answered YES with that path, and the pair stays on it. (Before: the late copy was answered
+    as a keep with the decision's empty reason, which raised in the verbs thread; the round's
+    other messages were lost and the thread stood still for its restart: in the 8-device bench,
+    3 of 20 runs left thousands of QPs kept.)"""
+    import socket as so
+    from rlbcommon import netns
+    from rlbhost.verbs import protocol as P
+    from rlbhost.verbs.peerauth import seal
+    a, b = pair(v, 2, first=1)
+    try:
+        placed = agreed(a, b)
+        quiet(v)
+        time.sleep(1.2)                   # the status files are written every second: counts of now
+        log = v.lab.work / "agent-h2.log"
+        at = log.stat().st_size
+        before = v.status(2)["counters"]
+        rows = {r["qp"]: r["path"] for r in v.rows(2)}
+        # h1's QP 0x100 with h2's 0x200, at its path, a budget long spent (0 us)
+        check = P.PeerMsg("CHECK", P.message_id(), 0, v.lab.base(1), 0x100, v.lab.base(2), 0x200,
+                          frozenset({1, 2, 3, 4}), path=placed[0x100])
+        with netns.inside(v.lab.h[1]):
+            s = so.socket(so.AF_INET6, so.SOCK_DGRAM)
+            s.bind((v.lab.base(1), 0))
+        try:
+            s.sendto(seal(check.encode(), KEY), (v.lab.base(2), VERBS_PORT))
+        finally:
+            s.close()
+        seen = []
+        wait_for("answered", lambda: seen.append(v.status(2)["counters"]) or
+                 seen[-1]["messages_sent"] > before["messages_sent"])
+        after = seen[-1]
+        diff = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+        assert diff["peer_questions"] == diff["stale_questions"] == 1, diff
+        assert diff["messages_sent"] == 1, diff                            # the answer left
+        assert "message_errors" not in diff, diff
+        assert "failed" not in log.read_text()[at:]
+        assert {r["qp"]: r["path"] for r in v.rows(2)} == rows            # still on its path
+    finally:
+        a.close(), b.close()
+    wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
+
+
 def test_verbs_a_killed_jobs_thousands_of_qps_are_let_go_without_holding_up_a_new_jobs_answers(v):
     """A job of 12000 QP pairs is killed (SIGKILL: no GONE for any QP) while a new job, two
     processes of 1000 QPs a host, its QPs made, goes to RTR asking at 100 ms. Each agent finds
@@ -737,18 +784,33 @@ def test_verbs_a_killed_jobs_thousands_of_qps_are_let_go_without_holding_up_a_ne
     wait_for("gone", lambda: not v.rows(1) and not v.rows(2), timeout=30)
 
 
-def _stop_once_connected(pid: int) -> threading.Thread:
-    """A thread that stops process `pid` (SIGSTOP) a few ms after it accepts a connection (a
-    descriptor more than now): the library's greeting answered, most of its INITs not yet read."""
-    before = len(os.listdir(f"/proc/{pid}/fd"))
+def _accepted(pid: int, path: Path) -> set:
+    """The inodes of the connections process `pid` accepted on its socket at `path` (an accepted
+    AF_UNIX socket carries its listener's path in /proc/net/unix)."""
+    return {f[6] for f in (line.split() for line in open(f"/proc/{pid}/net/unix").read().splitlines()[1:])
+            if len(f) > 7 and f[7] == str(path) and f[5] == "03"}      # st 03: connected
+
+
+def _stop_once_connected(pid: int, path: Path) -> threading.Thread:
+    """A thread that stops process `pid` (SIGSTOP) a few ms after it accepts a connection on its
+    socket at `path`: the library's greeting answered, most of its INITs not yet read. Accepted
+    connections, not descriptors, are watched: the agent opens and closes files and netlink
+    sockets every second, so a count of descriptors can move without an accept (it did in CI:
+    the agent was stopped before it took the library's connection, so nothing was said of any
+    QP). The thread's `stopped` says whether it stopped the process."""
+    before = _accepted(pid, path)
 
     def watch():
         deadline = time.monotonic() + 30
-        while len(os.listdir(f"/proc/{pid}/fd")) <= before and time.monotonic() < deadline:
+        while not (_accepted(pid, path) - before):
+            if time.monotonic() > deadline:
+                return
             time.sleep(0.0002)
         time.sleep(0.003)
         os.kill(pid, signal.SIGSTOP)
+        t.stopped = True
     t = threading.Thread(target=watch, daemon=True)
+    t.stopped = False
     t.start()
     return t
 
@@ -771,7 +833,7 @@ def test_verbs_a_library_that_lost_its_words_to_a_stopped_agent_leaves_no_pair_a
     before = v.status(lossy)["counters"]
     first = {1: 0x100, 2: 0x200}                  # each host's first QP number
     apps = {3 - lossy: App(v, 3 - lossy, n, first[3 - lossy], first[lossy], RLB_VERBS_TIMEOUT_MS="20")}
-    watcher = _stop_once_connected(agent.pid) if inits_unread else None
+    watcher = _stop_once_connected(agent.pid, socket_path(v.lab.h[lossy])) if inits_unread else None
     try:
         apps[lossy] = App(v, lossy, n, first[lossy], first[3 - lossy], RLB_VERBS_TIMEOUT_MS="20")
         if watcher is None:
@@ -795,10 +857,12 @@ def test_verbs_a_library_that_lost_its_words_to_a_stopped_agent_leaves_no_pair_a
         # the loss is real (the socket held fewer than the QPs' words), and each QP whose words
         # were lost kept when the other end asked, counted once
         unheard = after["kept_unheard"] - before["kept_unheard"]
-        if inits_unread:      # INITs past what the socket held are lost too: those QPs are unknown here
-            assert heard < n - 1000 and 0 < unheard <= n - heard, (heard, unheard)
-        else:
-            assert heard < n - 1000 and unheard == n - heard, (heard, unheard)
+        # a peer asking while this agent is behind, or after the asker's time, keeps for that
+        # reason first (busy, stale): as kept, counted there (53 of 1634 once, in 20 runs)
+        other = {k: after[k] - before[k] for k in ("kept_busy", "stale_questions")}
+        assert heard < n - 1000 and 0 < unheard <= n - heard, (heard, unheard, other)
+        if not inits_unread:  # (INITs past what the socket held are lost too: those QPs are unknown here)
+            assert unheard + sum(other.values()) >= n - heard, (heard, unheard, other)
         # and an operator sees the same on the agent's metrics
         scraped = v.metrics(lossy)[f'rlb_host_verbs_kept_unheard_total{{node="{v.lab.h[lossy]}"}}']
         assert scraped == after["kept_unheard"]

@@ -30,3 +30,38 @@ def test_verbs_the_agents_datagrams_carry_the_network_control_traffic_class():
         rx.close()
         link.close()
         sel.close()
+
+
+def test_verbs_a_fault_handling_one_peer_message_costs_that_message_alone(caplog):
+    """A message whose handling raises (a fault of the agent's) is counted and logged with its
+    traceback; the datagram's other messages are handled and read() returns normally. (Raised
+    out of the round, it lost them all and held every library's answer for the loop's restart.)"""
+    from collections import Counter
+    from rlbhost.verbs import protocol as P
+    handled = []
+
+    def on_message(m, sender, arrived):
+        if m.a_qpn == 0x2:
+            raise KeyError("")
+        handled.append(m.a_qpn)
+    sel = selectors.DefaultSelector()
+    counters: Counter = Counter()
+    link = PeerLink(0, KeyFile(None), sel, counters, on_message)
+    tx = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        link.open()
+        msgs = [P.PeerMsg("USED", 100 + q, a_base="fd00::1", a_qpn=q, b_base="fd00::2", b_qpn=q, path=1).encode()
+                for q in (0x1, 0x2, 0x3)]
+        body = P.pack_peer(msgs, P.DATAGRAM_MAX)
+        assert len(body) == 1
+        tx.sendto(body[0], ("::1", link.udp.getsockname()[1]))
+        sel.select(2)
+        with caplog.at_level("ERROR", logger="rlbhost.verbs.peerlink"):
+            link.read()
+        assert handled == [0x1, 0x3]
+        assert counters["message_errors"] == 1 and counters["bad_messages"] == 0
+        assert "KeyError" in caplog.text and "1 so far" in caplog.text
+    finally:
+        tx.close()
+        link.close()
+        sel.close()

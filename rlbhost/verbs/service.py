@@ -211,7 +211,8 @@ class VerbsService:
                                          "unauthenticated": 0, "resent": 0, "unacknowledged": 0,
                                          "has_asked": 0, "has_confirmed": 0, "withdrawn": 0,
                                          "messages_sent": 0, "datagrams_sent": 0, "key_file_bad": 0,
-                                         "answered_late": 0, "kept_unheard": 0, "slow_rounds": 0}
+                                         "answered_late": 0, "kept_unheard": 0, "kept_busy": 0,
+                                         "slow_rounds": 0, "message_errors": 0}
         self.answer_times = AnswerTimes()    # how long libraries waited for their answers
         self.clock = RoundClock()            # what a long round spent its time on
         self.sel = selectors.DefaultSelector()
@@ -1151,14 +1152,17 @@ class VerbsService:
             # (not drained: its library's word may wait further back in its socket)
             busy = known is None and (self._behind() or not drained)
             unheard = known is None and fresh and lq is not None and not busy and self._unheard(lq)
-            if not fresh or lq is None or busy or unheard or (known is not None and not known.path):
-                keep = (known.keep if known is not None else "timeout" if not fresh or unheard else
-                        "peerkeeps" if lq is None else "busy")
-                if known is None:
-                    self._decide_keep(key, False, keep, nic=nic)
+            if known is not None and not known.path:
+                return self.link.reply(m, src, me, verdict="NO", keep=P.KEEP[known.keep or "timeout"])
+            if known is None and (not fresh or lq is None or busy or unheard):
+                keep = "timeout" if not fresh or unheard else "peerkeeps" if lq is None else "busy"
+                self._decide_keep(key, False, keep, nic=nic)
+                self.counters["kept_busy"] += keep == "busy"
                 return self.link.reply(m, src, me, verdict="NO", keep=P.KEEP[keep])
-            dev, port, _ = lq.key
-            usable = self.views.usable(nic, v, m.a_base, dev or None, port)
+            # a pair decided already (a copy sent again, late or not) is answered as it stands:
+            # a stale copy of a CHECK taken once must not turn it into a keep at one end only
+            dev, port = (lq.key[0] or None, lq.key[1]) if lq is not None else (None, None)
+            usable = self.views.usable(nic, v, m.a_base, dev, port)
             paths = self.views.paths(v, usable)
             if known is None and m.path in paths:
                 # taken: recorded (and in the table for this end's library) before the yes, and
@@ -1186,6 +1190,7 @@ class VerbsService:
                 d = self._decide_keep(key, True, "timeout", nic=nic)
             elif self._behind() or not drained:      # (not drained: its library's word may wait further back)
                 d = self._decide_keep(key, True, "busy", nic=nic)
+                self.counters["kept_busy"] += 1
             elif lq is None:
                 d = self._decide_keep(key, True, "peerkeeps", nic=nic)
             elif self._unheard(lq):
