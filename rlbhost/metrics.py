@@ -192,4 +192,4 @@ class HostCollector:
                          ["node"])
         errors.add_metric([n], c.get("message_errors", 0))
         yield from (asked, placed, kept, dis, bad, peers, sent, keyfile, clients, qps, nic_placed, waited, late,
-                    unheard, slow)
+                    unheard, busy, slow, errors)

@@ -737,6 +737,7 @@ def test_verbs_a_late_copy_of_a_check_for_a_pair_on_a_path_is_answered_as_it_sta
         assert diff["peer_questions"] == diff["stale_questions"] == 1, diff
         assert diff["messages_sent"] == 1, diff                            # the answer left
         assert "message_errors" not in diff, diff
+        assert v.metrics(2)[f'rlb_host_verbs_message_errors_total{{node="{v.lab.h[2]}"}}'] == after["message_errors"]
         assert "failed" not in log.read_text()[at:]
         assert {r["qp"]: r["path"] for r in v.rows(2)} == rows            # still on its path
     finally:
@@ -864,8 +865,9 @@ def test_verbs_a_library_that_lost_its_words_to_a_stopped_agent_leaves_no_pair_a
         if not inits_unread:  # (INITs past what the socket held are lost too: those QPs are unknown here)
             assert unheard + sum(other.values()) >= n - heard, (heard, unheard, other)
         # and an operator sees the same on the agent's metrics
-        scraped = v.metrics(lossy)[f'rlb_host_verbs_kept_unheard_total{{node="{v.lab.h[lossy]}"}}']
-        assert scraped == after["kept_unheard"]
+        page, node = v.metrics(lossy), f'{{node="{v.lab.h[lossy]}"}}'
+        assert page[f"rlb_host_verbs_kept_unheard_total{node}"] == after["kept_unheard"]
+        assert page[f"rlb_host_verbs_kept_busy_total{node}"] == after["kept_busy"]
     finally:
         os.kill(agent.pid, signal.SIGCONT)
         for app in apps.values():
