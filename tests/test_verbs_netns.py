@@ -449,6 +449,30 @@ def test_verbs_a_peer_without_the_library_leaves_both_ends_on_the_applications_a
     wait_for("counted", lambda: v.status(1)["kept"]["peerkeeps"] >= before + 4)
 
 
+def test_verbs_the_next_job_on_the_same_qp_numbers_is_not_held_to_a_keep_for_a_job_without_the_library(v):
+    """A job without the library at h2 (QPs 0x200..) is asked about by h1's agent: h2's agent knows
+    no such QPs and answers keep (peerkeeps), recorded for those QP numbers. The job ends and the
+    next one starts at once on the same numbers, with the library at both ends: its QPs are placed,
+    one a path. (Before: a keep was taken as the new QP's own if its INIT came within 1 s, for an
+    INIT may still wait in a socket when a peer asks; so 2-4 of the zero-weight test's 6 pairs,
+    reusing the previous test's numbers, kept in CI. Now a keep whose QP the kernel said another
+    process made is not the new QP's.)"""
+    a, b = App(v, 1, 4, 0x100, 0x200), App(v, 2, 4, 0x200, 0x100, preload=False)
+    try:
+        a.go()
+        kept_at = time.monotonic()
+        assert set(a.paths().values()) == {(1, 1)}
+    finally:
+        a.close(), b.close()
+    a, b = pair(v, 4, first=2)              # h2's library asks first: its INITs just read
+    try:
+        after = time.monotonic() - kept_at
+        assert split(agreed(a, b)) == {1: 1, 2: 1, 3: 1, 4: 1}, f"{after:.2f} s after the keeps"
+    finally:
+        a.close(), b.close()
+    wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
+
+
 def test_verbs_zero_weight_paths_are_never_chosen_at_either_end(v):
     v.lab.cli(1, "weights", "set", "3=0")
     v.lab.cli(2, "weights", "set", "2=0")

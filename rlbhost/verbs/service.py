@@ -172,6 +172,8 @@ class Decision:
     nic: str = ""                  # the NIC this end is on (whose data plane holds the entry)
     pending_ns: int = 0            # when its unconfirmed path went into the table (monotonic):
                                    # a library that gave up before then never saw it
+    owner: int | str | None = None  # a keep for a QP not known here: the kernel's word on who made
+                                   # it then (a pid, MISSING, None: it cannot say)
 
 
 @dataclass
@@ -579,8 +581,12 @@ class VerbsService:
                 self.counters["refused_questions"] += 1
                 return None
             old = self.decisions.get(local)
-            if old is not None and time.monotonic() - old[1].at > REUSED_AFTER_S:
-                self._forget_qp(local)        # a keep answered for an earlier QP of this number
+            if old is not None and (time.monotonic() - old[1].at > REUSED_AFTER_S
+                                    or old[1].owner not in (None, c.pid)):
+                # a keep answered for an earlier QP of this number: one whose INIT was this late,
+                # or one the kernel said another process made (a job without the library, whose
+                # QP numbers the next job reuses at once: its pairs kept on the stale keep)
+                self._forget_qp(local)
             nic = self._nic_of_port(dev, port)
             lq = LocalQp(local, c.pid, c.start, nic.ifname if nic else "", c.uid, at=time.monotonic())
             self._index(lq)
@@ -801,6 +807,8 @@ class VerbsService:
     def _decide_keep(self, key: Key, here: bool, keep: str, c: Client | None = None, q: P.Question | None = None,
                      nic: NicState | None = None):
         d = self._record(key, Decision(0, keep, here=here, nic=nic.ifname if nic else ""))
+        if key[0] not in self.local:          # a QP not known here: who made it, as the kernel says
+            d.owner = self.kernel.owner(key[0][0], key[0][2])
         if c is not None:
             self._tell_local(c, q, None, key[1], d)
         return d
