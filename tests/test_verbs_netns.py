@@ -480,8 +480,8 @@ def test_verbs_zero_weight_paths_are_never_chosen_at_either_end(v):
         a, b = pair(v, 6, first=2)
         try:
             got = split(agreed(a, b))
-            # a wrong split says why: each end's reasons (the QP counts it saw, path by path)
-            assert got == {1: 3, 4: 3}, (got, v.lab.cli(1, "why"), v.lab.cli(2, "why"))
+            # a wrong split says why: each pair's reasons at h1 (the QP counts it saw, path by path)
+            assert got == {1: 3, 4: 3}, (got, [v.lab.cli(1, "why", hex(0x100 + i)) for i in range(6)])
         finally:
             a.close(), b.close()
     finally:
