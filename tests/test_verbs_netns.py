@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -182,6 +183,18 @@ def quiet(v):
     one agent received counts only its own datagrams (an earlier test's USED, acknowledged late,
     once counted as the question this one waited for)."""
     wait_for("both agents wait on nothing", lambda: v.status(1)["pending"] == v.status(2)["pending"] == 0)
+
+
+def send_from_h1(v, datagrams):
+    """Datagrams to h2's agent from h1's own base address (so h2's source check passes)."""
+    with netns.inside(v.lab.h[1]):
+        s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        s.bind((v.lab.base(1), 0))
+    try:
+        for data in datagrams:
+            s.sendto(data, (v.lab.base(2), VERBS_PORT))
+    finally:
+        s.close()
 
 
 def test_verbs_the_second_end_reads_its_path_from_the_table_without_asking(v):
@@ -591,25 +604,16 @@ def test_verbs_peer_messages_without_the_fabrics_key_or_replayed_are_refused(v):
     source check passes), an unsealed message, one sealed with another key, one sealed an hour
     ago and a second copy of a good one all reach h2 and are refused and counted; the good one's
     first copy is taken. The pairs agreed meanwhile (every test of this module) were sealed."""
-    import socket as so
-    from rlbcommon import netns
     from rlbhost.verbs import protocol as P
     from rlbhost.verbs.peerauth import seal
     used = P.PeerMsg("USED", a_base=v.lab.base(1), a_qpn=0x999, b_base=v.lab.base(2), b_qpn=0x998, path=1).encode()
     quiet(v)
     before = v.status(2)["counters"]
-    with netns.inside(v.lab.h[1]):
-        s = so.socket(so.AF_INET6, so.SOCK_DGRAM)
-        s.bind((v.lab.base(1), 0))
-    try:
-        # sealed just before sending: the status read above starts a CLI process, which on a
-        # loaded CI machine can take longer than the seal's 2 s window
-        now = int(time.time() * 1000)
-        good = seal(used, KEY, now)
-        for data in (used, seal(used, bytes(16), now), seal(used, KEY, now - 3_600_000), good, good):
-            s.sendto(data, (v.lab.base(2), VERBS_PORT))
-    finally:
-        s.close()
+    # sealed just before sending: the status read above starts a CLI process, which on a
+    # loaded CI machine can take longer than the seal's 2 s window
+    now = int(time.time() * 1000)
+    good = seal(used, KEY, now)
+    send_from_h1(v, (used, seal(used, bytes(16), now), seal(used, KEY, now - 3_600_000), good, good))
     seen = []
     wait_for("counted", lambda: seen.append(v.status(2)["counters"]) or seen[-1]["unauthenticated"] >= before["unauthenticated"] + 4)
     assert seen[-1]["unauthenticated"] == before["unauthenticated"] + 4, (before, seen[-1])
@@ -631,8 +635,6 @@ def test_hold_a_host_with_keys_per_pair_can_speak_only_as_itself(v):
     h2 no longer has is refused by h2 and counted; one sealed with K12 is taken; the pairs agreed
     meanwhile are sealed with K12 and agree."""
     import ipaddress as ip
-    import socket as so
-    from rlbcommon import netns
     from rlbhost.verbs import protocol as P
     from rlbhost.verbs.peerauth import seal
     k12, k23 = bytes([0x12] * 16), bytes([0x23] * 16)
@@ -652,15 +654,8 @@ def test_hold_a_host_with_keys_per_pair_can_speak_only_as_itself(v):
         wait_for("both reread", done, timeout=10)
         used = [P.PeerMsg("USED", a_base=v.lab.base(1), a_qpn=0x979 - i, b_base=v.lab.base(2), b_qpn=0x978 - i,
                           path=1).encode() for i in range(3)]
-        with netns.inside(v.lab.h[1]):
-            s = so.socket(so.AF_INET6, so.SOCK_DGRAM)
-            s.bind((v.lab.base(1), 0))
-        try:
-            now = int(time.time() * 1000)
-            for data in (seal(used[0], k23, now), seal(used[1], KEY, now), seal(used[2], k12, now)):
-                s.sendto(data, (v.lab.base(2), VERBS_PORT))
-        finally:
-            s.close()
+        now = int(time.time() * 1000)
+        send_from_h1(v, (seal(used[0], k23, now), seal(used[1], KEY, now), seal(used[2], k12, now)))
         seen = []
         wait_for("counted", lambda: seen.append(v.status(2)["counters"]) or
                  seen[-1]["peer_questions"] >= before["peer_questions"] + 1)
@@ -697,8 +692,6 @@ def test_verbs_a_datagram_of_several_messages_is_taken_line_by_line_and_answered
     datagram carrying two USEDs and a line that is no message reaches h2; both USEDs are taken,
     the bad line alone is counted, and h2's two acknowledgements (to h1's agent) leave in one
     datagram."""
-    import socket as so
-    from rlbcommon import netns
     from rlbhost.verbs import protocol as P
     from rlbhost.verbs.peerauth import seal
     used = [P.PeerMsg("USED", 1000 + i, a_base=v.lab.base(1), a_qpn=0x990 + i, b_base=v.lab.base(2),
@@ -707,13 +700,7 @@ def test_verbs_a_datagram_of_several_messages_is_taken_line_by_line_and_answered
     assert len(body) == 1
     quiet(v)
     before = v.status(2)["counters"]
-    with netns.inside(v.lab.h[1]):
-        s = so.socket(so.AF_INET6, so.SOCK_DGRAM)
-        s.bind((v.lab.base(1), 0))
-    try:
-        s.sendto(seal(body[0], KEY), (v.lab.base(2), VERBS_PORT))
-    finally:
-        s.close()
+    send_from_h1(v, [seal(body[0], KEY)])
     seen = []
     wait_for("counted", lambda: seen.append(v.status(2)["counters"]) or seen[-1]["bad_messages"] > before["bad_messages"])
     after = seen[-1]
@@ -730,8 +717,6 @@ def test_verbs_a_late_copy_of_a_check_for_a_pair_on_a_path_is_answered_as_it_sta
     as a keep with the decision's empty reason, which raised in the verbs thread; the round's
     other messages were lost and the thread stood still for its restart: in the 8-device bench,
     3 of 20 runs left thousands of QPs kept.)"""
-    import socket as so
-    from rlbcommon import netns
     from rlbhost.verbs import protocol as P
     from rlbhost.verbs.peerauth import seal
     a, b = pair(v, 2, first=1)
@@ -746,13 +731,7 @@ def test_verbs_a_late_copy_of_a_check_for_a_pair_on_a_path_is_answered_as_it_sta
         # h1's QP 0x100 with h2's 0x200, at its path, a budget long spent (0 us)
         check = P.PeerMsg("CHECK", P.message_id(), 0, v.lab.base(1), 0x100, v.lab.base(2), 0x200,
                           frozenset({1, 2, 3, 4}), path=placed[0x100])
-        with netns.inside(v.lab.h[1]):
-            s = so.socket(so.AF_INET6, so.SOCK_DGRAM)
-            s.bind((v.lab.base(1), 0))
-        try:
-            s.sendto(seal(check.encode(), KEY), (v.lab.base(2), VERBS_PORT))
-        finally:
-            s.close()
+        send_from_h1(v, [seal(check.encode(), KEY)])
         seen = []
         wait_for("answered", lambda: seen.append(v.status(2)["counters"]) or
                  seen[-1]["messages_sent"] > before["messages_sent"])
