@@ -46,6 +46,7 @@ from typing import Hashable, Iterable
 UP, DOWN = 0, 1          # the two sides of a leaf: its uplinks, and the downlinks into it
 EPS = 1e-9
 NORM_CACHE = 4096        # distinct QP weight vectors remembered normalised
+ESCAPE_TRIES = 256       # sideways steps tried per solve where no chain improves (solve()'s work when stuck)
 
 
 @dataclass
@@ -160,6 +161,7 @@ class Placement:
         self._demand: dict[tuple[int, int], list] = {}
         self._touched: set[tuple[int, int]] = set()   # vertices whose loads changed since solve()
         self._unsettled: set[tuple[int, int]] = set() # vertices solve() left outside their targets
+        self._stuck_at: int | None = None   # the state (loads, targets) no sideways step improved
 
     # ---- demand and capacity ------------------------------------------------------------
     def set_capacity(self, leaf: int, side: int, caps: Iterable[float]):
@@ -396,6 +398,24 @@ class Placement:
         # stuck ones (a chain may have made the room they lacked), are looked at again.
         todo = self._touched | self._unsettled
         self._touched = set()
+        unsettled = self._settle(todo, changed)
+        # Where no chain lowers the violation, one move that does not (a step sideways) may open
+        # one: tried at stuck links, kept only if the repairs after it end lower than before.
+        if unsettled and self._signature() != self._stuck_at:
+            budget = [ESCAPE_TRIES]
+            while unsettled and budget[0] > 0:
+                moves = self._escape(unsettled, budget)
+                if moves is None:
+                    self._stuck_at = self._signature()
+                    break
+                changed |= {key for _, _, _, key in moves}
+                unsettled = self._settle(self._touched | unsettled, changed)
+        self._unsettled = unsettled
+        return changed
+
+    def _settle(self, todo: set, changed: set, moves: list | None = None) -> set:
+        """The repair rounds from the links in todo; returns those left outside their targets.
+        Every move is recorded in `moves` (to be undone) when given."""
         unsettled: set = set()
         while todo:
             moved = False
@@ -406,14 +426,59 @@ class Placement:
                         if chain is None:
                             unsettled.add((side, v))
                             break
-                        changed |= {self._move_one(g, frm, to) for g, frm, to in chain}
+                        for g, frm, to in chain:
+                            key = self._move_one(g, frm, to)
+                            changed.add(key)
+                            if moves is not None:
+                                moves.append((g, frm, to, key))
                         moved = True
             todo = (self._touched | unsettled) if moved else set()
             self._touched = set()
             if moved:
                 unsettled = set()
-        self._unsettled = unsettled
-        return changed
+        return unsettled
+
+    def _weighed(self, links) -> float:
+        return sum(self._wv(s, v, c, self.load[s][v][c]) for s, v in links for c in range(self.n_colours))
+
+    def _signature(self) -> int:
+        return hash((tuple(tuple(r) for side in self.load for r in side),
+                     tuple(tuple(r) for side in self.hi for r in side),
+                     tuple(tuple(r) for side in self.lo for r in side)))
+
+    def _escape(self, unsettled: set, budget: list) -> list | None:
+        """A sideways step out of a state no chain improves: one QP at a stuck link moved off its
+        over-target colour (or onto its under-target one), whatever that costs its other end,
+        then the usual repairs. The first whose repairs leave the weighed violation of the links
+        they touched lower is kept (its moves returned); each other is undone. `budget` bounds
+        the steps tried."""
+        for side, v in sorted(unsettled):
+            ld, lo, hi = self.load[side][v], self.lo[side][v], self.hi[side][v]
+            for c in range(self.n_colours):
+                if ld[c] > hi[c]:
+                    steps = [(g, c, z) for g in self.at[side][v] if g.members[c]
+                             for z in range(self.n_colours) if z != c and self._usable(g, z)]
+                elif ld[c] < lo[c]:
+                    steps = [(g, z, c) for g in self.at[side][v] if self._usable(g, c)
+                             for z in range(self.n_colours) if z != c and g.members[z]]
+                else:
+                    continue
+                for g, frm, to in steps:
+                    if budget[0] <= 0:
+                        return None
+                    budget[0] -= 1
+                    moves = [(g, frm, to, self._move_one(g, frm, to))]
+                    self._settle(self._touched | unsettled, set(), moves)
+                    links = {x for mg, *_ in moves for x in ((UP, mg.a), (DOWN, mg.b))}
+                    after = self._weighed(links)
+                    for mg, mfrm, mto, _ in reversed(moves):     # back to where it was
+                        self._move_one(mg, mto, mfrm)
+                    self._touched = set()
+                    if after < self._weighed(links) - EPS:
+                        for mg, mfrm, mto, _ in moves:          # the same QPs again (newest last)
+                            self._move_one(mg, mfrm, mto)
+                        return moves
+        return None
 
     def _greedy(self, g: _Group) -> int | None:
         """The usable colour that keeps both ends within their targets and nearest their exact
