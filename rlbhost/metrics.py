@@ -191,5 +191,9 @@ class HostCollector:
                          "this agent (a fault of the agent's: its log has the traceback); the others go on",
                          ["node"])
         errors.add_metric([n], c.get("message_errors", 0))
+        mutual = counter("rlb_host_verbs_mutual_waits", "QP pairs whose two ends each waited for the other's "
+                         "library to go first (a lost or late answer): this end, the rendezvous, went first",
+                         ["node"])
+        mutual.add_metric([n], c.get("mutual_waits", 0))
         yield from (asked, placed, kept, dis, bad, peers, sent, keyfile, clients, qps, nic_placed, waited, late,
-                    unheard, busy, slow, errors)
+                    unheard, busy, slow, errors, mutual)

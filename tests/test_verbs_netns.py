@@ -8,6 +8,7 @@ ask; the application's addresses at both ends whenever one side cannot take part
 runs the same over Soft-RoCE with perftest (tests/test_vagrant_verbs.py)."""
 from __future__ import annotations
 
+import ipaddress as ip
 import json
 import os
 import re
@@ -27,6 +28,8 @@ from rlbcommon.constants import VERBS_PORT
 from rlbfabric import addrplan
 from rlbhost.verbs import answertimes, protocol as P
 from rlbhost.verbs.paths import socket_path, table_path
+from rlbhost.verbs.peerauth import seal
+from rlbhost.verbs.nicview import addr_lt
 from rlbhost.verbs.service import VERBS_NICE
 from rlblab import topo
 from rlblab.hostlab import HostLab
@@ -185,14 +188,15 @@ def quiet(v):
     wait_for("both agents wait on nothing", lambda: v.status(1)["pending"] == v.status(2)["pending"] == 0)
 
 
-def send_from_h1(v, datagrams):
-    """Datagrams to h2's agent from h1's own base address (so h2's source check passes)."""
-    with netns.inside(v.lab.h[1]):
+def send_as(v, host: int, datagrams):
+    """Datagrams to the other host's agent from `host`'s own base address (so the receiver's
+    source check passes)."""
+    with netns.inside(v.lab.h[host]):
         s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-        s.bind((v.lab.base(1), 0))
+        s.bind((v.lab.base(host), 0))
     try:
         for data in datagrams:
-            s.sendto(data, (v.lab.base(2), VERBS_PORT))
+            s.sendto(data, (v.lab.base(3 - host), VERBS_PORT))
     finally:
         s.close()
 
@@ -571,12 +575,11 @@ def test_verbs_a_misbehaving_process_is_cut_off_and_cannot_speak_for_anothers_qp
     """Any process of the host may use the socket: one that says another process's QPs kept
     their addresses is ignored (counted), one that breaks the protocol is cut off, and the agent
     goes on serving the rest."""
-    import socket as so
     a, b = pair(v, 2, first=1)
     try:
         paths = agreed(a, b)
         before = v.status(1)["counters"]
-        s = so.socket(so.AF_UNIX, so.SOCK_SEQPACKET)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         s.settimeout(5)
         s.connect(str(socket_path(v.lab.h[1])))
         s.send(f"HELLO {P.VERSION} 0 0".encode())
@@ -604,8 +607,6 @@ def test_verbs_peer_messages_without_the_fabrics_key_or_replayed_are_refused(v):
     source check passes), an unsealed message, one sealed with another key, one sealed an hour
     ago and a second copy of a good one all reach h2 and are refused and counted; the good one's
     first copy is taken. The pairs agreed meanwhile (every test of this module) were sealed."""
-    from rlbhost.verbs import protocol as P
-    from rlbhost.verbs.peerauth import seal
     used = P.PeerMsg("USED", a_base=v.lab.base(1), a_qpn=0x999, b_base=v.lab.base(2), b_qpn=0x998, path=1).encode()
     quiet(v)
     before = v.status(2)["counters"]
@@ -613,7 +614,7 @@ def test_verbs_peer_messages_without_the_fabrics_key_or_replayed_are_refused(v):
     # loaded CI machine can take longer than the seal's 2 s window
     now = int(time.time() * 1000)
     good = seal(used, KEY, now)
-    send_from_h1(v, (used, seal(used, bytes(16), now), seal(used, KEY, now - 3_600_000), good, good))
+    send_as(v, 1, (used, seal(used, bytes(16), now), seal(used, KEY, now - 3_600_000), good, good))
     seen = []
     wait_for("counted", lambda: seen.append(v.status(2)["counters"]) or seen[-1]["unauthenticated"] >= before["unauthenticated"] + 4)
     assert seen[-1]["unauthenticated"] == before["unauthenticated"] + 4, (before, seen[-1])
@@ -634,9 +635,6 @@ def test_hold_a_host_with_keys_per_pair_can_speak_only_as_itself(v):
     message sealed with K23 (what h3, or whoever has h3's file, holds) or with the fabric-wide key
     h2 no longer has is refused by h2 and counted; one sealed with K12 is taken; the pairs agreed
     meanwhile are sealed with K12 and agree."""
-    import ipaddress as ip
-    from rlbhost.verbs import protocol as P
-    from rlbhost.verbs.peerauth import seal
     k12, k23 = bytes([0x12] * 16), bytes([0x23] * 16)
     net = lambda host: ip.IPv6Network(f"{v.lab.base(host)}/48", strict=False)
     logs = {k: v.lab.work / f"agent-h{k}.log" for k in (1, 2)}
@@ -655,7 +653,7 @@ def test_hold_a_host_with_keys_per_pair_can_speak_only_as_itself(v):
         used = [P.PeerMsg("USED", a_base=v.lab.base(1), a_qpn=0x979 - i, b_base=v.lab.base(2), b_qpn=0x978 - i,
                           path=1).encode() for i in range(3)]
         now = int(time.time() * 1000)
-        send_from_h1(v, (seal(used[0], k23, now), seal(used[1], KEY, now), seal(used[2], k12, now)))
+        send_as(v, 1, (seal(used[0], k23, now), seal(used[1], KEY, now), seal(used[2], k12, now)))
         seen = []
         wait_for("counted", lambda: seen.append(v.status(2)["counters"]) or
                  seen[-1]["peer_questions"] >= before["peer_questions"] + 1)
@@ -692,15 +690,13 @@ def test_verbs_a_datagram_of_several_messages_is_taken_line_by_line_and_answered
     datagram carrying two USEDs and a line that is no message reaches h2; both USEDs are taken,
     the bad line alone is counted, and h2's two acknowledgements (to h1's agent) leave in one
     datagram."""
-    from rlbhost.verbs import protocol as P
-    from rlbhost.verbs.peerauth import seal
     used = [P.PeerMsg("USED", 1000 + i, a_base=v.lab.base(1), a_qpn=0x990 + i, b_base=v.lab.base(2),
                       b_qpn=0x980 + i, path=1) for i in range(2)]
     body = P.pack_peer([used[0].encode(), b"NONSENSE 1 2", used[1].encode()], P.DATAGRAM_MAX)
     assert len(body) == 1
     quiet(v)
     before = v.status(2)["counters"]
-    send_from_h1(v, [seal(body[0], KEY)])
+    send_as(v, 1, [seal(body[0], KEY)])
     seen = []
     wait_for("counted", lambda: seen.append(v.status(2)["counters"]) or seen[-1]["bad_messages"] > before["bad_messages"])
     after = seen[-1]
@@ -717,8 +713,6 @@ def test_verbs_a_late_copy_of_a_check_for_a_pair_on_a_path_is_answered_as_it_sta
     as a keep with the decision's empty reason, which raised in the verbs thread; the round's
     other messages were lost and the thread stood still for its restart: in the 8-device bench,
     3 of 20 runs left thousands of QPs kept.)"""
-    from rlbhost.verbs import protocol as P
-    from rlbhost.verbs.peerauth import seal
     a, b = pair(v, 2, first=1)
     try:
         placed = agreed(a, b)
@@ -731,7 +725,7 @@ def test_verbs_a_late_copy_of_a_check_for_a_pair_on_a_path_is_answered_as_it_sta
         # h1's QP 0x100 with h2's 0x200, at its path, a budget long spent (0 us)
         check = P.PeerMsg("CHECK", P.message_id(), 0, v.lab.base(1), 0x100, v.lab.base(2), 0x200,
                           frozenset({1, 2, 3, 4}), path=placed[0x100])
-        send_from_h1(v, [seal(check.encode(), KEY)])
+        send_as(v, 1, [seal(check.encode(), KEY)])
         seen = []
         wait_for("answered", lambda: seen.append(v.status(2)["counters"]) or
                  seen[-1]["messages_sent"] > before["messages_sent"])
@@ -746,6 +740,48 @@ def test_verbs_a_late_copy_of_a_check_for_a_pair_on_a_path_is_answered_as_it_sta
     finally:
         a.close(), b.close()
     wait_for("gone", lambda: not v.rows(1) and not v.rows(2))
+
+
+def test_verbs_two_ends_each_waiting_for_the_other_to_go_first_the_rendezvous_goes(v):
+    """The 8-device bench's 10 s tail: h1 (the rendezvous) answered h2's ASK "PATH" (h2 goes
+    first) and holds its own library back; h2's end, holding h1's CHECK, never heard that answer
+    in time and holds its library back too, asking h1 HAS. Here h2's agent is played from h2's
+    address: its ASK, then its HAS once h1's library waits. h1's library gets the path at once
+    and h1 tells h2 its library has it (CONFIRM). (Before: neither went first; h1's library
+    waited its longest wait, 10 s, and kept, as did h2's.)"""
+    h1, h2 = v.lab.base(1), v.lab.base(2)
+    assert addr_lt(h1, h2)                               # h1 is the pair's rendezvous
+    a = App(v, 1, 1, 0x300, 0x400)
+    try:
+        quiet(v)
+        time.sleep(1.2)                                  # the status files are written every second
+        before = v.status(1)["counters"]
+        ask = P.PeerMsg("ASK", P.message_id(), 500_000, h2, 0x400, h1, 0x300, frozenset({1, 2, 3, 4}))
+        send_as(v, 2, [seal(ask.encode(), KEY)])
+        wait_for("h1 decided, waiting for h2's word", lambda: [r for r in v.rows(1) if r["qp"] == 0x300])
+        index = next(r["path"] for r in v.rows(1) if r["qp"] == 0x300)
+        path = {r["index"]: r["path"] for r in json.loads(v.lab.cli(1, "paths", "--json"))}[index]
+        started = time.monotonic()
+        a.p.stdin.write("go\n")
+        a.p.stdin.flush()
+        wait_for("h1's library waits, h1 asks h2 HAS",
+                 lambda: v.status(1)["counters"]["has_asked"] > before["has_asked"])
+        has = P.PeerMsg("HAS", P.message_id(), 5_000_000, h2, 0x400, h1, 0x300, path=path)
+        send_as(v, 2, [seal(has.encode(), KEY)])
+        a.out = [a.p.stdout.readline()]
+        took = time.monotonic() - started
+        assert a.paths() == {0x300: (path, path)}, (a.out, a.paths())
+        assert took < 5.0, took                          # not the library's longest wait (10 s)
+        time.sleep(1.2)
+        after = v.status(1)["counters"]
+        assert after["mutual_waits"] - before["mutual_waits"] == 1
+        assert after["disagreements"] == before["disagreements"]
+        assert v.metrics(1)[f'rlb_host_verbs_mutual_waits_total{{node="{v.lab.h[1]}"}}'] == after["mutual_waits"]
+        # h1's CONFIRM went to h2's agent (which knew nothing of the pair: acknowledged all the same)
+        wait_for("h1's CONFIRM acknowledged", lambda: v.status(1)["pending"] == 0)
+    finally:
+        a.close()
+    wait_for("gone", lambda: not [r for r in v.rows(1) if r["qp"] == 0x300])
 
 
 def test_verbs_a_killed_jobs_thousands_of_qps_are_let_go_without_holding_up_a_new_jobs_answers(v):

@@ -15,7 +15,8 @@
     HAS <id> <budget_us> <a_base> <a_qpn> <b_base> <b_qpn> <path>   a's library waits on b's
         CONFIRM: has b's library put its QP on the path? (b answers only once it can say yes,
         YES <path>, or that its end keeps, KEEP: a asks again until then; a CONFIRM that is lost
-        every time does not leave a waiting)
+        every time does not leave a waiting; a rendezvous b that holds its own end back too goes
+        first on it: both ends waiting for the other would wait out their time)
     REPLY <id> PATH <path>     (to ASK: the path; the asker's library goes first, and its agent
         CONFIRMs once the library has it)
     REPLY <id> HELD <path>     (to ASK: the path, which the rendezvous's library has or is being

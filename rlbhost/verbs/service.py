@@ -21,10 +21,12 @@ One end's library goes first; the other end holds the path back from its library
 table, a question parked) until the first end's agent says its library has put the QP on the path
 (CONFIRM, sent once the library reports it: USED); while a library waits parked, its agent asks
 the other end's (HAS) until that end's library has the path (or keeps), so the word arrives
-however often the CONFIRM is lost. So an end never takes a path its peer's library may have
-given up on. Whatever cannot be settled in time keeps the application's addresses at
-both ends: an end that keeps says so (USED) and the other turns to keep too, or counts a
-disagreement if its library had the path already.
+however often the CONFIRM is lost; a HAS reaching the rendezvous while its own end is held back
+too (each end waiting for the other: an answer lost or late) makes the rendezvous's end go
+first. So an end never takes a path its peer's library may have given up on. Whatever cannot
+be settled in time keeps the application's addresses at both ends: an end that keeps says so
+(USED) and the other turns to keep too, or counts a disagreement if its library had the path
+already.
 
 Loss, slowness and bad neighbours. A library that finds its agent stalled sends each word once
 and keeps its QPs, so with its socket full its words are lost: the agent counts what it reads of
@@ -214,7 +216,7 @@ class VerbsService:
                                          "has_asked": 0, "has_confirmed": 0, "withdrawn": 0,
                                          "messages_sent": 0, "datagrams_sent": 0, "key_file_bad": 0,
                                          "answered_late": 0, "kept_unheard": 0, "kept_busy": 0,
-                                         "slow_rounds": 0, "message_errors": 0}
+                                         "slow_rounds": 0, "message_errors": 0, "mutual_waits": 0}
         self.answer_times = AnswerTimes()    # how long libraries waited for their answers
         self.clock = RoundClock()            # what a long round spent its time on
         self.sel = selectors.DefaultSelector()
@@ -1231,6 +1233,17 @@ class VerbsService:
             d = self._decision(key)
         if d is None:
             return
+        if d.path and not d.confirmed and d.here and m.path == d.path:
+            # Both ends wait for the other's library to go first: the asker asks HAS only while
+            # its library is parked, and this end holds its own back too (it answered the asker's
+            # ASK "PATH", and that answer came after the asker had given up on it while the
+            # asker's end held this end's CHECK). Each would wait out the library's longest wait
+            # (rlbv_wait_ns, 10 s) and keep. The rendezvous goes first: the asker's library
+            # still waits on this path, so it cannot have given up on it.
+            self.counters["mutual_waits"] += 1
+            d.confirmed = True
+            self._publish(key, d)
+            self._release(key, d)
         if d.path and d.applied:
             return self.link.reply(m, src, me, verdict="YES", path=d.path)
         if not d.path:
