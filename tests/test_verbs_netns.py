@@ -251,12 +251,17 @@ def test_verbs_both_ends_of_every_qp_on_one_path_split_by_weight(v, first):
     wait_for("destroyed QPs leave the accounting", lambda: not v.rows(1) and not v.rows(2))
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("loss", [1, 10, 30])
 def test_verbs_lost_messages_never_leave_a_qps_two_ends_apart(v, loss):
     """The agents' UDP loses this share of datagrams each way (the router drops them at random),
     the libraries wait their default time (20 ms): in every order the two ends ask, each QP's two
     ends get the same path from their devices, placed or both on the application's addresses;
-    the messages lost were sent again, and most QPs are still placed."""
+    the messages lost were sent again, and most QPs are still placed.
+
+    Alone: the share placed is the agents' speed at 20 ms as much as the loss. Beside another
+    worker (CI, 2026-11-30: the hostile suite's floods and stalls) h1's agent answered 139 of its
+    284 questions after their 20 ms, and 311 of 450 were placed at 1 % loss, none apart."""
     default = {"RLB_VERBS_TIMEOUT_MS": None}
     before = {h: counted(v, h) for h in (1, 2)}
     topo.lossy_udp(v.lab.r, VERBS_PORT, loss)
@@ -766,12 +771,18 @@ def test_verbs_two_ends_each_waiting_for_the_other_to_go_first_the_rendezvous_go
         a.p.stdin.flush()
         wait_for("h1's library waits, h1 asks h2 HAS",
                  lambda: v.status(1)["counters"]["has_asked"] > before["has_asked"])
+        # a HAS with 0.2 s of its asker's wait left may outlive it: h1 does not go first on that
+        late = P.PeerMsg("HAS", P.message_id(), 200_000, h2, 0x400, h1, 0x300, path=path)
+        send_as(v, 2, [seal(late.encode(), KEY)])
+        time.sleep(1.2)
+        assert v.status(1)["counters"]["mutual_waits"] == before["mutual_waits"]
+        assert a.p.poll() is None and not rtrs(a.log)                # h1's library still waits
         has = P.PeerMsg("HAS", P.message_id(), 5_000_000, h2, 0x400, h1, 0x300, path=path)
         send_as(v, 2, [seal(has.encode(), KEY)])
         a.out = [a.p.stdout.readline()]
         took = time.monotonic() - started
         assert a.paths() == {0x300: (path, path)}, (a.out, a.paths())
-        assert took < 5.0, took                          # not the library's longest wait (10 s)
+        assert took < 6.0, took                          # not the library's longest wait (10 s)
         time.sleep(1.2)
         after = v.status(1)["counters"]
         assert after["mutual_waits"] - before["mutual_waits"] == 1

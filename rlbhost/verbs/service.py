@@ -102,6 +102,7 @@ log = logging.getLogger(__name__)
 
 MARGIN_NS = 1_000_000          # what an answer needs to get back to the library
 MIN_WORK_NS = 300_000          # a question with less time left is answered keep at once
+GO_FIRST_MIN_NS = 500_000_000  # a HAS with less of its asker's wait left breaks no mutual wait
 PEER_PATHS_TTL_S = 5.0
 KEPT_TTL_S = 120.0             # keeps answered for QPs this host does not know
 REUSED_AFTER_S = 1.0           # ... forgotten sooner when a new QP of that number starts (an INIT
@@ -1233,13 +1234,14 @@ class VerbsService:
             d = self._decision(key)
         if d is None:
             return
-        if d.path and not d.confirmed and d.here and m.path == d.path:
+        if d.path and not d.confirmed and d.here and m.path == d.path and m.budget_us * 1000 > GO_FIRST_MIN_NS:
             # Both ends wait for the other's library to go first: the asker asks HAS only while
             # its library is parked, and this end holds its own back too (it answered the asker's
             # ASK "PATH", and that answer came after the asker had given up on it while the
             # asker's end held this end's CHECK). Each would wait out the library's longest wait
             # (rlbv_wait_ns, 10 s) and keep. The rendezvous goes first: the asker's library
-            # still waits on this path, so it cannot have given up on it.
+            # still waits on this path, so it cannot have given up on it (a HAS with less of its
+            # wait left than GO_FIRST_MIN_NS may have outlived it: both keep, as before).
             self.counters["mutual_waits"] += 1
             d.confirmed = True
             self._publish(key, d)
