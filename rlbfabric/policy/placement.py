@@ -46,7 +46,8 @@ from typing import Hashable, Iterable
 UP, DOWN = 0, 1          # the two sides of a leaf: its uplinks, and the downlinks into it
 EPS = 1e-9
 NORM_CACHE = 4096        # distinct QP weight vectors remembered normalised
-ESCAPE_TRIES = 256       # sideways steps tried per solve where no chain improves (solve()'s work when stuck)
+ESCAPE_TRIES = 32        # sideways steps tried per solve where no chain improves,
+ESCAPE_WORK = 100_000    # ... and QP groups their chain searches may look at (about 20 ms of one core here)
 
 
 @dataclass
@@ -162,6 +163,7 @@ class Placement:
         self._touched: set[tuple[int, int]] = set()   # vertices whose loads changed since solve()
         self._unsettled: set[tuple[int, int]] = set() # vertices solve() left outside their targets
         self._stuck_at: int | None = None   # the state (loads, targets) no sideways step improved
+        self._work = 0                     # groups the chain searches looked at (bounds the sideways steps)
 
     # ---- demand and capacity ------------------------------------------------------------
     def set_capacity(self, leaf: int, side: int, caps: Iterable[float]):
@@ -403,6 +405,7 @@ class Placement:
         # one: tried at stuck links, kept only if the repairs after it end lower than before.
         if unsettled and self._signature() != self._stuck_at:
             budget = [ESCAPE_TRIES]
+            self._work = 0
             while unsettled and budget[0] > 0:
                 moves = self._escape(unsettled, budget)
                 if moves is None:
@@ -415,14 +418,16 @@ class Placement:
 
     def _settle(self, todo: set, changed: set, moves: list | None = None) -> set:
         """The repair rounds from the links in todo; returns those left outside their targets.
-        Every move is recorded in `moves` (to be undone) when given."""
+        Every move is recorded in `moves` (to be undone) when given: a sideways step's trial,
+        whose repairs are two-colour chains only (the three-colour search, tried on every stuck
+        link, would cost a trial seconds on a large fabric)."""
         unsettled: set = set()
         while todo:
             moved = False
             for side, v in sorted(todo):
                 for c in range(self.n_colours):
                     while _viol(self.load[side][v][c], self.lo[side][v][c], self.hi[side][v][c]):
-                        chain = self._repair(side, v, c)
+                        chain = self._repair(side, v, c, deep=moves is None)
                         if chain is None:
                             unsettled.add((side, v))
                             break
@@ -451,7 +456,8 @@ class Placement:
         over-target colour (or onto its under-target one), whatever that costs its other end,
         then the usual repairs. The first whose repairs leave the weighed violation of the links
         they touched lower is kept (its moves returned); each other is undone. `budget` bounds
-        the steps tried."""
+        the steps tried, ESCAPE_WORK what their chain searches look at: on a large fabric a stuck
+        state's steps cost tens of milliseconds each."""
         for side, v in sorted(unsettled):
             ld, lo, hi = self.load[side][v], self.lo[side][v], self.hi[side][v]
             for c in range(self.n_colours):
@@ -464,11 +470,11 @@ class Placement:
                 else:
                     continue
                 for g, frm, to in steps:
-                    if budget[0] <= 0:
+                    if budget[0] <= 0 or self._work > ESCAPE_WORK:
                         return None
                     budget[0] -= 1
                     moves = [(g, frm, to, self._move_one(g, frm, to))]
-                    self._settle(self._touched | unsettled, set(), moves)
+                    self._settle(set(self._touched), set(), moves)     # the step's two ends, and on from there
                     links = {x for mg, *_ in moves for x in ((UP, mg.a), (DOWN, mg.b))}
                     after = self._weighed(links)
                     for mg, mfrm, mto, _ in reversed(moves):     # back to where it was
@@ -500,7 +506,7 @@ class Placement:
                 best, best_key = c, k
         return best
 
-    def _repair(self, side: int, v: int, c: int):
+    def _repair(self, side: int, v: int, c: int, deep: bool = True):
         """A chain that fixes one unit of v's violation on colour c, or None."""
         over = self.load[side][v][c] > self.hi[side][v][c]
         others = [x for x in range(self.n_colours) if x != c and self.cap[side][v][x] > 0]
@@ -513,7 +519,7 @@ class Placement:
             chain = self._chain(side, v, alpha, beta)
             if chain is not None:
                 return chain
-        if over:
+        if over and deep:
             return self._chain_any(side, v, c)
         return None
 
@@ -536,6 +542,7 @@ class Placement:
         while queue:
             s, u = node = queue.popleft()
             shed, gain = (alpha, beta) if s == side else (beta, alpha)
+            self._work += len(self.at[s][u])
             for g in self.at[s][u]:
                 if not g.members[shed] or not self._usable(g, gain):
                     continue
