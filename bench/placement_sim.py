@@ -4,7 +4,8 @@ max/mean on uplinks and downlinks for: the best possible (computed), ECMP (every
 uniformly onto an uplink), RLB's local rule (the hosts alone, QPs arriving in random order) and
 the coordinator (starting from where the local rule put them, as in a live fabric). Then the
 coordinator's decision time: a full placement of 2048 hosts x 8 QPs from nothing, and incremental
-ones (one QP appears, one QP ends).
+ones (one QP appears, one QP ends); then hosts reporting in turn on links a quarter at half speed,
+where solves can end stuck (the cost of placement.py's sideways steps).
 
 With --etcd, the same modelled fabric with a real etcd in the loop instead (bench/etcd_placement.py:
 the coordinator following etcd, simulated hosts writing their QPs and watching their placements,
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rlbfabric import balance, workloads
 from rlbfabric.policy import localrule  # noqa: E402
 from rlbfabric.fabric import uniform_clos  # noqa: E402
+from rlbfabric.policy.placement import DOWN, UP  # noqa: E402
 from rlbfabric.policy.qpplacer import QpInfo, QpPlacer  # noqa: E402
 
 ETCD_BENCH = Path(__file__).resolve().parent / "etcd_placement.py"   # it imports model_fabric from here
@@ -108,6 +110,35 @@ def timing(fabric, rnd, qps_per_host: int):
     return len(conns), full, adds, ends, moves, placer.excess()
 
 
+def arrivals(fabric, rnd, qps_per_host: int, hosts_a_solve: int = 8, slow_share: float = 0.25):
+    """Hosts reporting in turn (a solve every hosts_a_solve of them, as reports come in) on the same
+    fabric with a share of its leaf-spine links at half speed: where the targets of a link's two
+    ends can conflict and a solve can end stuck (placement.py's sideways steps). Returns the
+    solves' times, how many ended stuck, and the violation left at the end."""
+    placer = QpPlacer(fabric)
+    for v in range(len(fabric.leaves)):
+        caps = [5000.0 if rnd.random() < slow_share else 10000.0 for _ in range(fabric.colours())]
+        for t in placer.tiers:
+            t.set_capacity(v, UP, caps)
+            t.set_capacity(v, DOWN, caps)
+    every = {k: 1.0 for k in range(1, fabric.paths + 1)}
+    by_host: dict[str, list] = {}
+    for i, (s, d) in enumerate(workloads.connections("moe", fabric.hosts, rnd, fanout=qps_per_host)):
+        by_host.setdefault(s, []).append((i, s, d))
+    hosts = list(fabric.hosts)
+    rnd.shuffle(hosts)
+    times, stuck = [], 0
+    for b in range(0, len(hosts), hosts_a_solve):
+        for h in hosts[b:b + hosts_a_solve]:
+            for i, s, d in by_host.get(h, []):
+                placer.add(i, QpInfo(s, d, rnd.randint(1, fabric.paths), every))
+        t = time.perf_counter()
+        placer.solve()
+        times.append(time.perf_counter() - t)
+        stuck += bool(placer.tiers[0].violation())
+    return times, stuck, placer.tiers[0].violation()
+
+
 def report_cost(fabric, rnd, qps_per_host: int, rounds: int = 3) -> float:
     """Seconds the coordinator's model spends on one host's report (validation, update, solve,
     answer; no HTTP), every host reporting its QPs in turn as the agents do."""
@@ -185,6 +216,11 @@ def main() -> int:
     print(f"one host's report in the coordinator's model (validate, update, place, answer; no HTTP): "
           f"{per_report * 1000:.2f} ms, so {len(fabric.hosts)} hosts take {per_report * len(fabric.hosts):.2f} s "
           f"of one core per report round")
+    times, stuck, left = arrivals(fabric, random.Random(7), args.qps)   # a draw where solves end stuck
+    print(f"hosts reporting in turn, a quarter of the leaf-spine links at half speed: {len(times)} solves, "
+          f"median {statistics.median(times) * 1000:.1f} ms, max {max(times) * 1000:.0f} ms, "
+          f"{sum(times):.1f} s in all; {stuck} ended outside some target (stuck or not yet met), "
+          f"{left} QPs off target at the end")
     return 0
 
 
