@@ -1243,9 +1243,7 @@ class VerbsService:
             # still waits on this path, so it cannot have given up on it (a HAS with less of its
             # wait left than GO_FIRST_MIN_NS may have outlived it: both keep, as before).
             self.counters["mutual_waits"] += 1
-            d.confirmed = True
-            self._publish(key, d)
-            self._release(key, d)
+            self._confirm(key, d)
         if d.path and d.applied:
             return self.link.reply(m, src, me, verdict="YES", path=d.path)
         if not d.path:
@@ -1270,8 +1268,11 @@ class VerbsService:
         if d is None or d.path != path:
             return
         d.peer_has = True
-        if d.confirmed:
-            return
+        if not d.confirmed:
+            self._confirm(key, d)
+
+    def _confirm(self, key: Key, d: Decision):
+        """This end's library may have the path now: into the table, and to the questions parked on it."""
         d.confirmed = True
         self._publish(key, d)
         self._release(key, d)
