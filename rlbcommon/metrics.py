@@ -1,15 +1,26 @@
 """Prometheus helpers: a registry per agent (its own collector, and the expiry of the etcd TLS
-files it uses: certs.py), served on loopback unless told otherwise."""
+files it uses: certs.py), served on loopback unless told otherwise.
+
+The page is served by a bounded server (httpbound.py: a few connections at once, more answered
+503) and collected one scrape at a time: a scrape that comes while a collection runs waits for the
+next one, which answers every scrape that waited for it. prometheus_client's own server collects
+in a thread per request, all at once: on a host short of CPU (the VM lab under emulation) a
+collection outlasted the scrape interval, scrapes piled up (a thread each, reading the maps and
+waiting on the verbs service's lock: 20 at once in one thread dump) and starved the agent's loops
+until its watchdog restarted it."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from http.server import BaseHTTPRequestHandler
 
-from prometheus_client import start_http_server
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
 from .certs import CertCollector
+from .httpbound import BoundedServer, bind_family
 from .health import hang_restarts
 
 log = logging.getLogger(__name__)
@@ -17,12 +28,114 @@ log = logging.getLogger(__name__)
 __all__ = ["serve", "counter", "gauge", "histogram", "table_fill", "loop_health"]
 
 
+SCRAPES_AT_ONCE = 4       # connections served at once (Prometheus scrapes one at a time per target)
+SCRAPE_IDLE_S = 10.0      # a connection silent this long is closed
+SCRAPE_WAIT_S = 30.0      # a scrape waits this long for its collection, then is answered 503
+
+
+class Collections:
+    """The registry collected one scrape at a time. A scrape takes the result of a collection that
+    started after it came (never one already under way: it could miss what the scraper just did),
+    so scrapes that pile up behind a slow collection share the next one."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+        self.cond = threading.Condition()
+        self.running = False
+        self.done = 0                    # collections finished
+        self.last: tuple[list | None, BaseException | None] = (None, None)
+        self.count = 0                   # collections made (a test reads it)
+
+    def families(self, wait_s: float = SCRAPE_WAIT_S) -> list:
+        deadline = time.monotonic() + wait_s
+        with self.cond:
+            want = self.done + (2 if self.running else 1)
+            while self.done < want:
+                if not self.running:
+                    self.running = True
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no collection within {wait_s:g} s")
+                self.cond.wait(left)
+            else:
+                return self._result()
+        try:
+            result = (list(self.registry.collect()), None)
+        except Exception as e:           # answered 500 to every scrape that waited for it
+            result = (None, e)
+        with self.cond:
+            self.running = False
+            self.done += 1
+            self.count += 1
+            self.last = result
+            self.cond.notify_all()
+            return self._result()
+
+    def _result(self) -> list:
+        families, err = self.last
+        if err is not None:
+            raise err
+        return families
+
+
+class _Families:
+    """Collected families in the shape the encoders read (a registry's collect())."""
+
+    def __init__(self, families: list):
+        self._families = families
+
+    def collect(self):
+        return iter(self._families)
+
+
+class _Scrape(BaseHTTPRequestHandler):
+    timeout = SCRAPE_IDLE_S
+
+    def do_GET(self):
+        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+            return self._send(404, b"not found: /metrics\n", "text/plain")
+        try:
+            families = self.server.collections.families()
+        except TimeoutError as e:
+            return self._send(503, f"{e}\n".encode(), "text/plain")
+        except Exception as e:
+            log.warning("metrics: collecting failed: %s", e)
+            return self._send(500, f"collecting failed: {e}\n".encode(), "text/plain")
+        encoder, content_type = choose_encoder(self.headers.get("Accept"))
+        self._send(200, encoder(_Families(families)), content_type)
+
+    def _send(self, code: int, body: bytes, content_type: str):
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class MetricsServer(BoundedServer):
+    max_connections = SCRAPES_AT_ONCE
+
+
+def start(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> MetricsServer:
+    """Serve the registry on http://addr:port/metrics from a thread of its own (port 0: any free one,
+    server.server_address tells)."""
+    server_class = type("MetricsServer", (MetricsServer,), {"address_family": bind_family(addr)})
+    server = server_class((addr, port), _Scrape)
+    server.collections = Collections(registry)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
+
+
 def serve(collector, port: int, addr: str = "127.0.0.1") -> CollectorRegistry:
     """Expose one custom collector (read at scrape time) on http://addr:port/metrics."""
     registry = CollectorRegistry()
     registry.register(collector)
     registry.register(CertCollector())         # the etcd TLS files it uses, when they expire
-    start_http_server(port, addr=addr, registry=registry)
+    start(registry, port, addr)
     log.info("metrics on http://%s:%d/metrics", addr if ":" not in addr else f"[{addr}]", port)
     return registry
 

@@ -10,11 +10,11 @@ import ssl
 import sys
 import threading
 import time
-from http.server import ThreadingHTTPServer
 
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from rlbcommon.httpbound import BoundedServer
 from rlbcommon.metrics import counter
 
 log = logging.getLogger(__name__)
@@ -71,48 +71,26 @@ class RateLimiter:
             return ok
 
 
-class GuardedServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer with at most `max_connections` served at once: one more is answered
-    503 and closed at once (a flood of idle sockets costs file descriptors, not threads)."""
-    daemon_threads = True
+class GuardedServer(BoundedServer):
+    """A BoundedServer (at most `max_connections` served at once, one more answered 503 and
+    closed: a flood of idle sockets costs file descriptors, not threads) with its refusals
+    counted by why, a per-client rate and TLS."""
     max_connections = MAX_CONNECTIONS
     request_queue_size = 1024      # the listen backlog (socketserver's 5 drops a thousand hosts' reports)
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        self.slots = threading.BoundedSemaphore(self.max_connections)
         self.counters = {"busy": 0, "rate": 0, "length": 0, "identity": 0, "handshake": 0}
         self.limiter = RateLimiter(RATE_PER_S, BURST)
+
+    def refused(self):
+        self.counters["busy"] += 1
 
     def use_tls(self, ctx: ssl.SSLContext):
         """Serve HTTPS: each connection's handshake runs in its own thread, within its idle
         timeout (a client that stalls the handshake holds one slot, never the accept loop)."""
         self.socket = ctx.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.tls = True
-
-    tls = False
-
-    def process_request(self, request, client_address):
-        if not self.slots.acquire(blocking=False):
-            self.counters["busy"] += 1
-            try:
-                if not self.tls:                 # over TLS an answer needs the handshake: just close
-                    request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
 
     def handle_error(self, request, client_address):
         """A failed TLS handshake (no certificate of the CA, a port scan) or a peer gone mid-request
