@@ -76,6 +76,13 @@ class Health:
             if time.time() - self._written >= WRITE_EVERY_S:
                 self._write()
 
+    def waiting(self, name: str):
+        """A round of the loop ended waiting on something outside the agent (etcd unreachable,
+        retried): the loop is alive, not hung, and not ok either (its last_ok stays: the age
+        metric shows how long it has been waiting)."""
+        with self.lock:
+            self.beats[name] = time.monotonic()
+
     def failed(self, name: str, exc: BaseException, log: logging.Logger, expected: tuple = (OSError,)):
         """A round of the loop failed: one log line (with the traceback unless the error is one
         of the expected, operational kinds), counted; the loop goes on."""

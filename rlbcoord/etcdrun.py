@@ -316,6 +316,7 @@ class EtcdCoordination:
                 if not self._down_logged:
                     log.warning("etcd: %s; keeping the model, retrying", e)
                     self._down_logged = True
+                self.health.waiting("etcd-follower")   # retrying is not hanging: no restart for it
                 self.stop.wait(0.5)
             except EtcdCompacted as e:
                 log.info("etcd watch: %s; reading the tree again", e)
@@ -325,6 +326,7 @@ class EtcdCoordination:
                                 self.name, e)
                     self._refused_logged = str(e)
                 self.counters["etcd_refusals"] += 1
+                self.health.waiting("etcd-follower")
                 self.stop.wait(1.0)
             except Exception as e:                     # noqa: BLE001 - logged, counted, again
                 self.health.failed("etcd-follower", e, log, ())
@@ -510,6 +512,7 @@ class EtcdCoordination:
                 self.health.ok("etcd-writer")
             except (EtcdUnavailable, EtcdError) as e:
                 log.warning("%s: placements not written (%s); again at the next change", self.name, e)
+                self.health.waiting("etcd-writer")
                 self._again(0.2)
             except Exception as e:                     # noqa: BLE001 - logged, counted, again
                 self.health.failed("etcd-writer", e, log, ())
@@ -576,9 +579,11 @@ class EtcdCoordination:
                 if self.leading.is_set():
                     log.warning("%s: etcd unreachable (%s); placing stops until it answers", self.name, e)
                     self.leading.clear()
+                self.health.waiting("etcd-leadership")
             except EtcdError as e:
                 log.warning("%s: %s", self.name, e)
                 self.leading.clear()
+                self.health.waiting("etcd-leadership")
             except Exception as e:                     # noqa: BLE001 - logged, counted, again
                 self.health.failed("etcd-leadership", e, log, ())
                 self.leading.clear()

@@ -21,6 +21,8 @@ import pytest
 
 from rlbcommon import coordapi
 from rlbcommon.etcd import PERMISSION_DENIED, Etcd, EtcdError
+from rlbcommon.health import Health
+from rlbcommon.runtime import AgentRuntime
 from rlbcoord import etcdauth, etcdrun, keys
 from rlbcoord.etcdrun import EtcdCoordination
 from rlbcoord.metrics import EtcdCollector
@@ -681,3 +683,28 @@ def test_the_placement_bench_measures_its_floor():
     assert 1 <= int(rows["coordinator batches"][0]) <= hosts
     assert rows["QPs moved from their host's path"][:3] == ["0", "of", str(hosts * 8)]
     assert "moved from their host's path 0 of 32 (0 %)" in out
+
+
+@pytest.mark.parametrize("how", ["unreachable", "refused"])
+def test_a_coordinator_waiting_on_etcd_is_not_taken_for_hung(etcd, how):
+    """etcd down (nothing listens) or refusing (a wrong password) for longer than a round may
+    take: the follower and the leadership loop retry, and the watchdog must not count them hung
+    (it restarted the VM lab's coordinator every 10 minutes while its etcd timed out handshakes).
+    Before: both loops hung after hang_s."""
+    client = (Etcd(f"http://[::1]:{free_port()}", keys.COORDINATOR_USER, "x", timeout=0.3) if how == "unreachable"
+              else Etcd(etcd.url, keys.COORDINATOR_USER, "not-the-password"))
+    health = Health(hang_s=2.0)                # the refused retry waits 1 s
+    coord = EtcdCoordination(Coordinator(FABRIC, host_timeout_s=1e9), client, "waits", lease_ttl_s=1,
+                             retry_s=0.1, health=health)
+    coord.start(AgentRuntime(logging.getLogger("test"), health))
+    try:
+        seen = set()
+        for _ in range(60):                      # 6 s: three times what a round may take
+            time.sleep(0.1)
+            seen |= {name for name, _, _ in health.hung()}
+        assert not seen, seen
+        assert not coord.synced.is_set() and not coord.leading.is_set()
+        assert health.snapshot().get("etcd-follower", {}).get("last_ok", 0.0) == 0.0   # waiting is not ok
+    finally:
+        coord.stop.set()
+        coord.join(3.0)
