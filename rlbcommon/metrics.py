@@ -15,7 +15,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler
 
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
@@ -25,7 +25,7 @@ from .health import hang_restarts
 
 log = logging.getLogger(__name__)
 
-__all__ = ["serve", "counter", "gauge", "histogram", "table_fill", "loop_health"]
+__all__ = ["serve", "one_at_a_time", "counter", "gauge", "histogram", "table_fill", "loop_health"]
 
 
 SCRAPES_AT_ONCE = 4       # connections served at once (Prometheus scrapes one at a time per target)
@@ -87,6 +87,13 @@ class _Families:
 
     def collect(self):
         return iter(self._families)
+
+
+def one_at_a_time(registry: CollectorRegistry):
+    """For a server of its own (the coordinator's API): a function returning the registry's
+    Prometheus text, collected one scrape at a time as the agents' pages are."""
+    collections = Collections(registry)
+    return lambda: generate_latest(_Families(collections.families()))
 
 
 class _Scrape(BaseHTTPRequestHandler):

@@ -1,11 +1,10 @@
 """The coordinator's Prometheus metrics, read from its status at scrape time."""
 from __future__ import annotations
 
-from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from rlbcommon.certs import CertCollector
-from rlbcommon.metrics import counter, gauge, loop_health
+from rlbcommon.metrics import counter, gauge, loop_health, one_at_a_time
 
 from . import COLLECTORS
 from .etcdrun import LINKS_EVERY_S, PLACE_EVERY_S
@@ -149,4 +148,4 @@ def exposition(coord, etcd_status=None, health=None, name: str = ""):
     registry.register(CertCollector())         # the etcd TLS files it uses, when they expire
     if etcd_status is not None:
         registry.register(EtcdCollector(etcd_status))
-    return lambda: generate_latest(registry)
+    return one_at_a_time(registry)
