@@ -60,17 +60,22 @@ class Collections:
                 self.cond.wait(left)
             else:
                 return self._result()
+        result: tuple = (None, RuntimeError("the collection was interrupted"))
         try:
             result = (list(self.registry.collect()), None)
         except Exception as e:           # answered 500 to every scrape that waited for it
             result = (None, e)
-        with self.cond:
-            self.running = False
-            self.done += 1
-            self.count += 1
-            self.last = result
-            self.cond.notify_all()
-            return self._result()
+        finally:                         # whatever ended it, the next scrape may collect
+            with self.cond:
+                self.running = False
+                self.done += 1
+                self.count += 1
+                self.last = result
+                self.cond.notify_all()
+        families, err = result
+        if err is not None:
+            raise err
+        return families
 
     def _result(self) -> list:
         families, err = self.last
