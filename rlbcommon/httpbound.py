@@ -18,13 +18,11 @@ class BoundedServer(ThreadingHTTPServer):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self.slots = threading.BoundedSemaphore(self.max_connections)
-        self.refused_busy = 0
 
     tls = False                      # over TLS an answer needs the handshake: a refusal just closes
 
     def refused(self):
-        """A connection past the bound (counted; subclasses count it their way)."""
-        self.refused_busy += 1
+        """A connection past the bound: subclasses that export refusals count it here."""
 
     def process_request(self, request, client_address):
         if not self.slots.acquire(blocking=False):
