@@ -90,7 +90,9 @@ def peer_wire(lab, host) -> tuple[dict[str, int], dict]:
     """What the host's agent has sent its peers so far (messages, datagrams, copies sent again),
     and how long its libraries have waited for its answers (answertimes' snapshot)."""
     s = json.loads(lab.cli(host, "verbs", "status", "--json"))["service"]
-    return {k: s["counters"][k] for k in WIRE}, s.get("answer_times", {})
+    g = s.get("garbage", {})
+    return ({**{k: s["counters"][k] for k in WIRE}, "gc_ms": g.get("collecting_ms", 0), "gc_full": g.get("full", 0),
+             "gc_full_ms": g.get("full_ms", 0)}, s.get("answer_times", {}))
 
 
 def idle_share(since: tuple[int, int] | None = None):
@@ -234,7 +236,8 @@ def main():
                   f"({w['datagrams_sent'] / n:.2f} a QP end), {w['resent']} sent again; "
                   f"{w['peer_questions']} questions from peers; {w['kept_unheard']} of its QPs kept as their "
                   f"process's words may have been lost (its socket found half full); {w['slow_rounds']} "
-                  f"rounds of its verbs thread over 50 ms (its log: what they spent it on)")
+                  f"rounds of its verbs thread over 50 ms (its log: what they spent it on); collecting garbage "
+                  f"{w['gc_ms']:.0f} ms, of which {w['gc_full']} full collections {w['gc_full_ms']:.0f} ms")
 
 
 if __name__ == "__main__":

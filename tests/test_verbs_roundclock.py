@@ -8,7 +8,7 @@ import random
 import threading
 import time
 
-from rlbhost.verbs.roundclock import RoundClock
+from rlbhost.verbs.roundclock import RoundClock, garbage
 
 
 def _busy(ms: float):
@@ -119,6 +119,7 @@ def test_a_garbage_collection_in_the_round_is_named_with_its_length(caplog):
     """A full collection of many tracked objects: its time is told apart from the round's own."""
     junk = [[i] for i in range(2_000_000)]        # tracked containers: a long full collection
     clock = _primed(1_000_000)
+    before = garbage()
     with caplog.at_level(logging.WARNING):
         clock.start()
         t = time.perf_counter_ns()
@@ -130,3 +131,9 @@ def test_a_garbage_collection_in_the_round_is_named_with_its_length(caplog):
     text = caplog.records[0].getMessage()
     collecting = float(text.split("collecting garbage ")[1].split(" ms")[0])
     assert took_ms >= 5 and 0.8 * took_ms - 1 <= collecting <= took_ms + 1, text
+    # and the process's totals (the verbs status file's "garbage") count it as a full collection
+    after = garbage()
+    assert after["full"] == before["full"] + 1
+    assert 0.8 * took_ms - 1 <= after["full_ms"] - before["full_ms"] <= took_ms + 1
+    assert after["longest_ms"] >= 0.8 * took_ms - 1
+    assert after["collecting_ms"] - before["collecting_ms"] >= after["full_ms"] - before["full_ms"]

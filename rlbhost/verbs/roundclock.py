@@ -30,6 +30,9 @@ class _Collections:
     """Time the interpreter spent collecting garbage, in any thread (a collection holds the
     interpreter's lock: every thread waits on it)."""
     total_ns = 0
+    full = 0                   # full collections (the oldest generation), and their time
+    full_ns = 0
+    longest_ns = 0
     _since = 0
     installed = False
 
@@ -44,8 +47,20 @@ class _Collections:
         if phase == "start":
             cls._since = mono_ns()
         elif cls._since:
-            cls.total_ns += mono_ns() - cls._since
+            took = mono_ns() - cls._since
+            cls.total_ns += took
+            cls.longest_ns = max(cls.longest_ns, took)
+            if info.get("generation") == 2:
+                cls.full += 1
+                cls.full_ns += took
             cls._since = 0
+
+
+def garbage() -> dict:
+    """What collecting garbage has cost this process since the first RoundClock (status file)."""
+    c = _Collections
+    return {"collecting_ms": round(c.total_ns / 1e6, 1), "full": c.full, "full_ms": round(c.full_ns / 1e6, 1),
+            "longest_ms": round(c.longest_ns / 1e6, 1)}
 
 
 class RoundClock:

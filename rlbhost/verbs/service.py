@@ -95,7 +95,7 @@ from .kernelqps import MISSING, KernelQps
 from .nicview import NicState, NicViews, View, Why, addr_lt, with_field
 from .outstanding import Pending
 from .peerlink import UDP, PeerLink, mono_ns
-from .roundclock import RoundClock
+from .roundclock import RoundClock, garbage
 from .table import DecisionTable, NoFence
 
 log = logging.getLogger(__name__)
@@ -1353,7 +1353,7 @@ class VerbsService:
                                         "qps": on_nic.get(n.ifname, 0),
                                         "placed": dict(n.placed)} for n in self.nics.values()},
                     "counters": dict(self.counters), "kept": dict(self.kept),
-                    "answer_times": self.answer_times.snapshot(),
+                    "answer_times": self.answer_times.snapshot(), "garbage": garbage(),
                     "decisions": [{"at": round(t, 3), "dev": k[0][0], "port": k[0][1], "qp": k[0][2], "nic": d.nic,
                                    "peer": k[1], "peer_qp": k[2], "path": d.path, "keep": d.keep, "why": str(d.why)}
                                   for t, k, d in list(self.recent)]}
