@@ -4,10 +4,13 @@ once, never given a thread. Every exposed server of the project is one (the agen
 pages, the coordinator's API)."""
 from __future__ import annotations
 
+import logging
 import socket
+import sys
 import threading
 from http.server import ThreadingHTTPServer
 
+log = logging.getLogger(__name__)
 BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
@@ -45,6 +48,16 @@ class BoundedServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self.slots.release()
+
+
+    def handle_error(self, request, client_address):
+        """A client gone mid-request (a scraper that timed out and closed: a broken pipe, a reset)
+        is one debug line, not a traceback on stderr; anything else is logged with its traceback."""
+        err = sys.exc_info()[1]
+        if isinstance(err, OSError):
+            log.debug("connection from %s: %s", client_address[0], err)
+        else:
+            log.exception("serving %s failed", client_address[0])
 
 
 def bind_family(addr: str) -> socket.AddressFamily:

@@ -99,8 +99,6 @@ class GuardedServer(BoundedServer):
         if isinstance(err, ssl.SSLError):
             self.counters["handshake"] += 1
             log.info("TLS handshake with %s failed: %s", client_address[0], getattr(err, "reason", None) or err)
-        elif isinstance(err, OSError):
-            log.debug("connection from %s: %s", client_address[0], err)
         else:
             super().handle_error(request, client_address)
 
