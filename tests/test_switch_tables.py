@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -442,3 +443,19 @@ def test_the_dlb_scan_recorded_for_this_kernel_is_kept_across_reboots_but_not_ac
     (tmp_path / "not-a-dir").write_text("")
     dlbscan.record(32)                    # unwritable: said, and the load goes on
     assert "cannot record the DLB scan this kernel takes in" in caplog.text
+
+
+def test_a_fresh_start_on_a_kernel_series_measured_begins_at_the_width_it_took(tmp_path, monkeypatch):
+    """Debian 12's 6.1 refuses 64 and 32 (each a compile and a million-instruction walk: 23 of a
+    VM lab leaf's 35 minutes to forward): with no record, a 6.1 kernel starts at 16 and may still
+    go narrower; a record for the running kernel and program still wins; 6.10 and 6.18 are not
+    6.1 and start from the widest."""
+    monkeypatch.setattr(dlbscan, "RECORD", tmp_path / "switch-dlb-scan.json")
+    release = ["6.1.0-57-amd64"]
+    monkeypatch.setattr(dlbscan.os, "uname", lambda: SimpleNamespace(release=release[0]))
+    assert dlbscan.width() == 16 and dlbscan.to_try() == [16, 8]
+    dlbscan.record(8)                     # this program refused even 16 here once: 8 from now on
+    assert dlbscan.to_try() == [8]
+    for other in ("6.10.3-1", "6.18.0-1-amd64", "5.15.0-91-generic"):
+        release[0] = other
+        assert dlbscan.to_try()[0] == dlbscan.MAX_MEMBERS, other
