@@ -49,7 +49,6 @@ class BoundedServer(ThreadingHTTPServer):
         finally:
             self.slots.release()
 
-
     def handle_error(self, request, client_address):
         """A client gone mid-request (a scraper that timed out and closed: a broken pipe, a reset)
         is one debug line, not a traceback on stderr; anything else is logged with its traceback."""

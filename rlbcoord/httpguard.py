@@ -93,8 +93,9 @@ class GuardedServer(BoundedServer):
         self.tls = True
 
     def handle_error(self, request, client_address):
-        """A failed TLS handshake (no certificate of the CA, a port scan) or a peer gone mid-request
-        is counted and logged in one line, not as a traceback."""
+        """A failed TLS handshake (no certificate of the CA, a port scan) is counted and logged in
+        one line, not as a traceback; the rest as every bounded server does (a peer gone
+        mid-request: one debug line)."""
         err = sys.exc_info()[1]
         if isinstance(err, ssl.SSLError):
             self.counters["handshake"] += 1
