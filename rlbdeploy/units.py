@@ -60,6 +60,9 @@ class Site:
     etcd_lease_s: int = 0                     # hosts' etcd lease (0: rlbhost's 3 s)
     verbs_max_timeout_ms: int = 0             # the longest GPU servers' agents work on a verbs
                                               # question (0: rlbhost's 2 s)
+    heartbeat_ms: int = 0                     # switches' asks of their neighbours' data planes
+                                              # (0: rlbswitch's 100 ms; silent after 5 missed)
+    bgp_hold_s: int = 0                       # BGP hold time instead of the fabric file's
 
 
 def _verbs_cap(site: Site) -> str:
@@ -228,6 +231,7 @@ def units(fabric: Fabric, fabric_file: Path, node: str, mgmt_ip: str,
         coordinator = Coordination(url=coordinator)
     coord = coordinator.agent_args()
     bfd = f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else ""        # bird-config, switch or GPU
+    bfd += f" --hold-s {site.bgp_hold_s}" if site.bgp_hold_s else ""
     hang = hang_line(site)
     out = {"rlb-net": f"""[Unit]
 Description=RLB fabric links of {node} ({r})
@@ -245,6 +249,7 @@ WantedBy=multi-user.target
         ports = " ".join(fabric.switch_ports(fabric.node(node)))
         mbps = fabric.switch_port_mbps(node)
         run = site.run_dir
+        heartbeat = f" --heartbeat-ms {site.heartbeat_ms}" if site.heartbeat_ms else ""
         out["rlb-bird"] = _bird_unit(f"fabric switch {node}", f"{site.bin}/rlbswitch bird-config {args}{bfd}",
                                      node, run)
         out["rlb-switch"] = f"""[Unit]
@@ -253,7 +258,7 @@ Description=RLB switch agent (XDP data plane fed by bird2) on {node}
 Wants=rlb-bird.service
 After=rlb-bird.service
 [Service]
-ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {mbps}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}
+ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr {mgmt_ip} --speed-mbps {mbps}{heartbeat}{' --generic' if site.xdp == 'generic' else ''}{coord if r == 'leaf' else ''}
 {hang}{agent_tail(site)}
 """
     elif fabric.is_gpu(node):

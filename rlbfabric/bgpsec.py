@@ -26,6 +26,10 @@ DEFAULT_PASSWORD_FILE = "/etc/rlb/bgp-password"
 # hangs whole (carrier up, nothing forwarded) is not left to it: its neighbours' heartbeats take
 # it out within half a second (rlbswitch/heartbeat.py).
 GRACEFUL_RESTART_S = 10
+# BGP hold time, `bgp_hold_s` in [fabric] (keepalives every third of it, at least 1 s): fast, as a
+# fabric's timers are (BFD and carrier loss find most faults sooner); RFC 4271's least is 3 s.
+# Emulated VMs that stall for seconds need more (the VM lab's RLB_BGP_HOLD_S).
+HOLD_S = 3
 MD5_MAX_KEY = 80            # TCP_MD5SIG_MAXKEYLEN
 
 
@@ -34,6 +38,11 @@ class BgpSecurity:
     ttl_security: bool = True
     password_file: str = DEFAULT_PASSWORD_FILE
     password: str | None = None       # given directly (labs generate one per lab)
+    hold_s: int = HOLD_S              # sessions' hold time; keepalives every third of it
+
+    @property
+    def keepalive_s(self) -> int:
+        return max(1, self.hold_s // 3)
 
     def secret(self) -> str | None:
         """The MD5 password, or None when sessions run without one."""
@@ -62,4 +71,7 @@ def parse(f: dict, where: str) -> BgpSecurity:
     pw = f.get("bgp_password_file", DEFAULT_PASSWORD_FILE)
     if not isinstance(pw, str):
         raise FabricError(f"{where}: bgp_password_file must be a path (or \"\" for none)")
-    return BgpSecurity(ttl, pw)
+    hold = f.get("bgp_hold_s", HOLD_S)
+    if not isinstance(hold, int) or isinstance(hold, bool) or not HOLD_S <= hold <= 65535:
+        raise FabricError(f"{where}: bgp_hold_s {hold!r}: seconds, {HOLD_S} to 65535 (RFC 4271)")
+    return BgpSecurity(ttl, pw, hold_s=hold)

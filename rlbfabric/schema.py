@@ -53,7 +53,7 @@ CLOS: dict[str, tuple[bool, dict[str, Field] | None]] = {
         "link_mbps": Field("int", 1, 100_000_000), "bfd": Field("bool"), "pathbw_subtype": BYTE,
         "linkbw_subtype": BYTE, "parallel": Field("int", 1, 4), "bfd_ms": Field("int", 10, 10000),
         "graceful_restart_s": Field("int", 1, 4095), "ttl_security": Field("bool"),
-        "bgp_password_file": Field("str")}),
+        "bgp_password_file": Field("str"), "bgp_hold_s": Field("int", 3, 65535)}),
     "superspine": (True, {**NODE, "plane": Field("int", 1, 64)}),
     "spine": (True, {**NODE, "pod": Field("int", 1, 4096), "daemon": Field("str")}),
     "leaf": (True, {**NODE, "pod": Field("int", 1, 4096), "hosts": Field("names")}),

@@ -96,6 +96,10 @@ def test_five_stage_topology():
     ({"spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2}],
       "link": [{"between": ["l1", "zz"], "mbps": 1}]}, "unknown node"),
     ({"fabric": {"bfd_ms": 5}, "spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2}]}, "bfd_ms"),
+    ({"fabric": {"bgp_hold_s": 2}, "spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2}]},
+     "bgp_hold_s 2 must be a whole number 3-65535"),
+    ({"fabric": {"bgp_hold_s": True}, "spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2}]},
+     "bgp_hold_s True"),
 ])
 def test_bad_fabric_files(data, msg):
     with pytest.raises(fabric.FabricError, match=msg):
@@ -117,6 +121,29 @@ def test_bfd_interval_from_the_file_and_the_command_line(tmp_path):
                           "--node", "s1", "--run-dir", str(tmp_path), "--bfd-ms", "300"],
                          capture_output=True, text=True, check=True).stdout
     assert "min rx interval 300 ms; min tx interval 300 ms; multiplier 3" in out
+
+
+def test_bgp_hold_time_from_the_file_and_the_command_line_in_bird_and_frr(tmp_path):
+    """3 s hold, 1 s keepalives unless the fabric file (bgp_hold_s) or bird-config (--hold-s, the VM
+    lab's slow timers) says otherwise; keepalives every third of the hold; FRR spines alike."""
+    from rlbfabric.frr.conf import render_spine
+    base = {"spine": [{"name": "s1", "asn": 1}], "leaf": [{"name": "l1", "asn": 2}]}
+    default = birdconf.render(fabric.parse(base), "l1", tmp_path)
+    assert "hold time 3; keepalive time 1; " in default and "hold time 9" not in default
+    nine = fabric.parse({"fabric": {"bgp_hold_s": 9}, **base})
+    assert "hold time 9; keepalive time 3; " in birdconf.render(nine, "l1", tmp_path)
+    frr = fabric.load(LAB / "fabric-frr.toml")
+    spine = next(n for n in frr.spines if n.daemon == "frr")
+    assert " timers bgp 1 3\n" in render_spine(frr, spine, tmp_path / "frr.log")
+    frr.bgp.hold_s = 9
+    assert " timers bgp 3 9\n" in render_spine(frr, spine, tmp_path / "frr.log")
+    out = subprocess.run([sys.executable, "-m", "rlbswitch", "bird-config", "--fabric", str(LAB / "fabric-2x2.toml"),
+                          "--node", "s1", "--run-dir", str(tmp_path), "--hold-s", "30"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "hold time 30; keepalive time 10; " in out and "hold time 3;" not in out
+    bad = subprocess.run([sys.executable, "-m", "rlbswitch", "bird-config", "--fabric", str(LAB / "fabric-2x2.toml"),
+                          "--node", "s1", "--run-dir", str(tmp_path), "--hold-s", "2"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--hold-s" in bad.stderr
 
 
 def test_a_bad_policy_prefix_is_refused_when_the_fabric_is_loaded(tmp_path):

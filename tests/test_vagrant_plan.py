@@ -293,6 +293,14 @@ def test_deployment_units_of_every_role():
     assert "\nNice=-10\n" in leaf["rlb-bird"] and "Nice=" not in leaf["rlb-switch"]
     spine = deploy.units(fab, fab_file, "s11", "10.0.0.12", url)
     assert "--coordinator" not in spine["rlb-switch"] and "eth-ss1" in spine["rlb-switch"]
+    # emulated VMs: slower heartbeats (a starved VM missed 5 at 100 ms and was taken out of forwarding)
+    slow = deploy.units(fab, fab_file, "s11", "10.0.0.12", url, deploy.Site(heartbeat_ms=1000))["rlb-switch"]
+    assert " --heartbeat-ms 1000" in slow and "--heartbeat-ms" not in spine["rlb-switch"] + leaf["rlb-switch"]
+    assert "--heartbeat-ms" not in deploy.units(fab, fab_file, "h1", "10.0.0.21", url,
+                                                deploy.Site(heartbeat_ms=1000))["rlb-host"]
+    # and a longer BGP hold time (a stalled VM's sessions started again every few seconds)
+    held = deploy.units(fab, fab_file, "s11", "10.0.0.12", url, deploy.Site(bfd_ms=300, bgp_hold_s=30))["rlb-bird"]
+    assert " --bfd-ms 300 --hold-s 30" in held and "--hold-s" not in leaf["rlb-bird"]
     host = deploy.units(fab, fab_file, "h1", "10.0.0.21", url)
     assert sorted(host) == ["rlb-host", "rlb-net"]
     assert f"rlbhost attach eth-l1 --fabric {fab_file} --node h1 --coordinator {url}" in host["rlb-host"]

@@ -24,6 +24,8 @@ def add_bird_config(app: typer.Typer, doc: str, node_help: str,
         out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write here (default: stdout)."),
         bfd_ms: Optional[int] = typer.Option(None, min=10, max=10000, help="BFD interval instead of the "
             "fabric file's (slower for emulated VMs, whose timers jitter by hundreds of ms)."),
+        hold_s: Optional[int] = typer.Option(None, min=3, max=65535, help="BGP hold time instead of the "
+            "fabric file's bgp_hold_s (keepalives every third of it; longer for emulated VMs that stall)."),
     ):
         # loaded here: the fabric model and bird's renderer are most of any other command's start
         from .conf import prepare
@@ -32,6 +34,8 @@ def add_bird_config(app: typer.Typer, doc: str, node_help: str,
         what = check(fab, node, fabric_file)
         if bfd_ms:
             fab.bfd_ms = bfd_ms
+        if hold_s:
+            fab.bgp.hold_s = hold_s
         text, incs, note = prepare(fab, node, run_dir)
         wrote = f"wrote {out} ({what})" + (f"; includes {', '.join(str(i) for i in incs)}" if incs else "")
         emit_config(text, out, wrote, note)

@@ -129,7 +129,8 @@ def _timers(fabric: SwitchedFabric) -> str:
     stops its BFD, which must not tear routes down while the switch still forwards. A link that
     loses carrier still drops its sessions at once. GTSM and TCP MD5 as the fabric file says
     (rlbfabric/bgpsec.py)."""
-    out = ("hold time 3; keepalive time 1; connect delay time 1; connect retry time 2; "
+    out = (f"hold time {fabric.bgp.hold_s}; keepalive time {fabric.bgp.keepalive_s}; "
+           "connect delay time 1; connect retry time 2; "
            f"error wait time 1, 5; graceful restart on; graceful restart time {fabric.graceful_restart_s};"
            + (" bfd graceful;" if fabric.bfd else ""))
     if fabric.bgp.ttl_security:

@@ -4,7 +4,7 @@ what such a spine needs to work beside ours (docs/operations.md §FRR):
 - unnumbered peering the standard way: `neighbor IF interface remote-as N`, each leaf's link-local
   address learnt from its router advertisements (our switches send them: FABRIC_RA);
 - the fabric's TCP MD5 password, GTSM (`ttl-security hops 1`: only a directly attached peer)
-  and fast timers (1 s keepalive, 3 s hold, 1 s connect retry), BFD when the fabric has it;
+  and the fabric's fast timers (hold `bgp_hold_s`, 3 s by default; 1 s connect retry), BFD when the fabric has it;
 - each leaf's session imports only that leaf's hosts' /64s, at most as many as it has
   (`maximum-prefix ... restart`: a leaf gone wrong loses its session, not the fabric);
 - extended communities passed on (FRR sends them to eBGP peers by default): the colour, which
@@ -21,7 +21,7 @@ from pathlib import Path
 from ..base import Node
 from ..bird.conf import announced, spine_router_id
 
-KEEPALIVE_S, HOLD_S, CONNECT_S = 1, 3, 1
+CONNECT_S = 1
 
 
 def _prefix_list(name: str, pats: list[str]) -> list[str]:
@@ -52,7 +52,7 @@ def render_spine(fabric, spine: Node, log: Path) -> str:
         lines += [f"interface {p.ifname}", " ipv6 nd ra-interval 3", " no ipv6 nd suppress-ra", "!"]
     lines += [f"router bgp {spine.asn}", f" bgp router-id {spine_router_id(spine)}",
               " no bgp ebgp-requires-policy", " no bgp default ipv4-unicast",
-              " bgp bestpath as-path multipath-relax", f" timers bgp {KEEPALIVE_S} {HOLD_S}",
+              " bgp bestpath as-path multipath-relax", f" timers bgp {fabric.bgp.keepalive_s} {fabric.bgp.hold_s}",
               f" bgp graceful-restart restart-time {fabric.graceful_restart_s}"]
     for p in ports:
         n = p.ifname

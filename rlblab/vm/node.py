@@ -358,12 +358,18 @@ def setup_cmd(
     verbs_max_timeout_ms: int = typer.Option(0, min=0, max=60000, help="The longest hosts' agents work on a "
                                              "verbs question (0: rlbhost's 2 s; emulated VMs answer seconds "
                                              "late)."),
+    heartbeat_ms: int = typer.Option(0, min=0, max=10000, help="Switches' heartbeats to their neighbours' "
+                                     "data planes (0: rlbswitch's 100 ms; a neighbour missing 5 is taken "
+                                     "out of forwarding, and an emulated VM stalls longer than that)."),
+    bgp_hold_s: int = typer.Option(0, min=0, max=65535, help="BGP hold time instead of the fabric file's "
+                                   "(0: the file's, 3 s by default; an emulated VM stalls longer)."),
 ):
     """Once, by the provisioner: name the fabric NICs, write and start the node's units.
 
     Example: /opt/rlb/venv/bin/python -m rlblab.vm.node setup --fabric /opt/rlb/src/lab/fabric-2x2.toml --node l1"""
     setup(fabric, node_name, xdp=xdp.value, bfd_ms=bfd_ms, probe_ms=probe_ms, probe_dead_ms=probe_dead_ms,
-          hang_s=hang_s, expiry_ms=expiry_ms, etcd_lease_s=etcd_lease_s, verbs_max_timeout_ms=verbs_max_timeout_ms)
+          hang_s=hang_s, expiry_ms=expiry_ms, etcd_lease_s=etcd_lease_s, verbs_max_timeout_ms=verbs_max_timeout_ms,
+          heartbeat_ms=heartbeat_ms, bgp_hold_s=bgp_hold_s)
 
 
 @app.command("net")
