@@ -212,8 +212,14 @@ def test_units_wire_every_agent_to_the_coordinator_on_etcd_on_the_monitor():
     assert env["ETCD_CLIENT_CERT_AUTH"] == "true" and env["ETCD_CERT_FILE"].endswith("/server.pem")
     assert env["ETCD_ADVERTISE_CLIENT_URLS"] == etcd and env["ETCD_INITIAL_CLUSTER"] == "mon=http://127.0.0.1:2380"
     assert "Restart=always" in conf[ETCD_DROPIN] and "StartLimitIntervalSec=0" in conf[ETCD_DROPIN]
-    jobs = {j["job_name"]: j for j in json.loads(scrape_targets(fab, vms, mon))["scrape_configs"]}
+    conf2 = json.loads(scrape_targets(fab, vms, mon))
+    jobs = {j["job_name"]: j for j in conf2["scrape_configs"]}
     assert jobs["rlbcoord"]["static_configs"][0]["targets"] == [f"{mon.mgmt_ip}:9473"]
+    # under emulation every 10 s (an agent's page took longer than 2 s to build there)
+    assert conf2["global"] == {"scrape_interval": "2s", "evaluation_interval": "2s"}
+    slow = json.loads(scrape_targets(fab, vms, mon, scrape_s=10))
+    assert slow["global"] == {"scrape_interval": "10s", "evaluation_interval": "10s"}
+    assert {j["scrape_interval"] for j in slow["scrape_configs"]} == {"10s"}
 
 
 def test_the_lab_etcd_passwords_let_each_machine_in_as_itself_only(tmp_path):

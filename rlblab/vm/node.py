@@ -182,8 +182,9 @@ WantedBy=multi-user.target
     return out
 
 
-def setup(fabric_file: Path, name: str, **knobs):
-    """`knobs`: deploy.Site's, for the node's units (units())."""
+def setup(fabric_file: Path, name: str, scrape_s: int = 0, **knobs):
+    """`knobs`: deploy.Site's, for the node's units (units()); scrape_s: the monitor's Prometheus
+    scrapes and evaluates its rules this often (0: rlbdeploy's 2 s)."""
     fab = load(fabric_file)
     vms = plan(fab)
     vm = node(vms, name)
@@ -211,7 +212,7 @@ def setup(fabric_file: Path, name: str, **knobs):
     if vm.role == "monitor":
         rules = write_rules(ETC)
         (ETC / "prometheus.yml").write_text(scrape_targets(fab, vms, vm, coordinator=fab.coordinated,
-                                                           rule_files=[str(rules)]))
+                                                           rule_files=[str(rules)], scrape_s=scrape_s))
     sh("systemctl", "daemon-reload")
     if vm.role == "monitor" and fab.coordinated:
         sh("systemctl", "enable", "etcd.service")
@@ -278,11 +279,14 @@ def install_etcd_certs(vm: VmNode, pki: Path = LAB_PKI, etc: Path = ETC, server_
             sh("chown", "-R", "etcd:", str(server_dir))
 
 
-def scrape_targets(fab, vms: list[VmNode], vm: VmNode, coordinator: bool = True, rule_files=()) -> str:
+def scrape_targets(fab, vms: list[VmNode], vm: VmNode, coordinator: bool = True, rule_files=(),
+                   scrape_s: int = 0) -> str:
     """Prometheus on the monitor scrapes every agent and the coordinator beside it, and
-    evaluates the alerting rules (rlbmonitor/alerts.py): what `rlbfabric prometheus` renders."""
+    evaluates the alerting rules (rlbmonitor/alerts.py): what `rlbfabric prometheus` renders,
+    every scrape_s seconds (0: its default)."""
+    every = {"interval": f"{scrape_s}s"} if scrape_s else {}
     return fabric_scrape_config(fab, {v.name: v.mgmt_ip for v in vms if v.role != "monitor"},
-                                vm.mgmt_ip if coordinator else None, rule_files=rule_files)
+                                vm.mgmt_ip if coordinator else None, rule_files=rule_files, **every)
 
 
 GRAFANA_DASHBOARDS = Path("/var/lib/grafana/dashboards/rlb")
@@ -363,13 +367,16 @@ def setup_cmd(
                                      "out of forwarding, and an emulated VM stalls longer than that)."),
     bgp_hold_s: int = typer.Option(0, min=0, max=65535, help="BGP hold time instead of the fabric file's "
                                    "(0: the file's, 3 s by default; an emulated VM stalls longer)."),
+    scrape_s: int = typer.Option(0, min=0, max=15, help="The monitor's Prometheus scrapes every agent this "
+                                 "often (0: every 2 s; an emulated agent's page takes seconds to build). "
+                                 "At most 15: the dashboards' rates look 30 s back."),
 ):
     """Once, by the provisioner: name the fabric NICs, write and start the node's units.
 
     Example: /opt/rlb/venv/bin/python -m rlblab.vm.node setup --fabric /opt/rlb/src/lab/fabric-2x2.toml --node l1"""
     setup(fabric, node_name, xdp=xdp.value, bfd_ms=bfd_ms, probe_ms=probe_ms, probe_dead_ms=probe_dead_ms,
           hang_s=hang_s, expiry_ms=expiry_ms, etcd_lease_s=etcd_lease_s, verbs_max_timeout_ms=verbs_max_timeout_ms,
-          heartbeat_ms=heartbeat_ms, bgp_hold_s=bgp_hold_s)
+          heartbeat_ms=heartbeat_ms, bgp_hold_s=bgp_hold_s, scrape_s=scrape_s)
 
 
 @app.command("net")
