@@ -35,10 +35,30 @@ CALL_FAILED = pytest.StashKey[bool]()
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Remember a test whose body failed, for the fixtures that act on it at teardown."""
+    """Remember a test whose body failed, for the fixtures that act on it at teardown. A VM
+    lab fixture's set-up error (a wait that ran out) saves the VMs' units here: the module's
+    fixtures were set up before any of the test's own, which never ran. The error repeats for
+    every test of the module (the fixture's error is cached): saved for the first only."""
     report = (yield).get_result()
     if report.when == "call" and report.failed:
         item.stash[CALL_FAILED] = True
+    if report.when == "setup" and report.failed:
+        for lab in _labs_made(item):
+            if not getattr(lab, "setup_journals_saved", False):
+                lab.setup_journals_saved = True
+                into = item.config._tmp_path_factory.mktemp("journals")
+                print(f"the VMs' rlb units when {item.name}'s set-up failed: {lab.save_journals(into, lines=3000)}")
+
+
+def _labs_made(item) -> list[VagrantLab]:
+    """The VM labs a test's fixtures had made before its set-up failed (pytest's cached values)."""
+    labs = []
+    for defs in item._fixtureinfo.name2fixturedefs.values():
+        for d in defs:
+            got = getattr(d, "cached_result", None)
+            if got and isinstance(got[0], VagrantLab) and got[0] not in labs:
+                labs.append(got[0])
+    return labs
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ from rlbfabric.policy import localrule
 from rlbfabric.kinds.clos import ClosFabric
 from rlbcoord import etcdauth, keys
 
+from ..addrevents import AddressChanges
 from ..assemble import HOST_AGENTS, Assembled, Options, apply_config, verbs_service
 from ..coordclient import CoordinatorClient
 from ..etcdclient import EtcdCoordinatorClient, Lease
@@ -38,6 +39,8 @@ class ClosHostAgent:
         self.runtime = AgentRuntime(log, health)
         self.health, self.stop = self.runtime.health, self.runtime.stop
         self._dirty: set[int] | None = None          # ifindexes whose addresses changed (None: all)
+        self._addresses = AddressChanges()            # a lifetime refreshed by an RA is no change
+        self._heard = False                           # the next resync is for events (not a (re)start)
 
     @staticmethod
     def _named(nic: Nic, what: str) -> str:
@@ -126,13 +129,16 @@ class ClosHostAgent:
                          ", ".join(f"path {k} {w:g}" for k, w in sorted(ws.items())))
 
     def _changed(self, msgs) -> bool:
-        """Address events of our NICs (or of an interface unknown: a NIC made anew) mark them."""
+        """Address events of our NICs (or of an interface unknown: a NIC made anew) mark them,
+        unless the address was seen as it is (addrevents.py: each RA refreshes its lifetimes)."""
         ours = {n.ifindex for n in self.nics}
         hit = False
         for m in msgs:
             if m["event"] not in ("RTM_NEWADDR", "RTM_DELADDR"):   # DAD completing is RTM_NEWADDR too
                 continue
-            hit = True
+            if not self._addresses.changed(m):
+                continue
+            hit = self._heard = True
             if self._dirty is not None:
                 if m["index"] in ours:
                     self._dirty.add(m["index"])
@@ -141,6 +147,9 @@ class ClosHostAgent:
         return hit
 
     def _resync(self):
+        if not self._heard:                 # following afresh: every address is read again
+            self._addresses.forget()
+        self._heard = False
         dirty, self._dirty = self._dirty, set()
         self.sync(None if dirty is None else [n for n in self.nics if n.ifindex in dirty] or None)
 
