@@ -1,10 +1,10 @@
 """Which address events change a host's paths. Every router advertisement refreshes the
 lifetimes of the addresses it made, and the kernel announces each refresh as RTM_NEWADDR: with
-the fabric's RAs every 3-4 s on every NIC, a GPU server of two NICs heard about one a second,
-and resynchronising a NIC for each (its addresses, paths, weights, source route: two `ip`
-processes) kept an emulated VM's one CPU busy. An address is a path or not by its prefix length
-and by the flags that make it unusable (paths.py: tentative, DAD failed, temporary, deprecated);
-only an address new, gone, or changed in those is a change."""
+the fabric's RAs every 3-4 s on every NIC, a GPU server of two NICs heard about one a second and
+resynchronised a NIC for each (its addresses, paths, weights and source route: two `ip`
+processes every time), for nothing. An address is a path or not by its prefix length and by the
+flags that make it unusable (paths.py: tentative, DAD failed, temporary, deprecated); only an
+address new, gone, or changed in those is a change."""
 from __future__ import annotations
 
 from .dataplane.paths import IFA_F_DADFAILED, IFA_F_DEPRECATED, IFA_F_TEMPORARY, IFA_F_TENTATIVE
