@@ -136,4 +136,7 @@ def test_a_garbage_collection_in_the_round_is_named_with_its_length(caplog):
     assert after["full"] == before["full"] + 1
     assert 0.8 * took_ms - 1 <= after["full_ms"] - before["full_ms"] <= took_ms + 1
     assert after["longest_ms"] >= 0.8 * took_ms - 1
-    assert after["collecting_ms"] - before["collecting_ms"] >= after["full_ms"] - before["full_ms"]
+    # (all collecting includes the full collections; the four totals are each rounded to 0.1 ms:
+    # their differences may cross by up to 0.2, as 171.7 against 171.8 did once in CI; 0.25 for
+    # the floats' own error)
+    assert after["collecting_ms"] - before["collecting_ms"] >= after["full_ms"] - before["full_ms"] - 0.25
