@@ -230,8 +230,8 @@ def units(fabric: Fabric, fabric_file: Path, node: str, mgmt_ip: str,
     if not isinstance(coordinator, Coordination):
         coordinator = Coordination(url=coordinator)
     coord = coordinator.agent_args()
-    bfd = f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else ""        # bird-config, switch or GPU
-    bfd += f" --hold-s {site.bgp_hold_s}" if site.bgp_hold_s else ""
+    timers = (f" --bfd-ms {site.bfd_ms}" if site.bfd_ms else "") + \
+        (f" --hold-s {site.bgp_hold_s}" if site.bgp_hold_s else "")        # bird-config, switch or GPU
     hang = hang_line(site)
     out = {"rlb-net": f"""[Unit]
 Description=RLB fabric links of {node} ({r})
@@ -250,7 +250,7 @@ WantedBy=multi-user.target
         mbps = fabric.switch_port_mbps(node)
         run = site.run_dir
         heartbeat = f" --heartbeat-ms {site.heartbeat_ms}" if site.heartbeat_ms else ""
-        out["rlb-bird"] = _bird_unit(f"fabric switch {node}", f"{site.bin}/rlbswitch bird-config {args}{bfd}",
+        out["rlb-bird"] = _bird_unit(f"fabric switch {node}", f"{site.bin}/rlbswitch bird-config {args}{timers}",
                                      node, run)
         out["rlb-switch"] = f"""[Unit]
 {NO_START_LIMIT}
@@ -266,7 +266,7 @@ ExecStart={site.bin}/rlbswitch run {ports} {args} --run-dir {run} --metrics-addr
         probes = (f" --probe-ms {site.probe_ms:g}" if site.probe_ms else "") + \
             (f" --probe-dead-ms {site.probe_dead_ms:g}" if site.probe_dead_ms else "")
         out["rlb-bird"] = _bird_unit(f"GPU {node} (its loopback into every plane, with its path bandwidth)",
-                                     f"{site.bin}/rlbhost bird-config {args}{bfd}", node, run)
+                                     f"{site.bin}/rlbhost bird-config {args}{timers}", node, run)
         out["rlb-host"] = f"""[Unit]
 {NO_START_LIMIT}
 Description=RLB GPU agent (QPs across planes and sub-ports, probes, carrier watcher) on {node}

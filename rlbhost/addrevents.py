@@ -7,9 +7,7 @@ flags that make it unusable (paths.py: tentative, DAD failed, temporary, depreca
 address new, gone, or changed in those is a change."""
 from __future__ import annotations
 
-from .dataplane.paths import IFA_F_DADFAILED, IFA_F_DEPRECATED, IFA_F_TEMPORARY, IFA_F_TENTATIVE
-
-UNUSABLE = IFA_F_TENTATIVE | IFA_F_DADFAILED | IFA_F_TEMPORARY | IFA_F_DEPRECATED
+from .dataplane.paths import unusable_flags
 
 
 class AddressChanges:
@@ -25,7 +23,7 @@ class AddressChanges:
         if msg["event"] == "RTM_DELADDR":
             self.seen.pop(key, None)
             return True
-        state = (msg["prefixlen"], (msg.get_attr("IFA_FLAGS") or msg["flags"]) & UNUSABLE)
+        state = (msg["prefixlen"], unusable_flags(msg))
         if self.seen.get(key) == state:
             return False                  # a lifetime refreshed: the same path as before
         self.seen[key] = state

@@ -13,6 +13,13 @@ from .abi import MAX_PATHS, WEIGHT_SCALE, HostError, Path_
 log = logging.getLogger("rlbhost.dataplane")
 
 IFA_F_TEMPORARY, IFA_F_DADFAILED, IFA_F_DEPRECATED, IFA_F_TENTATIVE = 0x01, 0x08, 0x20, 0x40   # if_addr.h
+# what makes an address no path: DAD not done or failed, a temporary (privacy) address, deprecated
+UNUSABLE = IFA_F_TENTATIVE | IFA_F_DADFAILED | IFA_F_TEMPORARY | IFA_F_DEPRECATED
+
+
+def unusable_flags(msg) -> int:
+    """The flags of an address message (netlink's) that keep it from being a path."""
+    return (msg.get_attr("IFA_FLAGS") or msg["flags"]) & UNUSABLE
 
 
 class Paths:
@@ -25,10 +32,8 @@ class Paths:
         with self.netlink() as ipr:
             addrs = ipr.get_addr(family=socket.AF_INET6, index=self.ifindex(ifname))
         for a in addrs:
-            flags = a.get_attr("IFA_FLAGS") or a["flags"]
             addr = ipaddress.IPv6Address(a.get_attr("IFA_ADDRESS"))
-            if addr.is_link_local or addr.is_multicast or flags & (
-                    IFA_F_TENTATIVE | IFA_F_DADFAILED | IFA_F_TEMPORARY | IFA_F_DEPRECATED):
+            if addr.is_link_local or addr.is_multicast or unusable_flags(a):
                 continue
             out.append(ipaddress.IPv6Interface(f"{addr}/{a['prefixlen']}"))
         return out
