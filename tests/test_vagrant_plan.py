@@ -1,6 +1,7 @@
 """The Vagrant lab's plan from a fabric file: every link has two consistent ends."""
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -192,7 +193,7 @@ def test_units_wire_every_agent_to_the_coordinator_on_etcd_on_the_monitor():
     mon = node(vms, "mon")
     etcd = f"https://{mon.mgmt_ip}:2379"
     u = units(fab, vms, mon, fab_file)
-    assert sorted(u) == ["rlb-coord", "rlb-etcd-users", "rlb-prometheus"]
+    assert sorted(u) == ["rlb-coord", "rlb-etcd-users", "rlb-lab-load", "rlb-prometheus"]
     assert (f"rlbcoord run --fabric {fab_file} --listen {mon.mgmt_ip} --etcd {etcd} "
             f"--etcd-password-file {ETCD_USERS}/rlb-coordinator.password --etcd-ca {ETCD_CA_FILE} "
             f"--etcd-cert {ETCD_CERT_FILE} --name mon") in u["rlb-coord"]
@@ -333,7 +334,7 @@ def test_scale_up_fabric_plan_and_units():
     assert {(l.peer, l.peer_ifname) for l in g3.links} == {(f"p{p}", f"eth-g3-{i}") for p in range(1, 5) for i in (1, 2)}
     assert len(node(vms, "p2").links) == 16 and {l.mbps for l in g3.links} == {fab.sub_mbps("p1")}
     gpu = units(fab, vms, g3, fab_file)
-    assert sorted(gpu) == ["rlb-bird", "rlb-host", "rlb-net"]
+    assert sorted(gpu) == ["rlb-bird", "rlb-host", "rlb-lab-load", "rlb-net"]
     assert f"rlbhost attach rlb0 --fabric {fab_file} --node g3" in gpu["rlb-host"]
     assert "--coordinator" not in gpu["rlb-host"] and "rlbhost bird-config" in gpu["rlb-bird"]
     assert "--probe-ms" not in gpu["rlb-host"] and "--bfd-ms" not in gpu["rlb-bird"] 
@@ -346,7 +347,7 @@ def test_scale_up_fabric_plan_and_units():
     plane = units(fab, vms, node(vms, "p2"), fab_file)
     assert f"--speed-mbps {fab.sub_mbps('p2')}" in plane["rlb-switch"] and "eth-g8-2" in plane["rlb-switch"]
     mon = units(fab, vms, node(vms, "mon"), fab_file)
-    assert sorted(mon) == ["rlb-prometheus"]
+    assert sorted(mon) == ["rlb-lab-load", "rlb-prometheus"]
     assert "rlbcoord" not in scrape_targets(fab, vms, node(vms, "mon"), coordinator=False)
     cmds = fab.net_commands("g3")
     assert deploy.net_commands(fab, "g3") == cmds
@@ -670,10 +671,48 @@ def test_a_failed_session_leaves_each_vms_rlb_units_to_read(tmp_path, monkeypatc
     into = lab.save_journals(tmp_path / "journals")
     assert sorted(p.name for p in into.iterdir()) == sorted(f"{v.name}.log" for v in lab.vms)
     h1 = (into / "h1.log").read_text()
-    sudo, sh, dash_c, inner = shlex.split(h1.removeprefix("on h1: "))
+    sudo, sh, dash_c, inner = shlex.split(h1.splitlines()[0].removeprefix("on h1: "))
     assert (sudo, sh, dash_c) == ("sudo", "sh", "-c") and "status 'rlb*'" in inner and "-u 'rlb*'" in inner
     assert "/run/rlb/*.json" in inner                  # the agents' counters too (the verbs service's keeps)
-    assert (into / "l1.log").read_text() == "l1: connection timed out\n"
+    assert "free -m" in inner and "/proc/pressure/memory" in inner and "--sort=-time" in inner
+    assert (into / "l1.log").read_text().startswith("l1: connection timed out\n")
+    assert "no serial log" in (into / "l1.log").read_text()
+
+
+def test_a_vm_that_stops_answering_ssh_still_leaves_its_serial_log_with_its_load(tmp_path, monkeypatch):
+    """Each VM's serial port is a file on this machine (the Vagrantfile, from the plan), where
+    every VM's rlb-lab-load writes a line of its load: a VM that no longer answers ssh leaves
+    that to read. The line, run here, names the load, memory, pressure and busiest processes."""
+    from rlblab.vm import node as vmnode
+    from rlblab.vm import plan as vmplan
+    from rlblab.vm.driver import VagrantLab
+    monkeypatch.setattr(vmplan, "SERIAL_LOG_DIR", str(tmp_path))
+    fab_file = LAB / "fabric-2x2.toml"
+    fab = load(fab_file)
+    vms = plan(fab)
+    out = json.loads(subprocess.run([sys.executable, "-m", "rlblab.vm.plan", "--fabric", str(fab_file)], check=True,
+                                    capture_output=True, text=True).stdout)
+    assert [n["serial_log"] for n in out["nodes"]] == [f"/var/log/libvirt/qemu/rlb-serial-{v.name}.log" for v in vms]
+    assert 'lv.serial :type => "file", :source => {:path => n["serial_log"]}' in \
+        (Path(__file__).parents[1] / "vagrant" / "Vagrantfile").read_text()
+    assert {v.role: v.memory for v in vms} == {"spine": 1024, "leaf": 1024, "host": 1536, "monitor": 768}
+    for v in vms:
+        unit = vmnode.units(fab, vms, v, fab_file)["rlb-lab-load"]
+        assert f"ExecStart=/bin/sh {vmnode.LOAD_SCRIPT} always 30" in unit and "Restart=always" in unit
+    script = tmp_path / "load.sh"
+    script.write_text(vmnode.LOAD_LINE)
+    line = subprocess.run(["sh", str(script), "once"], check=True, capture_output=True, text=True).stdout
+    assert re.fullmatch(r"\d\d:\d\d:\d\d load [\d.]+ [\d.]+ [\d.]+ \| mem \d+ used, \d+ available MiB "
+                        r"\| psi cpu [\d.]+ mem [\d.]+ \| most CPU \(time, KiB\) (\S+ \d+ [^;]+;){4}\n", line), line
+    # l1 answers no ssh; its serial log is what is left
+    Path(node(vms, "l1").serial_log).write_text("boot\n" + "".join(f"rlb-load {i} {line}" for i in range(300)))
+    fake = fake_tools(tmp_path, ssh='if [ "$5" = l1 ]; then echo "l1: connection timed out" >&2; exit 255; fi\n')
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    lab = VagrantLab(log=tmp_path / "log")
+    lab._ssh_config = tmp_path / "ssh-config"
+    saved = (lab.save_journals(tmp_path / "journals") / "l1.log").read_text()
+    assert saved.startswith("l1: connection timed out\n") and "boot" not in saved
+    assert f"rlb-load 299 {line}" in saved and "rlb-load 100 " in saved and "rlb-load 99 " not in saved
 
 
 def _flaky_vagrant(tmp_path, fails: int):

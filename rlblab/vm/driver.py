@@ -26,6 +26,16 @@ LOCAL_BOX = "rlb/bookworm-lab"
 EMULATED_VMS_PER_CORE = 3.5
 
 
+def serial_tail(vm: VmNode, lines: int = 200) -> str:
+    """The end of what the VM wrote to its serial port (kept on this machine): its load lines
+    and the kernel's messages, there even when ssh no longer answers."""
+    try:
+        text = Path(vm.serial_log).read_text(errors="replace")
+    except OSError as e:
+        return f"\n== no serial log: {e}\n"
+    return f"\n== {vm.serial_log} (last {lines} lines)\n" + "\n".join(text.splitlines()[-lines:]) + "\n"
+
+
 class VagrantLab:
     def __init__(self, fabric: str = "lab/fabric-2x2.toml", netns: str | None = None, env: dict | None = None,
                  log: Path | None = None):
@@ -163,14 +173,16 @@ class VagrantLab:
         into.mkdir(parents=True, exist_ok=True)
         for v in self.vms:
             try:
-                res = self.sh(v.name, "systemctl --no-pager --all status 'rlb*'; "
+                res = self.sh(v.name, "free -m; cat /proc/pressure/cpu /proc/pressure/memory; "
+                                      "ps -eo pid,ni,time,rss,args --sort=-time | head -15 | cut -c1-160; "
+                                      "systemctl --no-pager --all status 'rlb*'; "
                                       f"journalctl --no-pager -o short-monotonic -n {lines} -u 'rlb*'; "
                                       "for f in /run/rlb/*.json; do [ -f \"$f\" ] && echo \"== $f\" && cat \"$f\"; done",
                               check=False, timeout=120)
                 text = res.stdout + res.stderr
             except (OSError, subprocess.SubprocessError) as e:   # a VM that does not answer: say so
                 text = f"could not read {v.name}: {e}\n"
-            (into / f"{v.name}.log").write_text(text)
+            (into / f"{v.name}.log").write_text(text + serial_tail(v))
         return into
 
     def wait(self, what: str, pred, timeout: float = 600, every: float = 3):

@@ -152,7 +152,7 @@ WantedBy=multi-user.target
                 fabric_file, vm.mgmt_ip, site, deploy.Coordination(
                     etcd=coord.etcd, password_file=ETCD_USERS / f"{keys.COORDINATOR_USER}.password"),
                 name=vm.name, after=("rlb-etcd-users.service",)))
-        return {**out, "rlb-prometheus": f"""[Unit]
+        return {**out, **load_unit(), "rlb-prometheus": f"""[Unit]
 Description=Prometheus scraping the RLB lab's agents
 [Service]
 ExecStart=/usr/bin/prometheus --config.file={ETC}/prometheus.yml --storage.tsdb.path=/var/lib/rlb-prometheus --web.listen-address=:9090
@@ -160,7 +160,7 @@ Restart=always
 [Install]
 WantedBy=multi-user.target
 """}
-    out = deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip, coord, site)
+    out = {**deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip, coord, site), **load_unit()}
     if vm.role == "host" and fab.paths_by_address:
         # a Soft-RoCE device per fabric NIC (a server's rxe0, rxe1, ...: their QP numbers collide,
         # as eight ConnectX devices' do)
@@ -180,6 +180,40 @@ ExecStart=/sbin/modprobe rdma_rxe
 WantedBy=multi-user.target
 """
     return out
+
+
+LOAD_SCRIPT = ETC / "lab-load.sh"
+LOAD_EVERY_S = 30
+# one line of a VM's load: run queue, memory, CPU and memory pressure (PSI), the busiest processes
+LOAD_LINE = r"""#!/bin/sh
+# the RLB lab's record of this VM's load (rlblab.vm.node.load_unit); "once": one line and stop
+while :; do
+  l="$(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
+  l="$l | mem $(free -m | awk '/^Mem/ {print $3 " used, " $7 " available MiB"}')"
+  l="$l | psi cpu $(sed -n 's/^some avg10=\([0-9.]*\).*/\1/p' /proc/pressure/cpu 2>/dev/null)"
+  l="$l mem $(sed -n 's/^full avg10=\([0-9.]*\).*/\1/p' /proc/pressure/memory 2>/dev/null)"
+  l="$l | most CPU (time, KiB) $(ps -eo time=,rss=,comm= --sort=-time | head -4 | tr -s ' ' | tr '\n' ';')"
+  echo "$l"
+  [ -w /dev/ttyS0 ] && echo "rlb-load $l" >/dev/ttyS0
+  [ "$1" = once ] && break
+  sleep "${2:-30}"
+done
+"""
+
+
+def load_unit() -> dict[str, str]:
+    """The lab's own record of each VM's load every LOAD_EVERY_S (LOAD_LINE), to the journal
+    and to the serial port, which the host keeps in a file (the Vagrantfile): under emulation a
+    VM can stall past answering ssh, and then the serial log is the only account of why."""
+    return {"rlb-lab-load": f"""[Unit]
+Description=The lab VM's load every {LOAD_EVERY_S} s, to the journal and the serial port
+[Service]
+ExecStart=/bin/sh {LOAD_SCRIPT} always {LOAD_EVERY_S}
+Restart=always
+Nice=-10
+[Install]
+WantedBy=multi-user.target
+"""}
 
 
 def setup(fabric_file: Path, name: str, scrape_s: int = 0, **knobs):
@@ -206,6 +240,7 @@ def setup(fabric_file: Path, name: str, scrape_s: int = 0, **knobs):
     if vm.role == "host" and fab.paths_by_address:
         # the verbs library, as an operator installs it (`rlbhost verbs install`)
         sh(str(VENV / "rlbhost"), "verbs", "install", "--dir", str(VERBS_LIB))
+    LOAD_SCRIPT.write_text(LOAD_LINE)
     todo = units(fab, vms, vm, fabric_file, **knobs)
     for u, body in todo.items():
         (UNITS / f"{u}.service").write_text(body)

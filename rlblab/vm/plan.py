@@ -24,8 +24,12 @@ from rlbfabric.fabric import Fabric, FabricError, load
 
 MONITOR = "mon"
 TUNNEL_BASE_PORT = 17000
-MEMORY_MIB = {"monitor": 768}     # everyone else compiles BPF programs with clang: 1 GiB
+# everyone else compiles BPF programs with clang: 1 GiB; a GPU server holds more at once (its agent
+# with bcc's LLVM, ~200 MB, each `rlbhost` command a test runs, ~100 MB, two Soft-RoCE devices and
+# their perftests), and an emulated VM short of memory stalls re-reading its evicted programs
+MEMORY_MIB = {"monitor": 768, "host": 1536}
 DEFAULT_MEMORY_MIB = 1024
+SERIAL_LOG_DIR = "/var/log/libvirt/qemu"     # libvirt's own; the file is on the host, not the VM
 
 
 @dataclass
@@ -47,6 +51,12 @@ class VmNode:
     mgmt_ip: str
     memory: int
     links: list[LinkEnd] = field(default_factory=list)
+
+    @property
+    def serial_log(self) -> str:
+        """Where the host keeps what the VM writes to its serial port (the Vagrantfile's serial
+        console; rlblab.vm.node.load_unit's lines): readable when the VM no longer answers."""
+        return f"{SERIAL_LOG_DIR}/rlb-serial-{self.name}.log"
 
 
 def _mac(link: int, side: int) -> str:
@@ -104,7 +114,7 @@ def main(
     except (FabricError, OSError, ValueError) as e:
         typer.echo(f"rlblab.vm.plan: error: {e}", err=True)
         raise typer.Exit(2)
-    typer.echo(json.dumps({"fabric": str(fabric), "monitor": MONITOR, "nodes": [asdict(v) for v in vms]}, indent=2))
+    typer.echo(json.dumps({"fabric": str(fabric), "monitor": MONITOR, "nodes": [{**asdict(v), "serial_log": v.serial_log} for v in vms]}, indent=2))
 
 
 if __name__ == "__main__":
