@@ -661,7 +661,9 @@ def test_units_for_an_etcd_over_tls_give_every_agent_the_ca_and_its_certificate(
 def test_a_failed_session_leaves_each_vms_rlb_units_to_read(tmp_path, monkeypatch):
     """Before a failed session destroys its VMs, each VM's rlb units (status and journal) are
     saved, one file per VM; a VM that does not answer is named in its file, not a crash."""
+    from rlblab.vm import plan as vmplan
     from rlblab.vm.driver import VagrantLab
+    monkeypatch.setattr(vmplan, "SERIAL_LOG_DIR", str(tmp_path / "none"))    # (not this machine's)
     # ssh -F CFG -o LogLevel=ERROR VM COMMAND: $5 is the VM, $6 what runs there
     fake = fake_tools(tmp_path, ssh='if [ "$5" = l1 ]; then echo "l1: connection timed out" >&2; exit 255; fi\n'
                                     'echo "on $5: $6"\n')
@@ -695,7 +697,7 @@ def test_a_vm_that_stops_answering_ssh_still_leaves_its_serial_log_with_its_load
     assert [n["serial_log"] for n in out["nodes"]] == [f"/var/log/libvirt/qemu/rlb-serial-{v.name}.log" for v in vms]
     assert 'lv.serial :type => "file", :source => {:path => n["serial_log"]}' in \
         (Path(__file__).parents[1] / "vagrant" / "Vagrantfile").read_text()
-    assert {v.role: v.memory for v in vms} == {"spine": 1024, "leaf": 1024, "host": 1536, "monitor": 768}
+    assert {v.role: v.memory for v in vms} == {"spine": 1024, "leaf": 1024, "host": 1024, "monitor": 768}
     for v in vms:
         unit = vmnode.units(fab, vms, v, fab_file)["rlb-lab-load"]
         assert f"ExecStart=/bin/sh {vmnode.LOAD_SCRIPT} always 30" in unit and "Restart=always" in unit

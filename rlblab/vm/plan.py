@@ -24,10 +24,9 @@ from rlbfabric.fabric import Fabric, FabricError, load
 
 MONITOR = "mon"
 TUNNEL_BASE_PORT = 17000
-# everyone else compiles BPF programs with clang: 1 GiB; a GPU server holds more at once (its agent
-# with bcc's LLVM, ~200 MB, each `rlbhost` command a test runs, ~100 MB, two Soft-RoCE devices and
-# their perftests), and an emulated VM short of memory stalls re-reading its evicted programs
-MEMORY_MIB = {"monitor": 768, "host": 1536}
+# everyone else compiles BPF programs with clang: 1 GiB (a 2-NIC GPU server used at most 413 MiB
+# through a whole rails VM run, rlb-lab-load's lines, 2026-12-01)
+MEMORY_MIB = {"monitor": 768}
 DEFAULT_MEMORY_MIB = 1024
 SERIAL_LOG_DIR = "/var/log/libvirt/qemu"     # libvirt's own; the file is on the host, not the VM
 
