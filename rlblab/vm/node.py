@@ -127,9 +127,14 @@ def etcd_config(vms: list[VmNode]) -> dict[Path, str]:
 
 def units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, **knobs) -> dict[str, str]:
     """{unit name: unit file} for one VM: what an operator installs (rlbdeploy.units), plus the
-    lab's own: Soft-RoCE on the hosts; on the monitor the etcd users issued, and Prometheus
-    beside the coordinator. `knobs`: deploy.Site's (xdp, bfd_ms, hang_s, ...: what the
-    provisioner was given)."""
+    lab's own: its load recorded on every VM (load_unit); Soft-RoCE on the hosts; on the monitor
+    the etcd users issued, and Prometheus beside the coordinator. `knobs`: deploy.Site's (xdp,
+    bfd_ms, hang_s, ...: what the provisioner was given)."""
+    return {**_role_units(fab, vms, vm, fabric_file, **knobs), **load_unit()}
+
+
+def _role_units(fab, vms: list[VmNode], vm: VmNode, fabric_file: Path, **knobs) -> dict[str, str]:
+    """units() but the load record: what this VM's role runs."""
     site = deploy.Site(bin=VENV, run_dir=RUN, **knobs)
     coord = coordination(fab, vms)
     if vm.role == "monitor":
@@ -152,7 +157,7 @@ WantedBy=multi-user.target
                 fabric_file, vm.mgmt_ip, site, deploy.Coordination(
                     etcd=coord.etcd, password_file=ETCD_USERS / f"{keys.COORDINATOR_USER}.password"),
                 name=vm.name, after=("rlb-etcd-users.service",)))
-        return {**out, **load_unit(), "rlb-prometheus": f"""[Unit]
+        return {**out, "rlb-prometheus": f"""[Unit]
 Description=Prometheus scraping the RLB lab's agents
 [Service]
 ExecStart=/usr/bin/prometheus --config.file={ETC}/prometheus.yml --storage.tsdb.path=/var/lib/rlb-prometheus --web.listen-address=:9090
@@ -160,7 +165,7 @@ Restart=always
 [Install]
 WantedBy=multi-user.target
 """}
-    out = {**deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip, coord, site), **load_unit()}
+    out = deploy.units(fab, fabric_file, vm.name, vm.mgmt_ip, coord, site)
     if vm.role == "host" and fab.paths_by_address:
         # a Soft-RoCE device per fabric NIC (a server's rxe0, rxe1, ...: their QP numbers collide,
         # as eight ConnectX devices' do)
