@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rlbfabric.fabric import load
 
-from .plan import MONITOR, VmNode, node, plan
+from .plan import LOAD_SCRIPT, MONITOR, VmNode, node, plan
 
 VAGRANT_DIR = Path(__file__).resolve().parents[2] / "vagrant"
 LOCAL_BOX = "rlb/bookworm-lab"
@@ -173,7 +173,8 @@ class VagrantLab:
         into.mkdir(parents=True, exist_ok=True)
         for v in self.vms:
             try:
-                res = self.sh(v.name, "free -m; cat /proc/pressure/cpu /proc/pressure/memory; "
+                # its load as rlb-lab-load writes it every 30 s (one source), then every busy process
+                res = self.sh(v.name, f"sh {LOAD_SCRIPT} once; "
                                       "ps -eo pid,ni,time,rss,args --sort=-time | head -15 | cut -c1-160; "
                                       "systemctl --no-pager --all status 'rlb*'; "
                                       f"journalctl --no-pager -o short-monotonic -n {lines} -u 'rlb*'; "

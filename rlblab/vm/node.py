@@ -36,7 +36,7 @@ from rlbfabric.fabric import FabricError, load
 from rlbdeploy.scrape import fabric_scrape_config
 from rlbmonitor.alerts import write as write_rules
 
-from .plan import MONITOR, VmNode, node, plan
+from .plan import LOAD_SCRIPT, MONITOR, VmNode, node, plan
 
 log = logging.getLogger("rlb.vmnode")
 VENV = Path("/opt/rlb/venv/bin")
@@ -187,7 +187,6 @@ WantedBy=multi-user.target
     return out
 
 
-LOAD_SCRIPT = ETC / "lab-load.sh"
 LOAD_EVERY_S = 30
 # one line of a VM's load: run queue, memory, CPU and memory pressure (PSI), the busiest processes
 LOAD_LINE = r"""#!/bin/sh
@@ -245,7 +244,7 @@ def setup(fabric_file: Path, name: str, scrape_s: int = 0, **knobs):
     if vm.role == "host" and fab.paths_by_address:
         # the verbs library, as an operator installs it (`rlbhost verbs install`)
         sh(str(VENV / "rlbhost"), "verbs", "install", "--dir", str(VERBS_LIB))
-    LOAD_SCRIPT.write_text(LOAD_LINE)
+    Path(LOAD_SCRIPT).write_text(LOAD_LINE)
     todo = units(fab, vms, vm, fabric_file, **knobs)
     for u, body in todo.items():
         (UNITS / f"{u}.service").write_text(body)

@@ -29,6 +29,9 @@ TUNNEL_BASE_PORT = 17000
 MEMORY_MIB = {"monitor": 768}
 DEFAULT_MEMORY_MIB = 1024
 SERIAL_LOG_DIR = "/var/log/libvirt/qemu"     # libvirt's own; the file is on the host, not the VM
+# on every VM: the script of its load record (rlblab.vm.node.LOAD_LINE), run by rlb-lab-load and by
+# the journal save (rlblab.vm.driver.VagrantLab.save_journals)
+LOAD_SCRIPT = "/etc/rlb/lab-load.sh"
 
 
 @dataclass
