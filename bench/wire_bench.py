@@ -15,7 +15,13 @@ each mode, and rlbhost's TC programs against an empty TC program in the same pla
 forwarder with the program on its egress or ingress hook). Each case with 1 and with --flows
 flows; the switch cases again with --routes extra /64 routes installed.
 Ratios are against the bare redirect and Linux measured in this run; absolute figures are for
-this machine only."""
+this machine only.
+
+The guard: each forwarder's program time over the bare redirect's (and over the empty TC
+program's, for the host) and the chain's slowdown against the bare redirect's rate are printed
+beside the ratios recorded for this CPU kind in bench/ratios.json (groups "wire ns", "wire
+chain", "wire host": bench/records.py), and a ratio more than 10 % over its record is named;
+--check exits 1 then, --record writes this run's as this kind's record."""
 from __future__ import annotations
 
 import argparse
@@ -36,6 +42,7 @@ from rlbcommon import packets as P  # noqa: E402
 from rlbcommon.libbpf import prog_info  # noqa: E402
 from rlbcommon.testrun import live_frames  # noqa: E402
 from rlblab import topo  # noqa: E402
+from bench.records import RECORD, WARN, compared_with, over_record, recorded, write_record  # noqa: E402
 
 GEN_HDR = 80
 IN_MAC, GEN_MAC = "02:00:00:00:0a:01", "02:00:00:00:0a:02"
@@ -267,32 +274,72 @@ def host_cases(chain: Chain, args, results: list):
             host.destroy()
 
 
-def report(results: list[Result], args):
+def result_of(results: list[Result], case: str, flows: int, routes: int = 0) -> Result:
+    return next(r for r in results if r.case == case and r.flows == flows and r.routes == routes)
+
+
+def case_name(r: Result) -> str:
+    return f"{r.case}, {r.flows} flows" + (f", +{r.routes} routes" if r.routes else "")
+
+
+def ratios(results: list[Result]) -> dict[str, dict[str, float]]:
+    """The run's ratios, every one higher-is-worse: program time over the bare redirect's (or
+    over the empty TC program's in the same place), and the bare redirect's chain rate over the
+    forwarder's."""
+    out: dict[str, dict[str, float]] = {"wire ns": {}, "wire chain": {}, "wire host": {}}
+    for r in results:
+        if r.case.startswith("empty TC"):
+            continue
+        if r.case.startswith("rlbhost"):
+            ref = result_of(results, r.case.replace("rlbhost", "empty TC"), r.flows)
+            if r.prog_ns and ref.prog_ns:
+                out["wire host"][case_name(r)] = round(r.prog_ns / ref.prog_ns, 3)
+            continue
+        bare = result_of(results, "bare devmap redirect", r.flows)
+        if r.prog_ns is not None and bare.prog_ns:
+            out["wire ns"][case_name(r)] = round(r.prog_ns / bare.prog_ns, 3)
+        out["wire chain"][case_name(r)] = round(bare.rate / r.rate, 3)
+    return {g: v for g, v in out.items() if v}
+
+
+def report(results: list[Result], args, now: dict | None = None, record: dict | None = None):
     def find(case, flows, routes=0):
-        return next(r for r in results if r.case == case and r.flows == flows and r.routes == routes)
+        return result_of(results, case, flows, routes)
+
+    def rec(group: str, r: Result) -> str:
+        """The case's record in this group and the change, or blanks."""
+        old = (record or {}).get(group, {}).get(case_name(r))
+        got = (now or {}).get(group, {}).get(case_name(r))
+        if not old or got is None:
+            return f"{'-':>6}{'':>6}"
+        return f"{old:>6.2f}{(got / old - 1) * 100:>+5.0f}%" + ("!" if got > old * WARN else " ")
 
     print(f"Real packets, {args.size}-byte frames, one CPU (cpu {args.cpu}) runs generator, forwarder "
-          f"and sink; median of {args.rounds} runs of {args.packets} packets")
+          f"and sink; median of {args.rounds} runs of {args.packets} packets; records: "
+          f"{compared_with()} in bench/{RECORD.name} ('!': more than 10 % over)")
     print(f"{'forwarder in the middle':<34}{'flows':>6}{'routes':>7}{'Mpps':>7}{'x bare':>8}"
-          f"{'x linux':>8}{'prog ns':>9}{'ns x bare':>10}")
+          f"{'x linux':>8}{'prog ns':>9}{'ns x bare':>10}{'record':>12}{'chain rec':>12}")
     for r in results:
         if r.case.startswith(("empty TC", "rlbhost")):
             continue
         bare, linux = find("bare devmap redirect", r.flows), find("Linux IPv6 forwarding", r.flows)
         ns = f"{r.prog_ns:9.1f}{r.prog_ns / bare.prog_ns:10.2f}" if r.prog_ns is not None else f"{'-':>9}{'-':>10}"
         print(f"{r.case:<34}{r.flows:>6}{r.routes:>7}{r.rate:7.2f}{r.rate / bare.rate:8.2f}"
-              f"{r.rate / linux.rate:8.2f}{ns}")
+              f"{r.rate / linux.rate:8.2f}{ns}{rec('wire ns', r)}{rec('wire chain', r)}")
     host = [r for r in results if r.case.startswith("rlbhost")]
     if host:
         print(f"\n{'host TC on a Linux forwarder':<34}{'flows':>6}{'Mpps':>7}{'x empty':>8}{'prog ns':>9}"
-              f"{'empty ns':>9}")
+              f"{'empty ns':>9}{'ns x empty':>11}{'record':>12}")
         for r in host:
             ref = find(r.case.replace("rlbhost", "empty TC"), r.flows)
             print(f"{r.case:<34}{r.flows:>6}{r.rate:7.2f}{r.rate / ref.rate:8.2f}{r.prog_ns:9.1f}"
-                  f"{ref.prog_ns:9.1f}")
+                  f"{ref.prog_ns:9.1f}{r.prog_ns / ref.prog_ns:11.2f}{rec('wire host', r)}")
     lost = [r for r in results if min(r.delivered) < 0.99]
     for r in lost:
         print(f"note: {r.case} ({r.flows} flows) delivered only {min(r.delivered):.3f} of what was sent")
+    bad = over_record(now or {}, record or {}, WARN)
+    print("\n" + ("more than 10 % over the record: " + ", ".join(f"{c} {g} ({r:.2f} vs {o:.2f})" for g, c, r, o in bad)
+                  if bad else "no ratio more than 10 % over its record"))
 
 
 def main() -> int:
@@ -305,6 +352,9 @@ def main() -> int:
     ap.add_argument("--cpu", type=int, default=os.cpu_count() - 1, help="the CPU that runs the chain")
     ap.add_argument("--only", choices=("switch", "host"), help="run only one half")
     ap.add_argument("--modes", default=",".join(DST), help="rlbswitch modes to run (comma-separated)")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a ratio is over 1.1x its record")
+    ap.add_argument("--record", action="store_true", help=f"write this run's ratios to {RECORD.name} "
+                    "as this CPU kind's (each group run replaces the kind's: record from a full run)")
     args = ap.parse_args()
     if not 1 <= args.flows <= 16384:
         ap.error("--flows must be 1..16384 (source ports cycle over 16384 values)")
@@ -336,8 +386,12 @@ def main() -> int:
     finally:
         chain.close()
         STATS_SYSCTL.write_text(stats_was)
-    report(results, args)
-    return 0
+    now, record = ratios(results), recorded()
+    report(results, args, now, record)
+    if args.record:
+        print(write_record(now))
+        return 0
+    return 1 if args.check and over_record(now, record, WARN) else 0
 
 
 if __name__ == "__main__":

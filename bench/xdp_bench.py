@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ipaddress
-import json
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,7 @@ from rlbswitch.abi import POLICE  # noqa: E402
 from rlbswitch.dataplane import SwitchDataplane  # noqa: E402
 from rlbfabric.routes import NextHop, Route  # noqa: E402
 from rlblab import topo  # noqa: E402
+from bench.records import RECORD, WARN, compared_with, medians, over_record, recorded, write_record  # noqa: E402
 
 
 def ns_per_packet(cases: list[tuple[str, int, bytes, int]], repeat: int, rounds: int) -> list[tuple[str, float]]:
@@ -73,8 +73,6 @@ def ns_per_packet(cases: list[tuple[str, int, bytes, int]], repeat: int, rounds:
     return [(name, statistics.median(v)) for name, v in samples.items()]
 
 
-RECORD = Path(__file__).with_name("ratios.json")
-WARN, FAIL = 1.10, 1.50          # over the record: named by the bench; failed by the test
 # each case's reference: the first case of its group, measured in the same run
 REFERENCES = {"switch": "parse+redirect baseline", "router": "router baseline", "host": "empty TC",
               "ports": "TC parse+redirect"}
@@ -117,53 +115,6 @@ def ratios(results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
             for g, cases in results.items()}
 
 
-def machine_kind() -> str:
-    """This machine's CPU kind: the model name the kernel reports (the same for every core)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return " ".join(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return "unknown"
-
-
-def medians(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    """Each case's median over runs of the same groups."""
-    return {g: {c: statistics.median(r[g][c] for r in runs) for c in cases} for g, cases in runs[0].items()}
-
-
-def saved_record() -> dict:
-    return json.loads(RECORD.read_text()) if RECORD.exists() else {}
-
-
-def recorded(kind: str | None = None, saved: dict | None = None) -> dict[str, dict[str, float]]:
-    """The ratios to compare with on a machine of `kind` (this one's by default): its kind's own
-    record where one was made, else the higher of each case over the kinds measured."""
-    saved = dict(saved_record() if saved is None else saved)
-    kinds = saved.pop("kinds", {})
-    return kinds.get(machine_kind() if kind is None else kind, saved)
-
-
-def with_record(saved: dict, kind: str, now: dict[str, dict[str, float]]) -> dict:
-    """The record file's content with `now` as kind's record, the any-kind level raised to it
-    where it is higher (a case new to the file enters that level as measured)."""
-    saved = json.loads(json.dumps(saved))
-    kinds = saved.setdefault("kinds", {})
-    kinds[kind] = {**kinds.get(kind, {}), **now}      # groups not measured now (--only) kept
-    for g, cases in now.items():
-        top = saved.setdefault(g, {})
-        for c, r in cases.items():
-            top[c] = max(r, top.get(c, r))
-    return saved
-
-
-def over_record(now: dict, record: dict, limit: float) -> list[tuple[str, str, float, float]]:
-    """(group, case, ratio now, recorded) for every case above limit x its record."""
-    return [(g, c, r, record[g][c]) for g, cases in now.items() for c, r in cases.items()
-            if c in record.get(g, {}) and r > record[g][c] * limit]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=250, help="packets per kernel test run (max 253)")
@@ -184,8 +135,7 @@ def main() -> int:
     record = recorded()
     report(args, results, now, record)
     if args.record:
-        RECORD.write_text(json.dumps(with_record(saved_record(), machine_kind(), now), indent=1) + "\n")
-        print(f"recorded for {machine_kind()!r} in {RECORD}")
+        print(write_record(now))
         return 0
     return 1 if args.check and over_record(now, record, WARN) else 0
 
@@ -299,9 +249,7 @@ def report(args, results, now, record):
     print(f"BPF_PROG_TEST_RUN, {args.rounds} runs x {args.repeat} packets per case (median of runs)"
           + (f", medians of {args.runs} measurements" if args.runs > 1 else "") + ", "
           f"1024-byte RoCEv2 payload; ratios against the group's reference in this run, and as "
-          f"recorded in bench/{RECORD.name} "
-          + (f"for this CPU kind ({machine_kind()})" if machine_kind() in saved_record().get("kinds", {})
-             else f"for any kind (none for this one: {machine_kind()})"))
+          f"{compared_with()} record in bench/{RECORD.name}")
     for g, cases in results.items():
         print(f"\n{g + ' (x ' + REFERENCES[g] + ')':<44}{'ns/pkt':>8}{'ratio':>8}{'recorded':>10}{'change':>8}")
         for c, v in cases.items():
