@@ -42,7 +42,7 @@ from rlbcommon import packets as P  # noqa: E402
 from rlbcommon.libbpf import prog_info  # noqa: E402
 from rlbcommon.testrun import live_frames  # noqa: E402
 from rlblab import topo  # noqa: E402
-from bench.records import RECORD, WARN, compared_with, over_record, recorded, write_record  # noqa: E402
+from bench.records import RECORD, WARN, compared_with, medians, over_record, recorded, write_record  # noqa: E402
 
 GEN_HDR = 80
 IN_MAC, GEN_MAC = "02:00:00:00:0a:01", "02:00:00:00:0a:02"
@@ -63,6 +63,9 @@ class Result:
     mpps: list[float] = field(default_factory=list)
     ns: list[float] = field(default_factory=list)
     delivered: list[float] = field(default_factory=list)
+    # the bare redirect measured right before each run (the switch's cases): its ns and rate
+    ref_ns: list[float] = field(default_factory=list)
+    ref_mpps: list[float] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -71,6 +74,19 @@ class Result:
     @property
     def prog_ns(self) -> float | None:
         return statistics.median(self.ns) if self.ns else None
+
+    def ns_x_ref(self, ref: Result) -> float | None:
+        """Program time over the reference's: run by run against the bare redirect measured just
+        before it where it was (the machine's speed drifts between cases), else medians over."""
+        if self.ref_ns and len(self.ref_ns) == len(self.ns):
+            return statistics.median(n / b for n, b in zip(self.ns, self.ref_ns))
+        return self.prog_ns / ref.prog_ns if self.prog_ns is not None and ref.prog_ns else None
+
+    def slowdown(self, ref: Result) -> float:
+        """The reference's chain rate over this one's (paired run by run where it was measured so)."""
+        if self.ref_mpps and len(self.ref_mpps) == len(self.mpps):
+            return statistics.median(b / m for m, b in zip(self.mpps, self.ref_mpps))
+        return ref.rate / self.rate
 
 
 class Chain:
@@ -166,7 +182,9 @@ def linux_forwarding(chain: Chain):
 
 
 @contextlib.contextmanager
-def xdp_on_in0(chain: Chain, fn):
+def xdp_on_in0(chain: Chain, fn, restore=None):
+    """fn's program on in0 (native XDP); afterwards restore() (in the forwarder's namespace) puts
+    back what was there, or in0 is left without one."""
     from bcc import BPF
     with netns.inside(chain.fwd):
         BPF.attach_xdp(b"in0", fn, 1 << 2)
@@ -174,7 +192,10 @@ def xdp_on_in0(chain: Chain, fn):
         yield
     finally:
         with netns.inside(chain.fwd):
-            BPF.remove_xdp(b"in0", 1 << 2)
+            if restore is not None:
+                restore()
+            else:
+                BPF.remove_xdp(b"in0", 1 << 2)
 
 
 @contextlib.contextmanager
@@ -193,10 +214,19 @@ def tc_prog(chain: Chain, ifname: str, direction: str, fd: int, name: str):
             ipr.tc("del-filter", "bpf", idx, handle=1, prio=1, parent=parent)
 
 
-def run_case(chain: Chain, args, results: list, case: str, frame: bytes, prog_fd, routes: int = 0):
+def run_case(chain: Chain, args, results: list, case: str, frame: bytes, prog_fd, routes: int = 0,
+             paired=None):
+    """Each of args.rounds runs with 1 and with args.flows flows; paired: (a context manager that
+    puts the bare redirect in the forwarder's place, its program fd), measured before each run."""
     for flows in (1, args.flows):
         r = Result(case, flows, routes)
         for _ in range(args.rounds):
+            if paired is not None:
+                swap, bare_fd = paired
+                with swap():
+                    ref_mpps, ref_ns, _ = chain.measure(frame, flows, args.packets, bare_fd)
+                r.ref_mpps.append(ref_mpps)
+                r.ref_ns.append(ref_ns)
             mpps, ns, frac = chain.measure(frame, flows, args.packets, prog_fd)
             r.mpps.append(mpps)
             if ns is not None:
@@ -226,9 +256,18 @@ def switch_on(chain: Chain, ingress: tuple[str, ...] = ("in0",), outs: int = 3):
             dp.destroy()
 
 
-def switch_cases(chain: Chain, args, results: list):
+def switch_cases(chain: Chain, args, results: list, bare=None):
+    """Each mode of rlbswitch; with `bare` (the bare redirect's program), each run paired with
+    one of the bare redirect just before it, swapped into in0 and back."""
     from rlbfabric.routes import NextHop, Route
     with switch_on(chain) as (dp, nh):
+        paired = None
+        if bare is not None:
+            @contextlib.contextmanager
+            def swap():
+                with xdp_on_in0(chain, bare, restore=lambda: dp.attach("in0")):   # (replaced in place)
+                    yield
+            paired = (swap, bare.fd)
         dp.add_route(Route("fc00:2:0:2::/64", "weighted", [NextHop(h.ifname, mac=h.mac, weight=1)
                                                             for h in nh[:2]]))
         dp.add_route(Route("fc00:2:0:3::/64", "dlb", nh[:2]))
@@ -247,7 +286,7 @@ def switch_cases(chain: Chain, args, results: list):
             for mode, dst in DST.items():
                 if mode not in args.modes.split(","):
                     continue
-                run_case(chain, args, results, f"rlbswitch {mode}", chain.frame(dst), fd, extra)
+                run_case(chain, args, results, f"rlbswitch {mode}", chain.frame(dst), fd, extra, paired)
 
 
 def host_cases(chain: Chain, args, results: list):
@@ -296,9 +335,10 @@ def ratios(results: list[Result]) -> dict[str, dict[str, float]]:
                 out["wire host"][case_name(r)] = round(r.prog_ns / ref.prog_ns, 3)
             continue
         bare = result_of(results, "bare devmap redirect", r.flows)
-        if r.prog_ns is not None and bare.prog_ns:
-            out["wire ns"][case_name(r)] = round(r.prog_ns / bare.prog_ns, 3)
-        out["wire chain"][case_name(r)] = round(bare.rate / r.rate, 3)
+        x = r.ns_x_ref(bare)
+        if x is not None:
+            out["wire ns"][case_name(r)] = round(x, 3)
+        out["wire chain"][case_name(r)] = round(r.slowdown(bare), 3)
     return {g: v for g, v in out.items() if v}
 
 
@@ -323,8 +363,9 @@ def report(results: list[Result], args, now: dict | None = None, record: dict | 
         if r.case.startswith(("empty TC", "rlbhost")):
             continue
         bare, linux = find("bare devmap redirect", r.flows), find("Linux IPv6 forwarding", r.flows)
-        ns = f"{r.prog_ns:9.1f}{r.prog_ns / bare.prog_ns:10.2f}" if r.prog_ns is not None else f"{'-':>9}{'-':>10}"
-        print(f"{r.case:<34}{r.flows:>6}{r.routes:>7}{r.rate:7.2f}{r.rate / bare.rate:8.2f}"
+        x = r.ns_x_ref(bare)
+        ns = f"{r.prog_ns:9.1f}{x:10.2f}" if x is not None else f"{'-':>9}{'-':>10}"
+        print(f"{r.case:<34}{r.flows:>6}{r.routes:>7}{r.rate:7.2f}{1 / r.slowdown(bare):8.2f}"
               f"{r.rate / linux.rate:8.2f}{ns}{rec('wire ns', r)}{rec('wire chain', r)}")
     host = [r for r in results if r.case.startswith("rlbhost")]
     if host:
@@ -352,6 +393,8 @@ def main() -> int:
     ap.add_argument("--cpu", type=int, default=os.cpu_count() - 1, help="the CPU that runs the chain")
     ap.add_argument("--only", choices=("switch", "host"), help="run only one half")
     ap.add_argument("--modes", default=",".join(DST), help="rlbswitch modes to run (comma-separated)")
+    ap.add_argument("--runs", type=int, default=1, help="whole runs (each in a fresh chain); the "
+                    "ratios compared and recorded are each one's median over them")
     ap.add_argument("--check", action="store_true", help="exit 1 when a ratio is over 1.1x its record")
     ap.add_argument("--record", action="store_true", help=f"write this run's ratios to {RECORD.name} "
                     "as this CPU kind's (each group run replaces the kind's: record from a full run)")
@@ -360,18 +403,39 @@ def main() -> int:
         ap.error("--flows must be 1..16384 (source ports cycle over 16384 values)")
     if not 80 <= args.size <= 3000:
         ap.error("--size must be 80..3000 bytes")
-    if args.packets < 10_000 or args.rounds < 1:
-        ap.error("--packets must be >= 10000 and --rounds >= 1")
+    if args.packets < 10_000 or args.rounds < 1 or args.runs < 1:
+        ap.error("--packets must be >= 10000, --rounds and --runs >= 1")
     if os.geteuid():
         ap.error("run as root (namespaces, XDP)")
 
     os.sched_setaffinity(0, {args.cpu})
     stats_was = STATS_SYSCTL.read_text().strip()
     STATS_SYSCTL.write_text("1")
+    record, each = recorded(), []
+    try:
+        for n in range(args.runs):
+            results = one_run(args)
+            each.append(ratios(results))
+            if args.runs > 1:
+                print(f"\n== run {n + 1} of {args.runs}")
+            report(results, args, each[-1], record)
+    finally:
+        STATS_SYSCTL.write_text(stats_was)
+    now = medians(each)
+    if args.runs > 1:
+        report_medians(now, record, args.runs)
+    if args.record:
+        print(write_record(now))
+        return 0
+    return 1 if args.check and over_record(now, record, WARN) else 0
+
+
+def one_run(args) -> list[Result]:
+    """Every case once, in a chain of namespaces built for the run and removed after it."""
+    from bcc import BPF
     chain = Chain(args.size)
     results: list[Result] = []
     try:
-        from bcc import BPF
         if args.only != "host":
             with netns.inside(chain.fwd):
                 chain.bpf[b"bare_tx"][ct.c_int(0)] = ct.c_int(Chain._ifindex("out0"))
@@ -380,18 +444,25 @@ def main() -> int:
                 run_case(chain, args, results, "bare devmap redirect", chain.frame(DST["pinned"]), bare.fd)
             with linux_forwarding(chain):
                 run_case(chain, args, results, "Linux IPv6 forwarding", chain.frame(DST["pinned"]), None)
-            switch_cases(chain, args, results)
+            switch_cases(chain, args, results, bare)
         if args.only != "switch":
             host_cases(chain, args, results)
     finally:
         chain.close()
-        STATS_SYSCTL.write_text(stats_was)
-    now, record = ratios(results), recorded()
-    report(results, args, now, record)
-    if args.record:
-        print(write_record(now))
-        return 0
-    return 1 if args.check and over_record(now, record, WARN) else 0
+    return results
+
+
+def report_medians(now: dict, record: dict, runs: int):
+    print(f"\nmedians of {runs} runs, against {compared_with()} record ('!': more than 10 % over)")
+    for g, cases in now.items():
+        print(f"\n{g:<52}{'ratio':>7}{'record':>8}")
+        for c, r in cases.items():
+            old = record.get(g, {}).get(c)
+            rec = f"{old:>8.2f}{(r / old - 1) * 100:>+5.0f}%" + ("!" if r > old * WARN else "") if old else f"{'-':>8}"
+            print(f"{c:<52}{r:>7.2f}{rec}")
+    bad = over_record(now, record, WARN)
+    print("\n" + ("more than 10 % over the record: " + ", ".join(f"{c} {g} ({r:.2f} vs {o:.2f})" for g, c, r, o in bad)
+                  if bad else "no ratio more than 10 % over its record"))
 
 
 if __name__ == "__main__":

@@ -96,16 +96,21 @@ def test_this_machines_kind_is_read_from_the_kernel():
 def test_live_frame_ratios_are_recorded_higher_is_worse_and_a_regression_is_named():
     """bench/wire_bench.py's guard, on figures given to it (the live-frame run itself is `make
     bench`): program time over the bare redirect's (or over the empty TC program's), and the
-    chain's slowdown; a ratio 10 % over this kind's record is named."""
+    chain's slowdown, each run against the bare redirect measured just before it where it was;
+    a ratio 10 % over this kind's record is named."""
     R = wire.Result
     results = [R("bare devmap redirect", 1, 0, [10.0], [50.0]), R("Linux IPv6 forwarding", 1, 0, [4.0]),
                R("rlbswitch pinned", 1, 0, [9.5], [66.0]), R("rlbswitch pinned", 1, 16384, [9.0], [70.0]),
-               R("empty TC egress", 1, 0, [3.0], [20.0]), R("rlbhost egress", 1, 0, [2.5], [90.0])]
+               R("empty TC egress", 1, 0, [3.0], [20.0]), R("rlbhost egress", 1, 0, [2.5], [90.0]),
+               # each run paired with a bare redirect measured just before it: ratios run by run
+               R("rlbswitch dlb", 1, 0, [5.0, 5.0, 5.0], [120.0, 126.0, 114.0], ref_ns=[60.0, 63.0, 57.0],
+                 ref_mpps=[8.0, 8.0, 8.0])]
     now = wire.ratios(results)
     assert now == {"wire ns": {"bare devmap redirect, 1 flows": 1.0, "rlbswitch pinned, 1 flows": 1.32,
-                               "rlbswitch pinned, 1 flows, +16384 routes": 1.4},
+                               "rlbswitch pinned, 1 flows, +16384 routes": 1.4, "rlbswitch dlb, 1 flows": 2.0},
                    "wire chain": {"bare devmap redirect, 1 flows": 1.0, "Linux IPv6 forwarding, 1 flows": 2.5,
-                                  "rlbswitch pinned, 1 flows": 1.053, "rlbswitch pinned, 1 flows, +16384 routes": 1.111},
+                                  "rlbswitch pinned, 1 flows": 1.053, "rlbswitch pinned, 1 flows, +16384 routes": 1.111,
+                                  "rlbswitch dlb, 1 flows": 1.6},
                    "wire host": {"rlbhost egress, 1 flows": 4.5}}
     record = {"wire ns": {"rlbswitch pinned, 1 flows": 1.3, "rlbswitch pinned, 1 flows, +16384 routes": 1.2}}
     assert records.over_record(now, record, records.WARN) == [
