@@ -13,7 +13,8 @@ test: setup
 	.venv/bin/python -m pytest -v -n auto --dist loadfile --no-loadscope-reorder -m "not alone" tests
 	.venv/bin/python -m pytest -v -m alone tests
 
-# Real packets through each forwarder side by side (about 3 minutes), then test-run costs.
+# Real packets through each forwarder side by side (about 5 minutes), then test-run costs; each
+# figure beside the ratio recorded for this CPU kind (bench/ratios.json).
 bench: setup
 	.venv/bin/python bench/wire_bench.py
 	.venv/bin/python bench/xdp_cpus_bench.py
