@@ -14,8 +14,9 @@ Forwarders: a bare devmap redirect (the floor), Linux IPv6 forwarding (no XDP), 
 each mode, and rlbhost's TC programs against an empty TC program in the same place (a Linux
 forwarder with the program on its egress or ingress hook). Each case with 1 and with --flows
 flows; the switch cases again with --routes extra /64 routes installed.
-Ratios are against the bare redirect and Linux measured in this run; absolute figures are for
-this machine only.
+Ratios are against the bare redirect and Linux measured in this run (each run of a switch case
+against a run of the bare redirect swapped into in0 just before it: the machine's speed drifts
+over minutes); absolute figures are for this machine only.
 
 The guard: each forwarder's program time over the bare redirect's (and over the empty TC
 program's, for the host) and the chain's slowdown against the bare redirect's rate are printed
@@ -216,8 +217,9 @@ def tc_prog(chain: Chain, ifname: str, direction: str, fd: int, name: str):
 
 def run_case(chain: Chain, args, results: list, case: str, frame: bytes, prog_fd, routes: int = 0,
              paired=None):
-    """Each of args.rounds runs with 1 and with args.flows flows; paired: (a context manager that
-    puts the bare redirect in the forwarder's place, its program fd), measured before each run."""
+    """args.rounds runs with 1 and with args.flows flows each; paired: (swap, the bare redirect's
+    program fd), swap() a context manager putting the bare redirect in the forwarder's place for
+    a run of it just before each of this case's."""
     for flows in (1, args.flows):
         r = Result(case, flows, routes)
         for _ in range(args.rounds):
@@ -226,7 +228,8 @@ def run_case(chain: Chain, args, results: list, case: str, frame: bytes, prog_fd
                 with swap():
                     ref_mpps, ref_ns, _ = chain.measure(frame, flows, args.packets, bare_fd)
                 r.ref_mpps.append(ref_mpps)
-                r.ref_ns.append(ref_ns)
+                if ref_ns is not None:           # (a run the kernel did not count: unpaired, below)
+                    r.ref_ns.append(ref_ns)
             mpps, ns, frac = chain.measure(frame, flows, args.packets, prog_fd)
             r.mpps.append(mpps)
             if ns is not None:
