@@ -13,7 +13,7 @@ test: setup
 	.venv/bin/python -m pytest -v -n auto --dist loadfile --no-loadscope-reorder -m "not alone" tests
 	.venv/bin/python -m pytest -v -m alone tests
 
-# Real packets through each forwarder side by side (about 5 minutes), then test-run costs; each
+# Real packets through each forwarder side by side, then test-run costs (about 6 minutes in all); each
 # figure beside the ratio recorded for this CPU kind (bench/ratios.json).
 bench: setup
 	.venv/bin/python bench/wire_bench.py
