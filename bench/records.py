@@ -71,3 +71,10 @@ def over_record(now: dict, record: dict, limit: float) -> list[tuple[str, str, f
     """(group, case, ratio now, recorded) for every case above limit x its record."""
     return [(g, c, r, record[g][c]) for g, cases in now.items() for c, r in cases.items()
             if c in record.get(g, {}) and r > record[g][c] * limit]
+
+
+def over_line(now: dict, record: dict) -> str:
+    """The benches' last line: every ratio more than WARN x its record, by group, or that none is."""
+    bad = over_record(now, record, WARN)
+    return ("more than 10 % over the record: " + ", ".join(f"{c} {g} ({r:.2f} vs {o:.2f})" for g, c, r, o in bad)
+            if bad else "no ratio more than 10 % over its record")

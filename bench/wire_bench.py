@@ -43,7 +43,7 @@ from rlbcommon import packets as P  # noqa: E402
 from rlbcommon.libbpf import prog_info  # noqa: E402
 from rlbcommon.testrun import live_frames  # noqa: E402
 from rlblab import topo  # noqa: E402
-from bench.records import RECORD, WARN, compared_with, medians, over_record, recorded, write_record  # noqa: E402
+from bench.records import RECORD, WARN, compared_with, medians, over_line, over_record, recorded, write_record  # noqa: E402
 
 GEN_HDR = 80
 IN_MAC, GEN_MAC = "02:00:00:00:0a:01", "02:00:00:00:0a:02"
@@ -381,9 +381,7 @@ def report(results: list[Result], args, now: dict | None = None, record: dict | 
     lost = [r for r in results if min(r.delivered) < 0.99]
     for r in lost:
         print(f"note: {r.case} ({r.flows} flows) delivered only {min(r.delivered):.3f} of what was sent")
-    bad = over_record(now or {}, record or {}, WARN)
-    print("\n" + ("more than 10 % over the record: " + ", ".join(f"{c} {g} ({r:.2f} vs {o:.2f})" for g, c, r, o in bad)
-                  if bad else "no ratio more than 10 % over its record"))
+    print("\n" + over_line(now or {}, record or {}))
 
 
 def main() -> int:
@@ -463,9 +461,7 @@ def report_medians(now: dict, record: dict, runs: int):
             old = record.get(g, {}).get(c)
             rec = f"{old:>8.2f}{(r / old - 1) * 100:>+5.0f}%" + ("!" if r > old * WARN else "") if old else f"{'-':>8}"
             print(f"{c:<52}{r:>7.2f}{rec}")
-    bad = over_record(now, record, WARN)
-    print("\n" + ("more than 10 % over the record: " + ", ".join(f"{c} {g} ({r:.2f} vs {o:.2f})" for g, c, r, o in bad)
-                  if bad else "no ratio more than 10 % over its record"))
+    print("\n" + over_line(now, record))
 
 
 if __name__ == "__main__":
