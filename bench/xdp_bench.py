@@ -54,7 +54,7 @@ from rlbswitch.abi import POLICE  # noqa: E402
 from rlbswitch.dataplane import SwitchDataplane  # noqa: E402
 from rlbfabric.routes import NextHop, Route  # noqa: E402
 from rlblab import topo  # noqa: E402
-from bench.records import RECORD, WARN, compared_with, medians, over_record, recorded, write_record  # noqa: E402
+from bench.records import RECORD, WARN, compared_with, medians, over_line, over_record, recorded, write_record  # noqa: E402
 
 
 def ns_per_packet(cases: list[tuple[str, int, bytes, int]], repeat: int, rounds: int) -> list[tuple[str, float]]:
@@ -257,9 +257,7 @@ def report(args, results, now, record):
             flag = "  REGRESSED" if old and r > old * WARN else ""
             rec = f"{old:>10.2f}{(r / old - 1) * 100:>+7.0f}%" if old else f"{'-':>10}{'':>8}"
             print(f"{c:<44}{v:>8.1f}{r:>8.2f}{rec}{flag}")
-    bad = over_record(now, record, WARN)
-    print("\n" + ("regressed by more than 10 %: " + ", ".join(f"{c} ({r:.2f} vs {o:.2f})" for _, c, r, o in bad)
-                  if bad else "no ratio more than 10 % over its record"))
+    print("\n" + over_line(now, record))
 
 
 if __name__ == "__main__":

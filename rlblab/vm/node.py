@@ -36,13 +36,12 @@ from rlbfabric.fabric import FabricError, load
 from rlbdeploy.scrape import fabric_scrape_config
 from rlbmonitor.alerts import write as write_rules
 
-from .plan import LOAD_SCRIPT, MONITOR, VmNode, node, plan
+from .plan import ETC, LOAD_SCRIPT, MONITOR, VmNode, node, plan
 
 log = logging.getLogger("rlb.vmnode")
 VENV = Path("/opt/rlb/venv/bin")
 UNITS = Path("/etc/systemd/system")
 RUN = Path("/run/rlb")
-ETC = Path("/etc/rlb")
 VERBS_LIB = Path("/usr/local/lib/rlb")
 ETCD_PORT = 2379
 ETCD_USERS = ETC / "etcd-users"          # on the monitor: every user's password, root's included

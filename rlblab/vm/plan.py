@@ -31,7 +31,8 @@ DEFAULT_MEMORY_MIB = 1024
 SERIAL_LOG_DIR = "/var/log/libvirt/qemu"     # libvirt's own; the file is on the host, not the VM
 # on every VM: the script of its load record (rlblab.vm.node.LOAD_LINE), run by rlb-lab-load and by
 # the journal save (rlblab.vm.driver.VagrantLab.save_journals)
-LOAD_SCRIPT = "/etc/rlb/lab-load.sh"
+ETC = Path("/etc/rlb")                   # the lab's files on every VM
+LOAD_SCRIPT = str(ETC / "lab-load.sh")
 
 
 @dataclass
