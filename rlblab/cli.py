@@ -272,7 +272,7 @@ def coordinator(name: str = typer.Option("rlb", help="Lab name."),
         if lab.shards > 1 and not as_json:
             typer.echo(f"== shard {lab.shard_of(key.split('-', 1)[1])} ({key}): its hosts' QPs")
         with netns.inside(lab.ns("mon")):
-            coord_cli.status(lab.coordinator_urls()[key], as_json)
+            coord_cli.status(lab.coordinator_urls()[key], as_json, None)   # (not typer: every option passed)
 
 
 def _set_link(name: str, leaf: str, spine: str, link: int, state: str):

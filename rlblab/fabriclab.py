@@ -542,6 +542,18 @@ class FabricLab:
         finally:
             dp.close()
 
+    def dead_uplinks(self) -> set[tuple[str, int]]:
+        """(leaf, colour) of every leaf-spine link down at either end (`fail-link`, a cable
+        pulled): it carries nothing either way, so it has no share of the leaf's traffic."""
+        state = {}
+
+        def up(node: str, ifname: str) -> bool:
+            if node not in state:
+                state[node] = topo.links_up(self.ns(node))
+            return state[node].get(ifname, False)
+        return {(lf.name, c) for lf in self.fabric.leaves for c, p in enumerate(self.fabric.ports_up(lf))
+                if not (up(lf.name, p.ifname) and up(p.peer.name, p.peer_ifname))}
+
     def spine_packets(self, from_leaf: str) -> dict[str, int]:
         """Data packets the leaf sent each spine of its pod (sent())."""
         leaf, out, got = self.fabric.node(from_leaf), self.sent(from_leaf), {}

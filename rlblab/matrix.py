@@ -32,7 +32,8 @@ class MatrixRun:
     placed_after_s: float | None = None              # first packet -> every QP has a placement
     unplaced: dict = field(default_factory=dict)     # host -> QPs still without one, if any
 
-    caps: dict | None = None                         # leaf -> link speeds, where they differ
+    caps: dict | None = None                         # leaf -> link speeds, where they differ (0: down)
+    dead: list = field(default_factory=list)         # (leaf, colour) of the links down as it started
 
     def figures(self, burst: int = -1) -> tuple[float, float]:
         """(uplinks, downlinks) worst leaf's max/mean in bytes (by utilisation where link speeds
@@ -109,6 +110,9 @@ def run_matrix(lab, connections: list[tuple[str, str]], qps_per_connection: int 
         qps, frames, keys = jobs[0]
         out = MatrixRun(qps, packets * len(frames[0][1]) if frames else 0)
         caps = balance.link_caps(lab.fabric)
+        out.dead = sorted(lab.dead_uplinks())
+        for leaf, c in out.dead:
+            caps[leaf][c] = 0.0
         if len({c for row in caps.values() for c in row}) > 1:
             out.caps = caps
         watch = PlacementWatch(lab, keys) if lab.coordinator and bursts > 1 else None
@@ -207,6 +211,8 @@ def report(lab, run: MatrixRun, burst: int = -1) -> list[str]:
         out.append(f"{lf.name:<6}{' '.join(f'{x / 1000:>7.0f}' for x in b['up'][lf.name]):<40}"
                    f"{' '.join(f'{x / 1000:>7.0f}' for x in b['down'][lf.name]):<36}")
     got, best = run.figures(burst), run.best(lab.fabric)
+    if run.dead:
+        out.append("down, left out of the figures: " + ", ".join(f"{lf}-{names[c]}" for lf, c in run.dead))
     out.append(f"worst leaf max/mean: uplinks {got[0]:.2f} (best possible {best[0]:.2f}), "
                f"downlinks {got[1]:.2f} (best possible {best[1]:.2f}); {len(run.qps)} QPs")
     return out

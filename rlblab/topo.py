@@ -83,6 +83,12 @@ def link_counters(ns: str) -> dict[str, dict[str, int]]:
     return out
 
 
+def links_up(ns: str) -> dict[str, bool]:
+    """Every interface in the namespace: whether it is up and has its carrier (operstate UP)."""
+    with netns.inside(ns), IPRoute() as ipr:
+        return {link.get_attr("IFLA_IFNAME"): link.get_attr("IFLA_OPERSTATE") == "UP" for link in ipr.get_links()}
+
+
 def counters(ns: str, ifname: str) -> dict:
     """One interface's kernel counters (link_counters)."""
     return link_counters(ns)[ifname]

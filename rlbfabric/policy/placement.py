@@ -43,10 +43,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable
 
+from .spread import MAX_SWEEPS, Split, spread
+
 UP, DOWN = 0, 1          # the two sides of a leaf: its uplinks, and the downlinks into it
 EPS = 1e-9
 NORM_CACHE = 4096        # distinct QP weight vectors remembered normalised
 ESCAPE_TRIES = 32        # sideways steps tried per solve where no chain improves,
+LOCAL_SWEEPS = 3          # spread.py's sweeps after a change of QPs (all of them after one of capacities)
 ESCAPE_WORK = 100_000    # ... and QP groups their chain searches may look at (about 20 ms of one core here)
 
 
@@ -60,6 +63,11 @@ class _Group:
     members: list[list] = field(default_factory=list)    # per colour: QP keys (newest last)
     size: int = 0                                        # QPs in the group, placed or not
     frac: list[float] = field(default_factory=list)      # each colour's share of one QP
+    restricted: bool = False          # barred from a colour that one of its leaves' links has alive
+
+    @property
+    def key(self) -> tuple:
+        return self.a, self.b, self.weights
 
     def leaf(self, side: int) -> int:
         return self.a if side == UP else self.b
@@ -162,6 +170,8 @@ class Placement:
         self._demand: dict[tuple[int, int], list] = {}
         self._touched: set[tuple[int, int]] = set()   # vertices whose loads changed since solve()
         self._unsettled: set[tuple[int, int]] = set() # vertices solve() left outside their targets
+        self._restricted: set[tuple] = set()   # groups barred from a colour alive at one of their leaves
+        self._spread: set[tuple] = set()       # groups whose shares are spread.py's, not FARE's split
         self._stuck_at: int | None = None   # the state (loads, targets) no sideways step improved
         self._work = 0                     # groups the chain searches looked at (bounds the sideways steps)
 
@@ -238,7 +248,9 @@ class Placement:
         self._demand.pop((UP, g.a), None)
         self._demand.pop((DOWN, g.b), None)
         if g.size == 0:                 # freed: groups come and go with weights and leaf pairs
-            del self.groups[(g.a, g.b, g.weights)]
+            del self.groups[g.key]
+            self._restricted.discard(g.key)
+            self._spread.discard(g.key)
             for side, v in ((UP, g.a), (DOWN, g.b)):
                 self.at[side][v] = [x for x in self.at[side][v] if x is not g]
         return True
@@ -288,10 +300,18 @@ class Placement:
         w = [min(x / top, g.weights[c]) if top > 0 else 0.0 for c, x in enumerate(path)]
         total = sum(w)
         g.frac = [x / total for x in w] if total > 0 else [0.0] * self.n_colours
+        g.restricted = any(not f and (self.cap[UP][g.a][c] > 0 or self.cap[DOWN][g.b][c] > 0)
+                           for c, f in enumerate(g.frac))
+        if g.restricted:
+            self._restricted.add(g.key)
+        else:
+            self._restricted.discard(g.key)
+        self._spread.discard(g.key)
 
     # ---- targets ------------------------------------------------------------------------
     def _retarget(self):
         self._touched |= self._dirty
+        full = False
         if self._caps_changed:
             for g in self.groups.values():
                 self._weigh(g)
@@ -299,19 +319,15 @@ class Placement:
             self._touched |= self._dirty
             self._demand = {}
             self._caps_changed = False
+            full = True
+        if self._dirty and (self._restricted or self._spread):
+            self._respread(full or not self._spread)
         for side, v in self._dirty:
-            demand = self._demand.get((side, v))
-            if demand is None:
-                share, d = [0.0] * self.n_colours, 0
-                for g in self.at[side][v]:
-                    if g.size:
-                        d += g.size
-                        for c, f in enumerate(g.frac):
-                            share[c] += g.size * f
-                demand = self._demand[(side, v)] = [d, share, None]
-            d, share = demand[0], list(demand[1])
+            d, share = self._vertex_demand(side, v)
+            share = list(share)
             base = self.base[side][v]
             if d and any(base):   # the room left, by the paths' narrowest links as the shares are
+                demand = self._demand[(side, v)]
                 if demand[2] is None:
                     demand[2] = self._path_caps(side, v, d)
                 share = _fill(d, demand[2], base) or share
@@ -319,6 +335,66 @@ class Placement:
             self.lo[side][v] = [math.floor(x + EPS) for x in share]
             self.hi[side][v] = _round_up(share, d, self.cap[side][v], base)
         self._dirty = set()
+
+    def _vertex_demand(self, side: int, v: int) -> tuple[int, list[float]]:
+        """A link set's QPs and their shares per colour (cached until its QPs or capacities change;
+        _respread keeps the cached shares up to date as it moves groups' splits)."""
+        demand = self._demand.get((side, v))
+        if demand is None:
+            share, d = [0.0] * self.n_colours, 0
+            for g in self.at[side][v]:
+                if g.size:
+                    d += g.size
+                    for c, f in enumerate(g.frac):
+                        share[c] += g.size * f
+            demand = self._demand[(side, v)] = [d, share, None]
+        return demand[0], demand[1]
+
+    def _respread(self, full: bool):
+        """Where some groups cannot use every colour their leaves have alive, the groups at those
+        leaves take spread.py's split instead of FARE's: all of them when capacities change (and
+        groups no longer next to a restricted one go back to FARE's split), else those at the
+        link sets whose QPs changed, a few sweeps from their last split (a QP's arrival costs
+        about a millisecond, not a re-solve of the fabric). Their links' targets are recomputed."""
+        region = set()
+        for key in self._restricted:
+            g = self.groups[key]
+            region |= {(UP, g.a), (DOWN, g.b)}
+        around = region if full else region & self._dirty
+        groups = {g.key: g for side, v in around for g in self.at[side][v] if g.size}
+        links = set()
+        if full:
+            for key in self._spread - groups.keys():
+                g = self.groups.get(key)
+                if g is not None:
+                    self._weigh(g)
+                    links |= {(UP, g.a), (DOWN, g.b)}
+            for link in links:
+                self._demand.pop(link, None)
+        for g in groups.values():
+            links |= {(UP, g.a), (DOWN, g.b)}
+        loads, inverse = {}, {}
+        for side, v in links:
+            share, cap = self._vertex_demand(side, v)[1], self.cap[side][v]
+            row = loads[(side, v)] = [x + b for x, b in zip(share, self.base[side][v])]
+            # each link set's utilisation relative to its own mean: a leaf with few QPs is as
+            # uneven at 2 of 2 on one link as a busy one is at 20 of 20, as the figures see it
+            mean = sum(row) / (sum(cap) or 1.0)
+            scale = 1.0 / (mean * mean) if mean > EPS else 1.0
+            inverse[(side, v)] = [scale / x if x > 0 else 0.0 for x in cap]
+        splits = {key: Split((UP, g.a), (DOWN, g.b), [c for c in range(self.n_colours) if self._usable(g, c)],
+                             [g.size * f for f in g.frac]) for key, g in groups.items()}
+        spread(list(splits.values()), loads, inverse, MAX_SWEEPS if full else LOCAL_SWEEPS)
+        for key, sp in splits.items():
+            g = groups[key]
+            g.frac = [x / g.size for x in sp.x]
+        for side, v in links:            # the cached shares, as the splits left them
+            share = self._demand[(side, v)][1]
+            for c, b in enumerate(self.base[side][v]):
+                share[c] = loads[(side, v)][c] - b
+        self._spread = (set() if full else self._spread) | set(groups)
+        self._dirty |= links
+        self._touched |= links
 
     def _path_caps(self, side: int, v: int, d: int) -> list[float]:
         """Per colour, the capacity of the paths v's d QPs may take (their narrowest link),
