@@ -13,7 +13,11 @@ class LiveQp:
     key: Hashable
     path: int                   # path index it is on
     created_ns: int
-    placed_here: bool = False   # the coordinator placed it on this path
+    # the coordinator placed it: on this path, or on another it takes once idle (the coordinator
+    # changed its mind while it was active). Either way the sweep leaves it where it is: moving
+    # it to the host's share would reorder its packets and undo the coordinator's layout, which
+    # leans pairs off their even split where a link is down (rlbfabric/policy/spread.py)
+    coordinated: bool = False
     # the path it held when the layout last stood still (None: where it is). A QP away from it
     # was moved by a change not yet settled: it moves again first, and back home when it can, so
     # a change that comes in two steps, or is taken back, moves no QP the net change keeps still
@@ -29,8 +33,8 @@ def moves(qps: Sequence[LiveQp], eff: Sequence[int], release: bool, group_size: 
     """[(QP, the path index it moves to)]. `eff`: the entry's effective weight per path index
     (0: unusable). The periodic sweep (release False) only takes QPs from paths above their share
     rounded up and gives them to paths below it rounded down, then rounded up: a split within one
-    QP of the shares is the local rule's to decide; it leaves a QP on the path the coordinator
-    placed it on unless that path became unusable. After a change of capacity (release True) each
+    QP of the shares is the local rule's to decide; it leaves a QP the coordinator placed where
+    it is unless its path became unusable. After a change of capacity (release True) each
     path gets a target within one QP of its share that moves the fewest (`before`: the previous
     effective weights), across planes first and then over a plane's sub-ports when paths are
     grouped (group_size > 1: the sweep keeps each plane within one QP of its share too, since the
@@ -45,7 +49,7 @@ def moves(qps: Sequence[LiveQp], eff: Sequence[int], release: bool, group_size: 
         lo, hi = share_bounds(eff, len(qps))
     surplus: list[LiveQp] = []      # the end first
     for i in range(n):
-        movable = [q for q in on[i] if release or not eff[i] or not q.placed_here]
+        movable = [q for q in on[i] if release or not eff[i] or not q.coordinated]
         extra = min(len(on[i]) - hi[i], len(movable))
         if extra > 0:
             surplus += sorted(movable, key=lambda q: (q.away, q.created_ns))[-extra:]

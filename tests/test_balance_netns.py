@@ -133,6 +133,33 @@ def test_coordinator_avoids_a_dead_uplink_and_rebalances_when_it_returns(wide):
     time.sleep(FORGET_S)
 
 
+def test_all_to_all_with_a_link_down_every_leaf_reaches_the_best_over_its_live_links(wide):
+    """l1's link to s4 down: l1's pairs share s1-s3, so every other leaf's QPs lean on s4 (FARE's
+    even split per pair left 6.7/6.7/6.7/4 QPs on their links, 1.17 where 1.00 is possible)."""
+    wide_l1 = wide.ns("l1")
+    netns.run(wide_l1, "ip", "link", "set", "eth-s4", "down")
+    try:
+        deadline = time.time() + 3
+        while wide.coordinator_status()["dead_links"] != ["l1/4"]:
+            assert time.time() < deadline, wide.coordinator_status()["dead_links"]
+            time.sleep(0.1)
+        conns = workloads.connections("all-to-all", wide.hosts, random.Random(5))
+        r = run_matrix(wide, conns, 2, packets=150, seed=5, bursts=2)
+        best, got = r.best(wide.fabric), r.figures(1)
+        print(f"\nall-to-all x2, l1-s4 down: best {best}, local {r.figures(0)}, coordinated {got}, placed after "
+              f"{r.placed_after_s} s\n" + "\n".join(report(wide, r)) + f"\ncoordinator: {wide.coordinator_status()['links']}")
+        assert r.dead == [("l1", 3)] and r.caps["l1"][3] == 0.0 and min(r.caps["l1"][:3]) > 0
+        assert best == (1.0, 1.0)
+        assert got[0] <= best[0] + 0.05 and got[1] <= best[1] + 0.05, (got, best, r.bursts[1])
+    finally:
+        netns.run(wide_l1, "ip", "link", "set", "eth-s4", "up")
+    deadline = time.time() + 3
+    while wide.coordinator_status()["dead_links"]:
+        assert time.time() < deadline
+        time.sleep(0.1)
+    time.sleep(FORGET_S)
+
+
 def test_coordinator_killed_mid_traffic_loses_nothing_and_the_local_rule_takes_over(default):
     """4 QPs h1 -> h3 at 2000 packets/s for 5 s; the coordinator is killed after 1 s. Every packet
     arrives; the hosts drop its placements after 3 s and new QPs follow the local rule again."""

@@ -463,6 +463,24 @@ def test_sweep_keeps_placed_qps_where_the_coordinator_put_them(ab):
     assert 1 not in paths_of(a, frames)
 
 
+def test_sweep_leaves_an_active_qp_whose_placement_changed_until_it_is_idle(ab):
+    """The coordinator moved its placements while the QPs were active (as it does when the QPs
+    of a job's second burst report in): each keeps its path while active, the sweep does not
+    hand it to the host's share instead (it did, mid-burst: the lab's links showed fractions
+    of a QP), and once idle it takes the new placement."""
+    a, _ = ab
+    a.dp.set_config(expiry_ms=300)
+    frames = qp_frames(4, seed=42)
+    keys = [(B[1], P.parse(f).sport, P.parse(f).qp) for f in frames]
+    a.dp.set_placements({k: 0 for k in keys})
+    assert paths_of(a, frames) == [1, 1, 1, 1]
+    a.dp.set_placements({k: 1 for k in keys})             # all four now due on path 2
+    assert a.dp.rebalance() == 0
+    assert paths_of(a, frames) == [1, 1, 1, 1]
+    time.sleep(0.35)
+    assert paths_of(a, frames) == [2, 2, 2, 2]
+
+
 def test_a_capacity_drop_releases_placed_qps_too_and_drops_their_placements(ab):
     """The host's own capacity change is immediate (§3.1): placed or not, the proportional QPs
     leave the degraded path; the moved one loses its placement (the coordinator starts again

@@ -45,6 +45,12 @@ def test_up_status_traffic_fail_restore_down():
         traffic = lab("traffic", "--from", "h1", "--to", "h2", "--qps", "2", "--packets", "50")
         up = uplinks_kb(traffic, "l1")
         assert up[0] > 50 and up[1] < 2               # everything on s1 while s2's link is down
+        # the link down is left out of the figures: all on l1's one live link is even there, and
+        # the best there is into l2 as well (where both QPs must come in from s1)
+        assert "down, left out of the figures: l1-s2" in traffic
+        assert "uplinks 1.00 (best possible 2.00), downlinks 2.00 (best possible 2.00)" in traffic
+        coord = lab("coordinator")                    # the lab's coordinators keep their state in etcd
+        assert coord.startswith("2 hosts, ") and "dead uplinks: l1/2" in coord
         assert "eth-s2 up" in lab("restore-link", "l1", "s2")
     finally:
         lab("down")

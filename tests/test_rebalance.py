@@ -10,7 +10,7 @@ def qps(per_path: dict[int, int], placed: set[int] = frozenset()) -> list[LiveQp
     for path, n in per_path.items():
         for _ in range(n):
             t += 1
-            out.append(LiveQp(f"q{t}", path, created_ns=t, placed_here=path in placed))
+            out.append(LiveQp(f"q{t}", path, created_ns=t, coordinated=path in placed))
     return out
 
 

@@ -80,7 +80,7 @@ class QpTable:
                 flows = live[wid]
                 if not balance or entry.flags & SPRAY or not flows or not any(eff):
                     continue
-                qps = [LiveQp(k, v.path, v.created_ns, placed.get(self._qp_id(k)) == v.path,
+                qps = [LiveQp(k, v.path, v.created_ns, self._qp_id(k) in placed,
                               homes.get(bytes(k), v.path)) for k, v in flows]
                 values = {id(k): v for k, v in flows}
                 for q, i in moves(qps, eff, release, cfg.group_size, cfg.rotation,
