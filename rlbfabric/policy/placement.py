@@ -16,7 +16,9 @@ carries exactly ceil(d/U) QPs, the best possible. With unequal capacities "round
 enough: two QPs with shares 0.67, 0.67, 0.33, 0.33 over two full and two half-speed links must not
 sit on a half-speed one. So only as many links as the fractional parts add up to may take their
 extra QP, those whose utilisation stays lowest with it (water-filling): the smallest maximum
-utilisation a rounding can reach.
+utilisation a rounding can reach. Where some pairs cannot use a colour their leaves have alive (a
+link down at the other end, a host's zero weight), FARE's split is not the best: the pairs at those
+leaves take spread.py's split instead, which leans the others onto that colour.
 
 Base load. A Placement may carry loads it does not place (set_base): the links' QPs of a tier
 placed before it (qpplacer.py places the QPs active now first, remembered idle ones in the room
@@ -145,10 +147,13 @@ class Placement:
     add()/remove() change the demand, set_capacity() the links; solve() brings the colouring back
     to the targets with few moves and returns the keys whose colour changed."""
 
-    def __init__(self, n_leaves: int, n_colours: int):
+    def __init__(self, n_leaves: int, n_colours: int, lean: bool = True):
+        """lean False: every pair's share is FARE's split even where a link is down (spread.py's
+        is not taken), as before 2026-12-01: the baseline bench/dead_links.py compares with."""
         if n_leaves < 1 or not 1 <= n_colours <= 64:
             raise ValueError("need at least one leaf and 1-64 colours")
         self.n_leaves, self.n_colours = n_leaves, n_colours
+        self.lean = lean
         self.cap = [[[1.0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
         self.top = [[1.0] * n_leaves for _ in (UP, DOWN)]         # each link set's fastest link
         self.load = [[[0] * n_colours for _ in range(n_leaves)] for _ in (UP, DOWN)]
@@ -320,7 +325,7 @@ class Placement:
             self._demand = {}
             self._caps_changed = False
             full = True
-        if self._dirty and (self._restricted or self._spread):
+        if self.lean and self._dirty and (self._restricted or self._spread):
             self._respread(full or not self._spread)
         for side, v in self._dirty:
             d, share = self._vertex_demand(side, v)
