@@ -3,6 +3,7 @@ on every host reporting to a real rlbcoord on the management network; every leaf
 spine downlink read from the spines' kernel counters while every host of a matrix sends at once."""
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 import urllib.request
@@ -108,25 +109,31 @@ def test_wide_fabric_coordinator_fixes_what_the_local_rule_cannot(wide):
     assert r.figures(1)[0] <= best[0] + 0.05 and r.figures(1)[1] <= best[1] + 0.05
 
 
-def test_coordinator_avoids_a_dead_uplink_and_rebalances_when_it_returns(wide):
-    wide_l1 = wide.ns("l1")
-    netns.run(wide_l1, "ip", "link", "set", "eth-s4", "down")
+@contextlib.contextmanager
+def l1_s4_down(wide):
+    """l1's link to s4 down until the block ends, the coordinator told of it (and of its return)."""
+    netns.run(wide.ns("l1"), "ip", "link", "set", "eth-s4", "down")
     try:
         deadline = time.time() + 3
         while wide.coordinator_status()["dead_links"] != ["l1/4"]:
             assert time.time() < deadline, wide.coordinator_status()["dead_links"]
             time.sleep(0.1)
+        yield
+    finally:
+        netns.run(wide.ns("l1"), "ip", "link", "set", "eth-s4", "up")
+    deadline = time.time() + 3
+    while wide.coordinator_status()["dead_links"]:
+        assert time.time() < deadline
+        time.sleep(0.1)
+
+
+def test_coordinator_avoids_a_dead_uplink_and_rebalances_when_it_returns(wide):
+    with l1_s4_down(wide):
         conns = [("h1", "h3"), ("h2", "h4")]
         run_matrix(wide, conns, 3, packets=50, seed=77, bursts=2)
         s = wide.coordinator_status()
         assert s["links"]["l1"]["up"][3] == 0 and sorted(s["links"]["l1"]["up"][:3]) == [2, 2, 2]
         assert s["over_target"] == 0
-    finally:
-        netns.run(wide_l1, "ip", "link", "set", "eth-s4", "up")
-    deadline = time.time() + 3
-    while wide.coordinator_status()["dead_links"]:
-        assert time.time() < deadline
-        time.sleep(0.1)
     time.sleep(0.6)                 # two report periods: the hosts hear the new placements
     s = wide.coordinator_status()
     assert sorted(s["links"]["l1"]["up"]) == [1, 1, 2, 2]
@@ -136,13 +143,7 @@ def test_coordinator_avoids_a_dead_uplink_and_rebalances_when_it_returns(wide):
 def test_all_to_all_with_a_link_down_every_leaf_reaches_the_best_over_its_live_links(wide):
     """l1's link to s4 down: l1's pairs share s1-s3, so every other leaf's QPs lean on s4 (FARE's
     even split per pair left 6.7/6.7/6.7/4 QPs on their links, 1.17 where 1.00 is possible)."""
-    wide_l1 = wide.ns("l1")
-    netns.run(wide_l1, "ip", "link", "set", "eth-s4", "down")
-    try:
-        deadline = time.time() + 3
-        while wide.coordinator_status()["dead_links"] != ["l1/4"]:
-            assert time.time() < deadline, wide.coordinator_status()["dead_links"]
-            time.sleep(0.1)
+    with l1_s4_down(wide):
         conns = workloads.connections("all-to-all", wide.hosts, random.Random(5))
         r = run_matrix(wide, conns, 2, packets=150, seed=5, bursts=2)
         best, got = r.best(wide.fabric), r.figures(1)
@@ -151,12 +152,6 @@ def test_all_to_all_with_a_link_down_every_leaf_reaches_the_best_over_its_live_l
         assert r.dead == [("l1", 3)] and r.caps["l1"][3] == 0.0 and min(r.caps["l1"][:3]) > 0
         assert best == (1.0, 1.0)
         assert got[0] <= best[0] + 0.05 and got[1] <= best[1] + 0.05, (got, best, r.bursts[1])
-    finally:
-        netns.run(wide_l1, "ip", "link", "set", "eth-s4", "up")
-    deadline = time.time() + 3
-    while wide.coordinator_status()["dead_links"]:
-        assert time.time() < deadline
-        time.sleep(0.1)
     time.sleep(FORGET_S)
 
 
