@@ -206,6 +206,18 @@ def test_a_dead_link_back_every_pair_back_to_the_even_split():
     assert all(g.frac == pytest.approx([1 / 3] * 3) for g in p.groups.values())
 
 
+def test_pairs_no_longer_next_to_a_cut_off_one_go_back_to_the_even_split():
+    """The link stays down but the QPs to and from its leaf end: the others have nothing to make
+    room for, so they split evenly again (they kept leaning once, until a capacity changed)."""
+    p, _, _ = all_to_all(3, 3, 12, {(1, 2)})
+    for k, q in list(p.qps.items()):
+        if 1 in (q.group.a, q.group.b):
+            p.remove(k)
+    p.solve()
+    assert all(g.frac == pytest.approx([1 / 3] * 3) for g in p.groups.values())
+    assert p.violation() == 0 and p.loads()[UP] == [[4, 4, 4], [0, 0, 0], [4, 4, 4]]
+
+
 @pytest.mark.parametrize("kind", ["dead", "masks"])
 def test_dead_links_and_barred_colours_reach_the_best_figures(kind):
     """Random fabrics of 3-5 leaves with links down (or QPs barred from a colour, as a zero host

@@ -326,7 +326,7 @@ class Placement:
             self._caps_changed = False
             full = True
         if self.lean and self._dirty and (self._restricted or self._spread):
-            self._respread(full or not self._spread)
+            self._respread(full or not self._spread or not self._restricted)
         for side, v in self._dirty:
             d, share = self._vertex_demand(side, v)
             share = list(share)
@@ -367,15 +367,16 @@ class Placement:
             region |= {(UP, g.a), (DOWN, g.b)}
         around = region if full else region & self._dirty
         groups = {g.key: g for side, v in around for g in self.at[side][v] if g.size}
+        # spread groups no longer next to a restricted one: all of them, or those where QPs changed
+        stale = self._spread if full else {g.key for side, v in self._dirty - region for g in self.at[side][v]}
         links = set()
-        if full:
-            for key in self._spread - groups.keys():
-                g = self.groups.get(key)
-                if g is not None:
-                    self._weigh(g)
-                    links |= {(UP, g.a), (DOWN, g.b)}
-            for link in links:
-                self._demand.pop(link, None)
+        for key in (stale & self._spread) - groups.keys():
+            g = self.groups.get(key)
+            if g is not None:
+                self._weigh(g)                   # FARE's split again
+                links |= {(UP, g.a), (DOWN, g.b)}
+        for link in links:
+            self._demand.pop(link, None)
         for g in groups.values():
             links |= {(UP, g.a), (DOWN, g.b)}
         loads, inverse = {}, {}
@@ -397,7 +398,7 @@ class Placement:
             share = self._demand[(side, v)][1]
             for c, b in enumerate(self.base[side][v]):
                 share[c] = loads[(side, v)][c] - b
-        self._spread = (set() if full else self._spread) | set(groups)
+        self._spread = (self._spread & self.groups.keys()) | set(groups)
         self._dirty |= links
         self._touched |= links
 
