@@ -51,8 +51,8 @@ UP, DOWN = 0, 1          # the two sides of a leaf: its uplinks, and the downlin
 EPS = 1e-9
 NORM_CACHE = 4096        # distinct QP weight vectors remembered normalised
 ESCAPE_TRIES = 32        # sideways steps tried per solve where no chain improves,
-LOCAL_SWEEPS = 3          # spread.py's sweeps after a change of QPs (all of them after one of capacities)
 ESCAPE_WORK = 100_000    # ... and QP groups their chain searches may look at (about 20 ms of one core here)
+LOCAL_SWEEPS = 3         # spread.py's sweeps after a change of QPs (up to its MAX_SWEEPS after one of capacities)
 
 
 @dataclass
@@ -359,8 +359,9 @@ class Placement:
         """Where some groups cannot use every colour their leaves have alive, the groups at those
         leaves take spread.py's split instead of FARE's: all of them when capacities change (and
         groups no longer next to a restricted one go back to FARE's split), else those at the
-        link sets whose QPs changed, a few sweeps from their last split (a QP's arrival costs
-        about a millisecond, not a re-solve of the fabric). Their links' targets are recomputed."""
+        link sets whose QPs changed, a few sweeps from their last split (a QP's arrival costs a few
+        milliseconds at 64 leaves, not a re-solve of the fabric: bench/dead_links.py). Their
+        links' targets are recomputed."""
         region = set()
         for key in self._restricted:
             g = self.groups[key]
