@@ -39,9 +39,8 @@ def worst(p: Placement, caps: list[list[float]]) -> tuple[float, float]:
     return balance.figures(dict(enumerate(up)), dict(enumerate(down)), dict(enumerate(caps)))
 
 
-def run(lean: bool, leaves: int, colours: int, spec: str, dead, seed: int, churn: int) -> dict:
+def run(lean: bool, leaves: int, colours: int, spec: str, caps: list[list[float]], seed: int, churn: int) -> dict:
     rnd = random.Random(seed)
-    caps = [[0.0 if (v, c) in dead else 1.0 for c in range(colours)] for v in range(leaves)]
     p = Placement(leaves, colours, lean=lean)
     for v in range(leaves):
         p.set_capacity(v, UP, caps[v])
@@ -81,7 +80,7 @@ def main():
         bound = max(balance.best_max_over_mean(d, caps[i % leaves]) for i, d in enumerate(per_leaf) if d)
         name = f"{leaves}x{colours}, {spec.replace('a2a:', 'all-to-all x')}, {len(dead)} down"
         for lean in (False, True):
-            r = run(lean, leaves, colours, spec, dead, args.seed, args.churn)
+            r = run(lean, leaves, colours, spec, caps, args.seed, args.churn)
             print(f"{name if not lean else '':<40}{'lean' if lean else 'FARE':<7}{max(r['fig']):>12.3f}{bound:>7.3f}"
                   f"{r['full_s']:>8.2f}{r['med_ms']:>10.2f} /{r['p99_ms']:>7.1f}{max(r['after']):>13.3f}")
 

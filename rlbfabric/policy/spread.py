@@ -39,9 +39,7 @@ def water_fill(size: float, allowed: list[int], level0: list[float], slope: list
     order = sorted(allowed, key=lambda c: level0[c])
     width = 0.0          # sum of 1/slope over the colours the level has reached
     reach = 0.0          # sum of level0/slope over them
-    level = level0[order[0]]
-    n = 0
-    for i, c in enumerate(order):
+    for i, c in enumerate(order):          # (allowed is never empty: the last colour ends the loop)
         width += 1.0 / slope[c]
         reach += level0[c] / slope[c]
         n = i + 1
